@@ -1,0 +1,48 @@
+# The README's two commands: `make demo` (the quickstart loop) and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EXTRAS := dev,postgres,notebooks,dashboards
+
+.PHONY: setup stack stack-stop demo demo-stop test test-unit test-integration lint clean
+
+$(BIN)/goodput: pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	@touch $@
+
+setup: $(BIN)/goodput  ## Python environment (the stack installs its Debian packages itself)
+
+stack: setup  ## start the local stack (real Prometheus, Alertmanager, Slurm)
+	$(BIN)/goodput stack up
+
+stack-stop:
+	bash compose/local/stack.sh stop
+
+demo: setup  ## the quickstart: the whole loop on one machine
+	$(BIN)/goodput demo
+
+demo-stop:
+	-$(BIN)/goodput demo stop
+	bash compose/local/stack.sh stop
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check goodput catalogue exporters detector recovery bench dashboards tests
+	$(BIN)/mypy
+
+test-unit: setup
+	$(BIN)/pytest -m "not integration and not browser" -q
+
+test-integration: stack
+	GOODPUT_KEEP_STACK=1 $(BIN)/pytest -m "integration or browser" -q
+
+test: lint  ## lint, types, unit tests, then integration tests against the real stack
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory test-unit && $(MAKE) --no-print-directory test-integration; rc=$$?; \
+	echo "test time: $$(( $$(date +%s) - start ))s"; exit $$rc
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,44 @@
+"""`goodput`: the command that wires Goodput's parts together."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from goodput import stack
+
+app = typer.Typer(help="Goodput keeps GPU training jobs running.", no_args_is_help=True)
+stack_app = typer.Typer(help="The local stack: Prometheus, Alertmanager, Slurm (real daemons).")
+app.add_typer(stack_app, name="stack")
+
+# Sub-command modules in goodput/commands/, each with a typer `app`; name -> module.
+COMMANDS: dict[str, str] = {
+    "demo": "goodput.commands.demo",
+}
+
+
+@stack_app.command("up")
+def stack_up() -> None:
+    """Start the local stack (idempotent)."""
+    raise typer.Exit(stack.run_stack("start"))
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    """Stop the local stack and every Goodput service it knows."""
+    raise typer.Exit(stack.run_stack("stop"))
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Say what runs, where, and with which PIDs."""
+    raise typer.Exit(stack.run_stack("status"))
+
+
+for _name, _module in COMMANDS.items():
+    app.add_typer(importlib.import_module(_module).app, name=_name)
+
+
+if __name__ == "__main__":
+    app()

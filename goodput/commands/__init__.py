@@ -1,0 +1,1 @@
+"""Sub-commands of `goodput`, one module each, each exposing a typer `app`."""

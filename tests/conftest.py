@@ -1,0 +1,77 @@
+"""Shared fixtures: the local stack starts once per session (or is reused) for integration."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from goodput import stack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/-/ready", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _stack_running() -> bool:
+    env = stack.stack_env()
+    prom = env.get("GOODPUT_PROMETHEUS_URL")
+    if not prom or not _ready(prom):
+        return False
+    check = subprocess.run(
+        ["scontrol", "ping"], env={**os.environ, **env}, capture_output=True, text=True, timeout=10
+    )
+    return "UP" in check.stdout
+
+
+@pytest.fixture(scope="session")
+def local_stack():
+    """The real local stack's environment (SLURM_CONF, URLs). Started here if not running,
+    and stopped at the end only if this session started it."""
+    started = False
+    if not _stack_running():
+        if stack.run_stack("start") != 0:
+            pytest.fail("the local stack failed to start: see compose/local/stack.sh output")
+        started = True
+    env = stack.stack_env()
+    os.environ.update(env)
+    yield env
+    if started and not os.environ.get("GOODPUT_KEEP_STACK"):
+        stack.run_stack("stop")
+
+
+@pytest.fixture(scope="session")
+def prometheus_url(local_stack) -> str:
+    return local_stack["GOODPUT_PROMETHEUS_URL"]
+
+
+@pytest.fixture(scope="session")
+def alertmanager_url(local_stack) -> str:
+    return local_stack["GOODPUT_ALERTMANAGER_URL"]
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.25, what: str = "condition"):
+    """Poll `predicate` until it returns a truthy value; fail the test with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")

@@ -1,0 +1,36 @@
+"""Small helpers for tests that talk to the real stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import requests
+
+
+def slurm(*argv: str, check: bool = True) -> str:
+    """Run a Slurm client command (argv list) against the local stack; returns stdout."""
+    out = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=30, env=os.environ.copy()
+    )
+    if check and out.returncode != 0:
+        raise AssertionError(f"{argv} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def prom_query(url: str, expr: str) -> list[dict]:
+    r = requests.get(f"{url}/api/v1/query", params={"query": expr}, timeout=5)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def add_scrape_target(name: str, port: int) -> Path:
+    """Ask the stack's Prometheus to scrape 127.0.0.1:PORT (file_sd, picked up within ~2 s)."""
+    targets = Path(os.environ["GOODPUT_STACK_DIR"]) / "prometheus" / "targets"
+    path = targets / f"extra-{name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"test": name}}]))
+    tmp.rename(path)
+    return path
