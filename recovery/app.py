@@ -1,0 +1,333 @@
+"""The receiver's HTTP service: Alertmanager webhook, incidents API, /metrics.
+
+`create_app(settings)` builds a FastAPI app with `app.state.engine` (the store) and
+`app.state.settings`. The diagnosis worker runs in a background thread while the app runs
+(started by the lifespan; `start_worker=False` leaves it off for tests that drive it).
+If `recovery.api_actions` exists its `router` is included behind the same auth.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from recovery import incidents, validate
+from recovery.metrics import ReceiverMetrics
+from recovery.settings import Settings
+from recovery.store import make_engine
+
+log = logging.getLogger("goodput.receiver")
+
+MAX_ALERTS = 1000
+MAX_LABELS = 64
+
+
+class AlertIn(BaseModel):
+    """One alert of Alertmanager's version-4 webhook payload."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str] = Field(max_length=MAX_LABELS)
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+    startsAt: str = Field(max_length=40)  # noqa: N815 - Alertmanager's field names
+    endsAt: str = Field(default="0001-01-01T00:00:00Z", max_length=40)  # noqa: N815
+    generatorURL: str = Field(default="", max_length=2048)  # noqa: N815
+    fingerprint: str = Field(max_length=64)
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _labels(cls, value: dict[str, str], info: Any) -> dict[str, str]:
+        strict = info.field_name == "labels"
+        for k, v in value.items():
+            validate.label_name(k)
+            if strict:
+                validate.label_value(k, v)
+            elif len(v) > 8192:
+                raise ValueError(f"annotation {k} is longer than 8192 characters")
+        if strict and "alertname" not in value:
+            raise ValueError("labels must include alertname")
+        return value
+
+    @field_validator("startsAt", "endsAt")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        validate.timestamp(value)
+        return value
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fp(cls, value: str) -> str:
+        return validate.fingerprint(value)
+
+
+class WebhookIn(BaseModel):
+    """Alertmanager's webhook payload, version 4."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal["4"]
+    groupKey: str = Field(default="", max_length=4096)  # noqa: N815
+    truncatedAlerts: int = Field(default=0, ge=0)  # noqa: N815
+    status: Literal["firing", "resolved"]
+    receiver: str = Field(default="", max_length=256)
+    groupLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)  # noqa: N815
+    commonLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)  # noqa: N815
+    commonAnnotations: dict[str, str] = Field(  # noqa: N815
+        default_factory=dict, max_length=MAX_LABELS
+    )
+    externalURL: str = Field(default="", max_length=2048)  # noqa: N815
+    alerts: list[AlertIn] = Field(min_length=1, max_length=MAX_ALERTS)
+
+
+class Accepted(BaseModel):
+    status: Literal["ok"] = "ok"
+    alerts: int
+    new: int
+    incidents: list[int]
+
+
+class ApiError(BaseModel):
+    error: str
+    detail: list[str] = []
+
+
+def _error(status: int, message: str, detail: list[str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": detail or []}, status_code=status)
+
+
+def _validation_detail(errors: list[Any]) -> list[str]:
+    out = []
+    for err in errors[:20]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))[:300]
+        out.append(f"{loc}: {msg}" if loc else msg)
+    return out
+
+
+class Auth:
+    """Bearer token (from a file) and/or HTTP basic auth; fails closed when none is set."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @staticmethod
+    def _read(path: str | None) -> str | None:
+        if not path:
+            return None
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            return None
+
+    def __call__(self, request: Request) -> None:
+        s = self.settings
+        if not s.require_auth:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        token = self._read(s.token_file)
+        if (
+            token
+            and scheme.lower() == "bearer"
+            and hmac.compare_digest(value.strip().encode(), token.encode())
+        ):
+            return
+        password = self._read(s.basic_password_file)
+        if s.basic_user and password and scheme.lower() == "basic":
+            try:
+                user, _, pw = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                user, pw = "", ""
+            if hmac.compare_digest(user.encode(), s.basic_user.encode()) and hmac.compare_digest(
+                pw.encode(), password.encode()
+            ):
+                return
+        raise HTTPException(
+            status_code=401,
+            detail="missing or invalid credentials (bearer token or basic auth)",
+            headers={"WWW-Authenticate": 'Bearer, Basic realm="goodput"'},
+        )
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise HTTPException(400, "invalid Content-Length")
+        if int(declared) > limit:
+            raise HTTPException(413, f"payload larger than {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"payload larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _actions_router() -> Any:
+    try:
+        from recovery import api_actions  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return getattr(api_actions, "router", None)
+
+
+def create_app(settings: Settings | None = None, start_worker: bool = True) -> FastAPI:
+    """The receiver app; the store is opened (and its tables created) here."""
+    settings = settings or Settings.from_env()
+    engine = make_engine(settings.db_url)
+    registry = CollectorRegistry()
+    metrics = ReceiverMetrics(registry, engine)
+    auth = Auth(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker = None
+        if start_worker:
+            from recovery.worker import DiagnosisWorker
+
+            worker = DiagnosisWorker(engine, settings, metrics)
+            worker.start()
+            app.state.worker = worker
+        try:
+            yield
+        finally:
+            if worker is not None:
+                worker.stop()
+
+    app = FastAPI(
+        title="Goodput recovery receiver",
+        version="1",
+        description="Alertmanager webhook (v4), incidents and diagnoses.",
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.state.settings = settings
+    app.state.registry = registry
+    app.state.metrics = metrics
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        resp = _error(exc.status_code, str(exc.detail))
+        for k, v in (exc.headers or {}).items():
+            resp.headers[k] = v
+        return resp
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid request", _validation_detail(list(exc.errors())))
+
+    @app.exception_handler(Exception)
+    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _error(500, f"internal error ({type(exc).__name__})")
+
+    @app.post(
+        "/api/v1/alerts",
+        response_model=Accepted,
+        responses={
+            400: {"model": ApiError},
+            401: {"model": ApiError},
+            413: {"model": ApiError},
+            415: {"model": ApiError},
+            422: {"model": ApiError},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": WebhookIn.model_json_schema(
+                            ref_template="#/components/schemas/{model}"
+                        )
+                    }
+                },
+            }
+        },
+        dependencies=[Depends(auth)],
+        tags=["webhook"],
+    )
+    async def post_alerts(request: Request) -> Any:
+        """Accept Alertmanager's v4 webhook; the payload is durable before the 200."""
+        ctype = request.headers.get("content-type", "application/json")
+        if "json" not in ctype.lower():
+            return _error(415, "content type must be application/json")
+        raw = await _read_limited(request, settings.max_body_bytes)
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            return _error(400, f"body is not valid JSON: {str(exc)[:200]}")
+        try:
+            payload = WebhookIn.model_validate(doc)
+        except ValidationError as exc:
+            metrics.alerts_received.labels(status="rejected").inc()
+            return _error(422, "invalid Alertmanager v4 payload", _validation_detail(exc.errors()))
+        except RecursionError:
+            return _error(400, "payload nested too deeply")
+        result = await run_in_threadpool(
+            incidents.ingest,
+            engine,
+            settings,
+            [a.model_dump() for a in payload.alerts],
+            raw=raw.decode("utf-8", "replace"),
+            group_key=payload.groupKey,
+            status=payload.status,
+        )
+        for a in payload.alerts:
+            metrics.alerts_received.labels(status=a.status).inc()
+        return Accepted(alerts=len(payload.alerts), new=result.new, incidents=result.incident_ids)
+
+    @app.get("/api/v1/incidents", dependencies=[Depends(auth)], tags=["incidents"])
+    def list_incidents(
+        state: Literal["open", "resolved"] | None = None,
+        job_id: str | None = Query(default=None, max_length=32),
+        limit: int = Query(default=50, ge=1, le=500),
+        offset: int = Query(default=0, ge=0, le=10_000_000),
+    ) -> dict[str, Any]:
+        """Incidents, newest first, with paging (`limit`, `offset`)."""
+        if job_id is not None:
+            try:
+                validate.job_id(job_id)
+            except ValueError as exc:
+                raise HTTPException(422, str(exc)) from None
+        return incidents.list_incidents(
+            engine, state=state, job_id=job_id, limit=limit, offset=offset
+        )
+
+    @app.get("/api/v1/incidents/{incident_id}", dependencies=[Depends(auth)], tags=["incidents"])
+    def get_incident(incident_id: int) -> dict[str, Any]:
+        """One incident with its alerts and its latest diagnosis."""
+        found = incidents.get_incident(engine, incident_id)
+        if found is None:
+            raise HTTPException(404, f"incident {incident_id} not found")
+        return found
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
+    def metrics_endpoint() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    router = _actions_router()
+    if router is not None:
+        app.include_router(router, dependencies=[Depends(auth)])
+    return app

@@ -1,0 +1,150 @@
+"""Slurm evidence: job state, exit code, restarts, comment directives, node states and reasons.
+
+Every command is an argv list with a timeout, never a shell; every id in an argv was validated
+first (`recovery.validate`). `scontrol` answers for live and recently ended jobs; `sacct`
+answers after slurmctld has forgotten the job.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from typing import Any
+
+from recovery import validate
+from recovery.evidence import Bundle, Context, Report, SlurmFacts
+from recovery.settings import Settings
+
+_KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(\S*)")
+_COMMENT = re.compile(r"\sComment=(.*?)\s+(?:StdErr|StdIn|StdOut|Power|[A-Z][A-Za-z]+)=")
+
+
+def run(argv: list[str], timeout: float) -> str:
+    """Run a Slurm client (argv list, no shell); raises on a non-zero exit or timeout."""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {out.returncode}: {out.stderr.strip()[:300]}")
+    return out.stdout
+
+
+def parse_kv(line: str) -> dict[str, str]:
+    """`scontrol show -o` output → dict (Comment is read whole, it may hold spaces)."""
+    out = {k: v for k, v in _KV.findall(line)}
+    m = _COMMENT.search(line + " End=")
+    if m:
+        out["Comment"] = m.group(1).strip()
+    return out
+
+
+def expand_hostlist(expr: str, timeout: float = 5.0) -> list[str]:
+    """Slurm hostlist (`node[1-3,7]`) → names; local expansion, `scontrol` as a fallback."""
+    if not expr or expr in ("(null)", "None"):
+        return []
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            names.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if hi:
+                width = len(lo)
+                names += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
+            else:
+                names.append(f"{prefix}{lo}{suffix}")
+    return [n for n in names if validate.NODE.fullmatch(n)]
+
+
+def _exit(value: str) -> tuple[int | None, int | None]:
+    code, _, sig = (value or "").partition(":")
+    try:
+        return int(code), int(sig or 0)
+    except ValueError:
+        return None, None
+
+
+def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
+    """The job as scontrol (or, once forgotten, sacct) describes it."""
+    validate.job_id(job_id)
+    try:
+        kv = parse_kv(run(["scontrol", "show", "job", "-o", job_id], timeout).strip())
+        state = kv.get("JobState", "")
+        code, sig = _exit(kv.get("ExitCode", ""))
+        return {
+            "job_id": job_id,
+            "name": kv.get("JobName"),
+            "state": state,
+            "reason": kv.get("Reason", ""),
+            "exit_code": code,
+            "signal": sig,
+            "restarts": int(kv.get("Restarts", "0") or 0),
+            "nodes": expand_hostlist(kv.get("NodeList", "")),
+            "comment": kv.get("Comment", ""),
+            "start": kv.get("StartTime"),
+            "end": kv.get("EndTime"),
+            "argv": f"scontrol show job -o {job_id}",
+        }
+    except RuntimeError:
+        pass
+    fields = "JobID,JobName,State,ExitCode,NodeList,Start,End,Comment"
+    text = run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields], timeout)
+    for line in text.splitlines():
+        parts = line.split("|", 7)
+        if len(parts) < 8 or parts[0] != job_id:
+            continue
+        code, sig = _exit(parts[3])
+        return {
+            "job_id": job_id,
+            "name": parts[1],
+            "state": parts[2],
+            "reason": "",
+            "exit_code": code,
+            "signal": sig,
+            "restarts": None,
+            "nodes": expand_hostlist(parts[4]),
+            "comment": parts[7],
+            "start": parts[5],
+            "end": parts[6],
+            "argv": f"sacct -j {job_id} -X -n -P -o {fields}",
+        }
+    return {}
+
+
+def node_facts(nodes: list[str], timeout: float) -> dict[str, dict[str, str]]:
+    """node → {state, reason} from sinfo."""
+    nodes = [validate.node(n) for n in nodes]
+    if not nodes:
+        return {}
+    text = run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T|%E"], timeout)
+    out: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        if name in nodes:
+            out[name] = {"state": state.strip(), "reason": reason.strip()}
+    return out
+
+
+def jobs_on_node(node: str, timeout: float = 5.0) -> list[str]:
+    """Ids of the jobs running (or completing) on `node`."""
+    validate.node(node)
+    text = run(
+        ["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING,SUSPENDED", "-o", "%i"],
+        timeout,
+    )
+    return [j.strip() for j in text.split() if validate.JOB_ID.fullmatch(j.strip())]
+
+
+def collect(ctx: Context, settings: Settings) -> Bundle:
+    timeout = settings.slurm_timeout_s
+    facts = SlurmFacts()
+    if ctx.job_id:
+        facts.job = job_facts(ctx.job_id, timeout)
+        facts.query = facts.job.get("argv", "")
+    nodes = sorted(set(ctx.nodes) | set(facts.job.get("nodes") or []))
+    facts.nodes = node_facts(nodes, timeout) if nodes else {}
+    empty = not facts.job and not facts.nodes
+    report = Report("slurm", "empty" if empty else "ok", "no job or node facts" if empty else "")
+    return Bundle(slurm=facts, reports=[report])

@@ -1,0 +1,400 @@
+"""Incidents: alerts grouped per job, opened, updated and resolved; the list/detail queries.
+
+Rules:
+- an alert is identified by (fingerprint, startsAt); a redelivery with the same status changes
+  nothing; a status change (firing → resolved) updates the stored alert only;
+- an alert with `job_id` joins the job's open incident (one is opened if none);
+- an alert with only `node` joins the open incidents of the jobs on that node (asked from
+  Slurm, plus open incidents that already name the node); with none, a node incident;
+- each new alert in an incident schedules a diagnosis after `settings.settle_s`;
+- an incident resolves when all its alerts are resolved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, func, insert, select, update
+
+from recovery import validate
+from recovery.settings import Settings
+from recovery.store import alerts, diagnoses, dumps, incident_alerts, incidents, loads, payloads
+
+log = logging.getLogger("goodput.receiver.incidents")
+NodeJobs = Callable[[str], list[str]]
+
+_LOCK = threading.Lock()  # one writer at a time inside this process (incident creation races)
+
+
+@dataclass
+class IngestResult:
+    new: int = 0
+    changed: int = 0
+    incident_ids: list[int] = field(default_factory=list)
+
+
+def default_node_jobs(settings: Settings) -> NodeJobs:
+    """Slurm's answer to "which jobs run on this node" (empty when Slurm is off or fails)."""
+    if not settings.slurm_enabled:
+        return lambda _node: []
+
+    def lookup(node: str) -> list[str]:
+        from recovery.evidence import slurm
+
+        return slurm.jobs_on_node(node, timeout=min(settings.slurm_timeout_s, 5.0))
+
+    return lookup
+
+
+def ingest(
+    engine: Engine,
+    settings: Settings,
+    alert_docs: Iterable[dict[str, Any]],
+    raw: str = "",
+    group_key: str = "",
+    status: str = "firing",
+    node_jobs: NodeJobs | None = None,
+    now: float | None = None,
+) -> IngestResult:
+    """Store a validated webhook payload and fold its alerts into incidents (one transaction)."""
+    now = time.time() if now is None else now
+    lookup = node_jobs or default_node_jobs(settings)
+    result = IngestResult()
+    touched: set[int] = set()
+    with _LOCK, engine.begin() as conn:
+        conn.execute(
+            insert(payloads).values(
+                received_at=now, group_key=group_key[:4096], status=status, body=raw
+            )
+        )
+        for doc in alert_docs:
+            alert_id, is_new, changed = _upsert_alert(conn, doc, now)
+            result.new += int(is_new)
+            result.changed += int(changed)
+            if is_new and doc["status"] == "firing":
+                for inc in _incidents_for(conn, doc, lookup, now):
+                    _link(conn, inc, alert_id, now, settings.settle_s)
+                    touched.add(inc)
+            elif is_new or changed:
+                touched.update(_linked_incidents(conn, alert_id))
+        for inc in touched:
+            _maybe_resolve(conn, inc, now)
+    result.incident_ids = sorted(touched)
+    return result
+
+
+def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[int, bool, bool]:
+    labels = doc["labels"]
+    row = conn.execute(
+        select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).where(
+            and_(alerts.c.fingerprint == doc["fingerprint"], alerts.c.starts_at == doc["startsAt"])
+        )
+    ).first()
+    ends = validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
+    if row is not None:
+        if row.status == doc["status"]:
+            return row.id, False, False
+        conn.execute(
+            update(alerts)
+            .where(alerts.c.id == row.id)
+            .values(status=doc["status"], ends_ts=ends, updated_at=now)
+        )
+        return row.id, False, True
+    new_id = conn.execute(
+        insert(alerts).values(
+            fingerprint=doc["fingerprint"],
+            starts_at=doc["startsAt"],
+            starts_ts=validate.timestamp(doc["startsAt"]),
+            ends_ts=ends,
+            status=doc["status"],
+            alertname=labels.get("alertname", "")[:128],
+            severity=labels.get("severity", "")[:32],
+            job_id=labels.get("job_id") or None,
+            node=labels.get("node") or None,
+            gpu=labels.get("gpu") or None,
+            labels=dumps(labels),
+            annotations=dumps(doc.get("annotations") or {}),
+            received_at=now,
+            updated_at=now,
+        )
+    ).inserted_primary_key[0]  # type: ignore[index]
+    return int(new_id), True, False
+
+
+def _open_incident(conn: Connection, now: float, job_id: str | None, node: str | None) -> int:
+    q = select(incidents.c.id).where(incidents.c.state == "open")
+    if job_id is not None:
+        q = q.where(incidents.c.job_id == job_id)
+    else:
+        q = q.where(and_(incidents.c.job_id.is_(None), incidents.c.node == node))
+    row = conn.execute(q.order_by(incidents.c.id.desc())).first()
+    if row is not None:
+        return int(row.id)
+    new_id = conn.execute(
+        insert(incidents).values(
+            job_id=job_id,
+            node=node if job_id is None else None,
+            state="open",
+            opened_at=now,
+            updated_at=now,
+            diagnosis_state="pending",
+            diagnosis_gen=0,
+            diagnosis_attempts=0,
+        )
+    ).inserted_primary_key[0]  # type: ignore[index]
+    return int(new_id)
+
+
+def _incidents_for(
+    conn: Connection, doc: dict[str, Any], lookup: NodeJobs, now: float
+) -> list[int]:
+    labels = doc["labels"]
+    job_id, node = labels.get("job_id") or None, labels.get("node") or None
+    if job_id:
+        return [_open_incident(conn, now, job_id, None)]
+    if not node:
+        return [_open_incident(conn, now, None, "")]  # cluster-level alert: one bucket
+    jobs: set[str] = set()
+    try:
+        jobs.update(j for j in lookup(node) if validate.JOB_ID.fullmatch(j))
+    except Exception as exc:  # noqa: BLE001 - Slurm unreachable: fall back on what we know
+        log.warning("jobs on node %s: Slurm lookup failed: %s", node, exc)
+    known = conn.execute(
+        select(incidents.c.job_id)
+        .select_from(incidents.join(incident_alerts).join(alerts))
+        .where(
+            and_(
+                incidents.c.state == "open", alerts.c.node == node, incidents.c.job_id.is_not(None)
+            )
+        )
+        .distinct()
+    ).scalars()
+    jobs.update(j for j in known if j)
+    if not jobs:
+        return [_open_incident(conn, now, None, node)]
+    return [_open_incident(conn, now, j, None) for j in sorted(jobs)]
+
+
+def _link(conn: Connection, incident_id: int, alert_id: int, now: float, settle: float) -> None:
+    exists = conn.execute(
+        select(incident_alerts.c.alert_id).where(
+            and_(
+                incident_alerts.c.incident_id == incident_id, incident_alerts.c.alert_id == alert_id
+            )
+        )
+    ).first()
+    if exists:
+        return
+    conn.execute(insert(incident_alerts).values(incident_id=incident_id, alert_id=alert_id))
+    starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar_one()
+    inc = conn.execute(select(incidents).where(incidents.c.id == incident_id)).one()
+    first = starts if inc.first_alert_ts is None else min(inc.first_alert_ts, starts)
+    conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id)
+        .values(
+            updated_at=now,
+            first_alert_ts=first,
+            diagnosis_state="pending",
+            diagnosis_due=now + settle,
+            diagnosis_gen=incidents.c.diagnosis_gen + 1,
+        )
+    )
+
+
+def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:
+    return list(
+        conn.execute(
+            select(incident_alerts.c.incident_id).where(incident_alerts.c.alert_id == alert_id)
+        ).scalars()
+    )
+
+
+def _maybe_resolve(conn: Connection, incident_id: int, now: float) -> None:
+    firing = conn.execute(
+        select(func.count())
+        .select_from(incident_alerts.join(alerts))
+        .where(and_(incident_alerts.c.incident_id == incident_id, alerts.c.status == "firing"))
+    ).scalar_one()
+    state = conn.execute(
+        select(incidents.c.state).where(incidents.c.id == incident_id)
+    ).scalar_one()
+    if firing == 0 and state == "open":
+        conn.execute(
+            update(incidents)
+            .where(incidents.c.id == incident_id)
+            .values(state="resolved", resolved_at=now, updated_at=now)
+        )
+
+
+# --- queries --------------------------------------------------------------------------------
+
+
+def _alert_dict(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "fingerprint": row.fingerprint,
+        "alertname": row.alertname,
+        "status": row.status,
+        "severity": row.severity,
+        "job_id": row.job_id,
+        "node": row.node,
+        "gpu": row.gpu,
+        "starts_at": row.starts_ts,
+        "ends_at": row.ends_ts,
+        "labels": loads(row.labels),
+        "annotations": loads(row.annotations),
+    }
+
+
+def _incident_dict(row: Any, alert_rows: list[Any]) -> dict[str, Any]:
+    names: dict[str, int] = {}
+    for a in alert_rows:
+        names[a.alertname] = names.get(a.alertname, 0) + 1
+    return {
+        "id": row.id,
+        "job_id": row.job_id,
+        "node": row.node,
+        "state": row.state,
+        "opened_at": row.opened_at,
+        "updated_at": row.updated_at,
+        "resolved_at": row.resolved_at,
+        "first_alert_at": row.first_alert_ts,
+        "outcome": row.outcome,
+        "diagnosis_state": row.diagnosis_state,
+        "alerts": [_alert_dict(a) for a in alert_rows],
+        "alert_summary": {
+            "total": len(alert_rows),
+            "firing": sum(1 for a in alert_rows if a.status == "firing"),
+            "by_name": names,
+            "nodes": sorted({a.node for a in alert_rows if a.node}),
+        },
+    }
+
+
+def _alerts_of(conn: Connection, incident_id: int) -> list[Any]:
+    return list(
+        conn.execute(
+            select(alerts)
+            .select_from(alerts.join(incident_alerts))
+            .where(incident_alerts.c.incident_id == incident_id)
+            .order_by(alerts.c.starts_ts, alerts.c.id)
+        ).all()
+    )
+
+
+def incident(engine: Engine, incident_id: int) -> dict[str, Any] | None:
+    """The incident dict (with its alerts), or None."""
+    with engine.connect() as conn:
+        row = conn.execute(select(incidents).where(incidents.c.id == incident_id)).first()
+        if row is None:
+            return None
+        return _incident_dict(row, _alerts_of(conn, incident_id))
+
+
+def latest_diagnosis(engine: Engine, incident_id: int) -> dict[str, Any] | None:
+    with engine.connect() as conn:
+        body = conn.execute(
+            select(diagnoses.c.body)
+            .where(diagnoses.c.incident_id == incident_id)
+            .order_by(diagnoses.c.id.desc())
+            .limit(1)
+        ).scalar()
+    return loads(body)
+
+
+def get_incident(engine: Engine, incident_id: int) -> dict[str, Any] | None:
+    """Detail view: the incident, its alerts, and its latest diagnosis."""
+    found = incident(engine, incident_id)
+    if found is not None:
+        found["diagnosis"] = latest_diagnosis(engine, incident_id)
+    return found
+
+
+def list_incidents(
+    engine: Engine,
+    state: str | None = None,
+    job_id: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """A page of incidents, newest first: `{"items", "total", "limit", "offset"}`."""
+    where = []
+    if state:
+        where.append(incidents.c.state == state)
+    if job_id:
+        where.append(incidents.c.job_id == job_id)
+    with engine.connect() as conn:
+        total = conn.execute(select(func.count()).select_from(incidents).where(*where)).scalar()
+        rows = conn.execute(
+            select(incidents)
+            .where(*where)
+            .order_by(incidents.c.id.desc())
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        items = []
+        for r in rows:
+            d = _incident_dict(r, _alerts_of(conn, r.id))
+            d.pop("alerts")
+            items.append(d)
+    return {"items": items, "total": int(total or 0), "limit": limit, "offset": offset}
+
+
+def due_diagnoses(engine: Engine, now: float | None = None) -> list[tuple[int, int]]:
+    """(incident id, generation) of incidents whose diagnosis is pending and due."""
+    now = time.time() if now is None else now
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(incidents.c.id, incidents.c.diagnosis_gen)
+            .where(and_(incidents.c.diagnosis_state == "pending", incidents.c.diagnosis_due <= now))
+            .order_by(incidents.c.diagnosis_due)
+        ).all()
+    return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
+
+
+def store_diagnosis(engine: Engine, incident_id: int, gen: int, doc: dict[str, Any]) -> bool:
+    """Store a diagnosis; the incident is marked done unless a newer alert re-pended it."""
+    now = time.time()
+    with _LOCK, engine.begin() as conn:
+        conn.execute(
+            insert(diagnoses).values(
+                incident_id=incident_id, created_at=now, outcome=doc["outcome"], body=dumps(doc)
+            )
+        )
+        conn.execute(
+            update(incidents)
+            .where(incidents.c.id == incident_id)
+            .values(outcome=doc["outcome"], updated_at=now)
+        )
+        done = conn.execute(
+            update(incidents)
+            .where(and_(incidents.c.id == incident_id, incidents.c.diagnosis_gen == gen))
+            .values(diagnosis_state="done")
+        ).rowcount
+    return bool(done)
+
+
+def record_failure(
+    engine: Engine, incident_id: int, max_attempts: int = 5, retry_s: float = 10.0
+) -> None:
+    """Count a failed diagnosis attempt; retry later, give up after `max_attempts`."""
+    with _LOCK, engine.begin() as conn:
+        row = conn.execute(
+            select(incidents.c.diagnosis_attempts).where(incidents.c.id == incident_id)
+        ).scalar_one()
+        attempts = int(row or 0) + 1
+        conn.execute(
+            update(incidents)
+            .where(incidents.c.id == incident_id)
+            .values(
+                diagnosis_attempts=attempts,
+                diagnosis_due=time.time() + retry_s,
+                diagnosis_state="failed" if attempts >= max_attempts else "pending",
+            )
+        )

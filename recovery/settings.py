@@ -1,0 +1,92 @@
+"""Receiver settings: one frozen value, built from the environment (or directly in tests).
+
+| variable | default |
+|---|---|
+| `GOODPUT_RECEIVER_DB_URL` | `sqlite:///$GOODPUT_STACK_DIR/receiver/goodput.db` |
+| `GOODPUT_RECEIVER_HOST` / `GOODPUT_RECEIVER_PORT` | `127.0.0.1` / `19430` |
+| `GOODPUT_RECEIVER_TOKEN_FILE` | unset: bearer auth off |
+| `GOODPUT_RECEIVER_BASIC_USER` / `GOODPUT_RECEIVER_BASIC_PASSWORD_FILE` | unset: basic auth off |
+| `GOODPUT_RECEIVER_MAX_BODY_BYTES` | `1048576` |
+| `GOODPUT_RECEIVER_SETTLE_S` | `3` (seconds an incident waits for co-arriving alerts) |
+| `GOODPUT_PROMETHEUS_URL` | unset: Prometheus evidence off |
+| `GOODPUT_LOG_DIR` | `$GOODPUT_STACK_DIR/logs/cluster` |
+| `GOODPUT_LOKI_URL` | unset: Loki evidence off |
+| `GOODPUT_RECEIVER_SLURM` | `1` (ask Slurm for evidence and node → jobs) |
+| `GOODPUT_RECEIVER_LOOKBACK_S` | `900` (evidence window before the first alert) |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+def _stack_dir() -> Path:
+    return Path(os.environ.get("GOODPUT_STACK_DIR", "/tmp/goodput-stack"))  # noqa: S108
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the receiver reads from its environment."""
+
+    db_url: str = ""
+    host: str = "127.0.0.1"
+    port: int = 19430
+    token_file: str | None = None
+    basic_user: str | None = None
+    basic_password_file: str | None = None
+    require_auth: bool = True
+    max_body_bytes: int = 1 << 20
+    settle_s: float = 3.0
+    worker_poll_s: float = 0.5
+    prometheus_url: str | None = None
+    log_dir: str | None = None
+    loki_url: str | None = None
+    slurm_enabled: bool = True
+    slurm_timeout_s: float = 10.0
+    http_timeout_s: float = 5.0
+    lookback_s: float = 900.0
+    lookahead_s: float = 120.0
+    rules_dir: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.db_url:
+            object.__setattr__(self, "db_url", default_db_url())
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from `env` (default: os.environ); keyword overrides win."""
+        e = dict(os.environ if env is None else env)
+
+        def opt(name: str) -> str | None:
+            value = e.get(name, "").strip()
+            return value or None
+
+        values: dict[str, object] = {
+            "db_url": opt("GOODPUT_RECEIVER_DB_URL") or "",
+            "host": opt("GOODPUT_RECEIVER_HOST") or "127.0.0.1",
+            "port": int(opt("GOODPUT_RECEIVER_PORT") or 19430),
+            "token_file": opt("GOODPUT_RECEIVER_TOKEN_FILE"),
+            "basic_user": opt("GOODPUT_RECEIVER_BASIC_USER"),
+            "basic_password_file": opt("GOODPUT_RECEIVER_BASIC_PASSWORD_FILE"),
+            "max_body_bytes": int(opt("GOODPUT_RECEIVER_MAX_BODY_BYTES") or (1 << 20)),
+            "settle_s": float(opt("GOODPUT_RECEIVER_SETTLE_S") or 3.0),
+            "prometheus_url": opt("GOODPUT_PROMETHEUS_URL"),
+            "log_dir": opt("GOODPUT_LOG_DIR")
+            or str(Path(e.get("GOODPUT_STACK_DIR", str(_stack_dir()))) / "logs" / "cluster"),
+            "loki_url": opt("GOODPUT_LOKI_URL"),
+            "slurm_enabled": (opt("GOODPUT_RECEIVER_SLURM") or "1") not in ("0", "false", "no"),
+            "lookback_s": float(opt("GOODPUT_RECEIVER_LOOKBACK_S") or 900.0),
+            "extra": {k: v for k, v in e.items() if k.startswith("GOODPUT_")},
+        }
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def default_db_url() -> str:
+    return f"sqlite:///{_stack_dir() / 'receiver' / 'goodput.db'}"

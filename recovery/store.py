@@ -1,0 +1,147 @@
+"""The receiver's durable store: SQLAlchemy Core tables on SQLite (WAL) or PostgreSQL.
+
+`make_engine(url)` returns a ready engine with the receiver's tables created. Other recovery
+modules may define their own tables on their own `MetaData`; the engine is shared. Times are
+stored as float unix seconds (portable across both databases); JSON as text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import make_url
+
+metadata = MetaData()
+
+# Every accepted webhook body, verbatim (the durable record before the 200).
+payloads = Table(
+    "receiver_payloads",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("received_at", Float, nullable=False),
+    Column("group_key", Text, nullable=False, default=""),
+    Column("status", String(16), nullable=False),
+    Column("body", Text, nullable=False),
+)
+
+# One row per alert instance: (fingerprint, starts_at) is Alertmanager's identity.
+alerts = Table(
+    "receiver_alerts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("starts_at", String(64), nullable=False),
+    Column("starts_ts", Float, nullable=False),
+    Column("ends_ts", Float, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("alertname", String(128), nullable=False),
+    Column("severity", String(32), nullable=False, default=""),
+    Column("job_id", String(32), nullable=True),
+    Column("node", String(64), nullable=True),
+    Column("gpu", String(8), nullable=True),
+    Column("labels", Text, nullable=False),
+    Column("annotations", Text, nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    UniqueConstraint("fingerprint", "starts_at", name="uq_alert_identity"),
+)
+
+incidents = Table(
+    "receiver_incidents",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(32), nullable=True),
+    Column("node", String(64), nullable=True),  # set for node-only incidents (no job there)
+    Column("state", String(16), nullable=False),  # open | resolved
+    Column("opened_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("resolved_at", Float, nullable=True),
+    Column("first_alert_ts", Float, nullable=True),
+    Column("outcome", String(32), nullable=True),
+    Column("diagnosis_state", String(16), nullable=False, default="pending"),  # pending|done
+    Column("diagnosis_due", Float, nullable=True),
+    Column("diagnosis_gen", Integer, nullable=False, default=0),  # bumped by each new alert
+    Column("diagnosis_attempts", Integer, nullable=False, default=0),
+)
+Index("ix_incident_job_state", incidents.c.job_id, incidents.c.state)
+Index("ix_incident_diag", incidents.c.diagnosis_state, incidents.c.diagnosis_due)
+
+incident_alerts = Table(
+    "receiver_incident_alerts",
+    metadata,
+    Column("incident_id", Integer, ForeignKey("receiver_incidents.id"), nullable=False),
+    Column("alert_id", Integer, ForeignKey("receiver_alerts.id"), nullable=False),
+    UniqueConstraint("incident_id", "alert_id", name="uq_incident_alert"),
+)
+
+diagnoses = Table(
+    "receiver_diagnoses",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("incident_id", Integer, ForeignKey("receiver_incidents.id"), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("body", Text, nullable=False),
+)
+Index("ix_diag_incident", diagnoses.c.incident_id)
+
+
+def normalize_url(url: str) -> str:
+    """Map plain `postgresql://` URLs onto the installed psycopg 3 driver."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str, create: bool = True) -> Engine:
+    """An engine for `url` (SQLite in WAL mode, or PostgreSQL), with the tables created."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:":
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, future=True
+        )
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            if db and db != ":memory:":
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+    else:
+        engine = create_engine(url, pool_pre_ping=True, future=True)
+    if create:
+        metadata.create_all(engine)
+    return engine
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def loads(text: str | None) -> Any:
+    return json.loads(text) if text else None

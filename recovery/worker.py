@@ -1,0 +1,100 @@
+"""The diagnosis worker: a background thread that diagnoses incidents once they settle.
+
+Pending diagnoses live in the store (`diagnosis_state='pending'`, `diagnosis_due`), so a
+restarted receiver resumes them. After a diagnosis is stored, `recovery.actions.on_diagnosis`
+is called when that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Engine
+
+from recovery import attribution, evidence, incidents
+from recovery.metrics import ReceiverMetrics
+from recovery.settings import Settings
+
+log = logging.getLogger("goodput.receiver.worker")
+
+
+def diagnose(settings: Settings, incident: dict[str, Any]) -> dict[str, Any]:
+    """Collect evidence for `incident` from every configured source and attribute it."""
+    ctx = evidence.Context.from_incident(incident, settings)
+    bundle = evidence.collect_live(ctx, settings)
+    return attribution.attribute(bundle, ctx, incident_id=incident["id"])
+
+
+def _on_diagnosis_hook() -> Any:
+    try:
+        module = importlib.import_module("recovery.actions")
+    except ImportError:
+        return None
+    return getattr(module, "on_diagnosis", None)
+
+
+def run_once(
+    engine: Engine,
+    settings: Settings,
+    metrics: ReceiverMetrics | None = None,
+    now: float | None = None,
+) -> list[int]:
+    """Diagnose every due incident once; returns the ids diagnosed."""
+    done = []
+    for incident_id, gen in incidents.due_diagnoses(engine, now):
+        inc = incidents.incident(engine, incident_id)
+        if inc is None:
+            continue
+        t0 = time.monotonic()
+        try:
+            doc = diagnose(settings, inc)
+        except Exception:
+            log.exception("diagnosis of incident %s failed", incident_id)
+            incidents.record_failure(engine, incident_id)
+            continue
+        if metrics is not None:
+            metrics.diagnosis_duration.observe(time.monotonic() - t0)
+            for rep in doc.get("connector_reports", []):
+                if rep["status"] == "error":
+                    metrics.connector_errors.labels(connector=rep["connector"]).inc()
+            if doc.get("onset") and inc.get("first_alert_at"):
+                metrics.time_to_detect.observe(max(0.0, inc["first_alert_at"] - doc["onset"]))
+        incidents.store_diagnosis(engine, incident_id, gen, doc)
+        done.append(incident_id)
+        hook = _on_diagnosis_hook()
+        if hook is not None:
+            try:
+                hook(engine, settings, incidents.incident(engine, incident_id), doc)
+            except Exception:
+                log.exception("recovery.actions.on_diagnosis failed for incident %s", incident_id)
+    return done
+
+
+class DiagnosisWorker:
+    """Polls the store every `settings.worker_poll_s` and diagnoses due incidents."""
+
+    def __init__(
+        self, engine: Engine, settings: Settings, metrics: ReceiverMetrics | None = None
+    ) -> None:
+        self.engine, self.settings, self.metrics = engine, settings, metrics
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="goodput-diagnosis", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                run_once(self.engine, self.settings, self.metrics)
+            except Exception:
+                log.exception("diagnosis worker cycle failed")
+            self._stop.wait(self.settings.worker_poll_s)
