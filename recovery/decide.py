@@ -1,0 +1,284 @@
+"""`decide(diagnosis, history, policy) -> Action`: the pure heart of recovery.
+
+Inputs and output are frozen values; no clock, no I/O. Every adjustment of the policy's
+default action adds a reason code (`Reason`), so the audit log says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from recovery.policy import DESTRUCTIVE, DRAINS, OUTCOMES, RESTARTS, Policy
+
+UNAVAILABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "NOT_RESPONDING")
+ENDED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "NODE_FAIL",
+    "TIMEOUT",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
+
+
+class Reason(StrEnum):
+    POLICY_DEFAULT = "policy_default"
+    NO_CULPRIT_NODE = "no_culprit_node"
+    NO_JOB = "no_job"
+    LOW_CONFIDENCE = "low_confidence"
+    EXIT_CODE_93 = "exit_code_93_do_not_requeue"
+    ALREADY_REQUEUED = "already_requeued_by_slurm"
+    RETRY_BUDGET_SPENT = "retry_budget_spent"
+    STICKY_ROOT_CAUSE = "sticky_root_cause"
+    BACKOFF = "backoff"
+    JOB_ENDED = "job_ended"
+    NODES_ALREADY_UNAVAILABLE = "nodes_already_unavailable"
+    BLAST_DRAINS_PER_HOUR = "blast_radius_drains_per_hour"
+    BLAST_PARTITION_FRACTION = "blast_radius_partition_fraction"
+    BLAST_LAST_HEALTHY = "blast_radius_last_healthy_nodes"
+    BLAST_UNKNOWN = "blast_radius_node_states_unknown"
+    PAUSED = "paused"
+    MODE_MONITOR = "mode_monitor"
+    MODE_APPROVE = "mode_approve"
+    MODE_ACT = "mode_act"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The fields of a diagnosis that decide reads."""
+
+    incident_id: str
+    job_id: str | None
+    outcome: str
+    root_cause: str = ""
+    affected_nodes: tuple[str, ...] = ()
+    confidence: float = 0.0
+    onset: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
+        """Validate a diagnosis dict from the receiver; raises ValueError with the field."""
+        outcome = d.get("outcome")
+        if outcome not in OUTCOMES:
+            raise ValueError(f"diagnosis outcome {outcome!r} is not a known outcome")
+        try:
+            conf = float(d.get("confidence") or 0.0)
+        except (TypeError, ValueError):
+            raise ValueError("diagnosis confidence must be a number") from None
+        if not 0.0 <= conf <= 1.0:
+            raise ValueError("diagnosis confidence must be within 0..1")
+        nodes = d.get("affected_nodes") or []
+        if not isinstance(nodes, list | tuple) or not all(isinstance(n, str) for n in nodes):
+            raise ValueError("affected_nodes must be a list of node names")
+        onset = d.get("onset")
+        rc = d.get("root_cause") or ""
+        if isinstance(rc, dict):  # tolerate a structured root cause
+            rc = str(rc.get("id") or rc.get("symptom") or sorted(rc.items()))
+        job = d.get("job_id")
+        return cls(
+            incident_id=str(d.get("incident_id", "")),
+            job_id=str(job) if job not in (None, "") else None,
+            outcome=str(outcome),
+            root_cause=str(rc)[:500],
+            affected_nodes=tuple(dict.fromkeys(nodes)),
+            confidence=conf,
+            onset=float(onset) if isinstance(onset, int | float) else None,
+        )
+
+    @property
+    def cause_key(self) -> str:
+        return f"{self.outcome}:{self.root_cause}"
+
+
+@dataclass(frozen=True)
+class JobView:
+    state: str
+    restarts: int = 0
+    exit_code: int | None = None
+    partition: str | None = None
+    start_time: float | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state.upper() in ENDED
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node: str
+    state: str
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def unavailable(self) -> bool:
+        s = self.state.upper()
+        return any(u in s for u in UNAVAILABLE)
+
+
+@dataclass(frozen=True)
+class History:
+    """What happened before, as seen at decision time."""
+
+    now: float
+    job: JobView | None = None
+    restarts_done: int = 0  # restarts Goodput made for this job
+    same_cause_restarts: int = 0  # of those, for this diagnosis' cause_key
+    drain_times: tuple[float, ...] = ()  # one entry per node Goodput drained
+    nodes: tuple[NodeView, ...] = ()
+    paused: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    disposition: str  # execute | await_approval | plan_only | notify | none
+    mode: str
+    job_id: str | None
+    incident_id: str
+    nodes: tuple[str, ...] = ()  # nodes to drain
+    exclude: tuple[str, ...] = ()  # nodes to exclude when requeueing
+    delay_s: float = 0.0
+    default_kind: str = "none"
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "disposition": self.disposition,
+            "mode": self.mode,
+            "job_id": self.job_id,
+            "incident_id": self.incident_id,
+            "nodes": list(self.nodes),
+            "exclude": list(self.exclude),
+            "delay_s": self.delay_s,
+            "default_kind": self.default_kind,
+            "reasons": list(self.reasons),
+        }
+
+
+def blast_radius_violation(
+    nodes: tuple[str, ...], history: History, policy: Policy
+) -> tuple[Reason | None, tuple[str, ...]]:
+    """(reason, new_nodes): why draining `nodes` now would break a limit, or None."""
+    if not history.nodes:
+        return Reason.BLAST_UNKNOWN, nodes
+    views = {n.node: n for n in history.nodes}
+    new = tuple(n for n in nodes if not (n in views and views[n].unavailable))
+    if not new:
+        return None, new
+    b = policy.blast_radius
+    recent = sum(1 for t in history.drain_times if history.now - 3600.0 < t <= history.now)
+    if recent + len(new) > b.max_drains_per_hour:
+        return Reason.BLAST_DRAINS_PER_HOUR, new
+    partitions = {p for n in new for p in (views[n].partitions if n in views else ())}
+    if any(n not in views for n in new):
+        return Reason.BLAST_UNKNOWN, new
+    for part in sorted(partitions) or [""]:
+        members = (
+            [v for v in history.nodes if part in v.partitions] if part else list(views.values())
+        )
+        total = len(members)
+        down = sum(1 for v in members if v.unavailable or v.node in new)
+        if total == 0 or down / total > b.max_partition_unavailable_fraction + 1e-9:
+            return Reason.BLAST_PARTITION_FRACTION, new
+        if total - down < b.min_healthy_nodes:
+            return Reason.BLAST_LAST_HEALTHY, new
+    return None, new
+
+
+def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
+    """The action for `diagnosis`, given what happened before and the (job's) policy."""
+    default = policy.action_for(diagnosis.outcome)
+    kind = default
+    reasons: list[str] = [Reason.POLICY_DEFAULT]
+    nodes = diagnosis.affected_nodes
+    job = history.job
+    delay = 0.0
+
+    if kind in DRAINS and not nodes:
+        kind = "hold_for_person" if kind == "drain" else "requeue"
+        reasons.append(Reason.NO_CULPRIT_NODE)
+    if kind in (*RESTARTS, "stop") and diagnosis.job_id is None:
+        kind = "drain" if kind == "drain_and_requeue" else "none"
+        reasons.append(Reason.NO_JOB)
+    if kind in DESTRUCTIVE and diagnosis.confidence < policy.min_confidence.get(kind, 0.0):
+        kind = "hold_for_person"
+        reasons.append(Reason.LOW_CONFIDENCE)
+
+    if kind in RESTARTS and job is not None:
+        if job.ended and job.exit_code == 93:
+            kind = "drain" if kind == "drain_and_requeue" else "stop"
+            reasons.append(Reason.EXIT_CODE_93)
+        elif _restarted_since_onset(job, diagnosis):
+            kind = "drain" if kind == "drain_and_requeue" else "none"
+            reasons.append(Reason.ALREADY_REQUEUED)
+    if kind in RESTARTS:
+        if history.same_cause_restarts >= policy.retry.sticky_after:
+            kind = "stop"
+            reasons.append(Reason.STICKY_ROOT_CAUSE)
+        elif history.restarts_done >= policy.retry.max_requeues_per_job:
+            kind = "stop"
+            reasons.append(Reason.RETRY_BUDGET_SPENT)
+        else:
+            delay = policy.retry.backoff_for(history.restarts_done)
+            if delay > 0:
+                reasons.append(Reason.BACKOFF)
+    if kind == "stop" and job is not None and job.ended:
+        reasons.append(Reason.JOB_ENDED)
+
+    drain_nodes: tuple[str, ...] = ()
+    if kind in DRAINS or (kind == "stop" and default in DRAINS and nodes):
+        why, new = blast_radius_violation(nodes, history, policy)
+        if why is not None:
+            reasons.append(why)
+            kind = "stop" if kind == "stop" else "hold_for_person"
+        else:
+            drain_nodes = new
+            if len(new) < len(nodes):
+                reasons.append(Reason.NODES_ALREADY_UNAVAILABLE)
+            if not new and kind == "drain":
+                kind = "none"
+    exclude = nodes if kind == "drain_and_requeue" else ()
+
+    mode = policy.mode_for(job.partition if job else None)
+    if kind == "none" or (kind == "hold_for_person"):
+        disposition = "notify" if kind == "hold_for_person" else "none"
+    elif history.paused:
+        disposition = "plan_only"
+        reasons.append(Reason.PAUSED)
+    elif mode == "monitor":
+        disposition = "plan_only"
+        reasons.append(Reason.MODE_MONITOR)
+    elif mode == "approve":
+        disposition = "await_approval"
+        reasons.append(Reason.MODE_APPROVE)
+    else:
+        disposition = "execute"
+        reasons.append(Reason.MODE_ACT)
+    return Action(
+        kind=kind,
+        disposition=disposition,
+        mode=mode,
+        job_id=diagnosis.job_id,
+        incident_id=diagnosis.incident_id,
+        nodes=drain_nodes if kind in (*DRAINS, "stop") else (),
+        exclude=exclude,
+        delay_s=delay if kind in RESTARTS else 0.0,
+        default_kind=default,
+        reasons=tuple(str(r) for r in reasons),
+    )
+
+
+def _restarted_since_onset(job: JobView, diagnosis: Diagnosis) -> bool:
+    """Slurm (or someone) already restarted the job after the fault began."""
+    state = job.state.upper()
+    if state == "PENDING" and job.restarts > 0:
+        return True
+    if state in ("RUNNING", "CONFIGURING", "COMPLETING") and diagnosis.onset is not None:
+        return job.start_time is not None and job.start_time > diagnosis.onset
+    return False

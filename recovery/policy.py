@@ -1,0 +1,219 @@
+"""The operator's recovery policy: YAML, validated into a frozen value.
+
+`load_policy(path)` reads `path` (default: `$GOODPUT_POLICY_FILE`, else the packaged
+`policy.default.yaml`, which documents every key); `GOODPUT_MODE` overrides the cluster mode.
+Unknown keys, unknown outcomes/actions and out-of-range numbers are errors with the key named.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+OUTCOMES = (
+    "gpu_hardware_fault",
+    "gpu_degradation",
+    "network_fault",
+    "node_lost",
+    "filesystem",
+    "workload_crash",
+    "workload_oom",
+    "workload_divergence",
+    "workload_hang",
+    "straggler",
+    "scheduler_event",
+    "unknown",
+    "healthy",
+)
+ACTIONS = (
+    "drain",
+    "drain_and_requeue",
+    "requeue",
+    "stop",
+    "hold_for_person",
+    "resume_node",
+    "none",
+)
+MODES = ("monitor", "approve", "act")
+DESTRUCTIVE = ("drain", "drain_and_requeue", "requeue", "stop")
+RESTARTS = ("requeue", "drain_and_requeue")
+DRAINS = ("drain", "drain_and_requeue")
+
+Mode = Literal["monitor", "approve", "act"]
+ActionKind = Literal[
+    "drain", "drain_and_requeue", "requeue", "stop", "hold_for_person", "resume_node", "none"
+]
+DEFAULT_FILE = Path(__file__).with_name("policy.default.yaml")
+
+
+class PolicyError(ValueError):
+    """The policy file is missing, unreadable or invalid."""
+
+
+def narrower(a: str, b: str) -> str:
+    """The more restrictive of two modes (monitor < approve < act)."""
+    return a if MODES.index(a) <= MODES.index(b) else b
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Retry(_Frozen):
+    max_requeues_per_job: int = Field(default=3, ge=0, le=100)
+    sticky_after: int = Field(default=1, ge=1, le=100)
+    backoff_s: tuple[float, ...] = Field((0.0, 60.0, 300.0), min_length=1)
+
+    @field_validator("backoff_s")
+    @classmethod
+    def _nonneg(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(x < 0 or x > 86400 for x in v):
+            raise ValueError("backoff values must be within 0..86400 seconds")
+        return v
+
+    def backoff_for(self, restarts_done: int) -> float:
+        """Seconds to wait before restart number `restarts_done + 1`."""
+        return self.backoff_s[min(restarts_done, len(self.backoff_s) - 1)]
+
+
+class BlastRadius(_Frozen):
+    max_drains_per_hour: int = Field(default=4, ge=0, le=100000)
+    max_partition_unavailable_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    min_healthy_nodes: int = Field(default=1, ge=0, le=100000)
+
+
+class DirectiveBounds(_Frozen):
+    enabled: bool = True
+    allow_mode_widening: bool = False
+    max_requeues_cap: int = Field(default=3, ge=0, le=100)
+    allowed_actions: tuple[ActionKind, ...] = ("requeue", "stop", "hold_for_person", "none")
+    overridable_outcomes: tuple[str, ...] = (
+        "workload_crash",
+        "workload_hang",
+        "workload_divergence",
+        "workload_oom",
+        "unknown",
+    )
+
+    @field_validator("overridable_outcomes")
+    @classmethod
+    def _outcomes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [o for o in v if o not in OUTCOMES]
+        if bad:
+            raise ValueError(f"unknown outcomes {bad}")
+        return v
+
+
+def _default_actions() -> dict[str, str]:
+    return {
+        "gpu_hardware_fault": "drain_and_requeue",
+        "gpu_degradation": "drain",
+        "network_fault": "drain_and_requeue",
+        "node_lost": "drain_and_requeue",
+        "filesystem": "hold_for_person",
+        "workload_crash": "requeue",
+        "workload_oom": "stop",
+        "workload_divergence": "stop",
+        "workload_hang": "requeue",
+        "straggler": "drain_and_requeue",
+        "scheduler_event": "none",
+        "unknown": "hold_for_person",
+        "healthy": "none",
+    }
+
+
+class Policy(_Frozen):
+    """The operator's policy. `job_mode`/`job_actions` are set only by directive merging."""
+
+    mode: Mode = "monitor"
+    partition_modes: dict[str, Mode] = Field(default_factory=dict)
+    approval_expiry_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    actions: dict[str, str] = Field(default_factory=_default_actions)
+    min_confidence: dict[str, float] = Field(
+        default_factory=lambda: {
+            "drain": 0.7,
+            "drain_and_requeue": 0.7,
+            "requeue": 0.5,
+            "stop": 0.8,
+        }
+    )
+    retry: Retry = Retry()
+    blast_radius: BlastRadius = BlastRadius()
+    directives: DirectiveBounds = DirectiveBounds()
+    job_mode: Mode | None = None
+
+    @field_validator("actions")
+    @classmethod
+    def _actions(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [o for o in v if o not in OUTCOMES]
+        if bad:
+            raise ValueError(f"unknown outcomes {bad}; known: {list(OUTCOMES)}")
+        wrong = {o: a for o, a in v.items() if a not in ACTIONS}
+        if wrong:
+            raise ValueError(f"unknown actions {wrong}; known: {list(ACTIONS)}")
+        return {**_default_actions(), **v}
+
+    @field_validator("min_confidence")
+    @classmethod
+    def _conf(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if k not in DESTRUCTIVE:
+                raise ValueError(f"min_confidence.{k}: only {list(DESTRUCTIVE)} have one")
+            if not 0.0 <= x <= 1.0:
+                raise ValueError(f"min_confidence.{k} must be within 0..1")
+        return v
+
+    def action_for(self, outcome: str) -> str:
+        return self.actions.get(outcome, self.actions["unknown"])
+
+    def mode_for(self, partition: str | None) -> str:
+        """Cluster mode, replaced per partition, then narrowed (or widened) by the job."""
+        mode: str = self.mode
+        if partition and partition in self.partition_modes:
+            mode = self.partition_modes[partition]
+        if self.job_mode is not None:
+            if self.directives.allow_mode_widening:
+                mode = self.job_mode
+            else:
+                mode = narrower(mode, self.job_mode)
+        return mode
+
+
+def parse_policy(doc: Any, env: dict[str, str] | None = None) -> Policy:
+    """Validate a policy document (a mapping); `GOODPUT_MODE` in `env` overrides `mode`."""
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise PolicyError("the policy must be a mapping at the top level")
+    e = os.environ if env is None else env
+    mode = e.get("GOODPUT_MODE", "").strip()
+    if mode:
+        if mode not in MODES:
+            raise PolicyError(f"GOODPUT_MODE={mode!r} is not one of {list(MODES)}")
+        doc = {**doc, "mode": mode}
+    if "job_mode" in doc:
+        raise PolicyError("job_mode is set by job directives, not by the policy file")
+    try:
+        return Policy.model_validate(doc)
+    except ValidationError as exc:
+        msgs = [
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:10]
+        ]
+        raise PolicyError("invalid policy: " + "; ".join(msgs)) from None
+
+
+def load_policy(path: str | Path | None = None, env: dict[str, str] | None = None) -> Policy:
+    """Load and validate the policy file (see the module docstring for the lookup order)."""
+    e = dict(os.environ) if env is None else env
+    chosen = Path(path or e.get("GOODPUT_POLICY_FILE") or DEFAULT_FILE)
+    try:
+        doc = yaml.safe_load(chosen.read_text())
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {chosen}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"policy file {chosen} is not valid YAML: {exc}") from None
+    return parse_policy(doc, e)
