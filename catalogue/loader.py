@@ -1,0 +1,348 @@
+"""Load and validate the failure catalogue (outcomes.yaml, xid.yaml, patterns.yaml).
+
+Every problem in the YAML raises `CatalogueError` naming the file and the entry. Each
+pattern's `examples` must match it and its `counter_examples` must not, checked at load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("job", "kernel")
+PATTERN_SOURCES = (*SOURCES, "any")
+ROLES = ("initiating", "cascade", "info")
+SEVERITIES = ("critical", "warning", "info")
+GROUP_TYPES = {"int": int, "float": float, "str": str}
+MAX_LINE_CHARS = 8192  # longer lines are matched on their first MAX_LINE_CHARS characters
+_ID = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
+
+
+class CatalogueError(ValueError):
+    """The catalogue's YAML is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    id: str
+    category: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    code: int
+    name: str
+    severity: str  # critical | warning | info
+    nvidia_action: str
+    job_action: str  # one of the action vocabulary
+    outcome: str
+    consequence: bool  # follows an earlier error (e.g. 43, 45): look for that one
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Pattern:
+    id: str
+    source: str  # job | kernel | any
+    symptom: str
+    role: str  # initiating | cascade | info
+    regexes: tuple[re.Pattern[str], ...]
+    fields: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    keywords: tuple[str, ...] = ()  # lower-cased
+    exclusive: str = ""
+    outcome: str = ""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Match:
+    """One pattern that matched one line; `groups` holds typed values (rank, xid, loss, ...)."""
+
+    pattern: str
+    symptom: str
+    role: str
+    source: str
+    outcome: str
+    groups: dict[str, Any] = field(default_factory=dict)
+
+
+class Catalogue:
+    """The loaded catalogue. Build with `load(directory)`; most callers use the module functions."""
+
+    def __init__(
+        self,
+        outcomes: dict[str, Outcome],
+        categories: dict[str, str],
+        actions: dict[str, str],
+        xids: dict[int, XidInfo],
+        patterns: tuple[Pattern, ...],
+        group_types: dict[str, type],
+        rank_hints: tuple[re.Pattern[str], ...],
+    ) -> None:
+        self.outcomes = outcomes
+        self.categories = categories
+        self.actions = actions
+        self.xids = xids
+        self.patterns = patterns
+        self.group_types = group_types
+        self.rank_hints = rank_hints
+        self._by_source = {s: tuple(p for p in patterns if p.source in (s, "any")) for s in SOURCES}
+
+    def xid_info(self, code: int) -> XidInfo | None:
+        return self.xids.get(int(code))
+
+    def match_line(self, line: str, source: str) -> list[Match]:
+        """All patterns of `source` ("job" or "kernel") that match `line`, in catalogue order."""
+        try:
+            candidates = self._by_source[source]
+        except KeyError:
+            raise ValueError(f"source must be one of {SOURCES}, not {source!r}") from None
+        if len(line) > MAX_LINE_CHARS:
+            line = line[:MAX_LINE_CHARS]
+        low = line.lower()
+        taken: set[str] = set()
+        out: list[Match] = []
+        for p in candidates:
+            if p.exclusive and p.exclusive in taken:
+                continue
+            if p.keywords and not any(k in low for k in p.keywords):
+                continue
+            m = None
+            for rx in p.regexes:
+                m = rx.search(line)
+                if m:
+                    break
+            if m is None:
+                continue
+            groups = self._typed(m.groupdict())
+            for name, rx in p.fields:
+                fm = rx.search(line)
+                if fm:
+                    value = next((g for g in fm.groups() if g is not None), None)
+                    groups.update(self._typed({name: value}))
+            if source == "job" and "rank" not in groups:
+                for hint in self.rank_hints:
+                    hm = hint.search(line)
+                    if hm:
+                        groups["rank"] = int(hm.group("rank"))
+                        break
+            if p.exclusive:
+                taken.add(p.exclusive)
+            out.append(Match(p.id, p.symptom, p.role, source, p.outcome, groups))
+        return out
+
+    def _typed(self, raw: dict[str, str | None]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in raw.items():
+            if value is None:
+                continue
+            try:
+                out[name] = self.group_types[name](value.strip())
+            except ValueError:
+                continue
+        return out
+
+
+# ------------------------------------------------------------------ loading and validation
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CatalogueError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise CatalogueError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CatalogueError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def _need(entry: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(entry, dict) or key not in entry:
+        raise CatalogueError(f"{where}: missing key {key!r}")
+    value = entry[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CatalogueError(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _str_map(data: dict[str, Any], key: str, where: str) -> dict[str, str]:
+    value = _need(data, key, dict, where)
+    for k, v in value.items():
+        if not isinstance(v, str) or not isinstance(k, str):
+            raise CatalogueError(f"{where}: {key}.{k} must map a name to a one-line text")
+    return dict(value)
+
+
+def _compile(rx: Any, where: str) -> re.Pattern[str]:
+    if not isinstance(rx, str) or not rx:
+        raise CatalogueError(f"{where}: a regex must be a non-empty string")
+    try:
+        return re.compile(rx)
+    except re.error as exc:
+        raise CatalogueError(f"{where}: bad regex {rx!r}: {exc}") from None
+
+
+def _as_list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return value
+    raise CatalogueError(f"{where}: expected a string or a list")
+
+
+def _load_outcomes(path: Path) -> tuple[dict[str, Outcome], dict[str, str], dict[str, str]]:
+    data = _read(path)
+    categories = _str_map(data, "categories", str(path))
+    actions = _str_map(data, "actions", str(path))
+    outcomes: dict[str, Outcome] = {}
+    for oid, entry in _need(data, "outcomes", dict, str(path)).items():
+        where = f"{path.name}: outcome {oid!r}"
+        if not isinstance(oid, str) or not _ID.match(oid):
+            raise CatalogueError(f"{where}: ids are lower_snake_case")
+        cat = _need(entry, "category", str, where)
+        if cat not in categories:
+            raise CatalogueError(f"{where}: unknown category {cat!r}")
+        outcomes[oid] = Outcome(oid, cat, _need(entry, "meaning", str, where))
+    return outcomes, categories, actions
+
+
+def _load_xids(
+    path: Path, outcomes: dict[str, Outcome], actions: dict[str, str]
+) -> dict[int, XidInfo]:
+    xids: dict[int, XidInfo] = {}
+    for i, entry in enumerate(_need(_read(path), "xids", list, str(path))):
+        where = f"{path.name}: xids[{i}]"
+        code = _need(entry, "code", int, where)
+        where = f"{path.name}: XID {code}"
+        if code in xids:
+            raise CatalogueError(f"{where}: listed twice")
+        info = XidInfo(
+            code=code,
+            name=_need(entry, "name", str, where),
+            severity=_need(entry, "severity", str, where),
+            nvidia_action=_need(entry, "nvidia_action", str, where),
+            job_action=_need(entry, "job_action", str, where),
+            outcome=_need(entry, "outcome", str, where),
+            consequence=_need(entry, "consequence", bool, where),
+            note=str(entry.get("note", "")),
+        )
+        if info.severity not in SEVERITIES:
+            raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
+        if info.job_action not in actions:
+            raise CatalogueError(f"{where}: unknown job_action {info.job_action!r}")
+        if info.outcome not in outcomes:
+            raise CatalogueError(f"{where}: unknown outcome {info.outcome!r}")
+        xids[code] = info
+    return xids
+
+
+def _load_patterns(
+    path: Path, outcomes: dict[str, Outcome]
+) -> tuple[tuple[Pattern, ...], dict[str, type], tuple[re.Pattern[str], ...]]:
+    data = _read(path)
+    group_types: dict[str, type] = {}
+    for name, tname in _need(data, "groups", dict, str(path)).items():
+        if tname not in GROUP_TYPES:
+            raise CatalogueError(f"{path.name}: group {name!r}: type must be int, float or str")
+        group_types[name] = GROUP_TYPES[tname]
+    hints = tuple(
+        _compile(rx, f"{path.name}: rank_hints")
+        for rx in _as_list(data.get("rank_hints"), "rank_hints")
+    )
+    for h in hints:
+        if "rank" not in h.groupindex:
+            raise CatalogueError(f"{path.name}: rank_hints regex {h.pattern!r} lacks (?P<rank>...)")
+    patterns: list[Pattern] = []
+    examples: list[tuple[str, str, list[Any], list[Any]]] = []
+    for i, entry in enumerate(_need(data, "patterns", list, str(path))):
+        pid = _need(entry, "id", str, f"{path.name}: patterns[{i}]")
+        where = f"{path.name}: pattern {pid!r}"
+        if not _ID.match(pid) or any(p.id == pid for p in patterns):
+            raise CatalogueError(f"{where}: ids are unique lower_snake_case")
+        source = _need(entry, "source", str, where)
+        role = _need(entry, "role", str, where)
+        outcome = str(entry.get("outcome", ""))
+        if source not in PATTERN_SOURCES:
+            raise CatalogueError(f"{where}: source must be one of {PATTERN_SOURCES}")
+        if role not in ROLES:
+            raise CatalogueError(f"{where}: role must be one of {ROLES}")
+        if outcome and outcome not in outcomes:
+            raise CatalogueError(f"{where}: unknown outcome {outcome!r}")
+        regexes = tuple(_compile(rx, where) for rx in _as_list(entry.get("regex"), where))
+        if not regexes:
+            raise CatalogueError(f"{where}: needs at least one regex")
+        fields = []
+        for name, rx in (entry.get("fields") or {}).items():
+            compiled = _compile(rx, f"{where} field {name!r}")
+            if compiled.groups < 1:
+                raise CatalogueError(f"{where}: field {name!r} needs a capture group")
+            fields.append((name, compiled))
+        for name in {g for rx in regexes for g in rx.groupindex} | {n for n, _ in fields}:
+            if name not in group_types:
+                raise CatalogueError(f"{where}: group {name!r} is not declared under `groups`")
+        keywords = _as_list(entry.get("keywords"), where)
+        if not all(isinstance(k, str) and k for k in keywords):
+            raise CatalogueError(f"{where}: keywords must be non-empty strings (quote 'a: b')")
+        patterns.append(
+            Pattern(
+                id=pid,
+                source=source,
+                symptom=_need(entry, "symptom", str, where),
+                role=role,
+                regexes=regexes,
+                fields=tuple(fields),
+                keywords=tuple(k.lower() for k in keywords),
+                exclusive=str(entry.get("exclusive", "")),
+                outcome=outcome,
+                description=str(entry.get("description", "")),
+            )
+        )
+        examples.append(
+            (
+                pid,
+                "kernel" if source == "kernel" else "job",
+                _as_list(entry.get("examples"), where),
+                _as_list(entry.get("counter_examples"), where),
+            )
+        )
+    cat_patterns = tuple(patterns)
+    probe = Catalogue({}, {}, {}, {}, cat_patterns, group_types, hints)
+    for pid, source, good, bad in examples:
+        for line in good:
+            if pid not in {m.pattern for m in probe.match_line(str(line), source)}:
+                raise CatalogueError(
+                    f"{path.name}: pattern {pid!r} does not match its example {line!r}"
+                )
+        for line in bad:
+            if pid in {m.pattern for m in probe.match_line(str(line), source)}:
+                raise CatalogueError(
+                    f"{path.name}: pattern {pid!r} matches its counter-example {line!r}"
+                )
+    return cat_patterns, group_types, hints
+
+
+def load(directory: str | os.PathLike[str] | None = None) -> Catalogue:
+    """Load and validate the catalogue from `directory` (default: this package's YAML files)."""
+    base = Path(directory) if directory else HERE
+    outcomes, categories, actions = _load_outcomes(base / "outcomes.yaml")
+    xids = _load_xids(base / "xid.yaml", outcomes, actions)
+    patterns, group_types, hints = _load_patterns(base / "patterns.yaml", outcomes)
+    return Catalogue(outcomes, categories, actions, xids, patterns, group_types, hints)
+
+
+@lru_cache(maxsize=1)
+def default() -> Catalogue:
+    """The catalogue in `$GOODPUT_CATALOGUE_DIR`, or the packaged one; loaded once."""
+    return load(os.environ.get("GOODPUT_CATALOGUE_DIR") or None)

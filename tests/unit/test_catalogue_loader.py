@@ -1,0 +1,68 @@
+"""The loader rejects broken catalogue files with clear errors."""
+
+# ruff: noqa: E501  (real log lines are long)
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import catalogue
+from catalogue import CatalogueError, load
+
+SRC = Path(catalogue.__file__).parent
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    for name in ("outcomes.yaml", "xid.yaml", "patterns.yaml"):
+        shutil.copy(SRC / name, tmp_path / name)
+    return tmp_path
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_packaged_catalogue_loads(copy):
+    cat = load(copy)
+    assert len(cat.patterns) >= 20 and 79 in cat.xids and "healthy" in cat.outcomes
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "message"),
+    [
+        ("patterns.yaml", "regex: 'NVRM: Xid \\(", "regex: 'NVRM: Xid (", "bad regex"),
+        ("patterns.yaml", "(?P<xid>\\d+)", "(?P<xcode>\\d+)", "not declared"),
+        ("patterns.yaml", "outcome: workload_oom", "outcome: oom_maybe", "unknown outcome"),
+        ("patterns.yaml", "role: cascade", "role: sometimes", "role must be"),
+        ("patterns.yaml", "    source: kernel", "    source: dmesg", "source must be"),
+        ("patterns.yaml", "- id: segfault", "- id: cuda_oom", "unique"),
+        ("patterns.yaml", "'nvrm: gpu at'", "nvrm: gpu at", "keywords must be"),
+        (
+            "patterns.yaml",
+            "- 'NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.'",
+            "- 'NVRM: GPU fine'",
+            "does not match its example",
+        ),
+        ("xid.yaml", "job_action: drain_and_requeue", "job_action: reboot", "unknown job_action"),
+        ("xid.yaml", "{code: 31,", "{code: 13,", "listed twice"),
+        ("xid.yaml", "consequence: true,", "consequence: maybe,", "wrong type"),
+        ("outcomes.yaml", "category: workload", "category: people", "unknown category"),
+        ("outcomes.yaml", "categories:", "categories: [\n", "invalid YAML"),
+    ],
+)
+def test_broken_files_raise_clear_errors(copy, file, old, new, message):
+    _edit(copy / file, old, new)
+    with pytest.raises(CatalogueError, match=message) as info:
+        load(copy)
+    assert file in str(info.value)
+
+
+def test_missing_file(copy):
+    (copy / "xid.yaml").unlink()
+    with pytest.raises(CatalogueError, match="xid.yaml: file not found"):
+        load(copy)
