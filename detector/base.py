@@ -1,0 +1,109 @@
+"""The one small interface every detector shares, and the calibration every score follows.
+
+Calibration: each detector turns its evidence into a deviation `d` in robust sigmas (or an
+event weight) and divides by the critical value `z_crit(p, k)`: the two-sided normal quantile
+at false-alarm probability `p` per series and sample, Bonferroni-corrected for the `k` fields
+taken as a max. So **score 1.0 = the alert threshold for every detector**, and healthy
+(normal-noise) data exceeds it with probability about `p`; persistence (`persist_s` in the
+pipeline) cuts the rate further.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+from detector.frame import Frame
+
+FORMAT = "goodput-detector/1"
+
+
+def z_crit(p: float, k: int = 1) -> float:
+    """Two-sided normal critical value at false-alarm probability p over k fields (max)."""
+    if not 0 < p < 1:
+        raise ValueError(f"false-alarm probability must be in (0, 1), got {p}")
+    return float(norm.isf(p / (2 * max(k, 1))))
+
+
+def group_median(values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndarray:
+    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware."""
+    out = np.full((ngroups, values.shape[1]), np.nan)
+    if len(codes):
+        med = pd.DataFrame(values).groupby(codes, sort=False).median()
+        out[med.index.to_numpy()] = med.to_numpy()
+    return out
+
+
+def job_codes(frame: Frame, jobs: list[str]) -> np.ndarray:
+    """Index of each row's job in `jobs` (-1 when the job has no fitted state)."""
+    codes, uniques = pd.factorize(frame.job)
+    lookup = {j: i for i, j in enumerate(jobs)}
+    table = np.array([lookup.get(u, -1) for u in uniques] + [-1], dtype=np.int64)
+    return table[codes]
+
+
+class Detector:
+    """Base: `fit(frame) -> self`, `score(frame) -> (n,) scores >= 0`, 1.0 = alert threshold.
+
+    The constructor stores parameters only; `fit` learns per job (keyed by the frame's job
+    column) and sets attributes ending in `_`; scoring never mutates. `save`/`load` round-trip
+    the parameters and fitted state as JSON.
+    """
+
+    name: ClassVar[str] = "base"
+    params: ClassVar[tuple[str, ...]] = ()
+
+    def fit(self, frame: Frame) -> Detector:
+        raise NotImplementedError
+
+    def score(self, frame: Frame) -> np.ndarray:
+        raise NotImplementedError
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        """One short human reason per selected row."""
+        return [self.name] * len(rows)
+
+    # --- per-job state, so baselines can be stored and restored by job name -----------------
+    def job_state(self, job: str) -> dict[str, Any] | None:
+        """The fitted state of one job as plain JSON data (None if unknown)."""
+        return None
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def jobs(self) -> list[str]:
+        return list(getattr(self, "jobs_", []))
+
+    # --- persistence ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "detector": self.name,
+            "params": {p: getattr(self, p) for p in self.params},
+            "jobs": {j: self.job_state(j) for j in self.jobs()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Detector:
+        if data.get("format") != FORMAT or data.get("detector") != cls.name:
+            raise ValueError(f"not a saved {cls.name} detector: {str(data)[:80]}")
+        det = cls(**data.get("params", {}))
+        for job, state in data.get("jobs", {}).items():
+            det.set_job_state(job, state)
+        return det
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Detector:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.params)
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,509 @@
+"""The detectors. Each scores every row of a frame; 1.0 is the alert threshold (see `base`)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from detector import fields as F
+from detector.base import Detector, group_median, job_codes, z_crit
+from detector.frame import Frame
+
+FLOORS = np.array([f.floor for f in F.GAUGES])
+MAD_TO_SIGMA = 1.4826
+
+
+def _robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column median and MAD-sigma, NaN-aware (all-NaN columns give NaN)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(x, axis=0)
+        mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_SIGMA
+    return med, mad
+
+
+def _nanmax_rows(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row max ignoring NaN (0 where all NaN) and the column of the max."""
+    filled = np.where(np.isnan(z), -np.inf, z)
+    arg = filled.argmax(axis=1)
+    top = filled[np.arange(len(z)), arg]
+    return np.where(np.isfinite(top), top, 0.0), arg
+
+
+class _PerJob(Detector):
+    """Fitted state as stacked per-job arrays: `jobs_` and one array per name in `state_keys`."""
+
+    state_keys: ClassVar[tuple[str, ...]] = ()
+
+    def _ensure(self) -> None:
+        if not hasattr(self, "jobs_"):
+            self.jobs_: list[str] = []
+            for k in self.state_keys:
+                setattr(self, k, None)
+
+    def job_state(self, job: str) -> dict[str, Any] | None:
+        self._ensure()
+        if job not in self.jobs_:
+            return None
+        i = self.jobs_.index(job)
+        return {k: _to_json(getattr(self, k)[i]) for k in self.state_keys}
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        self._ensure()
+        rows = {k: np.asarray(_from_json(state[k]), dtype=float) for k in self.state_keys}
+        if job in self.jobs_:
+            i = self.jobs_.index(job)
+            for k in self.state_keys:
+                getattr(self, k)[i] = rows[k]
+            return
+        self.jobs_.append(job)
+        for k in self.state_keys:
+            old = getattr(self, k)
+            new = rows[k][None, ...]
+            setattr(self, k, new if old is None else np.concatenate([old, new]))
+
+    def fit(self, frame: Frame) -> Detector:
+        self._ensure()
+        for job in pd.unique(frame.job):
+            if job:
+                state = self._fit_job(frame.take(np.flatnonzero(frame.job == job)))
+                if state is not None:
+                    self.set_job_state(job, state)
+        return self
+
+    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _codes(self, frame: Frame) -> np.ndarray:
+        self._ensure()
+        return job_codes(frame, self.jobs_)
+
+
+def _to_json(a: np.ndarray) -> Any:
+    if isinstance(a, np.ndarray):
+        return np.where(np.isnan(a), None, a.astype(object)).tolist()  # type: ignore[call-overload]
+    return None if isinstance(a, float) and np.isnan(a) else a
+
+
+def _from_json(v: Any) -> Any:
+    if isinstance(v, list):
+        return np.array([np.nan if x is None else _from_json(x) for x in v], dtype=float)
+    return np.nan if v is None else v
+
+
+class BaselineDeviation(_PerJob):
+    """Per-GPU deviation from the job's own healthy baseline, in two modes (busy / idle).
+
+    Fit learns, per job, the robust median and MAD-sigma of each gauge over busy rows
+    (util >= `busy_util`) and, if the job had idle phases (checkpoints, evals), over idle rows.
+    A row is scored against its own mode; idle rows of a job with no idle baseline score 0
+    (whole-job stalls are the progress detector's). Score = max robust z / z_crit(p, 12).
+
+    >>> import numpy as np
+    >>> from detector.synthetic import healthy_frame
+    >>> train = healthy_frame(jobs=1, nodes=2, steps=60, seed=1)
+    >>> det = BaselineDeviation().fit(train)
+    >>> test = healthy_frame(jobs=1, nodes=2, steps=5, seed=2, start=600.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> power = test.fields.index("DCGM_FI_DEV_POWER_USAGE")
+    >>> test.values[0, power] = 125.0  # a spin-waiting rank: util 100 %, power near idle
+    >>> bool(det.score(test)[0] > 1.0)
+    True
+    """
+
+    name = "deviation"
+    params = ("p", "busy_util", "min_rows", "rel_floor")
+    state_keys = ("busy_med_", "busy_scale_", "idle_med_", "idle_scale_")
+    busy_med_: np.ndarray
+    busy_scale_: np.ndarray
+    idle_med_: np.ndarray
+    idle_scale_: np.ndarray
+
+    def __init__(
+        self,
+        p: float = 1e-4,
+        busy_util: float = 50.0,
+        min_rows: int = 20,
+        rel_floor: float = 0.02,
+    ) -> None:
+        self.p = p
+        self.busy_util = busy_util
+        self.min_rows = min_rows
+        self.rel_floor = rel_floor
+
+    def _scale(self, med: np.ndarray, mad: np.ndarray) -> np.ndarray:
+        return np.fmax(np.fmax(mad, FLOORS), self.rel_floor * np.abs(med))
+
+    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
+        x = frame.cols(F.GAUGE_NAMES)
+        busy = frame.col(F.UTIL) >= self.busy_util
+        if busy.sum() < self.min_rows:
+            return None
+        nan = np.full(x.shape[1], np.nan)
+        bmed, bmad = _robust(x[busy])
+        imed, imad = (nan, nan)
+        if (~busy).sum() >= self.min_rows:
+            imed, imad = _robust(x[~busy])
+        return {
+            "busy_med_": bmed,
+            "busy_scale_": self._scale(bmed, bmad),
+            "idle_med_": imed,
+            "idle_scale_": self._scale(imed, imad),
+        }
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        codes = self._codes(frame)
+        x = frame.cols(F.GAUGE_NAMES)
+        z = np.full(x.shape, np.nan)
+        known = codes >= 0
+        if not known.any():
+            return z
+        c = codes[known]
+        busy = frame.col(F.UTIL)[known] >= self.busy_util
+        med = np.where(busy[:, None], self.busy_med_[c], self.idle_med_[c])
+        scale = np.where(busy[:, None], self.busy_scale_[c], self.idle_scale_[c])
+        z[known] = np.abs(x[known] - med) / scale
+        return z
+
+    def score(self, frame: Frame) -> np.ndarray:
+        return _nanmax_rows(self._z(frame))[0] / z_crit(self.p, len(F.GAUGES))
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        sub = frame.take(rows)
+        top, arg = _nanmax_rows(self._z(sub))
+        x = sub.cols(F.GAUGE_NAMES)
+        return [
+            f"{F.GAUGE_NAMES[a]}={x[i, a]:.4g} is {top[i]:.1f} sigma from the job's baseline"
+            for i, a in enumerate(arg)
+        ]
+
+
+class PeerComparison(Detector):
+    """Each GPU against the job's other GPUs at the same instant (ranks should look alike).
+
+    Robust z of each gauge against the median of the job's GPUs at that time, with the field's
+    scale floor (or `rel_floor` of the median) as sigma; jobs with fewer than `min_peers` GPUs
+    score 0. Needs no baseline, so it works from a job's first minute; it localises the culprit.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> frame = healthy_frame(jobs=1, nodes=2, steps=3, seed=3)
+    >>> det = PeerComparison().fit(frame)
+    >>> bool(det.score(frame).max() < 1.0)
+    True
+    >>> util = frame.fields.index("DCGM_FI_DEV_GPU_UTIL")
+    >>> frame.values[0, util] = 0.0  # the rank stuck on the host while its peers spin
+    >>> bool(det.score(frame)[0] > 1.0)
+    True
+    """
+
+    name = "peer"
+    params = ("p", "rel_floor", "min_peers")
+
+    def __init__(self, p: float = 1e-4, rel_floor: float = 0.05, min_peers: int = 3) -> None:
+        self.p = p
+        self.rel_floor = rel_floor
+        self.min_peers = min_peers
+
+    def fit(self, frame: Frame) -> Detector:
+        self.n_features_in_ = len(F.GAUGES)
+        return self
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        x = frame.cols(F.GAUGE_NAMES)
+        z = np.full(x.shape, np.nan)
+        if not len(frame):
+            return z
+        key = pd.MultiIndex.from_arrays([frame.job, frame.time]) if _multi(frame) else frame.job
+        codes, uniques = pd.factorize(key)
+        n = len(uniques)
+        size = np.bincount(codes, minlength=n)
+        med = group_median(x, codes, n)[codes]
+        scale = np.fmax(FLOORS, self.rel_floor * np.abs(med))
+        ok = (size[codes] >= self.min_peers) & (frame.job != "")
+        z[ok] = np.abs(x[ok] - med[ok]) / scale[ok]
+        return z
+
+    def score(self, frame: Frame) -> np.ndarray:
+        return _nanmax_rows(self._z(frame))[0] / z_crit(self.p, len(F.GAUGES))
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        top, arg = _nanmax_rows(self._z(frame)[rows])
+        x = frame.cols(F.GAUGE_NAMES)[rows]
+        return [
+            f"{F.GAUGE_NAMES[a]}={x[i, a]:.4g} is {top[i]:.1f} sigma from the job's other GPUs"
+            for i, a in enumerate(arg)
+        ]
+
+
+def _multi(frame: Frame) -> bool:
+    return len(frame) > 0 and frame.time[0] != frame.time[-1]
+
+
+class Progress(_PerJob):
+    """The job's own progress: stall (time since last progress) and step-time slowdown.
+
+    Fit learns the job's median step time, its robust spread (log scale), and the longest
+    progress gap seen while healthy (checkpoints, evals). Stall score = stall / allowance, with
+    allowance = max(`stall_factor` x step, 1.5 x longest healthy gap, `min_stall_s`) (or
+    `unfitted_stall_s` before a baseline exists); slowdown score = robust z of log step time /
+    z_crit(p). Catches hangs that GPU metrics disguise (spin-wait at 100 % util).
+
+    >>> import numpy as np
+    >>> from detector.synthetic import healthy_frame
+    >>> det = Progress().fit(healthy_frame(jobs=1, nodes=1, steps=60, seed=4))
+    >>> test = healthy_frame(jobs=1, nodes=1, steps=2, seed=5, start=900.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> test.values[:, test.fields.index("goodput_job_stall_seconds")] = 600.0  # no progress
+    >>> bool(det.score(test).min() > 1.0)
+    True
+    """
+
+    name = "progress"
+    params = ("p", "stall_factor", "min_stall_s", "unfitted_stall_s", "rel_floor")
+    state_keys = ("step_", "step_scale_", "gap_")
+    step_: np.ndarray
+    step_scale_: np.ndarray
+    gap_: np.ndarray
+
+    def __init__(
+        self,
+        p: float = 1e-4,
+        stall_factor: float = 10.0,
+        min_stall_s: float = 60.0,
+        unfitted_stall_s: float = 300.0,
+        rel_floor: float = 0.05,
+    ) -> None:
+        self.p = p
+        self.stall_factor = stall_factor
+        self.min_stall_s = min_stall_s
+        self.unfitted_stall_s = unfitted_stall_s
+        self.rel_floor = rel_floor
+
+    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
+        it = frame.col(F.ITER_SECONDS)
+        it = it[np.isfinite(it) & (it > 0)]
+        if len(it) < 3:
+            return None
+        logs = np.log(it)
+        med = float(np.median(logs))
+        mad = float(np.median(np.abs(logs - med))) * MAD_TO_SIGMA
+        stall = frame.col(F.STALL_SECONDS)
+        gap = float(np.nanmax(stall)) if np.isfinite(stall).any() else 0.0
+        return {"step_": np.exp(med), "step_scale_": max(mad, self.rel_floor), "gap_": gap}
+
+    def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        codes = self._codes(frame)
+        stall = frame.col(F.STALL_SECONDS)
+        it = frame.col(F.ITER_SECONDS)
+        allow = np.full(len(frame), self.unfitted_stall_s)
+        slow = np.zeros(len(frame))
+        known = codes >= 0
+        if known.any():
+            c = codes[known]
+            allow[known] = np.fmax(
+                np.fmax(self.stall_factor * self.step_[c], 1.5 * self.gap_[c]), self.min_stall_s
+            )
+            with np.errstate(all="ignore"):
+                z = (np.log(it[known]) - np.log(self.step_[c])) / self.step_scale_[c]
+            slow[known] = np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p)
+        return np.nan_to_num(stall / allow), slow
+
+    def score(self, frame: Frame) -> np.ndarray:
+        stall, slow = self._parts(frame)
+        return np.fmax(stall, slow)
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        stall, slow = self._parts(frame.take(rows))
+        st = frame.col(F.STALL_SECONDS)[rows]
+        it = frame.col(F.ITER_SECONDS)[rows]
+        return [
+            f"no progress for {st[i]:.0f} s"
+            if stall[i] >= slow[i]
+            else f"step time {it[i]:.3g} s is slower than the job's baseline"
+            for i in range(len(rows))
+        ]
+
+
+_XID_TABLE = np.zeros(1024)
+for _x, _s in F.XID_SCORES.items():
+    _XID_TABLE[_x] = _s
+_COUNTERS = tuple(F.COUNTERS)
+_ALLOW = np.array([F.COUNTERS[c] for c in _COUNTERS])
+_SEVERE = np.array([F.COUNTERS[c] < 1.0 for c in _COUNTERS])  # any count at all is evidence
+
+
+class HardwareEvents(Detector):
+    """Direct hardware evidence: the last XID (NVIDIA's table) and error counters.
+
+    Counter score = increase over the GPU's fitted baseline / the allowance in
+    `fields.COUNTERS` (DBE, uncorrectable rows and remap failures: any count scores 2). A GPU
+    with no baseline is scored on its severe counters' absolute values only. State is per GPU
+    (node/gpu), not per job.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> frame = healthy_frame(jobs=1, nodes=1, steps=2, seed=6)
+    >>> det = HardwareEvents().fit(frame)
+    >>> float(det.score(frame).max())
+    0.0
+    >>> frame.values[3, frame.fields.index("DCGM_FI_DEV_XID_ERRORS")] = 79  # fell off the bus
+    >>> float(det.score(frame)[3])
+    2.0
+    """
+
+    name = "hardware"
+    params = ()
+
+    def fit(self, frame: Frame) -> Detector:
+        if not hasattr(self, "gpus_"):
+            self.gpus_: dict[str, list[float]] = {}
+        x = frame.cols(_COUNTERS)
+        keys = _gpu_keys(frame)
+        df = pd.DataFrame(x).groupby(keys, sort=False).min()
+        for key, row in zip(df.index, df.to_numpy(), strict=True):
+            self.gpus_[key] = [None if np.isnan(v) else float(v) for v in row]  # type: ignore[misc]
+        return self
+
+    def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        self.fit(frame.take(np.array([], dtype=int))) if not hasattr(self, "gpus_") else None
+        xid = np.nan_to_num(frame.col(F.XID_FIELD)).astype(np.int64)
+        xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
+        x = frame.cols(_COUNTERS)
+        keys = _gpu_keys(frame)
+        codes, uniques = pd.factorize(keys)
+        nan = [np.nan] * len(_COUNTERS)
+        base = np.array(
+            [[np.nan if v is None else v for v in self.gpus_.get(k, nan)] for k in uniques] + [nan],
+            dtype=float,
+        )[codes]
+        severe_abs = np.where(_SEVERE, x, np.nan)
+        inc = np.where(np.isnan(base), severe_abs, x - base)
+        with np.errstate(all="ignore"):
+            c = np.nan_to_num(np.fmax(inc, 0.0) / _ALLOW)
+        return xid_score, c
+
+    def score(self, frame: Frame) -> np.ndarray:
+        xid, c = self._parts(frame)
+        return np.fmax(xid, np.minimum(c.max(axis=1, initial=0.0), 10.0))
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        sub = frame.take(rows)
+        xid, c = self._parts(sub)
+        out = []
+        for i in range(len(rows)):
+            a = int(c[i].argmax())
+            if xid[i] >= c[i, a]:
+                out.append(f"XID {int(sub.col(F.XID_FIELD)[i])}")
+            else:
+                value = sub.col(_COUNTERS[a])[i]
+                out.append(f"{_COUNTERS[a]} rose to {value:g}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["gpus"] = getattr(self, "gpus_", {})
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Detector:
+        det = super().from_dict(data)
+        det.gpus_ = {str(k): list(v) for k, v in data.get("gpus", {}).items()}  # type: ignore[attr-defined]
+        return det
+
+
+def _gpu_keys(frame: Frame) -> np.ndarray:
+    return frame.node.astype(str) + "/" + frame.gpu.astype(str)
+
+
+class RobustCovariance(_PerJob):
+    """Multivariate view: robust Mahalanobis distance of each GPU from its job's busy baseline.
+
+    Fit (per job, outside the scoring loop) standardises the gauges by the robust median and
+    the floored MAD-sigma, then fits scikit-learn's MinCovDet (seeded) and keeps its location
+    and a regularised precision matrix (covariance + `ridge` x I: one floor is one sigma at
+    most). Correlations matter: power, clocks and activity move together in healthy training,
+    so a spin-wait (util high, power low) is far even when each field alone is borderline.
+    Score = sqrt(d^2 / chi2.isf(p, k)), k = fields present. Scoring is one einsum over all jobs.
+    Idle rows score 0 (whole-job stalls are the progress detector's).
+
+    >>> from detector.synthetic import healthy_frame
+    >>> det = RobustCovariance(seed=0).fit(healthy_frame(jobs=1, nodes=1, steps=60, seed=7))
+    >>> test = healthy_frame(jobs=1, nodes=1, steps=1, seed=8, start=900.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> test.values[0, test.fields.index("DCGM_FI_DEV_POWER_USAGE")] = 125.0
+    >>> bool(det.score(test)[0] > 1.0)
+    True
+    """
+
+    name = "multivariate"
+    params = ("seed", "p", "ridge", "busy_util", "min_rows")
+    state_keys = ("med_", "scale_", "loc_", "prec_", "k_")
+    med_: np.ndarray
+    scale_: np.ndarray
+    loc_: np.ndarray
+    prec_: np.ndarray
+    k_: np.ndarray
+
+    def __init__(
+        self,
+        seed: int = 0,
+        p: float = 1e-4,
+        ridge: float = 0.5,
+        busy_util: float = 50.0,
+        min_rows: int = 30,
+    ) -> None:
+        self.seed = seed
+        self.p = p
+        self.ridge = ridge
+        self.busy_util = busy_util
+        self.min_rows = min_rows
+
+    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
+        from sklearn.covariance import MinCovDet
+
+        x = frame.cols(F.GAUGE_NAMES)[frame.col(F.UTIL) >= self.busy_util]
+        if len(x) < self.min_rows:
+            return None
+        med, mad = _robust(x)
+        present = np.isfinite(med)
+        scale = np.where(present, np.fmax(np.nan_to_num(mad), FLOORS), 1.0)
+        z = np.nan_to_num((x - np.nan_to_num(med)) / scale)[:, present]
+        with warnings.catch_warnings():  # constant fields (e.g. memory clock) are expected
+            warnings.simplefilter("ignore")
+            mcd = MinCovDet(random_state=self.seed, support_fraction=0.75).fit(z)
+        k = int(present.sum())
+        loc = np.zeros(len(F.GAUGES))
+        loc[present] = mcd.location_
+        prec = np.zeros((len(F.GAUGES), len(F.GAUGES)))
+        prec[np.ix_(present, present)] = np.linalg.inv(mcd.covariance_ + self.ridge * np.eye(k))
+        return {"med_": med, "scale_": scale, "loc_": loc, "prec_": prec, "k_": np.array(k)}
+
+    def score(self, frame: Frame) -> np.ndarray:
+        from scipy.stats import chi2
+
+        codes = self._codes(frame)
+        out = np.zeros(len(frame))
+        ok = (codes >= 0) & (frame.col(F.UTIL) >= self.busy_util)
+        if not ok.any():
+            return out
+        c = codes[ok]
+        z = np.nan_to_num((frame.cols(F.GAUGE_NAMES)[ok] - self.med_[c]) / self.scale_[c])
+        d = z - self.loc_[c]
+        d2 = np.einsum("ni,nij,nj->n", d, self.prec_[c], d)
+        crit = chi2.isf(self.p, np.maximum(self.k_[c], 1))
+        out[ok] = np.sqrt(np.fmax(d2, 0.0) / crit)
+        return out
+
+
+ALL: tuple[type[Detector], ...] = (
+    BaselineDeviation,
+    PeerComparison,
+    Progress,
+    HardwareEvents,
+    RobustCovariance,
+)

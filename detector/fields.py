@@ -1,0 +1,66 @@
+"""The metrics the detector reads, as data: which DCGM fields, their scale floors, the events.
+
+Scale floors keep a robust z-score sane when healthy ranks are nearly identical (MAD ~ 0): a
+difference smaller than the floor is never more than one "sigma". Units are dcgm-exporter's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    floor: float  # smallest scale (one robust sigma) in the field's unit
+    default: bool  # on in dcgm-exporter's default counters file
+
+
+# Gauges scored by the deviation and peer detectors (the "12 metrics").
+GAUGES: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_GPU_UTIL", 5.0, True),
+    Field("DCGM_FI_DEV_POWER_USAGE", 25.0, True),
+    Field("DCGM_FI_DEV_SM_CLOCK", 60.0, True),
+    Field("DCGM_FI_DEV_MEM_CLOCK", 60.0, True),
+    Field("DCGM_FI_DEV_GPU_TEMP", 3.0, True),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", 3.0, True),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", 5.0, True),
+    Field("DCGM_FI_DEV_FB_USED", 2048.0, True),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.05, True),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.05, True),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", 0.05, True),
+    Field("DCGM_FI_PROF_SM_ACTIVE", 0.05, False),
+)
+
+# Hardware evidence. "gauge" fields score their value; "counter" fields score the increase over
+# the GPU's fitted baseline. `weight` is the score one unit (or the XID table) yields.
+XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+COUNTERS: dict[str, float] = {  # field -> increase that equals the alert threshold (score 1.0)
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0.5,  # any double-bit error: score 2
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0.5,
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0.5,
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": 1.0,
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 100.0,
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 4.0,
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 50.0,
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 100.0,
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 50.0,
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 5.0,
+}
+# Score of the last XID seen (dcgm's XID gauge). XIDs not listed score 0: application errors
+# (13, 31) and consequences (43, 45) are left to the logs. Source: NVIDIA's XID catalogue.
+XID_SCORES: dict[int, float] = {
+    **dict.fromkeys((46, 48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143), 2.0),
+    **dict.fromkeys((63, 92, 94), 1.0),
+}
+
+# Log-derived progress, joined onto every GPU row of the job.
+ITER_SECONDS = "goodput_job_iteration_seconds"
+LAST_PROGRESS = "goodput_job_last_progress_timestamp_seconds"
+STALL_SECONDS = "goodput_job_stall_seconds"  # derived: row time - the job's last progress
+PROGRESS: tuple[str, ...] = (ITER_SECONDS, STALL_SECONDS)
+
+GAUGE_NAMES: tuple[str, ...] = tuple(f.name for f in GAUGES)
+ALL_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS) + PROGRESS
+DCGM_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS)
+UTIL = "DCGM_FI_DEV_GPU_UTIL"

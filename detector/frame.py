@@ -1,0 +1,145 @@
+"""`Frame`: GPU rows (time, job, node, gpu) x metric columns as numpy arrays, and its loaders.
+
+A frame holds one instant (the service) or many (replay). Columns are `fields.ALL_FIELDS`;
+a field nobody reported is all-NaN, so every detector works with dcgm-exporter's defaults alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from detector import fields as F
+
+JOB_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+# Column spellings accepted on input -> the frame's names.
+ALIASES = {
+    "timestamp": "time",
+    "Timestamp": "time",
+    "time": "time",
+    "Hostname": "node",
+    "hostname": "node",
+    "node": "node",
+    "hpc_job": "job_id",
+    "job_id": "job_id",
+    "gpu": "gpu",
+}
+
+
+class FrameError(ValueError):
+    """Input that cannot become a frame (missing columns, bad labels)."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    time: np.ndarray  # float64 (n,), unix seconds
+    job: np.ndarray  # object (n,), job_id ("" when idle)
+    node: np.ndarray  # object (n,)
+    gpu: np.ndarray  # int64 (n,)
+    values: np.ndarray  # float64 (n, len(fields))
+    fields: tuple[str, ...] = F.ALL_FIELDS
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def col(self, name: str) -> np.ndarray:
+        """One metric column (NaN where not reported)."""
+        return self.values[:, self.fields.index(name)]
+
+    def cols(self, names: Sequence[str]) -> np.ndarray:
+        return self.values[:, [self.fields.index(n) for n in names]]
+
+    def take(self, idx: np.ndarray) -> Frame:
+        return Frame(
+            self.time[idx],
+            self.job[idx],
+            self.node[idx],
+            self.gpu[idx],
+            self.values[idx],
+            self.fields,
+        )
+
+    @staticmethod
+    def from_dataframe(df: pd.DataFrame, host_map: dict[str, str] | None = None) -> Frame:
+        """Wide table: a time column, node (Hostname/hostname), gpu, job (hpc_job/job_id),
+        then metric columns named as dcgm-exporter / the log exporter name them."""
+        df = df.rename(columns={c: ALIASES[c] for c in df.columns if c in ALIASES})
+        missing = [c for c in ("time", "node", "gpu") if c not in df.columns]
+        if missing:
+            raise FrameError(f"missing column(s) {missing}; have {list(df.columns)[:20]}")
+        n = len(df)
+        time = pd.to_numeric(df["time"], errors="coerce").to_numpy(dtype=float)
+        if n and np.isnan(time).any():
+            raise FrameError("column 'timestamp' has non-numeric values (want unix seconds)")
+        node = df["node"].astype(str).to_numpy(dtype=object)
+        if host_map:
+            node = np.array([host_map.get(h, h) for h in node], dtype=object)
+        bad = [h for h in pd.unique(node) if not NODE_RE.match(h)]
+        if bad:
+            raise FrameError(f"invalid node name(s): {bad[:5]}")
+        gpu = pd.to_numeric(df["gpu"], errors="coerce")
+        if gpu.isna().any() or (gpu < 0).any() or (gpu > 999).any():
+            raise FrameError("column 'gpu' must hold GPU indexes 0..999")
+        if "job_id" in df.columns:
+            job = df["job_id"].fillna("").astype(str).str.replace(r"\.0$", "", regex=True)
+            job = job.to_numpy(dtype=object)
+            bad = [j for j in pd.unique(job) if j and not JOB_RE.match(j)]
+            if bad:
+                raise FrameError(f"invalid job_id value(s): {bad[:5]}")
+        else:
+            job = np.full(n, "", dtype=object)
+        values = np.full((n, len(F.ALL_FIELDS)), np.nan)
+        for i, name in enumerate(F.ALL_FIELDS):
+            if name in df.columns:
+                values[:, i] = pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
+        if F.LAST_PROGRESS in df.columns:  # derived: seconds since the job's last progress
+            last = pd.to_numeric(df[F.LAST_PROGRESS], errors="coerce").to_numpy(dtype=float)
+            values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(time - last, 0.0)
+        order = np.lexsort((gpu.to_numpy(), node, time))
+        return Frame(
+            time[order],
+            job[order],
+            node[order],
+            gpu.to_numpy(dtype=np.int64)[order],
+            values[order],
+        )
+
+    def instants(self) -> list[np.ndarray]:
+        """Row indexes of each distinct time, in order (frames are sorted by time)."""
+        if not len(self):
+            return []
+        cuts = np.flatnonzero(np.diff(self.time)) + 1
+        return np.split(np.arange(len(self)), cuts)
+
+
+def join_progress(gpu: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
+    """Attach each job's log-derived progress (the latest at or before each GPU row) to its rows.
+
+    `jobs` is long per job: `time`/`timestamp`, `job_id`, and `goodput_job_*` columns.
+    """
+    if jobs is None or jobs.empty or "job_id" not in gpu.columns:
+        return gpu
+    jobs = jobs.rename(columns={"timestamp": "time"})
+    keep = ["time", "job_id"] + [c for c in (F.ITER_SECONDS, F.LAST_PROGRESS) if c in jobs]
+    jobs = jobs[keep].copy()
+    jobs["job_id"] = jobs["job_id"].astype(str).str.replace(r"\.0$", "", regex=True)
+    jobs["time"] = jobs["time"].astype(float)
+    g = gpu.rename(columns={"timestamp": "time"}).copy()
+    g["time"] = g["time"].astype(float)
+    g["job_id"] = g["job_id"].fillna("").astype(str).str.replace(r"\.0$", "", regex=True)
+    g = g.drop(columns=[c for c in (F.ITER_SECONDS, F.LAST_PROGRESS) if c in g.columns])
+    g["_row"] = np.arange(len(g))
+    merged = pd.merge_asof(
+        g.sort_values("time"),
+        jobs.sort_values("time"),
+        on="time",
+        by="job_id",
+        direction="backward",
+    )
+    return merged.sort_values("_row").drop(columns="_row").reset_index(drop=True)
