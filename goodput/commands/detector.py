@@ -1,0 +1,68 @@
+"""`goodput detector serve` (the scoring service) and the replay command's implementation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(
+    help="The anomaly detector: per-job baselines, peer comparison, scores.", no_args_is_help=True
+)
+
+
+@app.command("serve")
+def serve(
+    interval: float = typer.Option(5.0, help="Seconds between cycles."),
+    port: int = typer.Option(19420, help="Port for /metrics (binds --host)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    prometheus_url: str = typer.Option(
+        None, help="Prometheus base URL (default $GOODPUT_PROMETHEUS_URL or :19090)."
+    ),
+    state_dir: Path = typer.Option(
+        None, help="Baselines directory (default $GOODPUT_STACK_DIR/detector/baselines)."
+    ),
+    host_map: Path = typer.Option(None, help="JSON file {host label: Slurm node name}."),
+) -> None:
+    """Query Prometheus every INTERVAL, score every running job, expose goodput_* scores."""
+    from detector.baselines import BaselineStore
+    from detector.service import Service, ServiceConfig
+
+    if interval <= 0:
+        raise typer.BadParameter("--interval must be positive")
+    mapping = None
+    if host_map is not None:
+        mapping = json.loads(host_map.read_text())
+        if not isinstance(mapping, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+        ):
+            raise typer.BadParameter("--host-map must be a JSON object of strings")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    url = prometheus_url or os.environ.get("GOODPUT_PROMETHEUS_URL", "http://127.0.0.1:19090")
+    cfg = ServiceConfig(
+        prometheus_url=url, host=host, port=port, interval_s=interval, host_map=mapping
+    )
+    Service(cfg, store=BaselineStore(state_dir)).serve()
+
+
+def replay_cmd(
+    recording: Path = typer.Argument(..., help="Recording dir, CSV/Parquet, or Prometheus JSON."),
+    out: Path = typer.Option(Path("detections.jsonl"), "--out", help="JSON lines output."),
+    min_score: float = typer.Option(1.0, help="Write scores at or above this (1.0 = alert)."),
+) -> None:
+    """Run the detectors over a recording; write detections as JSON lines."""
+    from detector.frame import FrameError
+    from detector.replay import replay
+
+    try:
+        with open(out, "w") as fh:
+            summary = replay(recording, fh, min_score=min_score)
+    except (FrameError, OSError, ValueError) as exc:
+        typer.echo(f"replay: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    json.dump(summary, sys.stdout, indent=1)
+    sys.stdout.write("\n")
