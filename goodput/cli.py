@@ -15,6 +15,8 @@ app.add_typer(stack_app, name="stack")
 # Sub-command modules in goodput/commands/, each with a typer `app`; name -> module.
 COMMANDS: dict[str, str] = {
     "demo": "goodput.commands.demo",
+    "detector": "goodput.commands.detector",
+    "replay": "goodput.commands.replay",
 }
 
 
