@@ -15,8 +15,12 @@ app.add_typer(stack_app, name="stack")
 # Sub-command modules in goodput/commands/, each with a typer `app`; name -> module.
 COMMANDS: dict[str, str] = {
     "demo": "goodput.commands.demo",
+    "sim": "goodput.commands.sim",
     "detector": "goodput.commands.detector",
     "replay": "goodput.commands.replay",
+    "rules": "goodput.commands.rules",
+    "receiver": "goodput.commands.receiver",
+    "attribute": "goodput.commands.attribute",
 }
 
 

@@ -1,0 +1,154 @@
+"""The scenario file (YAML): cluster, jobs and faults with onset times. Validated with pydantic."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from exporters.sim.faults import FAULT_KINDS
+
+NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+
+
+class ScenarioError(ValueError):
+    """A scenario or fault request is invalid; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobSpec(_Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    job_id: str | None = None
+    nodes: int = Field(default=2, ge=1, le=1024)
+    gpus_per_node: int = Field(default=8, ge=1, le=8)
+    start_s: float = Field(default=0.0, ge=0)
+    duration_s: float = Field(default=3600.0, gt=0)
+    step_time_s: float = Field(default=1.2, gt=0.01, le=600)
+    init_s: float = Field(default=20.0, ge=0)
+    warmup_s: float = Field(default=60.0, ge=0)
+    checkpoint_every_s: float = Field(default=600.0, ge=0)
+    checkpoint_s: float = Field(default=25.0, ge=0)
+    eval_every_s: float = Field(default=0.0, ge=0)
+    eval_s: float = Field(default=30.0, ge=0)
+    global_batch: int = Field(default=512, ge=1)
+    log_interval: int = Field(default=10, ge=1)
+    requeue: bool = True
+    comment: str = ""
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, v: str | None) -> str | None:
+        if v is not None and not JOB_ID_RE.match(v):
+            raise ValueError("job_id must be digits (array jobs: 123_4)")
+        return v
+
+
+class FaultSpec(_Strict):
+    kind: str
+    at_s: float = Field(ge=0)
+    node: str | None = None
+    gpu: int | None = Field(default=None, ge=0, le=7)
+    job: str | None = None  # job name in the scenario
+    job_id: str | None = None  # run-time requests name the job by id
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {v!r}; one of {sorted(FAULT_KINDS)}")
+        return v
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str | None) -> str | None:
+        if v is not None and not NODE_RE.match(v):
+            raise ValueError("node name must match " + NODE_RE.pattern)
+        return v
+
+    @field_validator("job_id")
+    @classmethod
+    def _fault_job_id(cls, v: str | None) -> str | None:
+        if v is not None and not JOB_ID_RE.match(v):
+            raise ValueError("job_id must be digits (array jobs: 123_4)")
+        return v
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    seed: int = 0
+    start: float = Field(default=1735689600.0, description="unix time of t=0 (2025-01-01)")
+    duration_s: float = Field(gt=0, le=14 * 86400)
+    interval_s: float = Field(default=5.0, gt=0, le=300)
+    nodes: int = Field(default=4, ge=1, le=1024)
+    gpus_per_node: int = Field(default=8, ge=1, le=8)
+    model_name: str = "NVIDIA H200"
+    jobs: list[JobSpec] = Field(default_factory=list)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    expect: str | None = Field(default=None, description="'healthy' for a no-fault scenario")
+
+    @model_validator(mode="after")
+    def _refs(self) -> Scenario:
+        names = [j.name for j in self.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError("jobs: job names must be unique")
+        node_names = {f"node{i + 1}" for i in range(self.nodes)}
+        for i, job in enumerate(self.jobs):
+            if job.nodes > self.nodes:
+                raise ValueError(f"jobs.{i}.nodes: {job.nodes} > cluster nodes {self.nodes}")
+        for i, f in enumerate(self.faults):
+            if f.job is not None and f.job not in names:
+                raise ValueError(f"faults.{i}.job: no job named {f.job!r}")
+            if f.node is not None and f.node not in node_names:
+                raise ValueError(f"faults.{i}.node: no node {f.node!r} (node1..node{self.nodes})")
+            if f.at_s > self.duration_s:
+                raise ValueError(f"faults.{i}.at_s: after the end of the scenario")
+        return self
+
+
+def _explain(err: ValidationError, where: str) -> ScenarioError:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        parts.append(f"{loc}: {e['msg']}")
+    return ScenarioError(f"{where}: " + "; ".join(parts))
+
+
+def parse_scenario(data: Any, where: str = "scenario") -> Scenario:
+    """Validate a scenario mapping; ScenarioError names the offending field."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{where}: a scenario is a mapping, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise _explain(err, where) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ScenarioError(f"{p}: not valid YAML: {err}") from None
+    return parse_scenario(data, str(p))
+
+
+def parse_fault(data: Any) -> FaultSpec:
+    """Validate a run-time fault request (at_s defaults to now)."""
+    if not isinstance(data, dict):
+        raise ScenarioError("fault: a JSON object is required")
+    try:
+        return FaultSpec.model_validate({"at_s": 0, **data})
+    except ValidationError as err:
+        raise _explain(err, "fault") from None
