@@ -1,0 +1,48 @@
+"""`goodput rules generate [--check]`: render alert rules and promtool tests from alerts.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from catalogue import alerts
+
+app = typer.Typer(help="Prometheus rules generated from alertmanager/alerts.yaml.")
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "alertmanager" / "rules" / "goodput.yml"
+CASES = ROOT / "alertmanager" / "tests" / "cases.yaml"
+TESTS = ROOT / "alertmanager" / "tests" / "goodput_test.yml"
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and its expected content."""
+    spec = alerts.load()
+    out = {RULES: alerts.dump_rules(spec)}
+    if CASES.exists():
+        out[TESTS] = alerts.dump_promtool_tests(spec, CASES, rule_file="../rules/goodput.yml")
+    return out
+
+
+@app.command("generate")
+def generate(
+    check: bool = typer.Option(False, "--check", help="Fail if a generated file is stale."),
+) -> None:
+    """Write alertmanager/rules/goodput.yml and alertmanager/tests/goodput_test.yml."""
+    try:
+        files = outputs()
+    except alerts.AlertsError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+    if check:
+        for p in stale:
+            typer.echo(f"stale: {p.relative_to(ROOT)} (run `goodput rules generate`)", err=True)
+        raise typer.Exit(1 if stale else 0)
+    for p in stale:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(files[p])
+        typer.echo(f"wrote {p.relative_to(ROOT)}")
+    if not stale:
+        typer.echo("up to date")
