@@ -66,7 +66,7 @@ class _Frozen(BaseModel):
 class Retry(_Frozen):
     max_requeues_per_job: int = Field(default=3, ge=0, le=100)
     sticky_after: int = Field(default=1, ge=1, le=100)
-    backoff_s: tuple[float, ...] = Field((0.0, 60.0, 300.0), min_length=1)
+    backoff_s: tuple[float, ...] = Field(default=(0.0, 60.0, 300.0), min_length=1)
 
     @field_validator("backoff_s")
     @classmethod

@@ -1,0 +1,179 @@
+"""Goodput accounting per incident: onset -> detected -> decided -> running again, and the
+GPU-hours lost (the job's GPUs idle from onset to running again, plus the work since the last
+checkpoint before the onset, from the log metrics when Prometheus has them).
+
+`AccountingCollector(engine)` exposes the numbers (and the action counts) on a registry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, select, update
+
+from recovery.scheduler.base import JOB_RE
+
+metadata = MetaData()
+incidents = Table(
+    "goodput_accounting",
+    metadata,
+    Column("incident_id", String(64), primary_key=True),
+    Column("job_id", String(32), nullable=True),
+    Column("onset", Float, nullable=True),
+    Column("detected_at", Float, nullable=True),
+    Column("decided_at", Float, nullable=True),
+    Column("running_again_at", Float, nullable=True),
+    Column("checkpoint_at", Float, nullable=True),
+    Column("gpus", Integer, nullable=False, default=0),
+    Column("gpu_hours_lost", Float, nullable=True),
+)
+
+
+def ensure(engine: Engine) -> None:
+    metadata.create_all(engine)
+
+
+def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
+    if not prom_url or not job_id or not JOB_RE.match(job_id):
+        return None
+    try:
+        r = requests.get(
+            f"{prom_url.rstrip('/')}/api/v1/query",
+            timeout=3,
+            params={
+                "query": f'max(goodput_job_last_checkpoint_timestamp_seconds{{job_id="{job_id}"}})'
+            },
+        )
+        result = r.json()["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def open_incident(
+    engine: Engine, incident: dict[str, Any], diag: Any, prom_url: str | None
+) -> None:
+    """Record onset and detection (idempotent); job_id was validated by the caller."""
+    iid = str(diag.incident_id)
+    with engine.begin() as conn:
+        if conn.execute(
+            select(incidents.c.incident_id).where(incidents.c.incident_id == iid)
+        ).first():
+            return
+        opened = incident.get("opened_at")
+        conn.execute(
+            incidents.insert().values(
+                incident_id=iid,
+                job_id=diag.job_id,
+                onset=diag.onset,
+                detected_at=float(opened) if isinstance(opened, int | float) else time.time(),
+                checkpoint_at=_checkpoint(prom_url, diag.job_id),
+                gpus=0,
+            )
+        )
+
+
+def mark_decided(engine: Engine, incident_id: str, at: float) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            update(incidents)
+            .where(incidents.c.incident_id == str(incident_id), incidents.c.decided_at.is_(None))
+            .values(decided_at=at)
+        )
+
+
+def gpu_hours_lost(
+    onset: float | None, running_again: float, gpus: int, checkpoint_at: float | None
+) -> float:
+    """Idle GPU time from onset to running again, plus work since the last checkpoint."""
+    if onset is None or gpus <= 0:
+        return 0.0
+    idle = max(running_again - onset, 0.0)
+    redo = max(onset - checkpoint_at, 0.0) if checkpoint_at is not None else 0.0
+    return gpus * (idle + redo) / 3600.0
+
+
+def update_recoveries(engine: Engine, scheduler: Any) -> int:
+    """Fill in `running_again_at` for jobs that run again after their incident's onset."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(incidents).where(
+                incidents.c.running_again_at.is_(None), incidents.c.job_id.is_not(None)
+            )
+        ).all()
+    n = 0
+    for r in rows:
+        job = scheduler.job_state(r.job_id)
+        start = job.start_time if job else None
+        ref = r.onset or r.detected_at or 0.0
+        if not job or job.state != "RUNNING" or not start or start <= ref:
+            continue
+        lost = gpu_hours_lost(r.onset, start, job.gpus, r.checkpoint_at)
+        with engine.begin() as conn:
+            conn.execute(
+                update(incidents)
+                .where(incidents.c.incident_id == r.incident_id)
+                .values(running_again_at=start, gpus=job.gpus, gpu_hours_lost=lost)
+            )
+        n += 1
+    return n
+
+
+def get(engine: Engine, incident_id: str) -> dict[str, Any] | None:
+    with engine.connect() as conn:
+        r = conn.execute(
+            select(incidents).where(incidents.c.incident_id == str(incident_id))
+        ).first()
+    if r is None:
+        return None
+    d = dict(r._mapping)
+    for a, b, key in (
+        ("onset", "detected_at", "time_to_detect_s"),
+        ("onset", "decided_at", "time_to_decide_s"),
+        ("onset", "running_again_at", "time_to_recover_s"),
+    ):
+        d[key] = (d[b] - d[a]) if d[a] is not None and d[b] is not None else None
+    return d
+
+
+class AccountingCollector(Collector):
+    """`goodput_actions_total{action,result}`, `goodput_actions_pending`,
+    `goodput_incident_time_to_recover_seconds` (summary), `goodput_gpu_hours_lost_total`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Any]:
+        from recovery.actions import counts  # local: actions imports this module
+
+        total = CounterMetricFamily(
+            "goodput_actions", "Recovery actions by kind and state.", labels=["action", "result"]
+        )
+        pending = GaugeMetricFamily(
+            "goodput_actions_pending", "Actions waiting for approval, execution or a retry."
+        )
+        recover = SummaryMetricFamily(
+            "goodput_incident_time_to_recover_seconds", "Fault onset to the job running again."
+        )
+        lost = CounterMetricFamily("goodput_gpu_hours_lost", "GPU-hours lost to incidents.")
+        try:
+            c = counts(self.engine)
+            with self.engine.connect() as conn:
+                rows = conn.execute(select(incidents)).all()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the DB is busy
+            c, rows = {}, []
+        n_pending = 0
+        for (kind, state), n in sorted(c.items()):
+            total.add_metric([kind, state], float(n))
+            if state in ("pending_approval", "ready", "approved", "executing", "waiting_scheduler"):
+                n_pending += n
+        pending.add_metric([], float(n_pending))
+        done = [r for r in rows if r.running_again_at is not None and r.onset is not None]
+        recover.add_metric([], len(done), float(sum(r.running_again_at - r.onset for r in done)))
+        lost.add_metric([], float(sum(r.gpu_hours_lost or 0.0 for r in rows)))
+        yield from (total, pending, recover, lost)

@@ -1,0 +1,255 @@
+"""The scheduler port: what recovery may ask of a scheduler, with the safety rules built in.
+
+Adapters implement the primitive `_`-methods and the two readers; the public methods here read
+state before acting, refuse what must never happen (resuming a node a person drained,
+requeueing a job that was already requeued), and verify the result after acting.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+REASON_PREFIX = "goodput:"
+NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler refused or failed a request (permanent for this attempt)."""
+
+
+class SchedulerUnavailable(SchedulerError):
+    """The scheduler could not be reached; retry later."""
+
+
+class GuardRefused(SchedulerError):
+    """A safety rule refused the request (e.g. resuming a node a person drained)."""
+
+
+def check_node(node: str) -> str:
+    if not isinstance(node, str) or not NODE_RE.match(node):
+        raise ValueError(f"invalid node name {node!r}")
+    return node
+
+
+def check_job(job_id: str) -> str:
+    job_id = str(job_id)
+    if not JOB_RE.match(job_id):
+        raise ValueError(f"invalid job id {job_id!r}")
+    return job_id
+
+
+def clean_reason(text: str) -> str:
+    """A drain reason: `goodput:` prefix, printable, bounded."""
+    text = "".join(c if c.isprintable() and c not in "\"'`\\" else " " for c in text).strip()
+    if not text.startswith(REASON_PREFIX):
+        text = f"{REASON_PREFIX} {text}"
+    return text[:200]
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    name: str
+    state: str
+    nodes: tuple[str, ...] = ()
+    restarts: int = 0
+    exit_code: int | None = None
+    comment: str = ""
+    excluded: tuple[str, ...] = ()
+    held: bool = False
+    reason: str = ""
+    partition: str | None = None
+    start_time: float | None = None
+    gpus: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.state.upper() in ACTIVE
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: str
+    state: str
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state.upper()
+
+    @property
+    def drained_by_goodput(self) -> bool:
+        return self.drained and self.reason.startswith(REASON_PREFIX)
+
+
+@dataclass(frozen=True)
+class OpResult:
+    changed: bool
+    detail: str
+
+
+class Scheduler(ABC):
+    """The port. `verify_timeout_s` bounds the wait for the scheduler to show a change."""
+
+    verify_timeout_s: float = 10.0
+    verify_interval_s: float = 0.2
+
+    # ---- adapters implement these -------------------------------------------------------
+    @abstractmethod
+    def job_state(self, job_id: str) -> JobState | None: ...
+
+    @abstractmethod
+    def node_states(self) -> list[NodeState]: ...
+
+    @abstractmethod
+    def _drain(self, node: str, reason: str) -> None: ...
+
+    @abstractmethod
+    def _resume(self, node: str) -> None: ...
+
+    @abstractmethod
+    def _requeue(
+        self, job_id: str, exclude: tuple[str, ...], hold: bool, delay_s: float
+    ) -> None: ...
+
+    @abstractmethod
+    def _set_exclude(self, job_id: str, exclude: tuple[str, ...], delay_s: float) -> None:
+        """Set the excluded nodes (and begin time) of a pending, held job."""
+
+    @abstractmethod
+    def _hold(self, job_id: str) -> None: ...
+
+    @abstractmethod
+    def _release(self, job_id: str) -> None: ...
+
+    @abstractmethod
+    def _cancel(self, job_id: str) -> None: ...
+
+    # ---- the safe public operations -------------------------------------------------------
+    def node_state(self, node: str) -> NodeState | None:
+        return next((n for n in self.node_states() if n.node == node), None)
+
+    def _await(self, check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.verify_timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise SchedulerError(f"not confirmed within {self.verify_timeout_s}s: {what}")
+            time.sleep(self.verify_interval_s)
+
+    def drain(self, node: str, reason: str) -> OpResult:
+        """Drain `node` with a `goodput:` reason; a node already drained keeps its reason."""
+        check_node(node)
+        before = self.node_state(node)
+        if before is None:
+            raise SchedulerError(f"node {node} is unknown to the scheduler")
+        if before.drained:
+            who = "Goodput" if before.drained_by_goodput else "a person"
+            return OpResult(False, f"{node} already drained by {who} ({before.reason})")
+        self._drain(node, clean_reason(reason))
+        self._await(lambda: bool((s := self.node_state(node)) and s.drained), f"{node} drained")
+        return OpResult(True, f"{node} drained")
+
+    def resume(self, node: str) -> OpResult:
+        """Return a node Goodput drained to service; never one a person drained."""
+        check_node(node)
+        before = self.node_state(node)
+        if before is None:
+            raise SchedulerError(f"node {node} is unknown to the scheduler")
+        if not before.drained and "DOWN" not in before.state.upper():
+            return OpResult(False, f"{node} is not drained ({before.state})")
+        if not before.drained_by_goodput:
+            raise GuardRefused(f"{node} was drained by a person ({before.reason!r}); not resuming")
+        self._resume(node)
+        self._await(lambda: bool((s := self.node_state(node)) and not s.drained), f"{node} resumed")
+        return OpResult(True, f"{node} resumed")
+
+    def requeue(
+        self,
+        job_id: str,
+        exclude: tuple[str, ...] = (),
+        hold: bool = False,
+        expected_restarts: int | None = None,
+        delay_s: float = 0.0,
+    ) -> OpResult:
+        """Requeue a job, excluding nodes, without racing the restart.
+
+        `expected_restarts` is the job's restart count when the action was planned: a job
+        whose count has moved on was already requeued (by Slurm, a person, or an earlier
+        attempt of this action) and is not requeued again; if that earlier attempt left it
+        held mid-way, the exclusion is completed and it is released.
+        """
+        check_job(job_id)
+        exclude = tuple(check_node(n) for n in exclude)
+        before = self.job_state(job_id)
+        if before is None:
+            raise SchedulerError(f"job {job_id} is unknown to the scheduler")
+        if before.exit_code == 93 and not before.active:
+            raise GuardRefused(f"job {job_id} exited with 93: do not requeue")
+        if expected_restarts is not None and before.restarts > expected_restarts:
+            if (
+                before.held
+                and before.state.upper() == "PENDING"
+                and "requeue" in before.reason.lower()
+                and not hold
+            ):
+                self._set_exclude(job_id, exclude, delay_s)
+                self._release(job_id)
+                return OpResult(True, f"job {job_id} was requeued-held; exclusion set, released")
+            return OpResult(False, f"job {job_id} already requeued (restarts {before.restarts})")
+        self._requeue(job_id, exclude, hold, delay_s)
+
+        def done() -> bool:
+            s = self.job_state(job_id)
+            return bool(
+                s
+                and s.restarts > before.restarts
+                and set(exclude) <= set(s.excluded)
+                and (s.held if hold else not s.held)
+            )
+
+        self._await(done, f"job {job_id} requeued")
+        return OpResult(True, f"job {job_id} requeued excluding {list(exclude)}")
+
+    def stop(self, job_id: str, expected_restarts: int | None = None) -> OpResult:
+        """Stop: a running job is requeue-held (a person releases or cancels it); a pending
+        one is held; an ended one stays ended."""
+        check_job(job_id)
+        s = self.job_state(job_id)
+        if s is None or not s.active:
+            return OpResult(False, f"job {job_id} has ended ({s.state if s else 'gone'})")
+        if s.held:
+            return OpResult(False, f"job {job_id} is already held")
+        if s.state.upper() == "PENDING":
+            self._hold(job_id)
+            self._await(lambda: bool((x := self.job_state(job_id)) and x.held), "job held")
+            return OpResult(True, f"job {job_id} held")
+        if expected_restarts is not None and s.restarts > expected_restarts:
+            self._hold(job_id)
+            self._await(lambda: bool((x := self.job_state(job_id)) and x.held), "job held")
+            return OpResult(True, f"job {job_id} held")
+        return self.requeue(job_id, (), hold=True, expected_restarts=s.restarts)
+
+    def hold(self, job_id: str) -> OpResult:
+        check_job(job_id)
+        self._hold(job_id)
+        return OpResult(True, f"job {job_id} held")
+
+    def release(self, job_id: str) -> OpResult:
+        check_job(job_id)
+        self._release(job_id)
+        return OpResult(True, f"job {job_id} released")
+
+    def cancel(self, job_id: str) -> OpResult:
+        check_job(job_id)
+        s = self.job_state(job_id)
+        if s is not None and not s.active:
+            return OpResult(False, f"job {job_id} already ended")
+        self._cancel(job_id)
+        return OpResult(True, f"job {job_id} cancelled")

@@ -1,0 +1,236 @@
+"""Slurm adapter: scontrol / scancel / squeue / sinfo / sacct as argv lists, never a shell.
+
+Every call has a timeout; transient failures (controller unreachable, socket timeouts) are
+retried with exponential backoff and then raised as `SchedulerUnavailable`, so the caller keeps
+the action pending. Requeue-with-exclusion is requeuehold -> update ExcNodeList -> release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Sequence
+
+from recovery.scheduler.base import (
+    JobState,
+    NodeState,
+    Scheduler,
+    SchedulerError,
+    SchedulerUnavailable,
+    check_job,
+    check_node,
+)
+
+TRANSIENT = re.compile(
+    r"unable to contact slurm controller|socket timed out|connection refused|"
+    r"zero bytes were transmitted|communication connection failure|slurm_receive_msg|"
+    r"slurmctld is not responding|try again",
+    re.IGNORECASE,
+)
+_HOSTLIST = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?")
+
+
+def expand_hostlist(text: str | None) -> tuple[str, ...]:
+    """`node[1-3,5],gpu7` -> (node1, node2, node3, node5, gpu7)."""
+    out: list[str] = []
+    if not text or text in ("(null)", "None"):
+        return ()
+    for m in _HOSTLIST.finditer(text):
+        prefix, ranges = m.group(1).strip(","), m.group(2)
+        if not prefix:
+            continue
+        if not ranges:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if hi and lo.isdigit() and hi.isdigit():
+                out.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
+            else:
+                out.append(f"{prefix}{lo}")
+    return tuple(out)
+
+
+def _exit_code(raw: object) -> int | None:
+    """squeue --json gives the wait status (93 << 8); sacct gives `93:0`."""
+    if isinstance(raw, dict):  # newer Slurm: {"return_code": {...}, "signal": ...}
+        rc = raw.get("return_code")
+        raw = rc.get("number") if isinstance(rc, dict) else rc
+    if isinstance(raw, str):
+        head = raw.split(":", 1)[0]
+        return int(head) if head.isdigit() else None
+    if isinstance(raw, int):
+        return (raw >> 8) & 0xFF if raw > 255 or raw & 0x7F == 0 else None
+    return None
+
+
+def _first(raw: object) -> str:
+    if isinstance(raw, list):
+        return str(raw[0]) if raw else ""
+    return str(raw or "")
+
+
+class SlurmScheduler(Scheduler):
+    def __init__(
+        self,
+        timeout_s: float = 15.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.env = dict(os.environ if env is None else env)
+
+    def _run(self, argv: Sequence[str]) -> str:
+        argv = list(argv)
+        last = ""
+        for attempt in range(self.retries + 1):
+            try:
+                out = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    env=self.env,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                last = f"{argv[0]} timed out after {self.timeout_s}s"
+            except FileNotFoundError:
+                raise SchedulerError(f"{argv[0]} is not installed") from None
+            else:
+                if out.returncode == 0:
+                    return out.stdout
+                last = (out.stderr or out.stdout).strip()[:500]
+                if not TRANSIENT.search(last):
+                    raise SchedulerError(f"{' '.join(argv[:2])} failed: {last}")
+            if attempt < self.retries:
+                time.sleep(self.backoff_s * (2**attempt))
+        raise SchedulerUnavailable(f"{' '.join(argv[:2])}: {last}")
+
+    # ---- readers ----------------------------------------------------------------------------
+    def node_states(self) -> list[NodeState]:
+        out = self._run(["sinfo", "-N", "-h", "-o", "%N|%T|%P|%E"])
+        nodes: dict[str, NodeState] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 3)
+            if len(parts) < 4:
+                continue
+            name, state, part, reason = parts
+            part = part.rstrip("*")
+            prev = nodes.get(name)
+            parts_all = (*(prev.partitions if prev else ()), part)
+            reason = "" if reason.strip() == "none" else reason.strip()
+            nodes[name] = NodeState(name, state.upper().rstrip("*~#!%$@^-"), reason, parts_all)
+        return list(nodes.values())
+
+    def job_state(self, job_id: str) -> JobState | None:
+        job_id = check_job(job_id)
+        doc = json.loads(self._run(["squeue", "--json", "-j", job_id]) or "{}")
+        for j in doc.get("jobs", []):  # Slurm 22.05 ignores -j with --json: filter here
+            jid = str(j.get("job_id"))
+            if j.get("array_task_id") not in (None, "", 4294967294) and "_" in job_id:
+                jid = f"{j.get('array_job_id')}_{j.get('array_task_id')}"
+            if jid != job_id:
+                continue
+            reason = str(j.get("state_reason") or "")
+            gres = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", str(j.get("tres_alloc_str") or ""))
+            return JobState(
+                job_id=job_id,
+                name=str(j.get("name") or ""),
+                state=_first(j.get("job_state")).upper(),
+                nodes=expand_hostlist(j.get("nodes")),
+                restarts=int(j.get("restart_cnt") or 0),
+                exit_code=_exit_code(j.get("exit_code")),
+                comment=str(j.get("comment") or ""),
+                excluded=expand_hostlist(j.get("excluded_nodes")),
+                held=(j.get("priority") == 0) or "held" in reason.lower(),
+                reason=reason,
+                partition=str(j.get("partition") or "") or None,
+                start_time=float(j["start_time"]) if j.get("start_time") else None,
+                gpus=int(gres.group(1)) if gres else 0,
+            )
+        return self._sacct_state(job_id)
+
+    def _sacct_state(self, job_id: str) -> JobState | None:
+        out = self._run(
+            [
+                "sacct",
+                "-j",
+                job_id,
+                "-X",
+                "-n",
+                "-P",
+                "-o",
+                "JobID,JobName,State,ExitCode,NodeList,Partition,Comment",
+            ]
+        )
+        for line in out.splitlines():
+            p = line.split("|", 6)
+            if len(p) == 7 and p[0] == job_id:
+                return JobState(
+                    job_id=job_id,
+                    name=p[1],
+                    state=p[2].split()[0].upper(),
+                    nodes=expand_hostlist(p[4]),
+                    exit_code=_exit_code(p[3]),
+                    partition=p[5] or None,
+                    comment=p[6],
+                )
+        return None
+
+    # ---- primitives -------------------------------------------------------------------------
+    def _drain(self, node: str, reason: str) -> None:
+        self._run(
+            [
+                "scontrol",
+                "update",
+                f"NodeName={check_node(node)}",
+                "State=DRAIN",
+                f"Reason={reason}",
+            ]
+        )
+
+    def _resume(self, node: str) -> None:
+        self._run(["scontrol", "update", f"NodeName={check_node(node)}", "State=RESUME"])
+
+    def _requeue(self, job_id: str, exclude: tuple[str, ...], hold: bool, delay_s: float) -> None:
+        if not exclude and not hold and delay_s <= 0:
+            self._run(["scontrol", "requeue", job_id])
+            return
+        self._run(["scontrol", "requeuehold", job_id])
+        self._await(
+            lambda: bool((s := self.job_state(job_id)) and s.held and s.state == "PENDING"),
+            f"job {job_id} requeue-held",
+        )
+        if exclude or delay_s > 0:
+            self._set_exclude(job_id, exclude, delay_s)
+        if not hold:
+            self._release(job_id)
+
+    def _set_exclude(self, job_id: str, exclude: tuple[str, ...], delay_s: float) -> None:
+        argv = ["scontrol", "update", f"JobId={job_id}"]
+        if exclude:
+            argv.append("ExcNodeList=" + ",".join(check_node(n) for n in exclude))
+        if delay_s > 0:
+            argv.append(f"StartTime=now+{int(delay_s)}")
+        if len(argv) > 3:
+            self._run(argv)
+            self._await(
+                lambda: bool((s := self.job_state(job_id)) and set(exclude) <= set(s.excluded)),
+                f"job {job_id} excludes {list(exclude)}",
+            )
+
+    def _hold(self, job_id: str) -> None:
+        self._run(["scontrol", "hold", job_id])
+
+    def _release(self, job_id: str) -> None:
+        self._run(["scontrol", "release", job_id])
+
+    def _cancel(self, job_id: str) -> None:
+        self._run(["scancel", job_id])

@@ -1,0 +1,264 @@
+"""Action orchestration against a fake simulator: modes, approvals, stop, sticky, pause,
+resume_node, directives, scheduler outages, and start-up reconciliation."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import requests
+from sqlalchemy import create_engine, update
+
+from recovery import accounting, actions, audit
+from recovery.policy import parse_policy
+from recovery.scheduler.simulated import SimulatedScheduler
+from tests.unit.actions_fakes import make_fake_sim
+
+
+@pytest.fixture(autouse=True)
+def _no_thread(monkeypatch):
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
+    monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
+
+
+@pytest.fixture
+def world(tmp_path):
+    client, st, submit = make_fake_sim()
+    engine = create_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    sched = SimulatedScheduler("http://testserver", session=client)
+
+    def settings(mode="act", **policy):
+        return SimpleNamespace(
+            policy=parse_policy({"mode": mode, **policy}, env={}),
+            scheduler_adapter=sched,
+            alertmanager_url=None,
+            prometheus_url=None,
+            action_retry_s=0.0,
+        )
+
+    return SimpleNamespace(engine=engine, st=st, submit=submit, settings=settings, sched=sched)
+
+
+def diag(
+    iid,
+    outcome="gpu_hardware_fault",
+    nodes=("node2",),
+    job="42",
+    conf=0.95,
+    cause="xid79",
+    onset=None,
+):
+    incident = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time() - 5}
+    d = {
+        "schema_version": 1,
+        "incident_id": iid,
+        "job_id": job,
+        "outcome": outcome,
+        "root_cause": cause,
+        "affected_nodes": list(nodes),
+        "confidence": conf,
+        "onset": time.time() - 10 if onset is None else onset,
+    }
+    return incident, d
+
+
+def types(engine, **kw):
+    return [e["type"] for e in audit.query(engine, limit=1000, **kw)[0]]
+
+
+def test_act_drains_and_requeues_excluding_the_node(world):
+    world.submit("42", node="node2")
+    a = actions.on_diagnosis(world.engine, world.settings("act"), *diag(1))
+    assert a["state"] == "executed" and a["kind"] == "drain_and_requeue"
+    node2 = world.st["nodes"]["node2"]
+    assert node2["state"].startswith("DRAIN") and node2["reason"].startswith("goodput:")
+    job = world.st["jobs"]["42"]
+    assert job["restarts"] == 1 and job["excluded"] == ["node2"]
+    assert job["state"] == "RUNNING" and job["nodes"] != ["node2"]
+    assert types(world.engine, incident_id="1") == ["diagnosis", "planned", "executing", "executed"]
+    assert audit.verify(world.engine).ok
+    # a redelivered diagnosis for the same incident changes nothing
+    again = actions.on_diagnosis(world.engine, world.settings("act"), *diag(1))
+    assert again["id"] == a["id"] and world.st["jobs"]["42"]["restarts"] == 1
+    # accounting: running again after the onset
+    actions.reconcile(world.engine, world.settings("act"))
+    acc = accounting.get(world.engine, "1")
+    assert acc["running_again_at"] is not None and acc["gpu_hours_lost"] > 0
+    assert acc["time_to_detect_s"] == pytest.approx(5, abs=1)
+
+
+def test_monitor_changes_nothing(world):
+    world.submit("42", node="node2")
+    a = actions.on_diagnosis(world.engine, world.settings("monitor"), *diag(2))
+    assert a["state"] == "planned_only" and "mode_monitor" in a["body"]["action"]["reasons"]
+    assert world.st["calls"] == []
+    assert types(world.engine, incident_id="2") == ["diagnosis", "planned"]
+
+
+def test_approve_waits_then_executes_recording_who(world):
+    world.submit("42", node="node2")
+    s = world.settings("approve")
+    a = actions.on_diagnosis(world.engine, s, *diag(3))
+    assert a["state"] == "pending_approval" and world.st["calls"] == []
+    assert [x["id"] for x in actions.list_actions(world.engine, state="pending_approval")] == [
+        a["id"]
+    ]
+    done = actions.approve(world.engine, s, a["id"], "alice", "looks right")
+    assert done["state"] == "executed" and done["decided_by"] == "alice"
+    assert ("requeue", "42") in world.st["calls"]
+    approved = audit.query(world.engine, type_="approved")[0]
+    assert approved[0]["actor"] == "alice"
+    with pytest.raises(actions.ActionError, match="not pending"):
+        actions.approve(world.engine, s, a["id"], "bob")
+
+
+def test_reject_and_expiry(world):
+    world.submit("42", node="node2")
+    s = world.settings("approve", approval_expiry_s=1)
+    a = actions.on_diagnosis(world.engine, s, *diag(4))
+    assert actions.reject(world.engine, a["id"], "carol")["state"] == "rejected"
+    b = actions.on_diagnosis(world.engine, s, *diag(5, outcome="workload_crash", cause="segv"))
+    with world.engine.begin() as conn:
+        conn.execute(
+            update(actions.actions_table)
+            .where(actions.actions_table.c.id == b["id"])
+            .values(expires_at=time.time() - 1)
+        )
+    assert actions.expire(world.engine) == 1
+    with pytest.raises(actions.ActionError, match="expired"):
+        actions.approve(world.engine, s, b["id"], "dave")
+    assert world.st["calls"] == []
+
+
+def test_oom_stops_without_draining(world):
+    world.submit("42", node="node1")
+    a = actions.on_diagnosis(
+        world.engine,
+        world.settings("act"),
+        *diag(6, outcome="workload_oom", nodes=(), cause="cuda_oom"),
+    )
+    assert a["state"] == "executed" and a["kind"] == "stop"
+    job = world.st["jobs"]["42"]
+    assert job["held"] and job["state"] == "PENDING"
+    assert not any(c[0] == "drain" for c in world.st["calls"])
+
+
+def test_sticky_error_escalates_to_stop_on_second_occurrence(world):
+    world.submit("42", node="node1")
+    s = world.settings("act")
+    first = actions.on_diagnosis(
+        world.engine, s, *diag(7, outcome="workload_crash", nodes=(), cause="illegal_memory_access")
+    )
+    assert first["kind"] == "requeue" and first["state"] == "executed"
+    time.sleep(0.01)  # the restarted job fails again: the new onset follows its restart
+    second = actions.on_diagnosis(
+        world.engine,
+        s,
+        *diag(
+            8, outcome="workload_crash", nodes=(), cause="illegal_memory_access", onset=time.time()
+        ),
+    )
+    assert second["kind"] == "stop"
+    assert "sticky_root_cause" in second["body"]["action"]["reasons"]
+    assert world.st["jobs"]["42"]["held"]
+
+
+def test_pause_switch_stops_everything(world):
+    world.submit("42", node="node2")
+    s = world.settings("act")
+    actions.set_paused(world.engine, True, "erin", "maintenance")
+    a = actions.on_diagnosis(world.engine, s, *diag(9))
+    assert a["state"] == "planned_only" and "paused" in a["body"]["action"]["reasons"]
+    assert world.st["calls"] == []
+    actions.set_paused(world.engine, False, "erin")
+    assert not actions.is_paused(world.engine)
+    assert types(world.engine, type_="paused") == ["paused"]
+
+
+def test_resume_node_is_audited_and_respects_people(world):
+    world.st["nodes"]["node3"].update(state="DRAINED", reason="goodput: xid79")
+    world.st["nodes"]["node4"].update(state="DRAINED", reason="bad fan, ticket 12")
+    ok = actions.resume_node(world.engine, world.settings("act"), "node3", "frank")
+    assert ok["state"] == "executed" and world.st["nodes"]["node3"]["state"] == "IDLE"
+    refused = actions.resume_node(world.engine, world.settings("act"), "node4", "frank")
+    assert refused["state"] == "failed" and "person" in refused["last_error"]
+    assert world.st["nodes"]["node4"]["state"] == "DRAINED"
+    with pytest.raises(ValueError):
+        actions.resume_node(world.engine, world.settings("act"), "node4;rm -rf", "frank")
+
+
+def test_directives_narrow_and_invalid_ones_are_audited(world):
+    world.submit("42", node="node2", comment='{"goodput": {"mode": "monitor"}}')
+    a = actions.on_diagnosis(world.engine, world.settings("act"), *diag(10))
+    assert a["state"] == "planned_only" and a["mode"] == "monitor"
+    world.submit("43", node="node1", comment='{"goodput": {"mode": "warp"}}')
+    b = actions.on_diagnosis(
+        world.engine, world.settings("act"), *diag(11, outcome="workload_crash", nodes=(), job="43")
+    )
+    assert b["state"] == "executed"
+    bad = audit.query(world.engine, type_="directive_invalid")[0]
+    assert bad and "warp" in bad[0]["payload"]["error"]
+
+
+def test_invalid_diagnosis_is_audited_not_raised(world):
+    inc, d = diag(12)
+    d["outcome"] = "cosmic_rays"
+    assert actions.on_diagnosis(world.engine, world.settings("act"), inc, d) is None
+    assert types(world.engine) == ["skipped"]
+
+
+class Down:
+    def get(self, *a, **k):
+        raise requests.ConnectionError("down")
+
+    post = get
+
+
+def test_unreachable_scheduler_keeps_the_action_pending_and_retries(world):
+    world.submit("42", node="node2")
+    s = world.settings("act")
+    good = s.scheduler_adapter
+    s.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
+    a = actions.on_diagnosis(world.engine, s, *diag(13))
+    assert a["state"] == "waiting_scheduler"
+    assert "retry_scheduled" in types(world.engine, incident_id="13")
+    s.scheduler_adapter = good
+    actions.reconcile(world.engine, s)
+    assert actions.get_action(world.engine, a["id"])["state"] == "executed"
+    # outage during execution: stays runnable, then succeeds
+    world.submit("44", node="node1")
+    s.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
+    s2 = world.settings("approve")
+    b = actions.on_diagnosis(
+        world.engine, s2, *diag(14, outcome="workload_crash", nodes=(), job="44")
+    )
+    s2.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
+    r = actions.approve(world.engine, s2, b["id"], "gina")
+    assert r["state"] == "approved" and r["last_error"]
+    s2.scheduler_adapter = good
+    actions.reconcile(world.engine, s2)
+    assert actions.get_action(world.engine, b["id"])["state"] == "executed"
+    assert world.st["jobs"]["44"]["restarts"] == 1
+
+
+def test_reconcile_finishes_an_action_a_dead_process_left_executing(world):
+    world.submit("42", node="node2")
+    s = world.settings("act")
+    a = actions.on_diagnosis(world.engine, s, *diag(15))
+    assert world.st["jobs"]["42"]["restarts"] == 1
+    # pretend the process died after executing, before recording
+    with world.engine.begin() as conn:
+        conn.execute(
+            update(actions.actions_table)
+            .where(actions.actions_table.c.id == a["id"])
+            .values(state="executing", owner="dead-process")
+        )
+    calls = len(world.st["calls"])
+    actions.reconcile(world.engine, s, startup=True)
+    row = actions.get_action(world.engine, a["id"])
+    assert row["state"] == "executed"
+    assert world.st["jobs"]["42"]["restarts"] == 1  # not requeued twice
+    assert not any(c[0] in ("drain", "requeue") for c in world.st["calls"][calls:])
+    assert "already" in json.dumps(row["result"])
