@@ -1,0 +1,73 @@
+"""One conformance check over every detector, and every detector's docstring example."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+
+import detector.base
+import detector.detectors
+from detector import fields as F
+from detector.detectors import ALL
+from detector.synthetic import healthy_frame
+
+TRAIN = healthy_frame(jobs=2, nodes=2, steps=40, seed=11)
+TEST = healthy_frame(jobs=2, nodes=2, steps=3, seed=12, start=1000.0)
+
+
+def _faulty():
+    f = healthy_frame(jobs=2, nodes=2, steps=3, seed=12, start=1000.0)
+    row = 5
+    f.values[row, F.ALL_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] = 125.0
+    f.values[row, F.ALL_FIELDS.index("DCGM_FI_PROF_GR_ENGINE_ACTIVE")] = 0.01
+    f.values[row, F.ALL_FIELDS.index(F.XID_FIELD)] = 79
+    f.values[f.job == f.job[row], F.ALL_FIELDS.index(F.STALL_SECONDS)] = 5000.0
+    return f, row
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.name)
+def test_conformance(cls, tmp_path):
+    det = cls()
+    assert repr(det).startswith(cls.__name__)
+    assert det.fit(TRAIN) is det
+    assert any(k.endswith("_") and not k.startswith("_") for k in vars(det)), "fitted state_"
+    s = det.score(TEST)
+    assert s.shape == (len(TEST),) and s.dtype == float
+    assert np.isfinite(s).all() and (s >= 0).all()
+    assert (s < 1.0).all(), f"{cls.name} alarms on healthy data: max {s.max():.2f}"
+    # sign: the injected fault scores higher than the same row healthy
+    faulty, row = _faulty()
+    assert det.score(faulty)[row] > max(s[row], 1.0)
+    # determinism: a second detector fitted the same way scores identically
+    np.testing.assert_array_equal(cls().fit(TRAIN).score(faulty), det.score(faulty))
+    # save/load gives identical scores
+    det.save(tmp_path / "d.json")
+    again = cls.load(tmp_path / "d.json")
+    np.testing.assert_allclose(again.score(faulty), det.score(faulty), rtol=0, atol=1e-12)
+    # empty frames and unknown jobs score (zeros), never raise
+    assert det.score(TEST.take(np.array([], dtype=int))).shape == (0,)
+
+
+@pytest.mark.parametrize("module", [detector.detectors, detector.base])
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    if module is detector.detectors:
+        assert result.attempted >= len(ALL) * 3
+
+
+def test_load_rejects_other_files(tmp_path):
+    (tmp_path / "x.json").write_text('{"format": "nope"}')
+    with pytest.raises(ValueError, match="not a saved"):
+        ALL[0].load(tmp_path / "x.json")
+
+
+def test_z_crit_calibration():
+    from detector.base import z_crit
+
+    assert z_crit(0.05) == pytest.approx(1.96, abs=0.01)
+    assert z_crit(1e-4, 12) > z_crit(1e-4, 1)
+    with pytest.raises(ValueError):
+        z_crit(0.0)

@@ -1,0 +1,181 @@
+"""The engine on synthetic scenarios: quiet through checkpoints, culprit node highest on faults,
+baselines kept per job name across a requeue, replay inputs."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from detector import fields as F
+from detector.baselines import BaselineStore
+from detector.frame import Frame, FrameError
+from detector.pipeline import Config, Engine
+from detector.replay import load, replay
+from detector.synthetic import healthy_frame
+
+COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
+CFG = dict(warmup_s=60.0, fit_after_s=300.0, refit_s=600.0)
+
+
+def scenario(steps=240, checkpoints=True, seed=0):
+    """One job on 3 nodes x 8 GPUs, 5 s samples; a 40 s checkpoint every 300 s."""
+    f = healthy_frame(jobs=1, nodes=3, steps=steps, seed=seed)
+    if checkpoints:
+        phase = f.time % 300.0
+        ck = (phase >= 200) & (phase < 240) & (f.time > 0)
+        v = f.values
+        v[ck, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+        v[ck, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
+        for c in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                  "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+            v[ck, COL[c]] = 0.0
+        v[ck, COL[F.STALL_SECONDS]] = phase[ck] - 200.0
+    return f
+
+
+def run(frame, store=None, names=None, engine=None):
+    eng = engine or Engine(Config(**CFG), store)
+    results = [eng.step(frame.take(r), float(frame.time[r[0]]), names) for r in frame.instants()]
+    return eng, results
+
+
+def peak(results, t0=0.0):
+    job = max((r.jobs[r.jobs.detector == "combined"].score.max() for r in results
+               if r.frame.time[0] >= t0), default=0.0)
+    nodes = pd.concat([r.nodes for r in results if r.frame.time[0] >= t0])
+    return job, nodes.groupby("node").score.max()
+
+
+def test_healthy_with_checkpoints_stays_quiet():
+    _, results = run(scenario())
+    job, nodes = peak(results)
+    assert job < 1.0 and nodes.max() < 1.0
+
+
+def test_spin_hang_flags_job_and_culprit_node():
+    f = scenario()
+    hang = f.time >= 900
+    f.values[hang, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
+    f.values[hang, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
+    f.values[hang, COL["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]] = 0.008
+    f.values[hang, COL["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]] = 0.0
+    f.values[hang, COL[F.STALL_SECONDS]] = f.time[hang] - 900
+    stuck = hang & (f.node == "node2") & (f.gpu == 5)
+    f.values[stuck, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    _, results = run(f)
+    before, _ = peak([r for r in results if r.frame.time[0] < 900])
+    job, nodes = peak(results, 900)
+    assert before < 1.0
+    assert job > 1.0
+    assert nodes.idxmax() == "node2" and nodes["node2"] > 1.0
+    assert nodes.drop("node2").max() < 1.0
+
+
+def test_thermal_straggler_localised():
+    f = scenario(checkpoints=False)
+    hot = (f.time >= 900) & (f.node == "node3") & (f.gpu == 1)
+    f.values[hot, COL["DCGM_FI_DEV_SM_CLOCK"]] = 1100.0
+    f.values[hot, COL["DCGM_FI_DEV_GPU_TEMP"]] = 88.0
+    f.values[f.time >= 900, COL[F.ITER_SECONDS]] *= 1.35
+    _, results = run(f)
+    job, nodes = peak(results, 900)
+    assert job > 1.0 and nodes.idxmax() == "node3" and nodes["node3"] > 1.0
+
+
+def test_node_lost_marks_missing_node():
+    f = scenario(checkpoints=False)
+    f = f.take(np.flatnonzero(~((f.time >= 900) & (f.node == "node1"))))
+    _, results = run(f)
+    _, nodes = peak(results, 900)
+    assert nodes.idxmax() == "node1" and nodes["node1"] >= 2.0
+
+
+def test_baseline_kept_by_job_name_across_requeue(tmp_path):
+    store = BaselineStore(tmp_path)
+    eng, _ = run(scenario(checkpoints=False), store, {"100": "llama-70b"})
+    assert store.path("llama-70b").exists()
+    # the requeued job (same name, new id) has its baseline from its first cycle
+    again = healthy_frame(jobs=1, nodes=3, steps=1, seed=9, first_job=200)
+    eng2 = Engine(Config(**CFG), BaselineStore(tmp_path))
+    eng2.step(again, 0.0, {"200": "llama-70b"})
+    assert eng2.jobs["200"].loaded and "200" in eng2.det["deviation"].jobs()
+    again.values[0, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
+    assert eng2.det["deviation"].score(again)[0] > 1.0
+
+
+def test_bad_baseline_file_is_ignored(tmp_path):
+    store = BaselineStore(tmp_path)
+    store.path("x").parent.mkdir(parents=True, exist_ok=True)
+    store.path("x").write_text(json.dumps({"format": "goodput-baseline/1", "job_name": "x",
+                                           "detectors": {"evil": {}}}))
+    assert store.load("x", {"deviation"}) is None and "unknown detectors" in store.errors[0]
+    store.path("x").write_text("not json")
+    assert store.load("x", {"deviation"}) is None
+
+
+def test_online_state_is_small():
+    eng, _ = run(healthy_frame(jobs=4, nodes=2, steps=5, seed=1))
+    assert eng.state_bytes_per_gpu() <= 2048
+
+
+def _csv(frame: Frame) -> pd.DataFrame:
+    df = pd.DataFrame(frame.values[:, : len(F.DCGM_FIELDS)], columns=F.DCGM_FIELDS)
+    df.insert(0, "timestamp", frame.time)
+    df.insert(1, "hostname", frame.node)
+    df.insert(2, "gpu", frame.gpu)
+    df.insert(3, "hpc_job", frame.job)
+    return df
+
+
+def test_replay_csv_writes_detections(tmp_path):
+    f = scenario(checkpoints=False)
+    f.values[(f.time >= 900) & (f.node == "node2"), COL[F.XID_FIELD]] = 79
+    path = tmp_path / "dcgm.csv"
+    _csv(f).to_csv(path, index=False)
+    out = io.StringIO()
+    summary = replay(path, out)
+    rows = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert summary["detections"] == len(rows) > 0
+    assert {"time", "job_id", "node", "gpu", "detector", "score", "reason"} <= set(rows[0])
+    hw = [r for r in rows if r["detector"] == "hardware" and r["gpu"] is not None]
+    assert hw and all(r["node"] == "node2" and r["time"] >= 900 for r in hw)
+    assert hw[0]["reason"] == "XID 79"
+
+
+def test_replay_recording_dir_and_prometheus_json(tmp_path):
+    f = healthy_frame(jobs=1, nodes=1, steps=4, seed=2)
+    df = _csv(f).rename(columns={"hostname": "node", "hpc_job": "job_id"})
+    df.to_csv(tmp_path / "gpu_metrics.csv.gz", index=False)
+    jobs = pd.DataFrame({"timestamp": [0.0, 10.0], "job_id": ["100", "100"],
+                         F.ITER_SECONDS: [0.5, 0.5], F.LAST_PROGRESS: [0.0, 9.0]})
+    jobs.to_csv(tmp_path / "job_metrics.csv.gz", index=False)
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "format": "goodput-recording/1", "interval_s": 5,
+        "jobs": [{"job_id": "100", "name": "bert", "nodes": ["node1"]}]}))
+    frame, names, interval = load(tmp_path)
+    assert names == {"100": "bert"} and interval == 5.0 and len(frame) == len(f)
+    stall = frame.col(F.STALL_SECONDS)
+    assert stall[frame.time == 15.0][0] == pytest.approx(6.0)
+    prom = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node1", "gpu": "0",
+                    "hpc_job": "7"}, "values": [[1.0, "99"], [2.0, "98"]]},
+        {"metric": {"__name__": "DCGM_FI_DEV_POWER_USAGE", "Hostname": "node1", "gpu": "0",
+                    "hpc_job": "7"}, "values": [[1.0, "690"], [2.0, "680"]]}]}}
+    (tmp_path / "q.json").write_text(json.dumps(prom))
+    pf, _, _ = load(tmp_path / "q.json")
+    assert len(pf) == 2 and pf.col("DCGM_FI_DEV_POWER_USAGE").tolist() == [690.0, 680.0]
+
+
+def test_bad_inputs_give_clear_errors(tmp_path):
+    (tmp_path / "a.csv").write_text("timestamp,gpu\n1,0\n")
+    with pytest.raises(FrameError, match="missing column"):
+        load(tmp_path / "a.csv")
+    (tmp_path / "b.csv").write_text("timestamp,Hostname,gpu,hpc_job\n1,node1,0,$(reboot)\n")
+    with pytest.raises(FrameError, match="invalid job_id"):
+        load(tmp_path / "b.csv")
+    with pytest.raises(FrameError, match="no such"):
+        load(tmp_path / "missing.csv")
