@@ -14,6 +14,8 @@ app.add_typer(stack_app, name="stack")
 
 # Sub-command modules in goodput/commands/, each with a typer `app`; name -> module.
 COMMANDS: dict[str, str] = {
+    "actions": "goodput.commands.actions",
+    "audit": "goodput.commands.audit",
     "demo": "goodput.commands.demo",
     "sim": "goodput.commands.sim",
     "detector": "goodput.commands.detector",

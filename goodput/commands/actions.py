@@ -1,0 +1,116 @@
+"""`goodput actions`: list, approve, reject recovery actions; pause/resume them all; resume a
+node. Talks to the receiver's database (`--db`, default `$GOODPUT_RECEIVER_DB_URL`)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+
+import typer
+
+app = typer.Typer(
+    help="Recovery actions: approvals, the pause switch, node resume.", no_args_is_help=True
+)
+DB = typer.Option(None, "--db", help="database URL (default: $GOODPUT_RECEIVER_DB_URL)")
+WHO = typer.Option(None, "--who", help="who decides (default: the current user)")
+
+
+def _ctx(db: str | None):
+    from recovery.settings import Settings
+    from recovery.store import make_engine
+
+    settings = Settings.from_env()
+    return make_engine(db or settings.db_url), settings
+
+
+def _who(who: str | None) -> str:
+    return who or os.environ.get("USER") or getpass.getuser()
+
+
+@app.command("list")
+def list_(
+    state: str = typer.Option(None, help="only this state, e.g. pending_approval"),
+    job_id: str = typer.Option(None, "--job"),
+    as_json: bool = typer.Option(False, "--json"),
+    db: str = DB,
+) -> None:
+    """Actions, newest first."""
+    from recovery import actions
+
+    engine, _ = _ctx(db)
+    rows = actions.list_actions(engine, state=state, job_id=job_id)
+    if as_json:
+        typer.echo(json.dumps(rows, default=str, indent=1))
+        return
+    if actions.is_paused(engine):
+        typer.echo("PAUSED: no action executes until `goodput actions resume`")
+    for r in rows:
+        a = r["body"].get("action", {})
+        typer.echo(
+            f"{r['id']:<28} {r['state']:<17} {r['kind']:<18} job={r['job_id'] or '-':<8}"
+            f" nodes={','.join(a.get('nodes', [])) or '-'}"
+            f" reasons={','.join(a.get('reasons', []))}"
+        )
+
+
+@app.command("approve")
+def approve(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> None:
+    """Approve a pending action and execute it now."""
+    from recovery import actions
+
+    engine, settings = _ctx(db)
+    try:
+        r = actions.approve(engine, settings, action_id, _who(who), comment)
+    except actions.ActionError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{action_id}: {r.get('state')} {r.get('last_error') or ''}".rstrip())
+    raise typer.Exit(0 if r.get("state") == "executed" else 1)
+
+
+@app.command("reject")
+def reject(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> None:
+    """Reject a pending action."""
+    from recovery import actions
+
+    engine, _ = _ctx(db)
+    try:
+        actions.reject(engine, action_id, _who(who), comment)
+    except actions.ActionError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{action_id}: rejected")
+
+
+@app.command("pause")
+def pause(who: str = WHO, reason: str = "", db: str = DB) -> None:
+    """Stop every action at once (plans are still made and audited)."""
+    from recovery import actions
+
+    actions.set_paused(_ctx(db)[0], True, _who(who), reason)
+    typer.echo("paused")
+
+
+@app.command("resume")
+def resume(who: str = WHO, reason: str = "", db: str = DB) -> None:
+    """Lift the pause switch."""
+    from recovery import actions
+
+    actions.set_paused(_ctx(db)[0], False, _who(who), reason)
+    typer.echo("resumed")
+
+
+@app.command("resume-node")
+def resume_node(node: str, who: str = WHO, comment: str = "", db: str = DB) -> None:
+    """Return a node Goodput drained to service (never one a person drained)."""
+    from recovery import actions
+
+    engine, settings = _ctx(db)
+    try:
+        r = actions.resume_node(engine, settings, node, _who(who), comment)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{node}: {r.get('state')} {r.get('last_error') or ''}".rstrip())
+    raise typer.Exit(0 if r.get("state") == "executed" else 1)

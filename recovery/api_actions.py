@@ -1,0 +1,149 @@
+"""HTTP API for recovery actions, the audit log, the pause switch and the policy.
+
+`router` is included by the receiver app behind its auth; it reads `app.state.engine` and
+`app.state.settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from recovery import actions, audit
+from recovery.policy import PolicyError
+from recovery.scheduler.base import JOB_RE, NODE_RE
+
+router = APIRouter(prefix="/api/v1", tags=["actions"])
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    who: str = Field(min_length=1, max_length=128)
+    comment: str = Field(default="", max_length=1000)
+
+
+def _ctx(request: Request) -> tuple[Any, Any]:
+    return request.app.state.engine, request.app.state.settings
+
+
+def _job(job_id: str | None) -> str | None:
+    if job_id is not None and not JOB_RE.match(job_id):
+        raise HTTPException(422, f"invalid job_id {job_id!r}")
+    return job_id
+
+
+@router.get("/actions")
+def list_actions(
+    request: Request,
+    state: str | None = Query(None, max_length=24),
+    job_id: str | None = Query(None, max_length=32),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    """Actions, newest first (expired approvals are marked first)."""
+    engine, _ = _ctx(request)
+    return {
+        "actions": actions.list_actions(engine, state=state, job_id=_job(job_id), limit=limit),
+        "paused": actions.is_paused(engine),
+    }
+
+
+@router.get("/actions/{action_id}")
+def get_action(request: Request, action_id: str) -> dict[str, Any]:
+    found = actions.get_action(_ctx(request)[0], action_id)
+    if found is None:
+        raise HTTPException(404, f"no action {action_id}")
+    return found
+
+
+@router.post("/actions/{action_id}/approve")
+def approve(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
+    """Approve a pending action (recording who) and execute it now."""
+    engine, settings = _ctx(request)
+    try:
+        return actions.approve(engine, settings, action_id, body.who, body.comment)
+    except actions.ActionError as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.post("/actions/{action_id}/reject")
+def reject(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
+    engine, _ = _ctx(request)
+    try:
+        return actions.reject(engine, action_id, body.who, body.comment)
+    except actions.ActionError as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.post("/actions/pause")
+def pause(request: Request, body: Verdict) -> dict[str, Any]:
+    """The global pause switch: no action executes until resumed."""
+    actions.set_paused(_ctx(request)[0], True, body.who, body.comment)
+    return {"paused": True}
+
+
+@router.post("/actions/resume")
+def resume(request: Request, body: Verdict) -> dict[str, Any]:
+    actions.set_paused(_ctx(request)[0], False, body.who, body.comment)
+    return {"paused": False}
+
+
+@router.post("/nodes/{node}/resume")
+def resume_node(request: Request, node: str, body: Verdict) -> dict[str, Any]:
+    """Return a node Goodput drained to service (audited; refused for nodes a person drained)."""
+    if not NODE_RE.match(node):
+        raise HTTPException(422, f"invalid node {node!r}")
+    engine, settings = _ctx(request)
+    return actions.resume_node(engine, settings, node, body.who, body.comment)
+
+
+@router.get("/audit")
+def audit_query(
+    request: Request,
+    job_id: str | None = Query(None, max_length=32),
+    incident_id: str | None = Query(None, max_length=64),
+    type: str | None = Query(None, max_length=40),  # noqa: A002 - API name
+    since: float | None = None,
+    until: float | None = None,
+    cursor: int = Query(0, ge=0),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    """Audit events, oldest first, filtered; pass `next_cursor` back as `cursor`."""
+    engine, _ = _ctx(request)
+    actions.ensure(engine)
+    events, nxt = audit.query(
+        engine,
+        job_id=_job(job_id),
+        incident_id=incident_id,
+        type_=type,
+        since=since,
+        until=until,
+        cursor=cursor,
+        limit=limit,
+    )
+    return {"events": events, "next_cursor": nxt}
+
+
+@router.get("/audit/verify")
+def audit_verify(request: Request) -> dict[str, Any]:
+    engine, _ = _ctx(request)
+    actions.ensure(engine)
+    v = audit.verify(engine)
+    return {"ok": v.ok, "rows": v.rows, "first_bad_seq": v.first_bad_seq, "problem": v.problem}
+
+
+@router.get("/policy")
+def policy_view(request: Request) -> dict[str, Any]:
+    """The operator policy in force (after `GOODPUT_MODE`) and the pause switch."""
+    engine, settings = _ctx(request)
+    try:
+        cfg = actions.config(settings)
+    except PolicyError as exc:
+        raise HTTPException(500, str(exc)) from None
+    mode: Literal["monitor", "approve", "act"] = cfg.policy.mode
+    return {
+        "policy": cfg.policy.model_dump(mode="json"),
+        "mode": mode,
+        "paused": actions.is_paused(engine),
+    }
