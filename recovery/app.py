@@ -330,4 +330,10 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     router = _actions_router()
     if router is not None:
         app.include_router(router, dependencies=[Depends(auth)])
+    try:
+        from recovery.console import router as console_router
+
+        app.include_router(console_router)
+    except ImportError:
+        pass
     return app
