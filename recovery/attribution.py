@@ -1,20 +1,668 @@
-"""Attribution engine (stub, being written)."""
+"""The attribution engine: evidence → symptoms → refined symptoms → outcome, rules as data.
+
+Stages (rules in `recovery/rules/*.yaml`, log patterns from `catalogue`):
+1. extract — log lines through the catalogue (plus local signatures), metric conditions over
+   series, scheduler facts → `Sym`s with a time, node, role and outcome hint;
+2. refine — order by time; an outcome rule whose symptoms are present marks the symptoms it
+   `explains` (seen at or after its first one) as cascade; cascades never become the root
+   while an initiating symptom remains;
+3. choose — the outcome whose earliest initiating symptom comes first (rule order breaks
+   ties), its culprit nodes, and a confidence with the basis it was computed on.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from recovery.diagnosis import Diagnosis
-from recovery.evidence import Bundle, Context
+import yaml
+
+import catalogue
+from recovery import validate
+from recovery.diagnosis import CATEGORY, Diagnosis
+from recovery.evidence import Bundle, Context, LogLine, Series
+
+RULES_DIR = Path(__file__).resolve().parent / "rules"
+SOURCES = ("prometheus", "log", "slurm")
 
 
-def attribute(bundle: Bundle, ctx: Context, incident_id: int | None = None) -> dict[str, Any]:
-    return Diagnosis(
-        incident_id=incident_id,
-        job_id=ctx.job_id,
-        outcome="unknown",
-        category="unknown",
-        root_cause="Not yet attributed.",
-        confidence=0.0,
-        connector_reports=[r.as_dict() for r in bundle.reports],  # type: ignore[misc]
+class RuleError(ValueError):
+    """A rules file is malformed."""
+
+
+@dataclass
+class Sym:
+    id: str
+    role: str
+    time: float | None
+    source: str
+    node: str | None = None
+    gpu: str | None = None
+    detail: str = ""
+    outcome: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rules:
+    log: tuple[dict[str, Any], ...]
+    metrics: tuple[dict[str, Any], ...]
+    slurm: tuple[dict[str, Any], ...]
+    outcomes: tuple[dict[str, Any], ...]
+    tolerance_s: float
+
+
+@lru_cache(maxsize=4)
+def load_rules(directory: str | None = None) -> Rules:
+    """Merge every `*.yaml` in `directory` (default: the packaged rules), in name order."""
+    base = Path(directory or os.environ.get("GOODPUT_RULES_DIR") or RULES_DIR)
+    merged: dict[str, list[Any]] = {"log": [], "metrics": [], "slurm": [], "outcomes": []}
+    tolerance = 20.0
+    for path in sorted(base.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise RuleError(f"{path.name}: top level must be a mapping")
+        for key in merged:
+            items = data.get(key) or []
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise RuleError(f"{path.name}: {key} must be a list of mappings")
+            merged[key] += items
+        tolerance = float(data.get("tolerance_s", tolerance))
+    for r in merged["log"]:
+        if "regex" in r:
+            r["_rx"] = re.compile(r["regex"])
+            if "symptom" not in r:
+                raise RuleError(f"log signature {r['regex']!r} needs a symptom")
+    for r in merged["outcomes"]:
+        if r.get("outcome") not in CATEGORY:
+            raise RuleError(f"unknown outcome {r.get('outcome')!r}")
+    return Rules(
+        log=tuple(merged["log"]),
+        metrics=tuple(merged["metrics"]),
+        slurm=tuple(merged["slurm"]),
+        outcomes=tuple(merged["outcomes"]),
+        tolerance_s=tolerance,
+    )
+
+
+# ------------------------------------------------------------------------ stage 1: extract
+
+
+def _xid_symptom(code: int) -> tuple[str, str, str]:
+    info = catalogue.xid_info(code)
+    if info is None:
+        return "xid_other", "initiating", ""
+    if info.consequence:
+        return "xid_cascade", "cascade", ""
+    kind = {
+        "gpu_hardware_fault": "xid_fatal",
+        "workload_crash": "xid_app",
+        "gpu_degradation": "xid_degradation",
+    }.get(info.outcome, "xid_other")
+    return kind, "initiating", info.outcome
+
+
+def _rank_node(rank: Any, ctx: Context, gpn: int) -> str | None:
+    job_nodes = ctx.nodes
+    if isinstance(rank, int) and job_nodes and 0 <= rank // gpn < len(job_nodes):
+        return job_nodes[rank // gpn]
+    return None
+
+
+def _log_symptoms(lines: list[LogLine], ctx: Context, rules: Rules, gpn: int) -> list[Sym]:
+    overrides = {r["symptom"]: r for r in rules.log if "regex" not in r}
+    local = [r for r in rules.log if "regex" in r]
+    out: list[Sym] = []
+    for ln in lines:
+        source = "kernel" if ln.kind == "kernel" else "job"
+        hits: list[tuple[str, str, str, dict[str, Any], str]] = []
+        for m in catalogue.match_line(ln.text, source):
+            if m.role == "info":
+                continue
+            hits.append((m.symptom, m.role, m.outcome, m.groups, m.pattern))
+        for r in local:
+            if r.get("source", "any") in (source, "any") and r["_rx"].search(ln.text):
+                hits.append(
+                    (
+                        r["symptom"],
+                        r.get("role", "initiating"),
+                        r.get("outcome", ""),
+                        {},
+                        "rules:" + r["symptom"],
+                    )
+                )
+        for symptom, role, outcome, groups, pattern in hits:
+            if symptom == "xid" and "xid" in groups:
+                symptom, role, outcome = _xid_symptom(int(groups["xid"]))
+            ov = overrides.get(symptom, {})
+            role, outcome = ov.get("role", role), ov.get("outcome", outcome)
+            node = ln.node
+            g = groups.get("node")
+            if node is None and isinstance(g, str) and validate.NODE.fullmatch(g):
+                node = g
+            if node is None:
+                node = _rank_node(groups.get("rank"), ctx, gpn)
+            out.append(
+                Sym(
+                    id=symptom,
+                    role=role,
+                    time=ln.time,
+                    source="log",
+                    node=node,
+                    detail=f"{pattern}: {ln.text.strip()[:200]}",
+                    outcome=outcome,
+                    evidence={
+                        "source": "log",
+                        "query_or_path": ln.path,
+                        "line": ln.line,
+                        "time": ln.time,
+                        "node": node,
+                        "gpu": None,
+                        "excerpt": ln.text.strip()[:300],
+                    },
+                )
+            )
+    return out
+
+
+def _ev(s: Series, t: float | None, excerpt: str) -> dict[str, Any]:
+    return {
+        "source": "prometheus",
+        "query_or_path": s.query or s.name,
+        "line": None,
+        "time": t,
+        "node": s.node,
+        "gpu": s.gpu,
+        "excerpt": excerpt[:300],
+    }
+
+
+def _sym(
+    rule: dict[str, Any], s: Series, t: float | None, detail: str, node: str | None = "series"
+) -> Sym:
+    n = s.node if node == "series" else node
+    return Sym(
+        id=rule["id"],
+        role=rule.get("role", "initiating"),
+        time=t,
+        source="prometheus",
+        node=n,
+        gpu=s.gpu if n == s.node else None,
+        detail=detail,
+        outcome=rule.get("outcome", ""),
+        evidence=_ev(s, t, f"{s.name}: {detail}"),
+    )
+
+
+def _by_name(series: list[Series], name: str) -> list[Series]:
+    return [s for s in series if s.name == name and s.points]
+
+
+def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None, float]:
+    """Start and duration of the longest run of points satisfying `pred`."""
+    best_start, best, start = None, 0.0, None
+    for t, v in points:
+        if pred(v):
+            start = t if start is None else start
+            if t - start >= best:
+                best_start, best = start, t - start
+        else:
+            start = None
+    return best_start, best
+
+
+def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
+    out: list[Sym] = []
+    gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
+    for rule in rules.metrics:
+        kind = rule.get("kind")
+        metric = rule.get("metric", "")
+        if kind == "xid":
+            for s in _by_name(series, metric):
+                prev = 0
+                for t, v in s.points:
+                    code = int(v)
+                    if code and code != prev:
+                        sid, role, outcome = _xid_symptom(code)
+                        out.append(
+                            Sym(
+                                sid,
+                                role,
+                                t,
+                                "prometheus",
+                                s.node,
+                                s.gpu,
+                                f"XID {code}",
+                                outcome,
+                                _ev(s, t, f"{s.name} = {code}"),
+                            )
+                        )
+                    prev = code
+        elif kind in ("increase", "above"):
+            for s in _by_name(series, metric):
+                base = s.points[0][1]
+                for t, v in s.points:
+                    hit = v - base >= rule["min"] if kind == "increase" else v >= rule["min"]
+                    if hit:
+                        word = f"rose by {v - base:g}" if kind == "increase" else f"= {v:g}"
+                        out.append(_sym(rule, s, t, f"{metric} {word}"))
+                        break
+        elif kind == "vanished" and _by_name(series, metric):
+            last_seen = max(s.points[-1][0] for s in _by_name(series, metric))
+            gap = float(rule.get("gap_s", 30))
+            gone = [s for s in _by_name(series, metric) if last_seen - s.points[-1][0] > gap]
+            for s in gone:
+                out.append(_sym(rule, s, s.points[-1][0], "GPU stopped reporting"))
+            by_node: dict[str, list[Series]] = {}
+            for s in _by_name(series, metric):
+                by_node.setdefault(s.node or "", []).append(s)
+            for node, group in by_node.items():
+                if node and len(by_node) > 1 and all(g in gone for g in group):
+                    t = max(g.points[-1][0] for g in group)
+                    out.append(
+                        Sym(
+                            "node_silent",
+                            "initiating",
+                            t,
+                            "prometheus",
+                            node,
+                            None,
+                            "every GPU of the node stopped reporting",
+                            "node_lost",
+                            _ev(group[0], t, "node stopped answering"),
+                        )
+                    )
+        elif kind == "spin":
+            out += _spin(series, rule)
+        elif kind == "idle":
+            out += _idle(gpu_util, rule)
+        elif kind == "stall":
+            for s in _by_name(series, metric):
+                start, dur = _frozen(s.points)
+                if dur >= rule["min_s"]:
+                    out.append(_sym(rule, s, start, f"no progress for {dur:.0f} s", node=None))
+        elif kind == "slowdown":
+            for s in _by_name(series, metric):
+                vals = [v for _, v in s.points if v > 0]
+                if len(vals) < 6:
+                    continue
+                early = statistics.median(vals[: len(vals) // 3])
+                for t, v in s.points[len(vals) // 3 :]:
+                    if early > 0 and v >= early * rule["ratio"]:
+                        out.append(
+                            _sym(rule, s, t, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
+                        )
+                        break
+        elif kind == "peer_low":
+            out += _peer_low(_by_name(series, metric), rule)
+    return out
+
+
+def _frozen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
+    """Longest stretch where a value did not change (progress timestamp frozen)."""
+    best_start, best, start, prev = None, 0.0, None, None
+    for t, v in points:
+        if prev is not None and v == prev:
+            start = start if start is not None else t
+            if t - start >= best:
+                best_start, best = start, t - start
+        else:
+            start = None
+        prev = v
+    return best_start, best
+
+
+def _aligned(series: list[Series], name: str) -> dict[tuple[str | None, str | None], dict]:
+    return {(s.node, s.gpu): dict(s.points) for s in _by_name(series, name)}
+
+
+def _spin(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    util = _aligned(series, "DCGM_FI_DEV_GPU_UTIL")
+    sm = _aligned(series, "DCGM_FI_PROF_SM_ACTIVE")
+    out = []
+    for key, u in util.items():
+        sm_k = sm.get(key)
+        if not sm_k:
+            continue
+        pts = [
+            (t, 1.0 if u[t] >= rule["util_min"] and sm_k.get(t, 1.0) <= rule["sm_max"] else 0.0)
+            for t in sorted(u)
+        ]
+        start, dur = _run_len(pts, lambda v: v > 0)
+        if dur >= rule.get("min_s", 30):
+            s = next(x for x in _by_name(series, "DCGM_FI_DEV_GPU_UTIL") if (x.node, x.gpu) == key)
+            out.append(
+                _sym(
+                    rule,
+                    s,
+                    start,
+                    f"util >= {rule['util_min']}% with SM idle for {dur:.0f} s (spinning)",
+                )
+            )
+    return out
+
+
+def _idle(util: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    """GPUs of a running job at ~0 % for min_s after having worked (some or all of them)."""
+    idle: list[tuple[Series, float]] = []
+    for s in util:
+        worked = next((i for i, (_, v) in enumerate(s.points) if v > 50), None)
+        if worked is None:
+            continue
+        start, dur = _run_len(s.points[worked:], lambda v: v <= rule["util_max"])
+        # the run must last to the end of the series: a job that ended is not idle
+        if start is not None and dur >= rule["min_s"] and s.points[-1][1] <= rule["util_max"]:
+            idle.append((s, start))
+    if not util or not idle:
+        return []
+    if rule.get("scope") == "all":
+        if len(idle) == len(util) and len(util) > 1:
+            t = min(st for _, st in idle)
+            return [_sym(rule, idle[0][0], t, f"all {len(util)} GPUs idle", node=None)]
+        return []
+    if len(idle) < len(util):
+        return [_sym(rule, s, t, "GPU idle while its peers are not") for s, t in idle]
+    return []
+
+
+def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    """A node whose GPUs sit below `ratio` × the other nodes' median for min_s."""
+    per_node: dict[str, list[Series]] = {}
+    for s in series:
+        if s.node:
+            per_node.setdefault(s.node, []).append(s)
+    if len(per_node) < 2:
+        return []
+    out = []
+    times = sorted({t for s in series for t, _ in s.points})
+    node_vals = {n: [dict(s.points) for s in g] for n, g in per_node.items()}
+
+    def mean_at(n: str, t: float) -> float | None:
+        vals = [d[t] for d in node_vals[n] if t in d]
+        return sum(vals) / len(vals) if vals else None
+
+    for n in per_node:
+        flags = []
+        for t in times:
+            mine = mean_at(n, t)
+            others = [v for m in per_node if m != n if (v := mean_at(m, t)) is not None]
+            if mine is None or not others:
+                continue
+            ref = statistics.median(others)
+            flags.append((t, 1.0 if ref > 0.2 and mine < ref * rule["ratio"] else 0.0))
+        start, dur = _run_len(flags, lambda v: v > 0)
+        if dur >= rule.get("min_s", 60):
+            out.append(
+                _sym(
+                    rule,
+                    per_node[n][0],
+                    start,
+                    f"{rule['metric']} below {rule['ratio']:.0%} of peers for {dur:.0f} s",
+                )
+            )
+            out[-1].gpu = None
+    return out
+
+
+def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
+    job, nodes = bundle.slurm.job, bundle.slurm.nodes
+    out = []
+    t = ctx.end
+    for rule in rules.slurm:
+        if job and "job_state" in rule:
+            state = str(job.get("state", "")).upper()
+            if any(state.startswith(w.upper()) for w in rule["job_state"]):
+                out.append(
+                    Sym(
+                        rule["id"],
+                        rule.get("role", "initiating"),
+                        None,
+                        "slurm",
+                        None,
+                        None,
+                        f"job state {state}",
+                        rule.get("outcome", ""),
+                        {
+                            "source": "slurm",
+                            "query_or_path": job.get("argv", ""),
+                            "line": None,
+                            "time": None,
+                            "node": None,
+                            "gpu": None,
+                            "excerpt": f"JobState={state} ExitCode={job.get('exit_code')}",
+                        },
+                    )
+                )
+        if job and "exit_code" in rule and job.get("exit_code") in rule["exit_code"]:
+            out.append(
+                Sym(
+                    rule["id"],
+                    rule.get("role", "cascade"),
+                    None,
+                    "slurm",
+                    None,
+                    None,
+                    f"exit code {job.get('exit_code')}",
+                    rule.get("outcome", ""),
+                    {
+                        "source": "slurm",
+                        "query_or_path": job.get("argv", ""),
+                        "line": None,
+                        "time": None,
+                        "node": None,
+                        "gpu": None,
+                        "excerpt": f"ExitCode={job.get('exit_code')}",
+                    },
+                )
+            )
+        if "node_state" in rule:
+            for node, facts in nodes.items():
+                state = facts.get("state", "").lower()
+                if any(w in state for w in rule["node_state"]):
+                    out.append(
+                        Sym(
+                            rule["id"],
+                            rule.get("role", "initiating"),
+                            t,
+                            "slurm",
+                            node,
+                            None,
+                            f"node {node} {state}: {facts.get('reason', '')}",
+                            rule.get("outcome", ""),
+                            {
+                                "source": "slurm",
+                                "query_or_path": bundle.slurm.query or "sinfo",
+                                "line": None,
+                                "time": None,
+                                "node": node,
+                                "gpu": None,
+                                "excerpt": f"State={state} Reason={facts.get('reason', '')}",
+                            },
+                        )
+                    )
+    return out
+
+
+def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> list[Sym]:
+    syms = _log_symptoms(bundle.lines, ctx, rules, gpn)
+    syms += _metric_symptoms(bundle.series, rules)
+    syms += _slurm_symptoms(bundle, ctx, rules)
+    first: dict[tuple[str, str | None, str | None, str], Sym] = {}
+    for sym in sorted(syms, key=_key):  # one symptom per (id, node, gpu, source): the earliest
+        first.setdefault((sym.id, sym.node, sym.gpu, sym.source), sym)
+    return list(first.values())
+
+
+# ---------------------------------------------------------------- stages 2 and 3
+
+
+def _key(s: Sym) -> float:
+    return s.time if s.time is not None else float("inf")
+
+
+def _triggers(rule: dict[str, Any], syms: list[Sym]) -> list[Sym]:
+    ids = set(rule.get("symptoms", []))
+    return [
+        s
+        for s in syms
+        if s.role == "initiating"
+        and (
+            s.id in ids
+            or (s.outcome and s.outcome == rule["outcome"] and rule["outcome"] != "unknown")
+        )
+    ]
+
+
+def refine(syms: list[Sym], rules: Rules) -> list[Sym]:
+    """Order by time and mark what each present outcome explains as cascade."""
+    syms.sort(key=_key)
+    tol = rules.tolerance_s
+    for rule in rules.outcomes:
+        trig = _triggers(rule, syms)
+        if not trig:
+            continue
+        first = min(_key(s) for s in trig)
+        explains = set(rule.get("explains", []))
+        for s in syms:
+            if s in trig or s.id not in explains:
+                continue
+            if s.time is None or first == float("inf") or s.time + tol >= first:
+                s.role = "cascade"
+    return syms
+
+
+def choose(
+    syms: list[Sym], rules: Rules
+) -> tuple[dict[str, Any] | None, list[Sym], list[tuple[str, float]]]:
+    """The winning outcome rule, its trigger symptoms, and every candidate (outcome, time)."""
+    tol = rules.tolerance_s
+    candidates = []
+    for order, rule in enumerate(rules.outcomes):
+        trig = _triggers(rule, syms)
+        if trig:
+            candidates.append((min(_key(s) for s in trig), order, rule, trig))
+    if not candidates:
+        return None, [], []
+    earliest = min(c[0] for c in candidates)
+    close = [c for c in candidates if c[0] <= earliest + tol or c[0] == float("inf")]
+    if earliest != float("inf"):
+        close = [c for c in close if c[0] != float("inf")] or close
+    best = min(close, key=lambda c: c[1])
+    return best[2], best[3], [(c[2]["outcome"], c[0]) for c in candidates]
+
+
+def _culprit(rule: dict[str, Any], trig: list[Sym], syms: list[Sym]) -> list[str]:
+    how = rule.get("culprit", "none")
+    if how == "symptom":
+        return sorted({s.node for s in trig if s.node is not None})
+    if how == "suspect":  # the node whose peer-comparison score crossed 1.0 first
+        sus = sorted((s for s in syms if s.id == "suspect_score" and s.node), key=_key)
+        return [sus[0].node] if sus and sus[0].node else []
+    return []
+
+
+def _confidence(
+    rule: dict[str, Any], trig: list[Sym], bundle: Bundle, competing: int
+) -> tuple[float, str]:
+    base = float(rule.get("confidence", 0.5))
+    sources = {s.source for s in trig}
+    reports = {r.connector: r.status for r in bundle.reports}
+    src_ok = {
+        "prometheus": reports.get("prometheus") == "ok",
+        "log": reports.get("logs") == "ok" or reports.get("loki") == "ok",
+        "slurm": reports.get("slurm") == "ok",
+    }
+    missing = [s for s, ok in src_ok.items() if not ok]
+    conf = base + 0.05 * (len(sources) - 1)
+    conf *= 0.85 ** len(missing)
+    if competing:
+        conf *= 0.85
+    conf = max(0.05, min(0.99, conf))
+    basis = (
+        f"rule {rule['outcome']} base {base:.2f}; +0.05 per extra corroborating source "
+        f"({', '.join(sorted(sources))}); x0.85 per unavailable source "
+        f"({', '.join(missing) or 'none'}); x0.85 if another outcome was within tolerance "
+        f"({competing})"
+    )
+    return round(conf, 3), basis
+
+
+def attribute(
+    bundle: Bundle,
+    ctx: Context,
+    incident_id: int | None = None,
+    rules: Rules | None = None,
+    gpus_per_node: int = 8,
+) -> dict[str, Any]:
+    """Run the three stages over `bundle`; returns a schema-valid diagnosis dict."""
+    rules = rules or load_rules()
+    syms = refine(extract(bundle, ctx, rules, gpus_per_node), rules)
+    rule, trig, cands = choose(syms, rules)
+    reports = [r.as_dict() for r in bundle.reports]
+    if rule is None:
+        outcome = "unknown" if ctx.alerts else "healthy"
+        return Diagnosis.model_validate(
+            dict(
+                incident_id=incident_id,
+                job_id=ctx.job_id,
+                job_name=ctx.job_name,
+                outcome=outcome,
+                category=CATEGORY[outcome],
+                root_cause="No failure signature found in the evidence."
+                if outcome == "unknown"
+                else "No fault: the evidence shows a healthy job.",
+                confidence=0.3 if outcome == "unknown" else 0.6,
+                confidence_basis="no initiating symptom matched any rule",
+                connector_reports=reports,
+                symptoms=[_sym_doc(s) for s in syms[:200]],
+            )
+        ).model_dump(mode="json")
+    outcome = rule["outcome"]
+    culprit = _culprit(rule, trig, syms)
+    trig_nodes = set(culprit)
+    gpus = sorted({(s.node, s.gpu) for s in trig if s.node in trig_nodes and s.gpu})
+    competing = sum(
+        1 for o, t in cands if o != outcome and t <= min(_key(s) for s in trig) + rules.tolerance_s
+    )
+    conf, basis = _confidence(rule, trig, bundle, competing)
+    first = min(trig, key=_key)
+    onset_times = [s.time for s in trig if s.time is not None]
+    where = f" on {', '.join(culprit)}" if culprit else ""
+    root = f"{outcome.replace('_', ' ')}{where}: {first.detail[:160]}"
+    evidence = [s.evidence for s in sorted(trig, key=_key)[:20]]
+    evidence += [s.evidence for s in syms if s not in trig][:30]
+    return Diagnosis.model_validate(
+        dict(
+            incident_id=incident_id,
+            job_id=ctx.job_id,
+            job_name=ctx.job_name,
+            outcome=outcome,
+            category=CATEGORY[outcome],
+            root_cause=root.replace("\n", " "),
+            affected_nodes=culprit,
+            affected_gpus=[{"node": n, "gpu": g} for n, g in gpus],
+            symptoms=[_sym_doc(s) for s in syms[:200]],
+            evidence=evidence,
+            confidence=conf,
+            confidence_basis=basis,
+            connector_reports=reports,
+            onset=min(onset_times) if onset_times else None,
+        )
     ).model_dump(mode="json")
+
+
+def _sym_doc(s: Sym) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "role": s.role,
+        "first_seen": s.time,
+        "source": s.source,
+        "node": s.node,
+        "gpu": s.gpu,
+        "detail": s.detail[:300],
+    }

@@ -1,10 +1,122 @@
-"""Prometheus evidence (stub, being written)."""
+"""Prometheus evidence: range queries around the incident for the job's nodes and GPUs.
+
+DCGM fields (selected by `hpc_job` for a job, else by the host label), the detector's scores
+and the log-derived job metrics. The first transport error ends the collection with an
+`error` report: a Prometheus that is down costs one timeout, not one per query.
+"""
 
 from __future__ import annotations
 
-from recovery.evidence import Bundle, Context, Report
+import re
+
+import requests
+
+from recovery import validate
+from recovery.evidence import Bundle, Context, Report, Series
 from recovery.settings import Settings
+
+DCGM_FIELDS = (
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+)
+JOB_METRICS = (
+    "goodput_job_last_progress_timestamp_seconds",
+    "goodput_job_iteration",
+    "goodput_job_iteration_seconds",
+    "goodput_job_nan_iterations_total",
+)
+PRESENCE = "DCGM_FI_DEV_GPU_UTIL"
+DETECTOR_METRICS = ("goodput_node_suspect_score", "goodput_gpu_anomaly_score")
+
+
+def _node_regex(nodes: list[str]) -> str:
+    return "|".join(re.escape(validate.node(n)) for n in nodes)
+
+
+def queries(ctx: Context) -> list[str]:
+    """The PromQL expressions for `ctx` (ids validated, regexes escaped)."""
+    out: list[str] = []
+    if ctx.job_id:
+        j = validate.job_id(ctx.job_id)
+        out += [f'{m}{{hpc_job="{j}"}}' for m in DCGM_FIELDS]
+        out += [f'{m}{{job_id="{j}"}}' for m in JOB_METRICS + DETECTOR_METRICS]
+    elif ctx.nodes:
+        rx = _node_regex(ctx.nodes)
+        for m in DCGM_FIELDS:
+            out += [f'{m}{{Hostname=~"{rx}"}}', f'{m}{{hostname=~"{rx}"}}']
+    if ctx.nodes:
+        rx = _node_regex(ctx.nodes)
+        out.append(f'goodput_node_xid_errors_total{{node=~"{rx}"}}')
+        out += [f'{PRESENCE}{{{h}=~"{rx}"}}' for h in ("Hostname", "hostname")]
+    return out
+
+
+def _series(name: str, metric: dict[str, str], values: list, query: str) -> Series | None:
+    node = metric.get("node") or metric.get("Hostname") or metric.get("hostname")
+    gpu = metric.get("gpu")
+    job = metric.get("job_id") or metric.get("hpc_job")
+    if node is not None and not validate.NODE.fullmatch(node):
+        return None
+    if gpu is not None and not validate.GPU.fullmatch(gpu):
+        gpu = None
+    if job is not None and not validate.JOB_ID.fullmatch(job):
+        job = None
+    points = []
+    for t, v in values:
+        try:
+            points.append((float(t), float(v)))
+        except (TypeError, ValueError):
+            continue
+    return Series(name=name, points=points, node=node, gpu=gpu, job_id=job, query=query)
 
 
 def collect(ctx: Context, settings: Settings) -> Bundle:
-    return Bundle(reports=[Report("prometheus", "empty", "not implemented yet")])
+    if not settings.prometheus_url:
+        return Bundle(reports=[Report("prometheus", "error", "Prometheus is not configured")])
+    base = settings.prometheus_url.rstrip("/")
+    step = max(5.0, (ctx.end - ctx.start) / 300.0)
+    series: list[Series] = []
+    failed = []
+    for q in queries(ctx):
+        try:
+            resp = requests.get(
+                f"{base}/api/v1/query_range",
+                params={
+                    "query": q,
+                    "start": str(ctx.start),
+                    "end": str(ctx.end),
+                    "step": str(step),
+                },
+                timeout=settings.http_timeout_s,
+            )
+        except requests.RequestException as exc:
+            return Bundle(
+                series=series,
+                reports=[Report("prometheus", "error", f"{type(exc).__name__}: {exc}"[:300])],
+            )
+        if resp.status_code != 200:
+            failed.append(f"{q}: HTTP {resp.status_code}")
+            continue
+        for r in resp.json().get("data", {}).get("result", []):
+            name = r.get("metric", {}).get("__name__") or q.split("{", 1)[0]
+            if q.startswith(PRESENCE + "{") and "ostname=~" in q:
+                name = "node_presence"  # the nodes' GPUs whatever job runs there
+            s = _series(name, r.get("metric", {}), r.get("values", []), q)
+            if s is not None and s.points:
+                series.append(s)
+    if failed and not series:
+        return Bundle(reports=[Report("prometheus", "error", "; ".join(failed)[:300])])
+    status = "ok" if series else "empty"
+    reason = "; ".join(failed)[:300] if failed else ("" if series else "no series in window")
+    return Bundle(series=series, reports=[Report("prometheus", status, reason)])
