@@ -1,0 +1,245 @@
+"""Recovery actions against the local stack's real Slurm: act / monitor / approve, stop,
+sticky escalation, and kill -9 between planning, executing and recording."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import create_engine
+
+from recovery import actions, audit
+from recovery.policy import parse_policy
+from recovery.scheduler.slurm import SlurmScheduler
+from tests.conftest import wait_until
+from tests.helpers import slurm
+
+POLICY = {
+    "blast_radius": {
+        "max_drains_per_hour": 100,
+        "max_partition_unavailable_fraction": 0.75,
+        "min_healthy_nodes": 1,
+    }
+}
+
+
+@pytest.fixture
+def cluster(local_stack, tmp_path, monkeypatch):
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
+    monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
+    sched = SlurmScheduler()
+    jobs: list[str] = []
+    tag = uuid.uuid4().hex[:8]
+    db = f"sqlite:///{tmp_path / 'actions.db'}"
+
+    def submit() -> tuple[str, str]:
+        job = slurm(
+            "sbatch",
+            "--parsable",
+            "--requeue",
+            f"--job-name=gp7-{tag}",
+            "--output=/dev/null",
+            "--gpus=1",
+            "--wrap",
+            "sleep 600",
+        ).strip()
+        jobs.append(job)
+        s = wait_until(
+            lambda: (j := sched.job_state(job)) and j.state == "RUNNING" and j,
+            timeout=20,
+            what=f"job {job} running",
+        )
+        time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
+        return job, s.nodes[0]
+
+    def settings(mode: str):
+        return SimpleNamespace(
+            policy=parse_policy({"mode": mode, **POLICY}, env={}),
+            scheduler_adapter=sched,
+            alertmanager_url=None,
+            prometheus_url=None,
+        )
+
+    yield SimpleNamespace(
+        sched=sched, submit=submit, settings=settings, tag=tag, db=db, engine=create_engine(db)
+    )
+    for job in jobs:
+        slurm("scancel", job, check=False)
+    for n in sched.node_states():
+        if n.drained and tag in n.reason:
+            slurm("scontrol", "update", f"NodeName={n.node}", "State=RESUME", check=False)
+
+
+def diag(cluster, job, node, outcome="gpu_hardware_fault", cause="xid79", onset=None):
+    iid = f"{cluster.tag}{uuid.uuid4().hex[:4]}"
+    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
+    d = {
+        "schema_version": 1,
+        "incident_id": iid,
+        "job_id": job,
+        "outcome": outcome,
+        "root_cause": cause,
+        "affected_nodes": [node] if node else [],
+        "confidence": 0.95,
+        "onset": onset if onset is not None else time.time() - 0.5,
+    }
+    return inc, d
+
+
+def node(cluster, name):
+    return cluster.sched.node_state(name)
+
+
+def test_act_drains_requeues_excluding_and_runs_again(cluster):
+    job, x = cluster.submit()
+    a = actions.on_diagnosis(cluster.engine, cluster.settings("act"), *diag(cluster, job, x))
+    assert a["state"] == "executed", a
+    n = node(cluster, x)
+    assert n.drained and n.reason.startswith("goodput:") and cluster.tag in n.reason
+    s = wait_until(
+        lambda: (j := cluster.sched.job_state(job)) and j.state == "RUNNING" and j,
+        timeout=30,
+        what="job running again",
+    )
+    assert s.restarts == 1 and x in s.excluded and x not in s.nodes
+    chain = [e["type"] for e in audit.query(cluster.engine, job_id=job)[0]]
+    assert chain == ["diagnosis", "planned", "executing", "executed"]
+    assert audit.verify(cluster.engine).ok
+
+
+def test_monitor_changes_nothing_in_slurm(cluster):
+    job, x = cluster.submit()
+    a = actions.on_diagnosis(cluster.engine, cluster.settings("monitor"), *diag(cluster, job, x))
+    assert a["state"] == "planned_only" and a["kind"] == "drain_and_requeue"
+    time.sleep(1)
+    assert not node(cluster, x).drained
+    s = cluster.sched.job_state(job)
+    assert s.state == "RUNNING" and s.restarts == 0
+    assert [e["type"] for e in audit.query(cluster.engine, job_id=job)[0]] == [
+        "diagnosis",
+        "planned",
+    ]
+
+
+def test_approve_waits_for_a_person(cluster):
+    job, x = cluster.submit()
+    s = cluster.settings("approve")
+    a = actions.on_diagnosis(cluster.engine, s, *diag(cluster, job, x))
+    assert a["state"] == "pending_approval"
+    time.sleep(1)
+    assert not node(cluster, x).drained and cluster.sched.job_state(job).restarts == 0
+    done = actions.approve(cluster.engine, s, a["id"], "oncall-ana")
+    assert done["state"] == "executed" and done["decided_by"] == "oncall-ana"
+    assert node(cluster, x).drained
+    j = cluster.sched.job_state(job)
+    assert j.restarts == 1 and x in j.excluded
+
+
+def test_oom_stops_the_job_without_draining(cluster):
+    job, x = cluster.submit()
+    a = actions.on_diagnosis(
+        cluster.engine,
+        cluster.settings("act"),
+        *diag(cluster, job, None, "workload_oom", "cuda_oom"),
+    )
+    assert a["state"] == "executed" and a["kind"] == "stop"
+    j = cluster.sched.job_state(job)
+    assert j.held and j.state == "PENDING"
+    assert not node(cluster, x).drained
+
+
+def test_sticky_error_stops_on_second_occurrence(cluster):
+    job, x = cluster.submit()
+    s = cluster.settings("act")
+    first = actions.on_diagnosis(
+        cluster.engine, s, *diag(cluster, job, None, "workload_crash", "illegal_address")
+    )
+    assert first["kind"] == "requeue" and first["state"] == "executed"
+    wait_until(
+        lambda: (j := cluster.sched.job_state(job)) and j.state == "RUNNING" and j.restarts == 1,
+        timeout=30,
+        what="job restarted",
+    )
+    time.sleep(1.1)
+    second = actions.on_diagnosis(
+        cluster.engine,
+        s,
+        *diag(cluster, job, None, "workload_crash", "illegal_address", onset=time.time()),
+    )
+    assert second["kind"] == "stop" and "sticky_root_cause" in second["body"]["action"]["reasons"]
+    assert cluster.sched.job_state(job).held
+
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    from types import SimpleNamespace
+    from sqlalchemy import create_engine
+    from recovery import actions
+    from recovery.policy import parse_policy
+    from recovery.scheduler.slurm import SlurmScheduler
+    db, inc, d, policy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), \\
+        json.loads(sys.argv[4])
+    s = SimpleNamespace(policy=parse_policy(policy, env={}), scheduler_adapter=SlurmScheduler(),
+                        alertmanager_url=None, prometheus_url=None)
+    engine = create_engine(db)
+    if inc:
+        actions.on_diagnosis(engine, s, inc, d)
+    else:
+        actions.start(engine, s, thread=False)
+""")
+
+
+def run_child(cluster, inc, d, crash=None):
+    import json
+
+    env = {**os.environ, "GOODPUT_ACTIONS_THREAD": "0"}
+    env.pop("GOODPUT_TEST_CRASH_AT", None)
+    if crash:
+        env["GOODPUT_TEST_CRASH_AT"] = crash
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            cluster.db,
+            json.dumps(inc),
+            json.dumps(d),
+            json.dumps({"mode": "act", **POLICY}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("crash", ["planned", "executed"])
+def test_kill_9_neither_loses_nor_repeats(cluster, crash):
+    job, x = cluster.submit()
+    inc, d = diag(cluster, job, x)
+    actions.ensure(cluster.engine)
+    died = run_child(cluster, inc, d, crash)
+    assert died.returncode == -9, died.stderr
+    row = actions.get_action(cluster.engine, f"inc-{inc['id']}")
+    j = cluster.sched.job_state(job)
+    if crash == "planned":  # planned and durable, nothing done yet
+        assert row["state"] == "ready" and j.restarts == 0 and not node(cluster, x).drained
+    else:  # done in Slurm, not recorded
+        assert row["state"] == "executing" and j.restarts == 1 and node(cluster, x).drained
+    again = run_child(cluster, {}, {})  # restart: reconcile against Slurm
+    assert again.returncode == 0, again.stderr
+    row = actions.get_action(cluster.engine, f"inc-{inc['id']}")
+    assert row["state"] == "executed"
+    j = cluster.sched.job_state(job)
+    assert j.restarts == 1 and x in j.excluded  # exactly one requeue
+    n = node(cluster, x)
+    assert n.drained and cluster.tag in n.reason
+    types = [e["type"] for e in audit.query(cluster.engine, job_id=job)[0]]
+    assert types.count("executed") == 1 and "reconciled" in types
+    assert audit.verify(cluster.engine).ok
