@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +93,9 @@ class Cluster:
             self._schedule()
         self._filesystem()
         for job in list(self.jobs.values()):
+            if job.state == "RUNNING" and job.external and job.pid > 1 and not _alive(job.pid):
+                job.end(self.now, "CANCELLED", 0)  # its process went away (scancel, kill)
+                self._release(job)
             if job.state == "RUNNING":
                 job.advance(self.now, dt, self.sink, self.rng)
                 if job.state != "RUNNING":
@@ -352,3 +356,13 @@ class Cluster:
             "start": job.start_t if job.state != "PENDING" else None,
             "end": job.end_t if job.state in END_STATES else None,
         }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
