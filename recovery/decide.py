@@ -196,7 +196,7 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     default = policy.action_for(diagnosis.outcome)
     kind = default
     reasons: list[str] = [Reason.POLICY_DEFAULT]
-    nodes = diagnosis.affected_nodes
+    nodes = tuple(dict.fromkeys(diagnosis.affected_nodes))
     job = history.job
     delay = 0.0
 

@@ -58,7 +58,8 @@ def _exit_code(raw: object) -> int | None:
     """squeue --json gives the wait status (93 << 8); sacct gives `93:0`."""
     if isinstance(raw, dict):  # newer Slurm: {"return_code": {...}, "signal": ...}
         rc = raw.get("return_code")
-        raw = rc.get("number") if isinstance(rc, dict) else rc
+        number = rc.get("number") if isinstance(rc, dict) else rc
+        return int(number) if isinstance(number, int) else None
     if isinstance(raw, str):
         head = raw.split(":", 1)[0]
         return int(head) if head.isdigit() else None

@@ -1,0 +1,120 @@
+"""The Slurm adapter without Slurm: argv lists, parsing, retries, guards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from recovery.scheduler.base import GuardRefused, NodeState, clean_reason
+from recovery.scheduler.slurm import SlurmScheduler, _exit_code, expand_hostlist
+
+
+@pytest.mark.parametrize(
+    "text, nodes",
+    [
+        ("node[1-3,5],gpu7", ("node1", "node2", "node3", "node5", "gpu7")),
+        ("n[08-10]", ("n08", "n09", "n10")),
+        ("node2", ("node2",)),
+        ("(null)", ()),
+        ("", ()),
+    ],
+)
+def test_hostlists(text, nodes):
+    assert expand_hostlist(text) == nodes
+
+
+@pytest.mark.parametrize(
+    "raw, code",
+    [(93 << 8, 93), (0, 0), (15, None), ("93:0", 93), ({"return_code": {"number": 93}}, 93)],
+)
+def test_exit_codes(raw, code):
+    assert _exit_code(raw) == code
+
+
+def test_reason_is_prefixed_and_cleaned():
+    r = clean_reason('xid79 "quoted"\n`x`')
+    assert r.startswith("goodput:") and '"' not in r and "\n" not in r and "`" not in r
+
+
+class Runner:
+    def __init__(self, outputs):
+        self.outputs, self.calls = list(outputs), []
+
+    def __call__(self, argv, **kw):
+        assert isinstance(argv, list) and "shell" not in kw
+        self.calls.append(argv)
+        rc, out, err = self.outputs.pop(0)
+        if rc == "timeout":
+            raise subprocess.TimeoutExpired(argv, kw["timeout"])
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+def test_transient_failures_retry_then_raise_unavailable(monkeypatch):
+    from recovery.scheduler.base import SchedulerUnavailable
+
+    r = Runner(
+        [(1, "", "Unable to contact slurm controller (connect failure)")] * 2
+        + [("timeout", "", "")]
+    )
+    monkeypatch.setattr(subprocess, "run", r)
+    s = SlurmScheduler(retries=2, backoff_s=0.0)
+    with pytest.raises(SchedulerUnavailable):
+        s.node_states()
+    assert len(r.calls) == 3
+
+
+def test_permanent_failure_is_not_retried(monkeypatch):
+    from recovery.scheduler.base import SchedulerError
+
+    r = Runner([(1, "", "Invalid job id specified")])
+    monkeypatch.setattr(subprocess, "run", r)
+    with pytest.raises(SchedulerError, match="Invalid job id"):
+        SlurmScheduler(backoff_s=0.0).job_state("77")
+    assert len(r.calls) == 1
+
+
+def test_parses_squeue_json_and_filters_by_id(monkeypatch):
+    jobs = {
+        "jobs": [
+            {"job_id": 5, "job_state": "RUNNING", "name": "other"},
+            {
+                "job_id": 77,
+                "name": "train",
+                "job_state": "PENDING",
+                "nodes": "",
+                "restart_cnt": 2,
+                "exit_code": 0,
+                "comment": '{"goodput":{}}',
+                "excluded_nodes": "node[2-3]",
+                "priority": 0,
+                "state_reason": "job_requeued_in_held_state",
+                "partition": "gpu",
+                "start_time": 0,
+                "tres_alloc_str": "cpu=1,gres/gpu=8",
+            },
+        ]
+    }
+    monkeypatch.setattr(subprocess, "run", Runner([(0, json.dumps(jobs), "")]))
+    j = SlurmScheduler().job_state("77")
+    assert j.name == "train" and j.held and j.restarts == 2 and j.excluded == ("node2", "node3")
+    assert j.gpus == 8 and j.partition == "gpu"
+
+
+def test_never_resumes_a_node_a_person_drained(monkeypatch):
+    s = SlurmScheduler()
+    monkeypatch.setattr(
+        s, "node_states", lambda: [NodeState("node4", "DRAINED", "fan broken", ("gpu",))]
+    )
+    monkeypatch.setattr(s, "_resume", lambda n: pytest.fail("must not resume"))
+    with pytest.raises(GuardRefused, match="person"):
+        s.resume("node4")
+
+
+def test_rejects_unsafe_names():
+    s = SlurmScheduler()
+    with pytest.raises(ValueError):
+        s.drain("node1 State=RESUME", "x")
+    with pytest.raises(ValueError):
+        s.job_state("1;scancel -u root")
