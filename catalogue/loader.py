@@ -60,6 +60,22 @@ class Pattern:
     exclusive: str = ""
     outcome: str = ""
     description: str = ""
+    gate: re.Pattern[str] | None = None  # all regexes as one alternation, for a cheap first pass
+    ignore_case: bool = False  # regexes run on the lower-cased line (write them in lower case)
+
+
+def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
+    """One alternation of several regexes, named groups made plain (speed only)."""
+    if len(regexes) < 2:
+        return None
+    parts = []
+    for rx in regexes:
+        text = re.sub(r"\(\?P<\w+>", "(?:", rx.pattern)
+        if text.startswith("(?i)"):
+            parts.append("(?i:" + text[4:] + ")")
+        else:
+            parts.append("(?:" + text + ")")
+    return re.compile("|".join(parts))
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,12 @@ class Catalogue:
         self.group_types = group_types
         self.rank_hints = rank_hints
         self._by_source = {s: tuple(p for p in patterns if p.source in (s, "any")) for s in SOURCES}
+        # Each distinct keyword is looked for once per line (a C substring search: cheaper
+        # than any regex); a pattern runs its regexes only when one of its keywords is present.
+        self._keywords = tuple(
+            (w, frozenset(p.id for p in patterns if w in p.keywords))
+            for w in sorted({k for p in patterns for k in p.keywords})
+        )
 
     def xid_info(self, code: int) -> XidInfo | None:
         return self.xids.get(int(code))
@@ -108,16 +130,23 @@ class Catalogue:
         if len(line) > MAX_LINE_CHARS:
             line = line[:MAX_LINE_CHARS]
         low = line.lower()
+        hits: set[str] = set()
+        for word, ids in self._keywords:
+            if word in low:
+                hits |= ids
         taken: set[str] = set()
         out: list[Match] = []
         for p in candidates:
             if p.exclusive and p.exclusive in taken:
                 continue
-            if p.keywords and not any(k in low for k in p.keywords):
+            if p.keywords and p.id not in hits:
+                continue
+            text = low if p.ignore_case else line
+            if p.gate is not None and p.gate.search(text) is None:
                 continue
             m = None
             for rx in p.regexes:
-                m = rx.search(line)
+                m = rx.search(text)
                 if m:
                     break
             if m is None:
@@ -307,6 +336,10 @@ def _load_patterns(
                 exclusive=str(entry.get("exclusive", "")),
                 outcome=outcome,
                 description=str(entry.get("description", "")),
+                gate=_gate(regexes),
+                ignore_case=_need(entry, "ignore_case", bool, where)
+                if "ignore_case" in entry
+                else False,
             )
         )
         examples.append(

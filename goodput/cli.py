@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "actions": "goodput.commands.actions",
     "audit": "goodput.commands.audit",
     "demo": "goodput.commands.demo",
+    "exporter": "goodput.commands.exporters",
     "sim": "goodput.commands.sim",
     "detector": "goodput.commands.detector",
     "replay": "goodput.commands.replay",

@@ -1,0 +1,123 @@
+"""Turn log lines into per-job and per-node state, using the catalogue's patterns.
+
+`LogState.feed_job(job_id, lines, now)` and `LogState.feed_kernel(node, lines, now)` update
+plain dicts that the exporter's collector reads at scrape time. `now` is the time the lines are
+attributed to: the exporter passes min(wall clock, file mtime) so that a backlog read at start
+does not look like fresh progress.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from catalogue import Catalogue, default
+
+JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PROGRESS_PATTERNS = ("megatron_progress", "generic_progress")
+
+
+@dataclass
+class JobState:
+    last_progress: dict[str, float] = field(default_factory=dict)  # rank ("" unknown) -> ts
+    iteration: float | None = None
+    iteration_seconds: float | None = None
+    throughput: float | None = None
+    loss: float | None = None
+    nan_iterations: float = 0.0
+    skipped_iterations: float = 0.0
+    last_checkpoint: float | None = None
+    _samples: tuple[int, int] | None = None  # (iteration, consumed samples) of the last line
+
+
+@dataclass
+class LogState:
+    catalogue: Catalogue = field(default_factory=default)
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    # (job_id, node, pattern) -> count; job_id "" for kernel lines, node "" when unknown
+    pattern_matches: dict[tuple[str, str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )
+    xids: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    lines: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def feed_job(self, job_id: str, lines: list[str], now: float) -> None:
+        if not JOB_ID.match(job_id):
+            raise ValueError(f"invalid job_id {job_id!r}")
+        job = self.jobs.setdefault(job_id, JobState())
+        match_line = self.catalogue.match_line
+        self.lines["job"] += len(lines)
+        for line in lines:
+            for m in match_line(line, "job"):
+                g = m.groups
+                if m.pattern in PROGRESS_PATTERNS:
+                    _progress(job, g, now)
+                elif m.pattern == "checkpoint_saved":
+                    job.last_checkpoint = now
+                node = g.get("node", "")
+                if not isinstance(node, str) or not NODE.match(node):
+                    node = ""
+                self.pattern_matches[(job_id, node, m.pattern)] += 1
+
+    def feed_kernel(self, node: str, lines: list[str], now: float) -> None:
+        if not NODE.match(node):
+            raise ValueError(f"invalid node {node!r}")
+        match_line = self.catalogue.match_line
+        self.lines["kernel"] += len(lines)
+        for line in lines:
+            for m in match_line(line, "kernel"):
+                self.pattern_matches[("", node, m.pattern)] += 1
+                if m.pattern == "nvrm_xid" and "xid" in m.groups:
+                    self.xids[(node, str(m.groups["xid"]))] += 1
+
+    def forget_job(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+        for key in [k for k in self.pattern_matches if k[0] == job_id]:
+            del self.pattern_matches[key]
+
+
+def _progress(job: JobState, g: dict, now: float) -> None:
+    rank = g.get("rank")
+    job.last_progress["" if rank is None else str(rank)] = now
+    iteration = g.get("iteration")
+    if iteration is not None:
+        job.iteration = float(iteration)
+    step_ms = g.get("step_ms")
+    if step_ms is not None and step_ms >= 0:
+        job.iteration_seconds = step_ms / 1000.0
+    loss = g.get("loss")
+    if loss is not None:
+        job.loss = loss
+    nan = g.get("nan")
+    if nan is not None:
+        job.nan_iterations += nan
+    elif loss is not None and not math.isfinite(loss):
+        job.nan_iterations += 1
+    skipped = g.get("skipped")
+    if skipped is not None:
+        job.skipped_iterations += skipped
+    throughput = _throughput(job, g)
+    if throughput is not None:
+        job.throughput = throughput
+    samples = g.get("samples")
+    if iteration is not None and samples is not None:
+        job._samples = (iteration, samples)
+
+
+def _throughput(job: JobState, g: dict) -> float | None:
+    if "samples_per_second" in g:
+        return float(g["samples_per_second"])
+    step_ms = g.get("step_ms")
+    if not step_ms or step_ms <= 0:
+        return None
+    if "global_batch_size" in g:
+        return g["global_batch_size"] / (step_ms / 1000.0)
+    iteration, samples = g.get("iteration"), g.get("samples")
+    if job._samples and iteration is not None and samples is not None:
+        d_it, d_samples = iteration - job._samples[0], samples - job._samples[1]
+        if d_it > 0 and d_samples >= 0:
+            return (d_samples / d_it) / (step_ms / 1000.0)
+    return None

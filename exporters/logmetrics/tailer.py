@@ -1,0 +1,189 @@
+"""Follow log files like `tail -F`, losing no complete line.
+
+`Follower` follows one path: it survives rotation (rename + new file: the old file is read to
+its end first), copy-truncation (the file shrinks: read again from the start), partial lines
+(held until their newline arrives, or emitted when the file goes away), binary garbage
+(decoded with replacement characters, NULs dropped) and huge lines (cut at `max_line_bytes`;
+the rest of that line is skipped and counted). `DirectoryFollower` keeps one `Follower` per file
+matching a glob and drops those whose file is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READ_CHUNK = 1 << 20
+MAX_LINE_BYTES = 64 * 1024
+
+
+@dataclass
+class TailStats:
+    lines: int = 0
+    bytes: int = 0
+    truncated_lines: int = 0  # huge lines cut at max_line_bytes
+    rotations: int = 0
+    truncations: int = 0
+    read_errors: int = 0
+
+
+def _decode(raw: bytes) -> str:
+    if b"\x00" in raw:
+        raw = raw.replace(b"\x00", b"")
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+@dataclass
+class Follower:
+    """Follows one file; `poll()` returns the complete lines written since the last call."""
+
+    path: Path
+    from_end: bool = False
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_read_bytes: int = 8 * READ_CHUNK  # per poll, so one busy file cannot starve the others
+    stats: TailStats = field(default_factory=TailStats)
+    _fh: object = None
+    _ino: tuple[int, int] | None = None
+    _pos: int = 0
+    _partial: bytearray = field(default_factory=bytearray)
+    _skipping: bool = False  # inside a huge line, dropping bytes until its newline
+
+    def poll(self) -> list[str]:
+        out: list[str] = []
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        except OSError:
+            self.stats.read_errors += 1
+            return out
+        ident = (st.st_dev, st.st_ino) if st else None
+        if self._fh is not None and ident != self._ino:
+            # rotated or removed: finish the old file, then start on the new one
+            out.extend(self._read_all())
+            out.extend(self._flush_partial())
+            self._close()
+            self.stats.rotations += 1
+        if self._fh is None:
+            if st is None:
+                return out
+            try:
+                self._fh = open(self.path, "rb")  # noqa: SIM115 - kept open across polls
+            except OSError:
+                self.stats.read_errors += 1
+                return out
+            self._ino = ident
+            self._pos = st.st_size if (self.from_end and self.stats.bytes == 0) else 0
+            self.from_end = False
+        elif st is not None and st.st_size < self._pos:
+            # copy-truncate: whatever partial line we held is all we will see of it
+            out.extend(self._flush_partial())
+            self._pos = 0
+            self.stats.truncations += 1
+        out.extend(self._read_all())
+        return out
+
+    def close(self) -> list[str]:
+        """Read what is left, emit any partial line, and close."""
+        out = self._read_all() + self._flush_partial() if self._fh is not None else []
+        self._close()
+        return out
+
+    def _close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # type: ignore[attr-defined]
+        self._fh = None
+        self._ino = None
+        self._pos = 0
+
+    def _read_all(self) -> list[str]:
+        out: list[str] = []
+        budget = self.max_read_bytes
+        fh = self._fh
+        while budget > 0 and fh is not None:
+            try:
+                fh.seek(self._pos)  # type: ignore[attr-defined]
+                chunk = fh.read(min(READ_CHUNK, budget))  # type: ignore[attr-defined]
+            except OSError:
+                self.stats.read_errors += 1
+                break
+            if not chunk:
+                break
+            self._pos += len(chunk)
+            budget -= len(chunk)
+            self.stats.bytes += len(chunk)
+            out.extend(self._split(chunk))
+        return out
+
+    def _split(self, chunk: bytes) -> Iterator[str]:
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            piece = chunk[start:nl]
+            start = nl + 1
+            if self._skipping:  # the tail of a huge line whose head was already emitted
+                self._skipping = False
+                continue
+            if self._partial:
+                self._partial += piece
+                piece = bytes(self._partial)
+                self._partial.clear()
+            if len(piece) > self.max_line_bytes:
+                piece = piece[: self.max_line_bytes]
+                self.stats.truncated_lines += 1
+            self.stats.lines += 1
+            yield _decode(piece)
+        rest = chunk[start:]
+        if self._skipping or not rest:
+            return
+        self._partial += rest
+        if len(self._partial) > self.max_line_bytes:
+            # a huge line: emit its head now, drop the rest up to its newline
+            head = bytes(self._partial[: self.max_line_bytes])
+            self._partial.clear()
+            self._skipping = True
+            self.stats.truncated_lines += 1
+            self.stats.lines += 1
+            yield _decode(head)
+
+    def _flush_partial(self) -> list[str]:
+        out = [_decode(bytes(self._partial))] if self._partial else []
+        self._partial.clear()
+        self._skipping = False
+        self.stats.lines += len(out)
+        return out
+
+
+class DirectoryFollower:
+    """One `Follower` per file in `directory` matching `pattern`; rescans on every poll."""
+
+    def __init__(self, directory: Path, pattern: str, from_end: bool = False) -> None:
+        self.directory = Path(directory)
+        self.pattern = pattern
+        self.from_end = from_end
+        self.followers: dict[Path, Follower] = {}
+        self.retired = TailStats()  # stats of the followers already dropped
+
+    def poll(self) -> list[tuple[Path, list[str]]]:
+        """(path, new lines) per followed file; vanished files are drained and dropped."""
+        try:
+            present = set(self.directory.glob(self.pattern))
+        except OSError:
+            present = set()
+        for path in present - self.followers.keys():
+            self.followers[path] = Follower(path, from_end=self.from_end)
+        out = []
+        for path, follower in list(self.followers.items()):
+            lines = follower.poll()
+            if path not in present and not path.exists():
+                lines += follower.close()
+                del self.followers[path]
+                for name, value in vars(follower.stats).items():
+                    setattr(self.retired, name, getattr(self.retired, name) + value)
+            if lines:
+                out.append((path, lines))
+        return out

@@ -1,0 +1,54 @@
+"""`goodput exporter slurm|logs|nvml`: run one of the exporters in the foreground."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Exporters for real sources: Slurm, job/kernel logs, NVML GPUs.")
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+@app.callback()
+def _setup(verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command("logs")
+def logs(
+    log_dir: Path = typer.Option(None, help="default: $GOODPUT_LOG_DIR"),
+    port: int = typer.Option(19411),
+    host: str = typer.Option("127.0.0.1"),
+    interval: float = typer.Option(0.5, help="seconds between polls of the files"),
+    from_end: bool = typer.Option(False, help="skip what the files already hold"),
+    loki_url: str = typer.Option("", help="also ship job log lines to this Loki"),
+) -> None:
+    """Follow job output and kernel logs; expose progress and error-pattern metrics."""
+    from exporters.logmetrics.exporter import serve
+
+    hook = None
+    shipper = None
+    if loki_url:
+        from exporters.loki import LokiShipper
+
+        shipper = LokiShipper(loki_url)
+        shipper.start()
+        hook = shipper.on_lines
+    try:
+        serve(log_dir, port, host, interval, from_end, _stop_event(), on_lines=hook)
+    finally:
+        if shipper is not None:
+            shipper.close()

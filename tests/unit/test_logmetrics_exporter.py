@@ -1,0 +1,99 @@
+"""Log lines drive the log-metrics exporter's metrics (read back through a registry)."""
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import math
+import os
+
+from prometheus_client import CollectorRegistry
+
+from exporters.logmetrics.exporter import LogMetrics
+
+PROGRESS = (
+    " iteration {it:8d}/    1000 | consumed samples: {s:10d} | elapsed time per iteration (ms): 500.0 |"
+    " global batch size:   64 | lm loss: {loss} | number of skipped iterations: {sk} |"
+    " number of nan iterations: {nan} |\n"
+)
+
+
+def setup(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "kernel").mkdir()
+    m = LogMetrics(tmp_path)
+    reg = CollectorRegistry()
+    reg.register(m)
+    return m, reg
+
+
+def test_progress_failure_and_kernel_lines(tmp_path):
+    m, reg = setup(tmp_path)
+    job = tmp_path / "jobs" / "slurm-4242.out"
+    job.write_text(
+        PROGRESS.format(it=10, s=640, loss="2.5E+00", sk=1, nan=0)
+        + "[rank3]: "
+        + PROGRESS.format(it=20, s=1280, loss="2.0E+00", sk=0, nan=0)
+        + "successfully saved checkpoint from iteration 20 to /ckpt\n"
+        + "[rank0]:[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective"
+        " operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600060"
+        " milliseconds before timing out.\n"
+        "srun: error: node2: task 3: Exited with exit code 1\n"
+    )
+    os.utime(job, (1000.0, 1000.0))  # a backlog: timestamps are capped at the file's mtime
+    (tmp_path / "kernel" / "node2.log").write_text(
+        "May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n"
+        "May 18 19:02:40 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n"
+    )
+    (tmp_path / "jobs" / "notes.txt").write_text("ignored\n")
+    (tmp_path / "jobs" / "slurm-bad;id.out").write_text("CUDA out of memory\n")
+    assert m.poll_once(now=5000.0) == 7
+    v = reg.get_sample_value
+    assert v("goodput_job_iteration", {"job_id": "4242"}) == 20
+    assert v("goodput_job_iteration_seconds", {"job_id": "4242"}) == 0.5
+    assert v("goodput_job_throughput_samples_per_second", {"job_id": "4242"}) == 128.0
+    assert v("goodput_job_loss", {"job_id": "4242"}) == 2.0
+    assert v("goodput_job_skipped_iterations_total", {"job_id": "4242"}) == 1
+    assert v("goodput_job_nan_iterations_total", {"job_id": "4242"}) == 0
+    assert (
+        v("goodput_job_last_progress_timestamp_seconds", {"job_id": "4242", "rank": ""}) == 1000.0
+    )
+    assert (
+        v("goodput_job_last_progress_timestamp_seconds", {"job_id": "4242", "rank": "3"}) == 1000.0
+    )
+    assert v("goodput_job_last_checkpoint_timestamp_seconds", {"job_id": "4242"}) == 1000.0
+    pm = "goodput_log_pattern_matches_total"
+    assert v(pm, {"job_id": "4242", "node": "", "pattern": "nccl_watchdog_timeout"}) == 1
+    assert v(pm, {"job_id": "4242", "node": "node2", "pattern": "slurm_task_failed"}) == 1
+    assert v(pm, {"job_id": "", "node": "node2", "pattern": "nvrm_gpu_off_bus"}) == 2
+    assert v("goodput_node_xid_errors_total", {"node": "node2", "xid": "79"}) == 2
+    assert v(pm, {"job_id": "bad;id", "node": "", "pattern": "cuda_oom"}) is None
+    assert v("goodput_log_files_followed", {"source": "job"}) == 2  # notes.txt is not a job log
+
+
+def test_nan_loss_and_live_timestamps(tmp_path):
+    m, reg = setup(tmp_path)
+    job = tmp_path / "jobs" / "slurm-7_2.out"
+    job.write_text(PROGRESS.format(it=1, s=64, loss="nan", sk=0, nan=1))
+    m.poll_once()
+    assert math.isnan(reg.get_sample_value("goodput_job_loss", {"job_id": "7_2"}))
+    assert reg.get_sample_value("goodput_job_nan_iterations_total", {"job_id": "7_2"}) == 1
+    pm = {"job_id": "7_2", "node": "", "pattern": "nan_loss"}
+    assert reg.get_sample_value("goodput_log_pattern_matches_total", pm) == 1
+    with open(job, "a") as fh:
+        fh.write("step 5 loss nan\n")  # generic format: NaN loss without a nan count
+    m.poll_once()
+    assert reg.get_sample_value("goodput_job_nan_iterations_total", {"job_id": "7_2"}) == 2
+
+
+def test_hook_failure_does_not_stop_tailing(tmp_path):
+    seen = []
+
+    def hook(kind, key, lines):
+        seen.append((kind, key, len(lines)))
+        raise RuntimeError("boom")
+
+    (tmp_path / "jobs").mkdir()
+    m = LogMetrics(tmp_path, on_lines=hook)
+    (tmp_path / "jobs" / "slurm-1.out").write_text("a\nb\n")
+    assert m.poll_once() == 2
+    assert seen == [("job", "1", 2)]

@@ -1,0 +1,124 @@
+"""The tailer loses no good line: rotation, truncation, partial writes, garbage, huge lines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporters.logmetrics.tailer import DirectoryFollower, Follower
+
+
+def write(path: Path, data: bytes, mode: str = "ab") -> None:
+    with open(path, mode) as fh:
+        fh.write(data)
+
+
+def test_partial_lines_are_held_until_their_newline(tmp_path):
+    p = tmp_path / "a.log"
+    write(p, b"one\ntw")
+    f = Follower(p)
+    assert f.poll() == ["one"]
+    write(p, b"o\nthr")
+    assert f.poll() == ["two"]
+    assert f.poll() == []
+    write(p, b"ee\n")
+    assert f.poll() == ["three"]
+
+
+def test_rotation_by_rename_reads_the_old_file_to_its_end(tmp_path):
+    p = tmp_path / "a.log"
+    write(p, b"1\n2\n")
+    f = Follower(p)
+    assert f.poll() == ["1", "2"]
+    write(p, b"3\n4-partial")  # written, not yet read, then rotated
+    os.rename(p, tmp_path / "a.log.1")
+    write(p, b"5\n", "wb")
+    assert f.poll() == ["3", "4-partial", "5"]
+    assert f.stats.rotations == 1
+
+
+def test_copy_truncate_starts_again_from_the_top(tmp_path):
+    p = tmp_path / "a.log"
+    write(p, b"first line that is long\nsecond\n")
+    f = Follower(p)
+    assert f.poll() == ["first line that is long", "second"]
+    write(p, b"", "wb")  # truncate
+    write(p, b"after\n")
+    assert f.poll() == ["after"]
+    assert f.stats.truncations == 1
+
+
+def test_garbage_and_nuls_do_not_hide_good_lines(tmp_path):
+    p = tmp_path / "a.log"
+    write(p, b"\xff\xfe\x00\x00bin\x80ary\r\nCUDA error: out of memory\n\x00\x00\x00good\n")
+    lines = Follower(p).poll()
+    assert lines[1:] == ["CUDA error: out of memory", "good"]
+    assert "\x00" not in lines[0] and "bin" in lines[0]
+
+
+def test_huge_line_is_cut_and_neighbours_survive(tmp_path):
+    p = tmp_path / "a.log"
+    f = Follower(p, max_line_bytes=1000)
+    write(p, b"before\n" + b"x" * 3000)
+    assert f.poll() == ["before", "x" * 1000]  # head emitted once the limit is passed
+    write(p, b"y" * 5000 + b"\nafter\n")
+    assert f.poll() == ["after"]
+    write(p, b"z" * 1500 + b"\nlast\n")  # huge line arriving in one chunk
+    assert f.poll() == ["z" * 1000, "last"]
+    assert f.stats.truncated_lines == 2
+
+
+def test_removed_file_emits_its_partial_line(tmp_path):
+    d = DirectoryFollower(tmp_path, "*.log")
+    p = tmp_path / "n.log"
+    write(p, b"a\nb-no-newline")
+    assert d.poll() == [(p, ["a"])]
+    p.unlink()
+    assert d.poll() == [(p, ["b-no-newline"])]
+    assert d.followers == {}
+    assert d.retired.lines == 2
+
+
+def test_from_end_skips_the_backlog_only(tmp_path):
+    p = tmp_path / "a.log"
+    write(p, b"old\n")
+    f = Follower(p, from_end=True)
+    assert f.poll() == []
+    write(p, b"new\n")
+    assert f.poll() == ["new"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.text(
+            st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",)),
+            max_size=40,
+        ),
+        max_size=30,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=10),
+    rotate_at=st.integers(min_value=0, max_value=30),
+)
+def test_any_chunking_and_rotation_loses_no_line(tmp_path_factory, lines, cuts, rotate_at):
+    d = tmp_path_factory.mktemp("t")
+    p = d / "a.log"
+    p.write_bytes(b"")
+    f = Follower(p)
+    assert f.poll() == []
+    data_old = "".join(f"{ln}\n" for ln in lines[:rotate_at]).encode()
+    data_new = "".join(f"{ln}\n" for ln in lines[rotate_at:]).encode()
+    got: list[str] = []
+    pos = 0
+    for cut in sorted(c % (len(data_old) + 1) for c in cuts):
+        write(p, data_old[pos:cut])
+        pos = cut
+        got += f.poll()
+    write(p, data_old[pos:])
+    os.rename(p, d / "a.log.1")
+    write(p, data_new, "wb")
+    got += f.poll()
+    assert got == lines
