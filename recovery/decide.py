@@ -79,6 +79,15 @@ class Diagnosis:
         rc = d.get("root_cause") or ""
         if isinstance(rc, dict):  # tolerate a structured root cause
             rc = str(rc.get("id") or rc.get("symptom") or sorted(rc.items()))
+        roots = sorted(
+            {
+                str(x.get("id"))
+                for x in d.get("symptoms") or []
+                if isinstance(x, dict) and x.get("role") == "root" and x.get("id")
+            }
+        )
+        if roots:  # the root symptom ids are a steadier key than the sentence
+            rc = ",".join(roots)
         job = d.get("job_id")
         return cls(
             incident_id=str(d.get("incident_id", "")),

@@ -216,3 +216,25 @@ def test_diagnosis_from_receiver_dict():
         }
     )
     assert d.job_id == "17" and d.affected_nodes == ("node2",) and d.onset == 12.5
+
+
+def test_root_symptoms_key_the_cause():
+    base = {"outcome": "workload_crash", "confidence": 0.9}
+    a = Diagnosis.from_dict(
+        {
+            **base,
+            "root_cause": "crash at 12:03 on rank 3",
+            "symptoms": [
+                {"id": "cuda_illegal_address", "role": "root"},
+                {"id": "nccl_timeout", "role": "cascade"},
+            ],
+        }
+    )
+    b = Diagnosis.from_dict(
+        {
+            **base,
+            "root_cause": "crash at 14:10 on rank 0",
+            "symptoms": [{"id": "cuda_illegal_address", "role": "root"}],
+        }
+    )
+    assert a.cause_key == b.cause_key == "workload_crash:cuda_illegal_address"
