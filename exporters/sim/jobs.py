@@ -53,7 +53,8 @@ class Job:
     submit_t: float = 0.0
     start_t: float = 0.0
     end_t: float = 0.0
-    pid: int = 0
+    pid: int = 0  # the fake pid printed in logs
+    os_pid: int = 0  # a real Slurm job's process (job mode), watched for liveness
     # run state
     iteration: float = 0.0
     logged_iter: int = 0

@@ -93,7 +93,12 @@ class Cluster:
             self._schedule()
         self._filesystem()
         for job in list(self.jobs.values()):
-            if job.state == "RUNNING" and job.external and job.pid > 1 and not _alive(job.pid):
+            if (
+                job.state == "RUNNING"
+                and job.external
+                and job.os_pid > 1
+                and not _alive(job.os_pid)
+            ):
                 job.end(self.now, "CANCELLED", 0)  # its process went away (scancel, kill)
                 self._release(job)
             if job.state == "RUNNING":
@@ -196,7 +201,6 @@ class Cluster:
         self.jobs[job_id] = job
         self._place(job)
         job.start(self.now, self.sink)
-        job.pid = pid or job.pid
         return job
 
     def _schedule(self) -> None:

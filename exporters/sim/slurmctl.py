@@ -34,13 +34,13 @@ def kill_node(node: str, jobs: list[Job]) -> None:
             else:
                 os.kill(pid, signal.SIGKILL)
     for job in jobs:
-        if job.pid > 1:
+        if job.os_pid > 1:
             with contextlib.suppress(OSError):
-                pgid = os.getpgid(job.pid)
+                pgid = os.getpgid(job.os_pid)
                 if pgid != os.getpgid(0):
                     os.killpg(pgid, signal.SIGKILL)
                 else:
-                    os.kill(job.pid, signal.SIGKILL)
+                    os.kill(job.os_pid, signal.SIGKILL)
 
 
 def start_node(node: str) -> None:
