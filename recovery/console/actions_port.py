@@ -1,15 +1,11 @@
-"""The console's view of recovery actions: pending approvals, decisions, budgets.
-
-Reads come from the audit log (`recovery.audit`, append-only and hash-chained), which every
-action writes before and after it happens. Approve and reject go through `recovery.actions`
-(the only code that may execute an action); when that module is absent the console says so
-and offers no buttons.
+"""The console's view of recovery actions, through `recovery.actions` (the only code that may
+execute one) and the audit log. When `recovery.actions` is absent the console still shows the
+audit trail and says that decisions cannot be made here.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import time
 from typing import Any
 
@@ -18,16 +14,8 @@ from sqlalchemy import Engine
 from recovery import audit
 from recovery.policy import DRAINS, Policy, PolicyError, load_policy
 
-CLOSING = (
-    "approved",
-    "rejected",
-    "expired",
-    "executing",
-    "executed",
-    "failed",
-    "skipped",
-    "reconciled",
-)
+#: States whose drains count against the blast radius (as `recovery.actions` counts them).
+BUDGET_STATES = ("executed", "pending_approval", "ready", "approved", "executing")
 
 
 def actions_module() -> Any:
@@ -37,127 +25,136 @@ def actions_module() -> Any:
         return None
 
 
-def policy_in_force(app_state: Any) -> tuple[Policy | None, str]:
-    """The policy the receiver uses (its own copy if it holds one) and where it came from."""
-    held = getattr(app_state, "policy", None)
-    if isinstance(held, Policy):
-        return held, "held by the receiver"
+def available() -> bool:
+    return actions_module() is not None
+
+
+def policy_in_force(settings: Any) -> tuple[Policy | None, str]:
+    """The policy the receiver acts on, and where it came from (or why it failed)."""
+    mod = actions_module()
     try:
-        return load_policy(), "loaded from GOODPUT_POLICY_FILE or the packaged default"
-    except PolicyError as exc:
+        if mod is not None:
+            return mod.config(settings).policy, "as the receiver's actions load it"
+        return load_policy(), "from GOODPUT_POLICY_FILE or the packaged default"
+    except (PolicyError, ValueError) as exc:
         return None, str(exc)
 
 
-def _events(engine: Engine, **filters: Any) -> list[dict[str, Any]]:
-    audit.ensure(engine)
-    out: list[dict[str, Any]] = []
-    cursor: int | None = 0
-    while cursor is not None and len(out) < 20000:
-        batch, cursor = audit.query(engine, cursor=cursor, limit=1000, **filters)
-        out += batch
-    return out
+def probe_scheduler(settings: Any) -> Any:
+    """A scheduler adapter for a quick health probe (short timeout, no retries), or None."""
+    mod = actions_module()
+    try:
+        sched = mod.config(settings).scheduler if mod is not None else None
+        if sched is None:
+            from recovery.scheduler import from_settings
+
+            sched = from_settings(settings)
+    except (PolicyError, ValueError):
+        return None
+    from recovery.scheduler.slurm import SlurmScheduler
+
+    if isinstance(sched, SlurmScheduler):
+        return SlurmScheduler(timeout_s=3.0, retries=0, env=sched.env)
+    return sched
 
 
-def _action_of(payload: Any) -> dict[str, Any]:
-    if not isinstance(payload, dict):
-        return {}
-    inner = payload.get("action")
-    return inner if isinstance(inner, dict) else payload
+def _view(a: dict[str, Any], now: float) -> dict[str, Any]:
+    body: dict[str, Any] = a["body"] if isinstance(a.get("body"), dict) else {}
+    action: dict[str, Any] = body["action"] if isinstance(body.get("action"), dict) else {}
+    diag: dict[str, Any] = body["diagnosis"] if isinstance(body.get("diagnosis"), dict) else {}
+    expires = a.get("expires_at")
+    return {
+        "action_id": str(a.get("id", "")),
+        "incident_id": a.get("incident_id"),
+        "job_id": a.get("job_id"),
+        "kind": a.get("kind") or action.get("kind") or "?",
+        "state": a.get("state"),
+        "mode": a.get("mode") or action.get("mode"),
+        "disposition": action.get("disposition"),
+        "nodes": action.get("nodes") or [],
+        "exclude": action.get("exclude") or [],
+        "reasons": action.get("reasons") or [],
+        "directive": body.get("directive"),
+        "outcome": diag.get("outcome"),
+        "confidence": diag.get("confidence"),
+        "root_cause": diag.get("root_cause"),
+        "requested_at": a.get("created_at"),
+        "expires_at": expires if isinstance(expires, int | float) else None,
+        "expired": isinstance(expires, int | float) and expires <= now,
+        "decided_by": a.get("decided_by"),
+        "result": a.get("result"),
+        "last_error": a.get("last_error"),
+    }
 
 
 def pending(engine: Engine, now: float | None = None) -> list[dict[str, Any]]:
     """Actions waiting for a person, oldest first, with their expiry."""
+    mod = actions_module()
+    if mod is None:
+        return []
     now = time.time() if now is None else now
-    mod = actions_module()
-    lister = getattr(mod, "pending_approvals", None)
-    if callable(lister):
-        return [dict(a) for a in lister(engine)]
-    waiting: dict[str, dict[str, Any]] = {}
-    for ev in _events(engine):
-        aid = ev.get("action_id")
-        if not aid:
-            continue
-        if ev["type"] == "pending_approval":
-            payload = ev["payload"] if isinstance(ev["payload"], dict) else {}
-            action = _action_of(payload)
-            expires = payload.get("expires_at")
-            waiting[aid] = {
-                "action_id": aid,
-                "incident_id": ev.get("incident_id"),
-                "job_id": ev.get("job_id"),
-                "kind": action.get("kind", "?"),
-                "nodes": action.get("nodes") or [],
-                "exclude": action.get("exclude") or [],
-                "mode": action.get("mode"),
-                "reasons": action.get("reasons") or [],
-                "requested_at": ev["ts"],
-                "expires_at": expires if isinstance(expires, int | float) else None,
-                "expired": isinstance(expires, int | float) and expires <= now,
-            }
-        elif ev["type"] in CLOSING:
-            waiting.pop(aid, None)
-    return sorted(waiting.values(), key=lambda a: a["requested_at"])
+    rows = mod.list_actions(engine, state="pending_approval", limit=1000)
+    return sorted((_view(a, now) for a in rows), key=lambda a: a["requested_at"] or 0)
 
 
-def decide(
-    engine: Any, settings: Any, action_id: str, verdict: str, actor: str, reason: str
-) -> str:
-    """Approve or reject through `recovery.actions`; returns its message. Raises on refusal."""
+def incident_action(engine: Engine, incident_id: int) -> dict[str, Any] | None:
+    """The incident's action (one per incident), or None."""
     mod = actions_module()
-    fn = getattr(mod, verdict, None) if mod is not None else None
-    if not callable(fn):
+    if mod is None:
+        return None
+    found = mod.get_action(engine, f"inc-{incident_id}")
+    return _view(found, time.time()) if found else None
+
+
+def decide(engine: Any, settings: Any, action_id: str, verdict: str, who: str, reason: str) -> str:
+    """Approve (and execute) or reject; returns a one-line result. Raises ValueError on refusal
+    (unknown action, not pending) and LookupError when actions are not installed."""
+    mod = actions_module()
+    if mod is None:
         raise LookupError("recovery actions are not installed in this receiver")
-    offered = {
-        "engine": engine,
-        "settings": settings,
-        "action_id": action_id,
-        "actor": actor,
-        "reason": reason,
-        "by": actor,
-        "comment": reason,
-    }
-    params = inspect.signature(fn).parameters
-    kwargs = {k: v for k, v in offered.items() if k in params}
-    result = fn(**kwargs)
-    return str(result) if result is not None else f"{verdict}d"
+    if verdict == "approve":
+        out = mod.approve(engine, settings, action_id, who, reason)
+    else:
+        out = mod.reject(engine, action_id, who, reason)
+    state = out.get("state") if isinstance(out, dict) else None
+    return f"now {state}" if state else "done"
 
 
-def can_decide() -> bool:
+def set_paused(engine: Engine, paused: bool, who: str, reason: str) -> None:
     mod = actions_module()
-    return (
-        mod is not None
-        and callable(getattr(mod, "approve", None))
-        and callable(getattr(mod, "reject", None))
-    )
-
-
-def incident_actions(engine: Engine, incident_id: int) -> list[dict[str, Any]]:
-    """Every audit event of the incident (planned, approved, executed, ...), oldest first."""
-    return _events(engine, incident_id=str(incident_id))
-
-
-def drains_last_hour(engine: Engine, now: float | None = None) -> int:
-    """Nodes Goodput drained in the last hour, counted from `executed` audit events."""
-    now = time.time() if now is None else now
-    count = 0
-    for ev in _events(engine, type_="executed", since=now - 3600.0):
-        action = _action_of(ev["payload"])
-        if action.get("kind") in DRAINS:
-            nodes = action.get("nodes") or action.get("drained") or []
-            count += len(nodes) if isinstance(nodes, list) else 1
-    return count
+    if mod is None:
+        raise LookupError("recovery actions are not installed in this receiver")
+    mod.set_paused(engine, paused, who, reason)
 
 
 def paused(engine: Engine) -> bool | None:
-    """The global pause switch: from `recovery.actions.is_paused` or the last pause event."""
     mod = actions_module()
-    fn = getattr(mod, "is_paused", None)
-    if callable(fn):
-        try:
-            return bool(fn(engine))
-        except Exception:  # noqa: BLE001 - the console only reports it
-            return None
-    last = sorted(
-        _events(engine, type_="paused") + _events(engine, type_="resumed"), key=lambda e: e["seq"]
-    )
-    return bool(last) and last[-1]["type"] == "paused"
+    return bool(mod.is_paused(engine)) if mod is not None else None
+
+
+def incident_events(engine: Engine, incident_id: int) -> list[dict[str, Any]]:
+    """Every audit event of the incident (planned, approved, executed, ...), oldest first."""
+    audit.ensure(engine)
+    out: list[dict[str, Any]] = []
+    cursor: int | None = 0
+    while cursor is not None and len(out) < 5000:
+        batch, cursor = audit.query(engine, incident_id=str(incident_id), cursor=cursor, limit=1000)
+        out += batch
+    return out
+
+
+def drains_last_hour(engine: Engine, now: float | None = None) -> int:
+    """Nodes counted against `max_drains_per_hour` now (drains executed or still open)."""
+    mod = actions_module()
+    if mod is None:
+        return 0
+    now = time.time() if now is None else now
+    used = 0
+    for a in mod.list_actions(engine, limit=1000):
+        if a.get("state") not in BUDGET_STATES or not a.get("created_at"):
+            continue
+        if now - 3600.0 < float(a["created_at"]) <= now:
+            action = (a.get("body") or {}).get("action") or {}
+            if action.get("kind") in DRAINS or action.get("nodes"):
+                used += len(action.get("nodes") or [])
+    return used

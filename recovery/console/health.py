@@ -52,8 +52,8 @@ def probe(settings: Settings, sched: Any | None) -> tuple[list[dict[str, Any]], 
     jobs["logs"] = lambda: _logs(settings)
     if loki:
         jobs["loki"] = lambda: _http(f"{loki.rstrip('/')}/ready")
-    if settings.slurm_enabled and sched is not None:
-        jobs["slurm"] = lambda: _scheduler(sched)
+    if sched is not None:
+        jobs["scheduler"] = lambda: _scheduler(sched)
 
     def timed(fn: Callable[[], tuple[Any, ...]]) -> tuple[tuple[Any, ...], float]:
         t0 = time.monotonic()
@@ -64,14 +64,14 @@ def probe(settings: Settings, sched: Any | None) -> tuple[list[dict[str, Any]], 
         results = {k: f.result() for k, f in futures.items()}
     rows: list[dict[str, Any]] = []
     nodes: list[Any] = []
-    for source in ("prometheus", "logs", "loki", "slurm"):
+    for source in ("prometheus", "logs", "loki", "scheduler"):
         if source not in results:
             rows.append(
                 {"source": source, "status": "off", "detail": "not configured", "latency_s": None}
             )
             continue
         out, latency = results[source]
-        if source == "slurm":
+        if source == "scheduler":
             nodes = out[2]
         rows.append(
             {"source": source, "status": out[0], "detail": out[1], "latency_s": round(latency, 3)}

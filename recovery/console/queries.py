@@ -142,11 +142,18 @@ def _confidence(diag: dict[str, Any] | None) -> float | None:
 
 def incident_detail(engine: Engine, incident_id: int) -> dict[str, Any] | None:
     """The incident with its alerts and latest diagnosis (the receiver's own query)."""
-    found = incidents_mod.get_incident(engine, incident_id)
+    found = incidents_mod.incident(engine, incident_id)
     if found is None:
         return None
-    if not isinstance(found.get("diagnosis"), dict):
-        found["diagnosis"] = None
+    with engine.connect() as conn:
+        body = conn.execute(
+            select(diagnoses.c.body)
+            .where(diagnoses.c.incident_id == incident_id)
+            .order_by(diagnoses.c.id.desc())
+            .limit(1)
+        ).scalar()
+    diag = _json(body)  # a body that does not parse shows as "no diagnosis", never a 500
+    found["diagnosis"] = diag if isinstance(diag, dict) else None
     with engine.connect() as conn:
         found["diagnosis_count"] = int(
             conn.execute(

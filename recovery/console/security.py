@@ -101,6 +101,7 @@ def make_session(settings: Settings, name: str, now: float | None = None) -> str
         raise ValueError("no credentials are configured: the console cannot sign sessions")
     body = {"n": name, "exp": int((now or time.time()) + SESSION_TTL_S)}
     raw = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+    raw = raw.rstrip("=")  # cookie-safe: no quoting needed
     sig = hmac.new(key, raw.encode(), hashlib.sha256).hexdigest()
     return f"{raw}.{sig}"
 
@@ -115,7 +116,7 @@ def read_session(settings: Settings, cookie: str | None, now: float | None = Non
     if not hmac.compare_digest(sig, want):
         return None
     try:
-        body = json.loads(base64.urlsafe_b64decode(raw.encode()))
+        body = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
         name, exp = str(body["n"]), float(body["exp"])
     except (ValueError, KeyError, TypeError):
         return None

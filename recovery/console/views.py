@@ -372,7 +372,7 @@ def incident_page(request: Request, incident_id: str) -> Response:
         (s for s in (diag or {}).get("symptoms") or [] if isinstance(s, dict)),
         key=lambda s: (s.get("first_seen") is None, s.get("first_seen") or 0),
     )
-    events = actions_port.incident_actions(engine, int(incident_id))
+    events = actions_port.incident_events(engine, int(incident_id))
     the_plot, plot_note = _plot_for(settings, inc, diag)
     onset = (diag or {}).get("onset")
     return render(
@@ -385,14 +385,13 @@ def incident_page(request: Request, incident_id: str) -> Response:
         symptoms=symptoms,
         timeline=_timeline(symptoms),
         events=events,
-        plan=_plan(events),
+        plan=actions_port.incident_action(engine, int(incident_id)),
         plot_svg=plot.svg(the_plot, onset if isinstance(onset, int | float) else None)
         if the_plot
         else None,
         plot_note=plot_note,
         plot_query=(the_plot or {}).get("query"),
         plot_link=_prom_link(settings.prometheus_url, (the_plot or {}).get("query") or ""),
-        pending_ids={a["action_id"] for a in actions_port.pending(engine)},
     )
 
 
@@ -417,20 +416,11 @@ def _timeline(symptoms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _plan(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The latest planned action of the incident, from its audit events."""
-    for ev in reversed(events):
-        if ev["type"] in ("planned", "pending_approval") and isinstance(ev["payload"], dict):
-            action = actions_port._action_of(ev["payload"])
-            return {**action, "action_id": ev.get("action_id"), "seq": ev["seq"]}
-    return None
-
-
 @router.get("/approvals")
 def approvals_page(request: Request) -> Response:
     if not _can_read(request):
         return _login_redirect(request)
-    pol, source = actions_port.policy_in_force(request.app.state)
+    pol, source = actions_port.policy_in_force(_settings(request))
     engine = _engine(request)
     return render(
         request,
@@ -439,7 +429,7 @@ def approvals_page(request: Request) -> Response:
         policy=pol,
         policy_source=source,
         now=time.time(),
-        can_decide=actions_port.can_decide(),
+        can_decide=actions_port.available(),
         paused=actions_port.paused(engine),
         notice=request.query_params.get("done", "")[:200],
     )
@@ -472,8 +462,8 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
         message = await run_in_threadpool(
             actions_port.decide, _engine(request), settings, action_id, verdict, who.actor, reason
         )
-    except LookupError as exc:
-        return _error(request, 409, str(exc))
+    except (LookupError, ValueError) as exc:
+        return _error(request, 409, f"{verdict} refused: {exc}"[:500])
     except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry
         return _error(request, 409, f"{verdict} failed: {type(exc).__name__}: {exc}"[:500])
     done = f"{verdict}d {action_id}: {message}"
@@ -531,17 +521,8 @@ def policy_page(request: Request) -> Response:
     if not _can_read(request):
         return _login_redirect(request)
     settings, engine = _settings(request), _engine(request)
-    pol, source = actions_port.policy_in_force(request.app.state)
-    sched = getattr(request.app.state, "scheduler", None)
-    if sched is None and settings.slurm_enabled:
-        try:
-            from recovery.scheduler import from_settings
-
-            sched = from_settings(settings)
-            if hasattr(sched, "retries"):
-                sched.retries, sched.timeout_s = 0, 3.0  # type: ignore[attr-defined]
-        except ValueError:
-            sched = None
+    pol, source = actions_port.policy_in_force(_settings(request))
+    sched = actions_port.probe_scheduler(settings)
     probes, nodes = health.probe(settings, sched)
     partitions: dict[str, list[Any]] = {}
     for n in nodes:
@@ -561,3 +542,28 @@ def policy_page(request: Request) -> Response:
         drain_kinds=DRAINS,
         policy_yaml=yaml.safe_dump(pol.model_dump(mode="json"), sort_keys=False) if pol else "",
     )
+
+
+@router.post("/pause")
+async def pause_switch(request: Request) -> Response:
+    """Flip the global pause switch (audited by `recovery.actions`)."""
+    settings = _settings(request)
+    who = security.identity(settings, request)
+    if who is None:
+        return _error(request, 401, "log in with the receiver's credentials to pause actions")
+    form = await _form(request)
+    if form is None:
+        return _error(request, 400, "the form could not be read")
+    problem = security.csrf_problem(request, form.get("csrf_token"))
+    if problem:
+        return _error(request, 403, problem)
+    reason = " ".join(form.get("reason", "").split())[:500]
+    if form.get("paused") not in ("on", "off") or not reason:
+        return _error(request, 400, "say on or off, and give a reason")
+    try:
+        await run_in_threadpool(
+            actions_port.set_paused, _engine(request), form["paused"] == "on", who.actor, reason
+        )
+    except LookupError as exc:
+        return _error(request, 409, str(exc))
+    return _secure(RedirectResponse("/console/policy", 303))
