@@ -52,3 +52,17 @@ def logs(
     finally:
         if shipper is not None:
             shipper.close()
+
+
+@app.command("slurm")
+def slurm(
+    port: int = typer.Option(19410),
+    host: str = typer.Option("127.0.0.1"),
+    interval: float = typer.Option(5.0, help="seconds between Slurm refreshes"),
+    timeout: float = typer.Option(10.0, help="timeout of each Slurm command"),
+    sacct_window: int = typer.Option(3600, help="seconds of ended jobs to ask sacct for"),
+) -> None:
+    """Expose Slurm job and node state (squeue/sinfo --json, sacct)."""
+    from exporters.slurm_exporter import serve
+
+    serve(port, host, interval, timeout, sacct_window, _stop_event())

@@ -1,0 +1,384 @@
+"""Slurm exporter: job and node state from a real Slurm, on 127.0.0.1:19410.
+
+Every refresh runs exactly three commands, whatever the number of jobs (argv lists, each with
+a timeout): `squeue --json` (pending, running and recently ended jobs: slurmctld keeps them
+`MinJobAge` seconds), `sinfo --json` (nodes), and `sacct` (jobs that ended within
+`sacct_window_s`, for those squeue has already forgotten). A background thread refreshes every
+`interval` seconds; a scrape only reads the last snapshot, so a slow Slurm never slows a scrape.
+
+Slurm slow or down: `goodput_slurm_up 0`, `goodput_slurm_scrape_errors_total{command}` rises,
+and the last good values stay exposed (their age is
+`time() - goodput_slurm_last_success_timestamp_seconds`). Never a crash.
+
+Label values: `state` is Slurm's state in lower case (`running`, `pending`, `failed`,
+`node_fail`, `cancelled`, ...); a node's state is its base state plus its flags, joined with
+`+` (`idle`, `mixed`, `idle+drain`, `down+not_responding`). `job_id` is Slurm's id, or
+`<array job>_<task>` for array tasks (as in `slurm-%A_%a.out`). `goodput_slurm_job_node_info`
+exists only while the job holds the node (running, completing, suspended).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 19410
+NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+HOLDING_STATES = {"running", "completing", "suspended", "configuring", "stopped"}
+ENDED_STATES = "CA,CD,F,NF,OOM,TO,PR,BF,DL,RQ"
+
+Runner = Callable[[Sequence[str], float], str]
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, timed out or printed something unreadable."""
+
+
+def run_command(argv: Sequence[str], timeout: float) -> str:
+    """Run one Slurm client command (argv list, no shell); its stdout or `SlurmError`."""
+    try:
+        out = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]}: timed out after {timeout}s") from None
+    except OSError as exc:
+        raise SlurmError(f"{argv[0]}: {exc}") from None
+    if out.returncode != 0:
+        raise SlurmError(f"{argv[0]}: exit {out.returncode}: {out.stderr.strip()[:300]}")
+    return out.stdout
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist: `node[1-3,5],gpu-a[01-02]` -> node1 node2 node3 node5 ..."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr or ""):
+        names.extend(_expand_one(part.strip()))
+    return [n for n in names if n]
+
+
+def _expand_one(part: str) -> list[str]:
+    m = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
+    if not m:
+        return [part]
+    prefix, ranges, rest = m.groups()
+    out = []
+    for r in ranges.split(","):
+        lo, _, hi = r.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise SlurmError(f"bad hostlist range {r!r} in {part!r}")
+        width = len(lo)
+        for i in range(int(lo), int(hi or lo) + 1):
+            for tail in _expand_one(rest):
+                out.append(f"{prefix}{i:0{width}d}{tail}")
+    return out
+
+
+def _exit_code(status: int | None) -> int | None:
+    """Slurm's raw wait status -> exit code (128 + signal when a signal ended the job)."""
+    if status is None:
+        return None
+    if status & 0x7F:
+        return 128 + (status & 0x7F)
+    return (status >> 8) & 0xFF
+
+
+def _gpus(text: str) -> int | None:
+    """GPUs from `gres/gpu=2` (TRES) or `gres:gpu:2` / `gres:gpu:h100:2` (requests)."""
+    m = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", text or "") or re.search(
+        r"gres:gpu(?::[^:,]+)?:(\d+)", text or ""
+    )
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class Job:
+    job_id: str
+    name: str
+    partition: str
+    state: str
+    nodes: list[str] = field(default_factory=list)
+    restarts: int | None = None
+    exit_code: int | None = None
+    gpus: int | None = None
+
+
+@dataclass
+class Snapshot:
+    jobs: dict[str, Job] = field(default_factory=dict)
+    nodes: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
+
+
+def parse_squeue(text: str) -> dict[str, Job]:
+    jobs: dict[str, Job] = {}
+    for j in _json(text, "squeue").get("jobs", []):
+        job_id = str(j.get("job_id", ""))
+        if j.get("array_job_id") and j.get("array_task_id") is not None:
+            job_id = f"{j['array_job_id']}_{j['array_task_id']}"
+        if not JOB_ID.match(job_id):
+            continue
+        nodes = [n for n in expand_hostlist(j.get("nodes") or "") if NODE.match(n)]
+        gpus = _gpus(j.get("tres_alloc_str", ""))
+        if gpus is None:
+            per_node = _gpus(j.get("tres_per_node", ""))
+            per_job = _gpus(j.get("tres_per_job", ""))
+            count = int(j.get("node_count") or 1)
+            gpus = per_job if per_job is not None else (per_node * count if per_node else None)
+        state = str(j.get("job_state", "unknown")).lower()
+        ended = state not in HOLDING_STATES and state != "pending"
+        jobs[job_id] = Job(
+            job_id=job_id,
+            name=str(j.get("name", ""))[:128],
+            partition=str(j.get("partition", "")),
+            state=state,
+            nodes=nodes,
+            restarts=int(j.get("restart_cnt") or 0),
+            exit_code=_exit_code(j.get("exit_code")) if ended else None,
+            gpus=gpus,
+        )
+    return jobs
+
+
+def parse_sacct(text: str) -> dict[str, Job]:
+    """`sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,NodeList,AllocTRES`."""
+    jobs: dict[str, Job] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 7:
+            continue
+        job_id, name, partition, state, exit_code, nodelist, tres = parts
+        if not JOB_ID.match(job_id):
+            continue
+        code, _, sig = exit_code.partition(":")
+        exit_value = None
+        if code.isdigit():
+            exit_value = 128 + int(sig) if sig.isdigit() and int(sig) else int(code)
+        nodes = [] if nodelist in ("", "None assigned") else expand_hostlist(nodelist)
+        jobs[job_id] = Job(
+            job_id=job_id,
+            name=name[:128],
+            partition=partition,
+            state=(state.split() or ["unknown"])[0].lower(),
+            nodes=[n for n in nodes if NODE.match(n)],
+            exit_code=exit_value,
+            gpus=_gpus(tres),
+        )
+    return jobs
+
+
+def parse_sinfo(text: str) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """node -> (state, reason, partitions)."""
+    nodes: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    for n in _json(text, "sinfo").get("nodes", []):
+        name = str(n.get("name", ""))
+        if not NODE.match(name):
+            continue
+        state = "+".join(
+            [str(n.get("state", "unknown")).lower()]
+            + sorted(str(f).lower() for f in n.get("state_flags") or [])
+        )
+        reason = str(n.get("reason") or "")[:200]
+        nodes[name] = (state, reason, tuple(str(p) for p in n.get("partitions") or []))
+    return nodes
+
+
+def _json(text: str, what: str) -> dict:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"{what}: unreadable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SlurmError(f"{what}: JSON is not an object")
+    return data
+
+
+class SlurmCollector(Collector):
+    """`refresh()` runs the three commands and swaps the snapshot; `collect()` exposes it."""
+
+    def __init__(
+        self,
+        runner: Runner = run_command,
+        timeout: float = 10.0,
+        sacct_window_s: int = 3600,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runner = runner
+        self.timeout = timeout
+        self.sacct_window_s = sacct_window_s
+        self.clock = clock
+        self.snapshot = Snapshot()
+        self.up: int = 0
+        self.last_success = 0.0
+        self.duration = 0.0
+        self.errors: dict[str, float] = {"squeue": 0.0, "sinfo": 0.0, "sacct": 0.0}
+        self._lock = threading.Lock()
+
+    def commands(self) -> dict[str, list[str]]:
+        return {
+            "squeue": ["squeue", "--all", "--json"],
+            "sinfo": ["sinfo", "--json"],
+            "sacct": [
+                "sacct", "-X", "-n", "-P", "--noconvert",
+                "-S", f"now-{int(self.sacct_window_s)}seconds", "-E", "now",
+                "-s", ENDED_STATES,
+                "-o", "JobID,JobName,Partition,State,ExitCode,NodeList,AllocTRES",
+            ],
+        }  # fmt: skip
+
+    def refresh(self) -> bool:
+        """One refresh; True when squeue and sinfo answered (sacct is best effort)."""
+        start = time.perf_counter()
+        results: dict[str, str | None] = {}
+        for name, argv in self.commands().items():
+            try:
+                results[name] = self.runner(argv, self.timeout)
+            except SlurmError as exc:
+                log.warning("%s", exc)
+                results[name] = None
+        try:
+            jobs = parse_squeue(results["squeue"]) if results["squeue"] is not None else None
+        except SlurmError as exc:
+            log.warning("%s", exc)
+            jobs, results["squeue"] = None, None
+        try:
+            nodes = parse_sinfo(results["sinfo"]) if results["sinfo"] is not None else None
+        except SlurmError as exc:
+            log.warning("%s", exc)
+            nodes, results["sinfo"] = None, None
+        ended = parse_sacct(results["sacct"]) if results["sacct"] is not None else None
+        with self._lock:
+            for name, text in results.items():
+                if text is None:
+                    self.errors[name] += 1
+            ok = jobs is not None and nodes is not None
+            if ok:
+                assert jobs is not None and nodes is not None
+                merged = dict(ended or {})
+                if ended is None:  # keep the ended jobs we knew
+                    merged = {
+                        k: v
+                        for k, v in self.snapshot.jobs.items()
+                        if v.state not in HOLDING_STATES and v.state != "pending"
+                    }
+                merged.update(jobs)  # squeue is fresher (and knows restarts)
+                self.snapshot = Snapshot(merged, nodes)
+                self.last_success = self.clock()
+            self.up = 1 if ok else 0
+            self.duration = time.perf_counter() - start
+        return ok
+
+    def run(self, stop: threading.Event, interval: float = 5.0) -> None:
+        while not stop.is_set():
+            try:
+                self.refresh()
+            except Exception:  # never die: the next refresh may work
+                log.exception("slurm refresh failed")
+                with self._lock:
+                    self.up = 0
+            stop.wait(interval)
+
+    def collect(self) -> Iterator:
+        with self._lock:
+            snap, up = self.snapshot, self.up
+            last, duration = self.last_success, self.duration
+            errors = dict(self.errors)
+        state = GaugeMetricFamily(
+            "goodput_slurm_job_state",
+            "1 for the job's current Slurm state.",
+            labels=["job_id", "job_name", "partition", "state"],
+        )
+        restarts = GaugeMetricFamily(
+            "goodput_slurm_job_restarts", "Times Slurm requeued the job.", labels=["job_id"]
+        )
+        exit_code = GaugeMetricFamily(
+            "goodput_slurm_job_exit_code",
+            "Exit code of an ended job (128 + signal when a signal ended it).",
+            labels=["job_id"],
+        )
+        node_info = GaugeMetricFamily(
+            "goodput_slurm_job_node_info",
+            "1 for each node a running job holds.",
+            labels=["job_id", "job_name", "node"],
+        )
+        gpus = GaugeMetricFamily(
+            "goodput_slurm_job_gpus", "GPUs allocated (or requested) by the job.", labels=["job_id"]
+        )
+        for job in snap.jobs.values():
+            state.add_metric([job.job_id, job.name, job.partition, job.state], 1)
+            if job.restarts is not None:
+                restarts.add_metric([job.job_id], job.restarts)
+            if job.exit_code is not None:
+                exit_code.add_metric([job.job_id], job.exit_code)
+            if job.gpus is not None:
+                gpus.add_metric([job.job_id], job.gpus)
+            if job.state in HOLDING_STATES:
+                for node in job.nodes:
+                    node_info.add_metric([job.job_id, job.name, node], 1)
+        node_state = GaugeMetricFamily(
+            "goodput_slurm_node_state",
+            "1 for the node's state (base+flags) and reason.",
+            labels=["node", "state", "reason"],
+        )
+        partition_nodes = GaugeMetricFamily(
+            "goodput_slurm_partition_nodes",
+            "Nodes per partition and state.",
+            labels=["partition", "state"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for node, (nstate, reason, partitions) in snap.nodes.items():
+            node_state.add_metric([node, nstate, reason], 1)
+            for p in partitions:
+                counts[(p, nstate)] = counts.get((p, nstate), 0) + 1
+        for (p, nstate), n in sorted(counts.items()):
+            partition_nodes.add_metric([p, nstate], n)
+        up_f = GaugeMetricFamily("goodput_slurm_up", "1 if the last refresh reached Slurm.")
+        up_f.add_metric([], up)
+        last_f = GaugeMetricFamily(
+            "goodput_slurm_last_success_timestamp_seconds",
+            "When Slurm last answered; the values above are that old.",
+        )
+        last_f.add_metric([], last)
+        dur = GaugeMetricFamily(
+            "goodput_slurm_scrape_duration_seconds", "Duration of the last refresh."
+        )
+        dur.add_metric([], duration)
+        err = CounterMetricFamily(
+            "goodput_slurm_scrape_errors", "Failed Slurm commands.", labels=["command"]
+        )
+        for name, count in errors.items():
+            err.add_metric([name], count)
+        yield from (state, restarts, exit_code, node_info, gpus, node_state, partition_nodes)
+        yield from (up_f, last_f, dur, err)
+
+
+def serve(
+    port: int = DEFAULT_PORT,
+    host: str = "127.0.0.1",
+    interval: float = 5.0,
+    timeout: float = 10.0,
+    sacct_window_s: int = 3600,
+    stop: threading.Event | None = None,
+) -> None:
+    """Expose /metrics on host:port and refresh from Slurm until `stop` is set."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    collector = SlurmCollector(timeout=timeout, sacct_window_s=sacct_window_s)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    log.info("slurm exporter on http://%s:%d/metrics", host, port)
+    try:
+        collector.run(stop or threading.Event(), interval)
+    finally:
+        server.shutdown()

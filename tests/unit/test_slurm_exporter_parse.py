@@ -1,0 +1,224 @@
+"""Slurm exporter: parsing, bounded calls, and Slurm being slow or down."""
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporters.slurm_exporter import (
+    SlurmCollector,
+    SlurmError,
+    expand_hostlist,
+    parse_sacct,
+    parse_squeue,
+    run_command,
+)
+
+
+def squeue_json(n_jobs: int = 3) -> str:
+    jobs = [
+        {"job_id": 101, "name": "train-a", "job_state": "RUNNING", "partition": "gpu",
+         "nodes": "node[1-2]", "restart_cnt": 0, "exit_code": 0, "node_count": 2,
+         "tres_alloc_str": "cpu=2,node=2,billing=2,gres/gpu=16", "array_job_id": 0,
+         "array_task_id": None},
+        {"job_id": 102, "name": "train-b", "job_state": "PENDING", "partition": "gpu",
+         "nodes": "", "restart_cnt": 2, "exit_code": 0, "node_count": 1, "tres_alloc_str": "",
+         "tres_per_node": "gres:gpu:4", "array_job_id": 0, "array_task_id": None},
+        {"job_id": 103, "name": "crash", "job_state": "FAILED", "partition": "gpu",
+         "nodes": "node3", "restart_cnt": 0, "exit_code": 256, "node_count": 1,
+         "tres_alloc_str": "gres/gpu=1", "array_job_id": 0, "array_task_id": None},
+        {"job_id": 104, "name": "killed", "job_state": "CANCELLED", "partition": "gpu",
+         "nodes": "node4", "restart_cnt": 0, "exit_code": 15, "node_count": 1,
+         "tres_alloc_str": "gres/gpu=1", "array_job_id": 0, "array_task_id": None},
+        {"job_id": 110, "name": "arr", "job_state": "RUNNING", "partition": "gpu",
+         "nodes": "node4", "restart_cnt": 0, "exit_code": 0, "node_count": 1,
+         "tres_per_job": "gres:gpu:2", "array_job_id": 105, "array_task_id": 3},
+    ]  # fmt: skip
+    for i in range(n_jobs - len(jobs)):
+        jobs.append(dict(jobs[1], job_id=1000 + i))
+    return json.dumps({"meta": {}, "errors": [], "jobs": jobs})
+
+
+SINFO = json.dumps(
+    {
+        "nodes": [
+            {"name": "node1", "state": "mixed", "state_flags": [], "reason": "", "partitions": ["gpu"]},
+            {"name": "node2", "state": "idle", "state_flags": ["DRAIN"], "reason": "xid 79",
+             "partitions": ["gpu", "debug"]},
+            {"name": "node3", "state": "down", "state_flags": ["NOT_RESPONDING"], "reason": "Not responding",
+             "partitions": ["gpu"]},
+            {"name": "bad name;", "state": "idle", "partitions": ["gpu"]},
+        ]
+    }
+)  # fmt: skip
+SACCT = "90|old-job|gpu|NODE_FAIL|0:0|node[2-3]|billing=1,gres/gpu=8,node=2\n91|oom|gpu|CANCELLED by 0|0:9|node1|\n"
+
+
+class FakeSlurm:
+    def __init__(self, squeue=None, sinfo=SINFO, sacct=SACCT):
+        self.out = {"squeue": squeue or squeue_json(), "sinfo": sinfo, "sacct": sacct}
+        self.calls: list[list[str]] = []
+        self.down = False
+
+    def __call__(self, argv, timeout):
+        self.calls.append(list(argv))
+        assert timeout > 0
+        if self.down:
+            raise SlurmError(f"{argv[0]}: timed out after {timeout}s")
+        return self.out[argv[0]]
+
+
+def registry_for(fake, clock=lambda: 1000.0):
+    c = SlurmCollector(runner=fake, clock=clock)
+    reg = CollectorRegistry()
+    reg.register(c)
+    return c, reg
+
+
+def test_jobs_nodes_and_partitions():
+    c, reg = registry_for(FakeSlurm())
+    assert c.refresh()
+    v = reg.get_sample_value
+    assert (
+        v(
+            "goodput_slurm_job_state",
+            {"job_id": "101", "job_name": "train-a", "partition": "gpu", "state": "running"},
+        )
+        == 1
+    )
+    assert (
+        v("goodput_slurm_job_node_info", {"job_id": "101", "job_name": "train-a", "node": "node2"})
+        == 1
+    )
+    assert v("goodput_slurm_job_gpus", {"job_id": "101"}) == 16
+    assert v("goodput_slurm_job_gpus", {"job_id": "102"}) == 4
+    assert v("goodput_slurm_job_restarts", {"job_id": "102"}) == 2
+    assert v("goodput_slurm_job_exit_code", {"job_id": "101"}) is None  # still running
+    assert v("goodput_slurm_job_exit_code", {"job_id": "103"}) == 1
+    assert v("goodput_slurm_job_exit_code", {"job_id": "104"}) == 143  # SIGTERM
+    assert (
+        v("goodput_slurm_job_node_info", {"job_id": "103", "job_name": "crash", "node": "node3"})
+        is None
+    )
+    assert (
+        v(
+            "goodput_slurm_job_state",
+            {"job_id": "105_3", "job_name": "arr", "partition": "gpu", "state": "running"},
+        )
+        == 1
+    )
+    assert v("goodput_slurm_job_gpus", {"job_id": "105_3"}) == 2
+    # ended jobs only sacct still knows
+    assert (
+        v(
+            "goodput_slurm_job_state",
+            {"job_id": "90", "job_name": "old-job", "partition": "gpu", "state": "node_fail"},
+        )
+        == 1
+    )
+    assert (
+        v(
+            "goodput_slurm_job_state",
+            {"job_id": "91", "job_name": "oom", "partition": "gpu", "state": "cancelled"},
+        )
+        == 1
+    )
+    assert v("goodput_slurm_job_exit_code", {"job_id": "91"}) == 137
+    assert v("goodput_slurm_job_gpus", {"job_id": "90"}) == 8
+    assert (
+        v("goodput_slurm_node_state", {"node": "node2", "state": "idle+drain", "reason": "xid 79"})
+        == 1
+    )
+    assert (
+        v(
+            "goodput_slurm_node_state",
+            {"node": "node3", "state": "down+not_responding", "reason": "Not responding"},
+        )
+        == 1
+    )
+    assert v("goodput_slurm_partition_nodes", {"partition": "gpu", "state": "mixed"}) == 1
+    assert v("goodput_slurm_partition_nodes", {"partition": "debug", "state": "idle+drain"}) == 1
+    assert v("goodput_slurm_up") == 1
+    assert v("goodput_slurm_last_success_timestamp_seconds") == 1000.0
+
+
+def test_calls_per_refresh_are_bounded():
+    fake = FakeSlurm(squeue=squeue_json(5000))
+    c, reg = registry_for(fake)
+    assert c.refresh()
+    assert [a[0] for a in fake.calls] == ["squeue", "sinfo", "sacct"]
+    assert len(c.snapshot.jobs) == 5000 + 2
+
+
+def test_slurm_down_keeps_last_values_and_counts_errors():
+    now = [1000.0]
+    fake = FakeSlurm()
+    c, reg = registry_for(fake, clock=lambda: now[0])
+    assert c.refresh()
+    fake.down = True
+    now[0] = 2000.0
+    assert not c.refresh()
+    v = reg.get_sample_value
+    assert v("goodput_slurm_up") == 0
+    assert v("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
+    assert v("goodput_slurm_scrape_errors_total", {"command": "sinfo"}) == 1
+    assert v("goodput_slurm_last_success_timestamp_seconds") == 1000.0  # stale marker
+    assert v("goodput_slurm_job_gpus", {"job_id": "101"}) == 16  # last good values kept
+    fake.down = False
+    assert c.refresh()
+    assert (
+        v("goodput_slurm_up") == 1 and v("goodput_slurm_last_success_timestamp_seconds") == 2000.0
+    )
+
+
+def test_garbage_from_slurm_is_an_error_not_a_crash():
+    c, reg = registry_for(FakeSlurm(squeue="<html>oops"))
+    assert not c.refresh()
+    assert reg.get_sample_value("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
+
+
+def test_sacct_down_is_best_effort():
+    fake = FakeSlurm()
+    c, reg = registry_for(fake)
+    assert c.refresh()
+
+    def no_sacct(argv, timeout):
+        if argv[0] == "sacct":
+            raise SlurmError("sacct: slurmdbd down")
+        return fake(argv, timeout)
+
+    c.runner = no_sacct
+    assert c.refresh()
+    v = reg.get_sample_value
+    assert v("goodput_slurm_up") == 1
+    assert v("goodput_slurm_scrape_errors_total", {"command": "sacct"}) == 1
+    assert (
+        v(
+            "goodput_slurm_job_state",
+            {"job_id": "90", "job_name": "old-job", "partition": "gpu", "state": "node_fail"},
+        )
+        == 1
+    )
+
+
+def test_run_command_timeout_and_failure():
+    with pytest.raises(SlurmError, match="timed out"):
+        run_command(["sleep", "5"], 0.2)
+    with pytest.raises(SlurmError, match="exit 1"):
+        run_command(["false"], 5)
+    with pytest.raises(SlurmError, match="no-such-slurm-binary"):
+        run_command(["no-such-slurm-binary"], 5)
+
+
+def test_hostlists_and_sacct_lines():
+    assert expand_hostlist("node[1-3,5],gpu-a[08-10],solo") == [
+        "node1", "node2", "node3", "node5", "gpu-a08", "gpu-a09", "gpu-a10", "solo",
+    ]  # fmt: skip
+    assert expand_hostlist("") == []
+    with pytest.raises(SlurmError):
+        expand_hostlist("node[a-b]")
+    assert parse_sacct("garbage\n1|x|y\n") == {}
+    assert parse_squeue(json.dumps({"jobs": [{"job_id": "1;rm", "job_state": "RUNNING"}]})) == {}
