@@ -67,11 +67,24 @@ class _PerJob(Detector):
 
     def fit(self, frame: Frame) -> Detector:
         self._ensure()
-        for job in pd.unique(frame.job):
+        codes, uniques = pd.factorize(frame.job)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+        new: dict[str, dict[str, Any]] = {}
+        for ci, job in enumerate(uniques):
             if job:
-                state = self._fit_job(frame.take(np.flatnonzero(frame.job == job)))
+                state = self._fit_job(frame.take(order[bounds[ci] : bounds[ci + 1]]))
                 if state is not None:
-                    self.set_job_state(job, state)
+                    new[job] = state
+        fresh = [j for j in new if j not in self.jobs_]
+        for j in [j for j in new if j in self.jobs_]:
+            self.set_job_state(j, new[j])
+        if fresh:  # stack all new jobs at once (not one concatenate per job)
+            for k in self.state_keys:
+                block = np.stack([np.asarray(new[j][k], dtype=float) for j in fresh])
+                old = getattr(self, k)
+                setattr(self, k, block if old is None else np.concatenate([old, block]))
+            self.jobs_.extend(fresh)
         return self
 
     def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
@@ -274,7 +287,7 @@ class Progress(_PerJob):
         self,
         p: float = 1e-4,
         stall_factor: float = 10.0,
-        min_stall_s: float = 60.0,
+        min_stall_s: float = 120.0,
         unfitted_stall_s: float = 300.0,
         rel_floor: float = 0.05,
     ) -> None:
@@ -362,11 +375,19 @@ class HardwareEvents(Detector):
         if not hasattr(self, "gpus_"):
             self.gpus_: dict[str, list[float]] = {}
         x = frame.cols(_COUNTERS)
-        keys = _gpu_keys(frame)
-        df = pd.DataFrame(x).groupby(keys, sort=False).min()
+        df = pd.DataFrame(x).groupby(_gpu_keys(frame), sort=False).min()
         for key, row in zip(df.index, df.to_numpy(), strict=True):
             self.gpus_[key] = [None if np.isnan(v) else float(v) for v in row]  # type: ignore[misc]
+        self._table = None
         return self
+
+    def _base(self, keys: np.ndarray) -> np.ndarray:
+        if getattr(self, "_table", None) is None:
+            rows = [[np.nan if v is None else v for v in r] for r in self.gpus_.values()]
+            self._table = pd.DataFrame(rows, index=list(self.gpus_), dtype=float)
+        if self._table is None or self._table.empty:
+            return np.full((len(keys), len(_COUNTERS)), np.nan)
+        return self._table.reindex(keys).to_numpy()
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         self.fit(frame.take(np.array([], dtype=int))) if not hasattr(self, "gpus_") else None
@@ -412,6 +433,7 @@ class HardwareEvents(Detector):
     def from_dict(cls, data: dict[str, Any]) -> Detector:
         det = super().from_dict(data)
         det.gpus_ = {str(k): list(v) for k, v in data.get("gpus", {}).items()}  # type: ignore[attr-defined]
+        det._table = None  # type: ignore[attr-defined]
         return det
 
 

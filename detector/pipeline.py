@@ -189,12 +189,13 @@ class Engine:
     def _missing(self, running: set[str], now: float) -> pd.DataFrame:
         """GPUs of a still-running job that stopped reporting (a lost node stops answering)."""
         age = now - self.slot_seen
-        gone = (age > self.cfg.missing_after_s) & np.isin(self.slot_job, list(running))
+        gone = (age > self.cfg.missing_after_s) & pd.Series(self.slot_job).isin(running).to_numpy()
         old = age > 3600.0
         if old.any():  # forget long-gone slots
             self._drop(np.flatnonzero(old & ~gone))
             age = now - self.slot_seen
-            gone = (age > self.cfg.missing_after_s) & np.isin(self.slot_job, list(running))
+            alive = pd.Series(self.slot_job).isin(running).to_numpy()
+            gone = (age > self.cfg.missing_after_s) & alive
         i = np.flatnonzero(gone)
         return pd.DataFrame(
             {

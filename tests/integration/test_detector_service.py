@@ -21,8 +21,11 @@ def _free_port() -> int:
 
 def test_service_scores_are_queryable_in_prometheus(prometheus_url, tmp_path):
     port = _free_port()
-    svc = Service(ServiceConfig(prometheus_url=prometheus_url, port=port, interval_s=1.0),
-                  store=BaselineStore(tmp_path), registry=CollectorRegistry())
+    svc = Service(
+        ServiceConfig(prometheus_url=prometheus_url, port=port, interval_s=1.0),
+        store=BaselineStore(tmp_path),
+        registry=CollectorRegistry(),
+    )
     thread = threading.Thread(target=svc.serve, daemon=True)
     thread.start()
     target = add_scrape_target(f"detector-{port}", port)

@@ -30,8 +30,12 @@ def scenario(steps=240, checkpoints=True, seed=0):
         v = f.values
         v[ck, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
         v[ck, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
-        for c in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-                  "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+        for c in (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+        ):
             v[ck, COL[c]] = 0.0
         v[ck, COL[F.STALL_SECONDS]] = phase[ck] - 200.0
     return f
@@ -44,8 +48,14 @@ def run(frame, store=None, names=None, engine=None):
 
 
 def peak(results, t0=0.0):
-    job = max((r.jobs[r.jobs.detector == "combined"].score.max() for r in results
-               if r.frame.time[0] >= t0), default=0.0)
+    job = max(
+        (
+            r.jobs[r.jobs.detector == "combined"].score.max()
+            for r in results
+            if r.frame.time[0] >= t0
+        ),
+        default=0.0,
+    )
     nodes = pd.concat([r.nodes for r in results if r.frame.time[0] >= t0])
     return job, nodes.groupby("node").score.max()
 
@@ -110,8 +120,9 @@ def test_baseline_kept_by_job_name_across_requeue(tmp_path):
 def test_bad_baseline_file_is_ignored(tmp_path):
     store = BaselineStore(tmp_path)
     store.path("x").parent.mkdir(parents=True, exist_ok=True)
-    store.path("x").write_text(json.dumps({"format": "goodput-baseline/1", "job_name": "x",
-                                           "detectors": {"evil": {}}}))
+    store.path("x").write_text(
+        json.dumps({"format": "goodput-baseline/1", "job_name": "x", "detectors": {"evil": {}}})
+    )
     assert store.load("x", {"deviation"}) is None and "unknown detectors" in store.errors[0]
     store.path("x").write_text("not json")
     assert store.load("x", {"deviation"}) is None
@@ -150,21 +161,54 @@ def test_replay_recording_dir_and_prometheus_json(tmp_path):
     f = healthy_frame(jobs=1, nodes=1, steps=4, seed=2)
     df = _csv(f).rename(columns={"hostname": "node", "hpc_job": "job_id"})
     df.to_csv(tmp_path / "gpu_metrics.csv.gz", index=False)
-    jobs = pd.DataFrame({"timestamp": [0.0, 10.0], "job_id": ["100", "100"],
-                         F.ITER_SECONDS: [0.5, 0.5], F.LAST_PROGRESS: [0.0, 9.0]})
+    jobs = pd.DataFrame(
+        {
+            "timestamp": [0.0, 10.0],
+            "job_id": ["100", "100"],
+            F.ITER_SECONDS: [0.5, 0.5],
+            F.LAST_PROGRESS: [0.0, 9.0],
+        }
+    )
     jobs.to_csv(tmp_path / "job_metrics.csv.gz", index=False)
-    (tmp_path / "meta.json").write_text(json.dumps({
-        "format": "goodput-recording/1", "interval_s": 5,
-        "jobs": [{"job_id": "100", "name": "bert", "nodes": ["node1"]}]}))
+    (tmp_path / "meta.json").write_text(
+        json.dumps(
+            {
+                "format": "goodput-recording/1",
+                "interval_s": 5,
+                "jobs": [{"job_id": "100", "name": "bert", "nodes": ["node1"]}],
+            }
+        )
+    )
     frame, names, interval = load(tmp_path)
     assert names == {"100": "bert"} and interval == 5.0 and len(frame) == len(f)
     stall = frame.col(F.STALL_SECONDS)
     assert stall[frame.time == 15.0][0] == pytest.approx(6.0)
-    prom = {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node1", "gpu": "0",
-                    "hpc_job": "7"}, "values": [[1.0, "99"], [2.0, "98"]]},
-        {"metric": {"__name__": "DCGM_FI_DEV_POWER_USAGE", "Hostname": "node1", "gpu": "0",
-                    "hpc_job": "7"}, "values": [[1.0, "690"], [2.0, "680"]]}]}}
+    prom = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [
+                {
+                    "metric": {
+                        "__name__": "DCGM_FI_DEV_GPU_UTIL",
+                        "Hostname": "node1",
+                        "gpu": "0",
+                        "hpc_job": "7",
+                    },
+                    "values": [[1.0, "99"], [2.0, "98"]],
+                },
+                {
+                    "metric": {
+                        "__name__": "DCGM_FI_DEV_POWER_USAGE",
+                        "Hostname": "node1",
+                        "gpu": "0",
+                        "hpc_job": "7",
+                    },
+                    "values": [[1.0, "690"], [2.0, "680"]],
+                },
+            ],
+        },
+    }
     (tmp_path / "q.json").write_text(json.dumps(prom))
     pf, _, _ = load(tmp_path / "q.json")
     assert len(pf) == 2 and pf.col("DCGM_FI_DEV_POWER_USAGE").tolist() == [690.0, 680.0]

@@ -25,12 +25,15 @@ class StubProm:
                     out.append(({**base, "__name__": "DCGM_FI_DEV_GPU_UTIL"}, 99.0))
                     power = 125.0 if (j, g) == (0, 3) else 690.0
                     out.append(({**base, "__name__": "DCGM_FI_DEV_POWER_USAGE"}, power))
-            out.append(({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "bad host!",
-                         "gpu": "0"}, 1.0))
+            out.append(
+                ({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "bad host!", "gpu": "0"}, 1.0)
+            )
             return out
         if expr == "goodput_slurm_job_node_info":
-            return [({"job_id": str(100 + j), "job_name": f"train{j}", "node": f"node{j + 1}"},
-                     1.0) for j in range(self.jobs)]
+            return [
+                ({"job_id": str(100 + j), "job_name": f"train{j}", "node": f"node{j + 1}"}, 1.0)
+                for j in range(self.jobs)
+            ]
         return []
 
 
@@ -57,8 +60,9 @@ def test_scores_exposed_and_joined_by_node(tmp_path):
     assert 'goodput_gpu_anomaly_score{detector="peer",gpu="3",job_id="100",node="node1"}' in text
     assert 'goodput_job_anomaly_score{detector="combined",job_id="101"}' in text
     assert "goodput_detector_series_scored 24.0" in text  # the invalid host label was dropped
-    peer = [ln for ln in text.splitlines()
-            if ln.startswith('goodput_node_suspect_score{job_id="100"')]
+    peer = [
+        ln for ln in text.splitlines() if ln.startswith('goodput_node_suspect_score{job_id="100"')
+    ]
     assert peer and float(peer[0].split()[-1]) > 1.0
 
 
