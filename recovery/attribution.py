@@ -507,10 +507,11 @@ def _key(s: Sym) -> float:
 
 def _triggers(rule: dict[str, Any], syms: list[Sym]) -> list[Sym]:
     ids = set(rule.get("symptoms", []))
+    any_role = bool(rule.get("any_role"))  # the fallback rule: cascades count too
     return [
         s
         for s in syms
-        if s.role == "initiating"
+        if (any_role or s.role == "initiating")
         and (
             s.id in ids
             or (s.outcome and s.outcome == rule["outcome"] and rule["outcome"] != "unknown")
@@ -548,6 +549,8 @@ def choose(
             candidates.append((min(_key(s) for s in trig), order, rule, trig))
     if not candidates:
         return None, [], []
+    real = [c for c in candidates if not c[2].get("any_role")]
+    candidates = real or candidates  # the fallback rule only when nothing else matched
     earliest = min(c[0] for c in candidates)
     close = [c for c in candidates if c[0] <= earliest + tol or c[0] == float("inf")]
     if earliest != float("inf"):

@@ -75,7 +75,7 @@ def read_lines(
         cut = text.find("\n") + 1
         text = text[cut:]
         first_line = 0  # unknown: we started mid-file
-    year = time.gmtime(start if start else time.time()).tm_year
+    year = time.gmtime(end if end else time.time()).tm_year
     out: list[LogLine] = []
     last: float | None = None
     for i, raw in enumerate(text.splitlines()[-MAX_LINES:]):

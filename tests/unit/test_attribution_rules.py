@@ -1,0 +1,140 @@
+"""Attribution stages on small hand-made evidence; adding a signature is one YAML rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recovery import attribution, diagnosis
+from recovery.evidence import Bundle, Context, LogLine, Report
+from recovery.evidence.logs import line_time
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ctx(**kw):
+    return Context(
+        job_id=kw.pop("job_id", "12"),
+        nodes=kw.pop("nodes", ["node1", "node2"]),
+        start=0.0,
+        end=2e9,
+        **kw,
+    )
+
+
+def _line(text, kind="job", node=None):
+    return LogLine(
+        path=f"{kind}.log", line=1, text=text, time=line_time(text, 2026), node=node, kind=kind
+    )
+
+
+def _run(*lines):
+    b = Bundle(
+        lines=list(lines),
+        reports=[Report("logs", "ok"), Report("prometheus", "ok"), Report("slurm", "ok")],
+    )
+    return attribution.attribute(b, _ctx())
+
+
+NCCL = (
+    "[rank0]:[E0101 00:10:00.408271257 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=1, "
+    "NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+)
+
+
+def test_new_signature_is_one_yaml_rule():
+    """recovery/rules/signatures.yaml: 'uncorrectable NVLink error' → gpu_hardware_fault."""
+    doc = _run(
+        _line(
+            "[rank9]: RuntimeError: CUDA error: uncorrectable NVLink error detected "
+            "during the execution",
+            node="node2",
+        ),
+        _line(NCCL),
+    )
+    assert doc["outcome"] == "gpu_hardware_fault" and doc["affected_nodes"] == ["node2"]
+    assert any(s["id"] == "nvlink_fatal" and s["role"] == "initiating" for s in doc["symptoms"])
+
+
+def test_rules_without_the_signature_do_not_know_it(tmp_path):
+    for f in (ROOT / "recovery" / "rules").glob("*.yaml"):
+        if f.name != "signatures.yaml":
+            (tmp_path / f.name).write_text(f.read_text())
+    rules = attribution.load_rules(str(tmp_path))
+    b = Bundle(lines=[_line("RuntimeError: CUDA error: uncorrectable NVLink error", node="node2")])
+    doc = attribution.attribute(b, _ctx(), rules=rules)
+    assert doc["outcome"] != "gpu_hardware_fault"
+
+
+def test_nccl_timeout_alone_is_never_a_confident_root():
+    doc = _run(_line(NCCL))
+    assert doc["outcome"] == "unknown" and doc["confidence"] <= 0.5
+
+
+def test_cascade_never_root_when_initiating_exists():
+    oom = (
+        "[rank3]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 3 has a total capacity of 139.81 GiB of which 1.06 GiB is free."
+    )
+    stamped = "[2026-01-01 00:20:00] " + oom  # the OOM is logged after the NCCL timeout
+    doc = _run(_line(NCCL), _line(stamped))
+    assert doc["outcome"] == "workload_oom" and doc["affected_nodes"] == []
+    roles = {s["id"]: s["role"] for s in doc["symptoms"]}
+    assert roles["nccl_timeout"] == "cascade" and roles["gpu_oom"] == "initiating"
+
+
+def test_xid43_is_cascade_and_earlier_xid_wins():
+    k = "2026-01-01T00:00:0{}+0000 node2 kernel: NVRM: Xid (PCI:0000:2b:00): {}, pid=1, name=p, x"
+    doc = _run(_line(k.format(1, 48), "kernel", "node2"), _line(k.format(2, 43), "kernel", "node2"))
+    assert doc["outcome"] == "gpu_hardware_fault"
+    roles = {s["id"]: s["role"] for s in doc["symptoms"]}
+    assert roles["xid_cascade"] == "cascade"
+
+
+def test_missing_sources_lower_confidence():
+    line = _line(
+        "2026-01-01T00:00:01+0000 node2 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU "
+        "has fallen off the bus.",
+        "kernel",
+        "node2",
+    )
+    full = _run(line)
+    partial = attribution.attribute(Bundle(lines=[line], reports=[Report("logs", "ok")]), _ctx())
+    assert partial["outcome"] == full["outcome"] == "gpu_hardware_fault"
+    assert partial["confidence"] < full["confidence"]
+    assert "unavailable source" in partial["confidence_basis"]
+
+
+def test_healthy_and_unknown():
+    assert _run(_line("training ..."))["outcome"] == "healthy"
+    b = Bundle(lines=[_line("training ...")])
+    assert attribution.attribute(b, _ctx(alerts=[{"alertname": "X"}]))["outcome"] == "unknown"
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2024-05-18T19:02:39+0000 node1 kernel: x", 1716058959.0),
+        (" [2024-05-18 19:02:39] iteration 5/10 |", 1716058959.0),
+        ("May 18 19:02:39 node1 kernel: NVRM", 1716058959.0),
+        ("[rank0]:[E0518 19:02:39.500000000 ProcessGroupNCCL.cpp:607] x", 1716058959.5),
+        ("no time here", None),
+    ],
+)
+def test_line_time(text, expected):
+    assert line_time(text, 2024) == expected
+
+
+def test_schema_file_matches_models():
+    on_disk = json.loads((ROOT / "docs" / "diagnosis.schema.json").read_text())
+    assert on_disk == json.loads(json.dumps(diagnosis.json_schema()))
+
+
+def test_hostile_ids_never_reach_paths():
+    with pytest.raises(ValueError):
+        Context(job_id="../../etc/passwd", nodes=[], start=0, end=1)
+    with pytest.raises(ValueError):
+        Context(job_id="1", nodes=["node1; rm -rf /"], start=0, end=1)

@@ -1,0 +1,121 @@
+"""The diagnosis worker: settle delay, restart resumes pending work, missing sources, hook."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import types
+
+import pytest
+from fastapi.testclient import TestClient
+
+from recovery import incidents, worker
+from recovery.app import create_app
+from recovery.settings import Settings
+from recovery.store import make_engine
+
+XID79 = (
+    "2026-01-01T00:00:05+0000 node2 kernel: NVRM: Xid (PCI:0000:2b:00): 79, pid=<unknown>, "
+    "name=<unknown>, GPU has fallen off the bus."
+)
+CUDA = (
+    "[rank9]:[E0101 00:00:15.408271257 ProcessGroupNCCL.cpp:1896] [PG ID 0 PG GUID 0(default_pg)"
+    " Rank 9] Process group watchdog thread terminated with exception: CUDA error: an illegal "
+    "memory access was encountered"
+)
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def settings(tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "jobs").mkdir(parents=True)
+    (logs / "kernel").mkdir()
+    (logs / "jobs" / "slurm-77.out").write_text("training ...\n" + CUDA + "\n")
+    (logs / "kernel" / "node2.log").write_text(XID79 + "\n")
+    return Settings(
+        db_url=f"sqlite:///{tmp_path}/w.db",
+        require_auth=False,
+        slurm_enabled=False,
+        settle_s=0.0,
+        worker_poll_s=0.05,
+        log_dir=str(logs),
+        prometheus_url=f"http://127.0.0.1:{_closed_port()}",
+        http_timeout_s=1.0,
+        lookback_s=10 * 365 * 86400,
+    )
+
+
+def _alert(fp, **labels):
+    return {
+        "status": "firing",
+        "labels": {"alertname": "GoodputGPUFatalXid", **labels},
+        "annotations": {},
+        "startsAt": "2026-01-01T00:00:10Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "fingerprint": fp,
+    }
+
+
+def test_settle_delay_groups_alerts_before_diagnosis(settings):
+    s = settings.with_(settle_s=30.0)
+    engine = make_engine(s.db_url)
+    r = incidents.ingest(engine, s, [_alert("a1", job_id="77", node="node2")])
+    assert worker.run_once(engine, s) == []  # not due yet
+    incidents.ingest(engine, s, [_alert("a2", job_id="77", node="node1")])
+    done = worker.run_once(engine, s, now=time.time() + 31)
+    assert done == r.incident_ids
+
+
+def test_prometheus_down_still_diagnoses_with_error_report(settings):
+    engine = make_engine(settings.db_url)
+    r = incidents.ingest(engine, settings, [_alert("b1", job_id="77", node="node2")])
+    assert worker.run_once(engine, settings) == r.incident_ids
+    doc = incidents.latest_diagnosis(engine, r.incident_ids[0])
+    assert doc["outcome"] == "gpu_hardware_fault" and doc["affected_nodes"] == ["node2"]
+    reports = {c["connector"]: c for c in doc["connector_reports"]}
+    assert reports["prometheus"]["status"] == "error"
+    assert reports["logs"]["status"] == "ok"
+    assert doc["confidence"] < 0.9  # missing sources lower confidence
+    roles = {s["id"]: s["role"] for s in doc["symptoms"]}
+    assert roles["illegal_memory_access"] == "cascade" and roles["xid_fatal"] == "initiating"
+    assert incidents.incident(engine, r.incident_ids[0])["diagnosis_state"] == "done"
+
+
+def test_restart_resumes_pending_diagnoses_and_calls_actions_hook(settings, monkeypatch):
+    # first "process": accepts the alert, dies before diagnosing
+    app1 = create_app(settings, start_worker=False)
+    with TestClient(app1) as c:
+        body = {"version": "4", "status": "firing", "alerts": [_alert("c1", job_id="77")]}
+        inc = c.post("/api/v1/alerts", json=body).json()["incidents"][0]
+    calls = []
+    fake = types.ModuleType("recovery.actions")
+    fake.on_diagnosis = lambda engine, s, incident, diagnosis: calls.append((incident, diagnosis))
+    monkeypatch.setitem(sys.modules, "recovery.actions", fake)
+    # second "process": the worker picks the pending incident up
+    app2 = create_app(settings, start_worker=True)
+    with TestClient(app2) as c:
+        deadline = time.time() + 20
+        while time.time() < deadline and not calls:
+            time.sleep(0.1)
+        detail = c.get(f"/api/v1/incidents/{inc}").json()
+    assert detail["diagnosis"] is not None and detail["diagnosis_state"] == "done"
+    assert calls and calls[0][0]["id"] == inc and calls[0][1]["incident_id"] == inc
+    assert calls[0][1]["schema_version"] == "1"
+
+
+def test_new_alert_during_diagnosis_repends(settings):
+    engine = make_engine(settings.db_url)
+    r = incidents.ingest(engine, settings, [_alert("d1", job_id="77")])
+    ((inc, gen),) = incidents.due_diagnoses(engine)
+    incidents.ingest(engine, settings, [_alert("d2", job_id="77", node="node2")])
+    assert incidents.store_diagnosis(engine, inc, gen, {"outcome": "unknown"}) is False
+    assert incidents.incident(engine, r.incident_ids[0])["diagnosis_state"] == "pending"
