@@ -95,11 +95,10 @@ class SimulatedScheduler(Scheduler):
         self._call("POST", f"/nodes/{check_node(node)}/resume")
 
     def _requeue(self, job_id: str, exclude: tuple[str, ...], hold: bool, delay_s: float) -> None:
-        self._call(
-            "POST",
-            f"/jobs/{check_job(job_id)}/requeue",
-            {"exclude": list(exclude), "hold": hold, "delay_s": delay_s},
-        )
+        body: dict[str, Any] = {"exclude": list(exclude), "hold": hold}
+        if delay_s > 0:  # not in the simulator's requeue body (docs/contracts.md): only if asked
+            body["delay_s"] = delay_s
+        self._call("POST", f"/jobs/{check_job(job_id)}/requeue", body)
 
     def _set_exclude(self, job_id: str, exclude: tuple[str, ...], delay_s: float) -> None:
         # The simulator's requeue is atomic (exclusion set before the restart): nothing to do.
