@@ -192,6 +192,8 @@ PY
     --web.listen-address=127.0.0.1:$PROM_PORT --web.enable-lifecycle --web.enable-admin-api \
     --web.external-url=http://127.0.0.1:$PROM_PORT
   wait_for 30 prometheus curl -sf "http://127.0.0.1:$PROM_PORT/-/ready"
+  # an already running Prometheus picks up regenerated rules and targets
+  curl -sf -X POST "http://127.0.0.1:$PROM_PORT/-/reload" >/dev/null || die "prometheus reload failed (rules invalid?)"
 }
 
 start_alertmanager() {
