@@ -408,6 +408,7 @@ def _timeline(symptoms: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "x": round(x, 1),
                 "y": 30 + 14 * (i % 4),
+                "anchor": "end" if x > 400 else "start",
                 "role": s.get("role"),
                 "id": str(s.get("id", "?")),
                 "dt": (t - t0) if isinstance(t, int | float) else None,
