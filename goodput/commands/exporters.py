@@ -66,3 +66,21 @@ def slurm(
     from exporters.slurm_exporter import serve
 
     serve(port, host, interval, timeout, sacct_window, _stop_event())
+
+
+@app.command("nvml")
+def nvml(
+    port: int = typer.Option(19412),
+    host: str = typer.Option("127.0.0.1"),
+    hpc_job_mapping_dir: Path = typer.Option(
+        None, help="a file per GPU index holding the job id (dcgm-exporter's format)"
+    ),
+) -> None:
+    """Expose real GPUs under dcgm-exporter's names through NVML (exit 2 without a GPU)."""
+    from exporters.nvml_exporter import NvmlUnavailable, serve
+
+    try:
+        serve(port, host, hpc_job_mapping_dir, _stop_event())
+    except NvmlUnavailable as exc:
+        typer.echo(f"goodput exporter nvml: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -1,0 +1,368 @@
+"""NVML exporter: dcgm-exporter's metric names and labels, read through nvidia-ml-py.
+
+For nodes with NVIDIA GPUs but no DCGM. Default port 19412 (dcgm-exporter uses 9400). Exposes
+what NVML can provide under the DCGM names (all as gauges, names exactly as dcgm-exporter's):
+utilisation, memory, power, energy, temperatures, clocks, throttle reasons, ECC counts,
+retired pages, remapped rows, PCIe replays, XID events (an `nvmlEventSet` thread: the last XID
+per GPU in `DCGM_FI_DEV_XID_ERRORS`, a count per code in `DCGM_EXP_XID_ERRORS_COUNT{xid}`), and
+on Hopper and newer the GPM ratios `DCGM_FI_PROF_SM_ACTIVE`, `DCGM_FI_PROF_SM_OCCUPANCY`,
+`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, `DCGM_FI_PROF_DRAM_ACTIVE`, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
+(0..1, measured between two consecutive scrapes). A field the GPU does not support is left out.
+
+Labels: `gpu`, `UUID`, `device` (nvidiaN), `modelName`, `pci_bus_id`, `Hostname` (Slurm node
+name: `$GOODPUT_NODE_NAME`, else the short host name), `DCGM_FI_DRIVER_VERSION`, and `hpc_job`
+when `--hpc-job-mapping-dir` is given (a file per GPU index holding the job id, as
+dcgm-exporter reads it). Without a GPU or driver, `NvmlUnavailable` says why (exit status 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 19412
+LABELS = ["gpu", "UUID", "device", "modelName", "pci_bus_id", "Hostname", "DCGM_FI_DRIVER_VERSION"]
+JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+# GPM metric (pynvml constant name) -> DCGM field; GPM reports percent, DCGM a 0..1 ratio.
+GPM_FIELDS = {
+    "NVML_GPM_METRIC_SM_UTIL": "DCGM_FI_PROF_SM_ACTIVE",
+    "NVML_GPM_METRIC_SM_OCCUPANCY": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+}
+HELP = {
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "Memory utilization (in %).",
+    "DCGM_FI_DEV_ENC_UTIL": "Encoder utilization (in %).",
+    "DCGM_FI_DEV_DEC_UTIL": "Decoder utilization (in %).",
+    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
+    "DCGM_FI_DEV_POWER_USAGE": "Power draw (in W).",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "Total energy consumption since boot (in mJ).",
+    "DCGM_FI_DEV_GPU_TEMP": "GPU temperature (in C).",
+    "DCGM_FI_DEV_MEMORY_TEMP": "Memory temperature (in C).",
+    "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
+    "DCGM_FI_DEV_MEM_CLOCK": "Memory clock frequency (in MHz).",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "Current clock throttle reasons (bitmask).",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "Single-bit volatile ECC errors.",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "Double-bit volatile ECC errors.",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": "Single-bit persistent ECC errors.",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "Double-bit persistent ECC errors.",
+    "DCGM_FI_DEV_RETIRED_SBE": "Pages retired for single-bit errors.",
+    "DCGM_FI_DEV_RETIRED_DBE": "Pages retired for double-bit errors.",
+    "DCGM_FI_DEV_RETIRED_PENDING": "Pages pending retirement.",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Rows remapped for correctable errors.",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Rows remapped for uncorrectable errors.",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "1 if a row remap is pending (needs a GPU reset).",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "1 if a row remap failed.",
+    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
+    "DCGM_FI_PROF_SM_ACTIVE": "Ratio of cycles an SM has at least 1 warp assigned (GPM).",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "Ratio of resident warps to the maximum (GPM).",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "Ratio of cycles the tensor pipes are active (GPM).",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "Ratio of cycles the memory interface is active (GPM).",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "Ratio of time the graphics engine is active (GPM).",
+}
+
+
+class NvmlUnavailable(RuntimeError):
+    """No NVIDIA driver, no GPU, or nvidia-ml-py missing."""
+
+
+def load_nvml() -> ModuleType:
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailable(
+            "nvidia-ml-py is not installed (pip install 'goodput[nvml]')"
+        ) from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML cannot start (no NVIDIA driver or GPU here?): {exc}") from None
+    count = pynvml.nvmlDeviceGetCount()
+    if count == 0:
+        raise NvmlUnavailable("NVML found no GPU on this machine")
+    return pynvml
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Gpu:
+    index: int
+    handle: Any
+    labels: list[str]
+    gpm: bool = False
+    gpm_sample: Any = None
+    last_xid: int = 0
+    xids: dict[int, int] = field(default_factory=dict)
+
+
+class NvmlCollector(Collector):
+    """Reads every GPU at scrape time; XID events arrive on a background thread."""
+
+    def __init__(
+        self, nvml: ModuleType, hostname: str | None = None, job_map_dir: Path | None = None
+    ) -> None:
+        self.nvml = nvml
+        self.hostname = (
+            hostname or os.environ.get("GOODPUT_NODE_NAME") or (socket.gethostname().split(".")[0])
+        )
+        self.job_map_dir = job_map_dir
+        self.driver = _text(nvml.nvmlSystemGetDriverVersion())
+        self.gpus: list[Gpu] = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            labels = [
+                str(i),
+                _text(nvml.nvmlDeviceGetUUID(h)),
+                f"nvidia{i}",
+                _text(nvml.nvmlDeviceGetName(h)),
+                _text(nvml.nvmlDeviceGetPciInfo(h).busId),
+                self.hostname,
+                self.driver,
+            ]
+            self.gpus.append(Gpu(i, h, labels, gpm=self._gpm_supported(h)))
+        self.errors = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reading
+    def _try(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self.nvml, fn)(*args)
+        except self.nvml.NVMLError:
+            return None
+        except AttributeError:  # an older nvidia-ml-py without this call
+            return None
+
+    def _gpm_supported(self, h: Any) -> bool:
+        support = self._try("nvmlGpmQueryDeviceSupport", h)
+        return bool(support is not None and getattr(support, "isSupportedDevice", 0))
+
+    def read(self, gpu: Gpu) -> dict[str, float]:
+        n, h, out = self.nvml, gpu.handle, {}
+        util = self._try("nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            out["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
+            out["DCGM_FI_DEV_MEM_COPY_UTIL"] = util.memory
+        for name, fn in (
+            ("ENC", "nvmlDeviceGetEncoderUtilization"),
+            ("DEC", "nvmlDeviceGetDecoderUtilization"),
+        ):
+            v = self._try(fn, h)
+            if v is not None:
+                out[f"DCGM_FI_DEV_{name}_UTIL"] = v[0]
+        mem = self._try("nvmlDeviceGetMemoryInfo", h)
+        if mem is not None:
+            out["DCGM_FI_DEV_FB_FREE"] = mem.free / 2**20
+            out["DCGM_FI_DEV_FB_USED"] = mem.used / 2**20
+        temp, sm, memclk = (
+            getattr(n, "NVML_TEMPERATURE_GPU", 0),
+            getattr(n, "NVML_CLOCK_SM", 1),
+            getattr(n, "NVML_CLOCK_MEM", 2),
+        )
+        simple = {
+            "DCGM_FI_DEV_POWER_USAGE": ("nvmlDeviceGetPowerUsage", (h,), 1e-3),
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (
+                "nvmlDeviceGetTotalEnergyConsumption",
+                (h,),
+                1,
+            ),
+            "DCGM_FI_DEV_GPU_TEMP": ("nvmlDeviceGetTemperature", (h, temp), 1),
+            "DCGM_FI_DEV_SM_CLOCK": ("nvmlDeviceGetClockInfo", (h, sm), 1),
+            "DCGM_FI_DEV_MEM_CLOCK": ("nvmlDeviceGetClockInfo", (h, memclk), 1),
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": (
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+                (h,),
+                1,
+            ),
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("nvmlDeviceGetPcieReplayCounter", (h,), 1),
+        }
+        for name, (fn, args, scale) in simple.items():
+            v = self._try(fn, *args)
+            if v is not None:
+                out[name] = v * scale
+        mt = self._field(h, getattr(n, "NVML_FI_DEV_MEMORY_TEMP", None))
+        if mt is not None:
+            out["DCGM_FI_DEV_MEMORY_TEMP"] = mt
+        for kind, err in (
+            ("SBE", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+            ("DBE", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+        ):
+            for scope, counter in (("VOL", "NVML_VOLATILE_ECC"), ("AGG", "NVML_AGGREGATE_ECC")):
+                v = self._try(
+                    "nvmlDeviceGetTotalEccErrors", h, getattr(n, err, 0), getattr(n, counter, 0)
+                )
+                if v is not None:
+                    out[f"DCGM_FI_DEV_ECC_{kind}_{scope}_TOTAL"] = v
+        for kind, cause in (
+            ("SBE", "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"),
+            ("DBE", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR"),
+        ):
+            pages = self._try("nvmlDeviceGetRetiredPages", h, getattr(n, cause, 0))
+            if pages is not None:
+                out[f"DCGM_FI_DEV_RETIRED_{kind}"] = len(pages)
+        pending = self._try("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        if pending is not None:
+            out["DCGM_FI_DEV_RETIRED_PENDING"] = int(pending)
+        rows = self._try("nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            corr, unc, is_pending, failed = rows
+            out["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] = corr
+            out["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = unc
+            out["DCGM_FI_DEV_ROW_REMAP_PENDING"] = int(bool(is_pending))
+            out["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = int(bool(failed))
+        out["DCGM_FI_DEV_XID_ERRORS"] = gpu.last_xid
+        if gpu.gpm:
+            out.update(self._gpm(gpu))
+        return out
+
+    def _field(self, h: Any, field_id: int | None) -> float | None:
+        if field_id is None:
+            return None
+        values = self._try("nvmlDeviceGetFieldValues", h, [field_id])
+        if not values or values[0].nvmlReturn != 0:
+            return None
+        fv = values[0]
+        kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+        return float(getattr(fv.value, kind.get(fv.valueType, "ullVal")))
+
+    def _gpm(self, gpu: Gpu) -> dict[str, float]:
+        n = self.nvml
+        sample = self._try("nvmlGpmSampleAlloc")
+        if sample is None or self._try("nvmlGpmSampleGet", gpu.handle, sample) is None:
+            return {}
+        prev, gpu.gpm_sample = gpu.gpm_sample, sample
+        if prev is None:
+            return {}
+        out: dict[str, float] = {}
+        try:
+            ids = [(getattr(n, k), v) for k, v in GPM_FIELDS.items() if hasattr(n, k)]
+            mg = n.c_nvmlGpmMetricsGet_t()
+            mg.version = n.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(ids)
+            mg.sample1, mg.sample2 = prev, sample
+            for i, (mid, _) in enumerate(ids):
+                mg.metrics[i].metricId = mid
+            n.nvmlGpmMetricsGet(mg)
+            for i, (_, name) in enumerate(ids):
+                if mg.metrics[i].nvmlReturn == 0:
+                    out[name] = max(0.0, min(1.0, mg.metrics[i].value / 100.0))
+        except n.NVMLError as exc:
+            log.debug("GPM read failed: %s", exc)
+        finally:
+            self._try("nvmlGpmSampleFree", prev)
+        return out
+
+    def job_of(self, gpu: Gpu) -> str:
+        if self.job_map_dir is None:
+            return ""
+        try:
+            text = (self.job_map_dir / str(gpu.index)).read_text().split()
+        except OSError:
+            return ""
+        return text[0] if text and JOB_ID.match(text[0]) else ""
+
+    def collect(self) -> Iterator:
+        labels = LABELS + (["hpc_job"] if self.job_map_dir is not None else [])
+        families: dict[str, GaugeMetricFamily] = {}
+        with self._lock:
+            for gpu in self.gpus:
+                values = self.read(gpu)
+                gl = gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
+                for name, value in values.items():
+                    fam = families.get(name)
+                    if fam is None:
+                        fam = families[name] = GaugeMetricFamily(
+                            name, HELP.get(name, name), labels=labels
+                        )
+                    fam.add_metric(gl, float(value))
+            xid_count = GaugeMetricFamily(
+                "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
+            )
+            for gpu in self.gpus:
+                gl = gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
+                for xid, count in sorted(gpu.xids.items()):
+                    xid_count.add_metric(gl + [str(xid)], count)
+        yield from families.values()
+        yield xid_count
+
+    # ------------------------------------------------------------------ XID events
+    def watch_xids(self, stop: threading.Event) -> None:
+        """Block on nvmlEventSetWait until `stop`; record each critical XID per GPU."""
+        n = self.nvml
+        try:
+            es = n.nvmlEventSetCreate()
+        except n.NVMLError as exc:
+            log.warning("XID events unavailable: %s", exc)
+            return
+        by_uuid: dict[str, Gpu] = {}
+        for gpu in self.gpus:
+            try:
+                n.nvmlDeviceRegisterEvents(gpu.handle, n.nvmlEventTypeXidCriticalError, es)
+                by_uuid[gpu.labels[1]] = gpu
+            except n.NVMLError as exc:
+                log.warning("GPU %d: XID events unavailable: %s", gpu.index, exc)
+        try:
+            while not stop.is_set() and by_uuid:
+                try:
+                    data = n.nvmlEventSetWait_v2(es, 500)
+                except n.NVMLError_Timeout:
+                    continue
+                except n.NVMLError as exc:
+                    log.warning("XID wait failed: %s", exc)
+                    time.sleep(1)
+                    continue
+                hit = by_uuid.get(_text(n.nvmlDeviceGetUUID(data.device)))
+                if hit is None:
+                    continue
+                with self._lock:
+                    hit.last_xid = int(data.eventData)
+                    hit.xids[hit.last_xid] = hit.xids.get(hit.last_xid, 0) + 1
+                log.warning("GPU %d: XID %d", hit.index, data.eventData)
+        finally:
+            self._try("nvmlEventSetFree", es)
+
+
+def serve(
+    port: int = DEFAULT_PORT,
+    host: str = "127.0.0.1",
+    job_map_dir: Path | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Expose /metrics until `stop`; raises NvmlUnavailable when there is no GPU."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    nvml = load_nvml()
+    collector = NvmlCollector(nvml, job_map_dir=job_map_dir)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    log.info(
+        "NVML exporter on http://%s:%d/metrics: %d GPU(s), driver %s, GPM on %d",
+        host, port, len(collector.gpus), collector.driver, sum(g.gpm for g in collector.gpus),
+    )  # fmt: skip
+    stop = stop or threading.Event()
+    try:
+        collector.watch_xids(stop)
+        stop.wait()
+    finally:
+        server.shutdown()
+        nvml.nvmlShutdown()

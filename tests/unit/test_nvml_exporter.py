@@ -1,0 +1,136 @@
+"""NVML exporter: dcgm names and labels from a fake NVML; a clear non-zero exit without a GPU."""
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporters.nvml_exporter import NvmlCollector
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's name
+    pass
+
+
+def fake_nvml(n_gpus: int = 2, xids: list[int] | None = None) -> types.SimpleNamespace:
+    events = list(xids or [])
+
+    def unsupported(*_):
+        raise NVMLError("Not Supported")
+
+    def wait(es, timeout):
+        if events:
+            return types.SimpleNamespace(device=1, eventData=events.pop(0))
+        raise NVMLError_Timeout()
+
+    return types.SimpleNamespace(
+        NVMLError=NVMLError,
+        NVMLError_Timeout=NVMLError_Timeout,
+        NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
+        NVML_MEMORY_ERROR_TYPE_CORRECTED=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
+        NVML_VOLATILE_ECC=0, NVML_AGGREGATE_ECC=1,
+        nvmlEventTypeXidCriticalError=8,
+        nvmlSystemGetDriverVersion=lambda: "550.54.15",
+        nvmlDeviceGetCount=lambda: n_gpus,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUUID=lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd",
+        nvmlDeviceGetName=lambda h: b"NVIDIA H200",
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=f"00000000:{0x2B + h:02X}:00.0".encode()),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=99, memory=40),
+        nvmlDeviceGetEncoderUtilization=unsupported,
+        nvmlDeviceGetDecoderUtilization=lambda h: (0, 1000),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(free=2**30, used=3 * 2**30),
+        nvmlDeviceGetPowerUsage=lambda h: 690_500,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: 123_456,
+        nvmlDeviceGetTemperature=lambda h, s: 57,
+        nvmlDeviceGetClockInfo=lambda h, c: {1: 1530, 2: 2619}[c],
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x4,
+        nvmlDeviceGetPcieReplayCounter=lambda h: 3,
+        nvmlDeviceGetTotalEccErrors=lambda h, e, c: 7 if e == 0 else 0,
+        nvmlDeviceGetRetiredPages=unsupported,  # Hopper: row remapping instead
+        nvmlDeviceGetRetiredPagesPendingStatus=unsupported,
+        nvmlDeviceGetRemappedRows=lambda h: (2, 0, 1, 0),
+        nvmlGpmQueryDeviceSupport=unsupported,
+        nvmlEventSetCreate=lambda: "es",
+        nvmlDeviceRegisterEvents=lambda h, t, es: None,
+        nvmlEventSetWait_v2=wait,
+        nvmlEventSetFree=lambda es: None,
+    )  # fmt: skip
+
+
+def test_dcgm_names_and_labels():
+    c = NvmlCollector(fake_nvml(), hostname="node7")
+    reg = CollectorRegistry()
+    reg.register(c)
+    labels = {
+        "gpu": "1", "UUID": "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd", "device": "nvidia1",
+        "modelName": "NVIDIA H200", "pci_bus_id": "00000000:2C:00.0", "Hostname": "node7",
+        "DCGM_FI_DRIVER_VERSION": "550.54.15",
+    }  # fmt: skip
+    v = lambda name: reg.get_sample_value(name, labels)  # noqa: E731
+    assert v("DCGM_FI_DEV_GPU_UTIL") == 99
+    assert v("DCGM_FI_DEV_POWER_USAGE") == 690.5
+    assert v("DCGM_FI_DEV_FB_USED") == 3072
+    assert v("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == 123456
+    assert v("DCGM_FI_DEV_SM_CLOCK") == 1530 and v("DCGM_FI_DEV_MEM_CLOCK") == 2619
+    assert v("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") == 4
+    assert v("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL") == 7 and v("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 0
+    assert (
+        v("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS") == 2 and v("DCGM_FI_DEV_ROW_REMAP_PENDING") == 1
+    )
+    assert v("DCGM_FI_DEV_PCIE_REPLAY_COUNTER") == 3
+    assert v("DCGM_FI_DEV_XID_ERRORS") == 0
+    assert v("DCGM_FI_DEV_ENC_UTIL") is None  # not supported: left out, not zero
+    assert v("DCGM_FI_DEV_RETIRED_DBE") is None
+
+
+def test_xid_events_and_job_mapping(tmp_path: Path):
+    (tmp_path / "1").write_text("4242\n")
+    (tmp_path / "0").write_text("rm -rf /\n")  # not a job id: ignored
+    c = NvmlCollector(fake_nvml(xids=[79, 79]), hostname="node7", job_map_dir=tmp_path)
+    stop = threading.Event()
+    t = threading.Thread(target=c.watch_xids, args=(stop,))
+    t.start()
+    for _ in range(100):
+        if c.gpus[1].xids.get(79) == 2:
+            break
+        threading.Event().wait(0.02)
+    stop.set()
+    t.join(5)
+    reg = CollectorRegistry()
+    reg.register(c)
+    text = {s.name: s for f in reg.collect() for s in f.samples if s.labels.get("gpu") == "1"}
+    assert text["DCGM_FI_DEV_XID_ERRORS"].value == 79
+    assert text["DCGM_FI_DEV_XID_ERRORS"].labels["hpc_job"] == "4242"
+    assert text["DCGM_EXP_XID_ERRORS_COUNT"].labels["xid"] == "79"
+    assert text["DCGM_EXP_XID_ERRORS_COUNT"].value == 2
+    gpu0 = [s for f in reg.collect() for s in f.samples if s.labels.get("gpu") == "0"]
+    assert gpu0 and all(s.labels["hpc_job"] == "" for s in gpu0)
+
+
+def test_without_gpu_it_says_so_and_exits_non_zero():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA GPU")
+    except Exception:  # noqa: BLE001 - any NVML failure means: no GPU here
+        pass
+    out = subprocess.run(
+        [sys.executable, "-m", "goodput.cli", "exporter", "nvml", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "NVML cannot start" in out.stderr or "no GPU" in out.stderr
