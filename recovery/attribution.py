@@ -121,7 +121,9 @@ def _log_symptoms(lines: list[LogLine], ctx: Context, rules: Rules, gpn: int) ->
     for ln in lines:
         source = "kernel" if ln.kind == "kernel" else "job"
         hits: list[tuple[str, str, str, dict[str, Any], str]] = []
-        for m in catalogue.match_line(ln.text, source):
+        matches = catalogue.match_line(ln.text, source)
+        line_rank = next((m.groups["rank"] for m in matches if "rank" in m.groups), None)
+        for m in matches:
             if m.role == "info":
                 continue
             hits.append((m.symptom, m.role, m.outcome, m.groups, m.pattern))
@@ -132,7 +134,7 @@ def _log_symptoms(lines: list[LogLine], ctx: Context, rules: Rules, gpn: int) ->
                         r["symptom"],
                         r.get("role", "initiating"),
                         r.get("outcome", ""),
-                        {},
+                        {"rank": line_rank} if line_rank is not None else {},
                         "rules:" + r["symptom"],
                     )
                 )

@@ -148,10 +148,9 @@ def collect_live(ctx: Context, settings: Settings) -> Bundle:
         bundle.extend(timed("slurm", lambda: slurm.collect(ctx, settings)))
     else:
         bundle.reports.append(Report("slurm", "error", "Slurm evidence is disabled"))
-    job_nodes = bundle.slurm.job.get("nodes") or []
-    for n in job_nodes:
-        if validate.NODE.fullmatch(n) and n not in ctx.nodes:
-            ctx.nodes.append(n)
+    job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if validate.NODE.fullmatch(n)]
+    # Slurm's order first: rank r runs on job_nodes[r // gpus_per_node]
+    ctx.nodes[:] = job_nodes + [n for n in ctx.nodes if n not in job_nodes]
     ctx.job_name = ctx.job_name or bundle.slurm.job.get("name")
     bundle.extend(timed("logs", lambda: logs.collect(ctx, settings)))
     if settings.loki_url:

@@ -58,7 +58,8 @@ def queries(ctx: Context) -> list[str]:
     if ctx.nodes:
         rx = _node_regex(ctx.nodes)
         out.append(f'goodput_node_xid_errors_total{{node=~"{rx}"}}')
-        out += [f'{PRESENCE}{{{h}=~"{rx}"}}' for h in ("Hostname", "hostname")]
+        # one series per (node, gpu) whatever job runs there: hpc_job changes split series
+        out += [f'max by ({h}, gpu) ({PRESENCE}{{{h}=~"{rx}"}})' for h in ("Hostname", "hostname")]
     return out
 
 
@@ -110,7 +111,7 @@ def collect(ctx: Context, settings: Settings) -> Bundle:
             continue
         for r in resp.json().get("data", {}).get("result", []):
             name = r.get("metric", {}).get("__name__") or q.split("{", 1)[0]
-            if q.startswith(PRESENCE + "{") and "ostname=~" in q:
+            if q.startswith("max by ("):
                 name = "node_presence"  # the nodes' GPUs whatever job runs there
             s = _series(name, r.get("metric", {}), r.get("values", []), q)
             if s is not None and s.points:

@@ -1,0 +1,67 @@
+"""The receiver's store on the stack's real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from recovery import incidents, worker
+from recovery.app import create_app
+from recovery.settings import Settings
+from recovery.store import make_engine
+
+
+@pytest.fixture
+def pg_url(local_stack):
+    url = local_stack.get("GOODPUT_TEST_POSTGRES_URL")
+    if not url:
+        pytest.fail("GOODPUT_TEST_POSTGRES_URL missing from the stack env")
+    # a private schema per test run keeps concurrent users apart
+    schema = f"recv_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(url, create=False)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in url else "?"
+    yield f"{url}{sep}options=-csearch_path%3D{schema}"
+    with admin.begin() as conn:
+        conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+def test_webhook_incidents_and_diagnosis_on_postgres(pg_url, tmp_path):
+    s = Settings(
+        db_url=pg_url,
+        require_auth=False,
+        slurm_enabled=False,
+        settle_s=0,
+        log_dir=str(tmp_path),
+        prometheus_url=None,
+    )
+    app = create_app(s, start_worker=False)
+    body = {
+        "version": "4",
+        "status": "firing",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {"alertname": "GoodputJobHung", "job_id": "31337"},
+                "annotations": {},
+                "startsAt": "2026-01-01T00:00:00Z",
+                "fingerprint": "beef",
+            }
+        ],
+    }
+    with TestClient(app) as c:
+        for _ in range(5):
+            assert c.post("/api/v1/alerts", json=body).status_code == 200
+        page = c.get("/api/v1/incidents").json()
+        assert page["total"] == 1
+        inc = page["items"][0]["id"]
+        assert worker.run_once(app.state.engine, s) == [inc]
+        detail = c.get(f"/api/v1/incidents/{inc}").json()
+    assert detail["diagnosis"]["schema_version"] == "1"
+    assert app.state.engine.dialect.name == "postgresql"
+    assert incidents.incident(app.state.engine, inc)["diagnosis_state"] == "done"
