@@ -237,7 +237,13 @@ def parse(doc: Any) -> Spec:
         rec = str(_req(r, "record", f"recording[{i}]"))
         if not _NAME.match(rec):
             raise AlertsError(f"recording[{i}]: bad record name {rec!r}")
-        recording.append({k: str(v) for k, v in r.items()})
+        unknown = set(r) - {"record", "expr", "source"}
+        if unknown:
+            raise AlertsError(f"recording {rec}: unknown keys {sorted(unknown)}")
+        expr = str(_req(r, "expr", f"recording {rec}")).strip()
+        if r.get("source") == "dcgm" and not _NAME.match(expr):
+            raise AlertsError(f"recording {rec}: with source dcgm, expr is a metric name")
+        recording.append({k: str(v).strip() for k, v in r.items()})
     return Spec(
         alerts=alerts,
         recording=tuple(recording),
@@ -355,8 +361,6 @@ def render_rules(spec: Spec) -> dict[str, Any]:
         if r.get("source") == "dcgm":
             m = _selector(expr, ())
             expr = job_join(dcgm_map(f'{m}{{hpc_job!=""}}'), dcgm_map(f'{m}{{hpc_job=""}}'))
-        if r.get("aggregate"):
-            expr = f"{r['aggregate']} (\n{expr}\n)"
         recording.append({"record": r["record"], "expr": expr})
     alerting = []
     for a in spec.alerts:

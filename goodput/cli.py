@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "detector": "goodput.commands.detector",
     "replay": "goodput.commands.replay",
     "rules": "goodput.commands.rules",
+    "dashboards": "goodput.commands.dashboards",
     "receiver": "goodput.commands.receiver",
     "attribute": "goodput.commands.attribute",
 }
