@@ -205,6 +205,7 @@ def serve(
     from_end: bool = False,
     stop: threading.Event | None = None,
     on_lines: LineHook | None = None,
+    extra_collectors: tuple[Collector, ...] = (),
 ) -> None:
     """Expose /metrics on host:port and follow the logs until `stop` is set."""
     from prometheus_client import CollectorRegistry, start_http_server
@@ -212,6 +213,8 @@ def serve(
     metrics = LogMetrics(log_dir or default_log_dir(), from_end=from_end, on_lines=on_lines)
     registry = CollectorRegistry()
     registry.register(metrics)
+    for collector in extra_collectors:
+        registry.register(collector)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     log.info(
         "log-metrics exporter on http://%s:%d/metrics, following %s", host, port, metrics.log_dir

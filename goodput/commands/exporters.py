@@ -39,16 +39,17 @@ def logs(
     """Follow job output and kernel logs; expose progress and error-pattern metrics."""
     from exporters.logmetrics.exporter import serve
 
-    hook = None
     shipper = None
     if loki_url:
         from exporters.loki import LokiShipper
 
-        shipper = LokiShipper(loki_url)
-        shipper.start()
-        hook = shipper.on_lines
+        shipper = LokiShipper(loki_url).start()
     try:
-        serve(log_dir, port, host, interval, from_end, _stop_event(), on_lines=hook)
+        serve(
+            log_dir, port, host, interval, from_end, _stop_event(),
+            on_lines=shipper.on_lines if shipper else None,
+            extra_collectors=(shipper,) if shipper else (),
+        )  # fmt: skip
     finally:
         if shipper is not None:
             shipper.close()
