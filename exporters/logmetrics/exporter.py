@@ -2,7 +2,8 @@
 
 Follows `$GOODPUT_LOG_DIR/jobs/slurm-<job_id>.out` (job id from the file name) and
 `$GOODPUT_LOG_DIR/kernel/<node>.log` (node from the file name); files whose names do not give
-a valid job id / node are ignored. A background thread polls the files; `collect()` reads the
+a valid job id / node are ignored. A job's series live as long as its log file: deleting the
+file (log retention) removes them. A background thread polls the files; `collect()` reads the
 state at scrape time. An optional `on_lines(kind, key, lines)` hook (e.g. the Loki shipper)
 receives every batch of lines; it must not block.
 """
@@ -82,6 +83,12 @@ class LogMetrics(Collector):
                         self.on_lines(kind, key, lines)
                     except Exception:  # a hook must never stop the tailer
                         log.exception("on_lines hook failed")
+            if kind == "job":  # a deleted job log takes its series with it
+                for path in follower.dropped:
+                    m = rx.match(path.name)
+                    if m is not None:
+                        with self._lock:
+                            self.state.forget_job(m.group(1))
         self.poll_seconds = time.perf_counter() - start
         return count
 

@@ -167,6 +167,7 @@ class DirectoryFollower:
         self.from_end = from_end
         self.followers: dict[Path, Follower] = {}
         self.retired = TailStats()  # stats of the followers already dropped
+        self.dropped: list[Path] = []  # files that vanished during the last poll
 
     def poll(self) -> list[tuple[Path, list[str]]]:
         """(path, new lines) per followed file; vanished files are drained and dropped."""
@@ -177,11 +178,13 @@ class DirectoryFollower:
         for path in present - self.followers.keys():
             self.followers[path] = Follower(path, from_end=self.from_end)
         out = []
+        self.dropped = []
         for path, follower in list(self.followers.items()):
             lines = follower.poll()
             if path not in present and not path.exists():
                 lines += follower.close()
                 del self.followers[path]
+                self.dropped.append(path)
                 for name, value in vars(follower.stats).items():
                     setattr(self.retired, name, getattr(self.retired, name) + value)
             if lines:

@@ -97,3 +97,17 @@ def test_hook_failure_does_not_stop_tailing(tmp_path):
     (tmp_path / "jobs" / "slurm-1.out").write_text("a\nb\n")
     assert m.poll_once() == 2
     assert seen == [("job", "1", 2)]
+
+
+def test_deleted_job_log_removes_its_series(tmp_path):
+    m, reg = setup(tmp_path)
+    job = tmp_path / "jobs" / "slurm-77.out"
+    job.write_text(PROGRESS.format(it=1, s=64, loss="1.0", sk=0, nan=0) + "CUDA out of memory\n")
+    m.poll_once()
+    assert reg.get_sample_value("goodput_job_iteration", {"job_id": "77"}) == 1
+    job.unlink()
+    m.poll_once()
+    assert reg.get_sample_value("goodput_job_iteration", {"job_id": "77"}) is None
+    pm = {"job_id": "77", "node": "", "pattern": "cuda_oom"}
+    assert reg.get_sample_value("goodput_log_pattern_matches_total", pm) is None
+    assert reg.get_sample_value("goodput_log_lines_total", {"source": "job"}) == 2
