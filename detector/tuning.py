@@ -1,0 +1,400 @@
+"""Threshold tuning over recordings: score, fire the alert conditions, sweep, write back.
+
+The alert conditions come from the one source (`alertmanager/alerts.yaml`, through
+`catalogue.alerts`), so a sweep measures what production would alert on: the detector's scores
+become the `goodput_*_score` series the rules read, `catalogue.alerts.evaluate` fires them with
+a candidate threshold and `for`, firings become incidents (one per job while it keeps firing),
+and incidents are matched against the recording's ground truth.
+
+Figures per candidate: recall (faults whose job got an incident after onset), detection latency
+(onset -> first firing, seconds), and false incidents per 1,000 GPU-hours (incidents on a job
+outside its fault windows, over the GPU-hours the recordings' jobs ran).
+
+>>> import pandas as pd
+>>> fired = pd.DataFrame({"timestamp": [0, 5, 10, 100], "job_id": ["1"] * 4})
+>>> incidents(fired, gap_s=30).start.tolist()
+[0.0, 100.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from catalogue import alerts as A
+from detector.frame import Frame
+from detector.pipeline import Config, Engine
+from detector.replay import load
+
+JOB_SCORE = "goodput_job_anomaly_score"
+NODE_SCORE = "goodput_node_suspect_score"
+GPU_SCORE = "goodput_gpu_anomaly_score"
+SCORE_METRICS = (JOB_SCORE, NODE_SCORE, GPU_SCORE)
+ALERTS_ENV = "GOODPUT_ALERTS_FILE"
+
+
+def alerts_path() -> Path:
+    """The alert conditions file: `$GOODPUT_ALERTS_FILE`, else the project's alerts.yaml."""
+    return Path(os.environ.get(ALERTS_ENV) or A.DEFAULT_PATH)
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
+@dataclass
+class Run:
+    """One recording scored by the engine: score series as Prometheus would hold them."""
+
+    name: str
+    path: Path
+    meta: dict[str, Any]
+    truth: dict[str, Any]
+    frame: Frame
+    jobs: pd.DataFrame  # timestamp, job_id, detector, goodput_job_anomaly_score
+    nodes: pd.DataFrame  # timestamp, job_id, node, goodput_node_suspect_score
+    gpus: pd.DataFrame  # timestamp, job_id, node, gpu, detector, goodput_gpu_anomaly_score
+    interval_s: float
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours of running jobs in the recording (rows with a job x interval)."""
+        return float((self.frame.job != "").sum() * self.interval_s / 3600.0)
+
+    def series(self, metric: str) -> pd.DataFrame:
+        return {JOB_SCORE: self.jobs, NODE_SCORE: self.nodes, GPU_SCORE: self.gpus}[metric]
+
+    def windows(self) -> pd.DataFrame:
+        return fault_windows(self.meta, self.truth)
+
+
+def score_recording(path: str | Path, cfg: Config | None = None) -> Run:
+    """Replay the detector engine over a recording directory and keep every score."""
+    p = Path(path)
+    frame, names, interval = load(p)
+    meta = _read_json(p / "meta.json")
+    truth = _read_json(p / "truth.json")
+    if cfg is None:
+        cfg = Config(interval_s=interval or Config().interval_s)
+    engine = Engine(cfg)
+    jobs, nodes, gpus = [], [], []
+    for rows in frame.instants():
+        sub = frame.take(rows)
+        now = float(sub.time[0])
+        res = engine.step(sub, now, names)
+        jobs.append(res.jobs.assign(timestamp=now))
+        nodes.append(res.nodes.assign(timestamp=now))
+        on = sub.job != ""
+        if on.any():
+            g = pd.DataFrame(res.gpu[on], columns=list(res.detectors))
+            g["job_id"], g["node"], g["gpu"] = sub.job[on], sub.node[on], sub.gpu[on].astype(str)
+            gpus.append(g.assign(timestamp=now))
+    job_df = _concat(jobs, ["timestamp", "job_id", "detector", "score"])
+    node_df = _concat(nodes, ["timestamp", "job_id", "node", "score"])
+    gpu_df = _concat(gpus, ["timestamp", "job_id", "node", "gpu"])
+    gpu_long = gpu_df.melt(
+        id_vars=["timestamp", "job_id", "node", "gpu"], var_name="detector", value_name="score"
+    )
+    return Run(
+        name=str(meta.get("scenario") or p.name),
+        path=p,
+        meta=meta,
+        truth=truth,
+        frame=frame,
+        jobs=job_df[["timestamp", "job_id", "detector", "score"]].rename(
+            columns={"score": JOB_SCORE}
+        ),
+        nodes=node_df[["timestamp", "job_id", "node", "score"]].rename(
+            columns={"score": NODE_SCORE}
+        ),
+        gpus=gpu_long.rename(columns={"score": GPU_SCORE}),
+        interval_s=float(cfg.interval_s),
+    )
+
+
+def _concat(parts: list[pd.DataFrame], cols: list[str]) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def _read_json(p: Path) -> dict[str, Any]:
+    if not p.exists():
+        return {}
+    doc = json.loads(p.read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{p}: expected a JSON object")
+    return doc
+
+
+def fault_windows(meta: dict[str, Any], truth: dict[str, Any]) -> pd.DataFrame:
+    """One row per (fault, job): onset, end (the job's end, else the recording's), kind,
+    culprit nodes. A fault lasts until its job ends: what follows onset is not a false alarm."""
+    ends = {str(j["job_id"]): j.get("end") for j in meta.get("jobs", [])}
+    rec_end = float(meta.get("end") or np.inf)
+    rows = []
+    for f in truth.get("faults", []):
+        for job in f.get("job_ids") or ([f["job_id"]] if f.get("job_id") else []):
+            end = ends.get(str(job))
+            rows.append(
+                {
+                    "fault_id": f.get("fault_id", ""),
+                    "kind": f["kind"],
+                    "job_id": str(job),
+                    "onset": float(f["onset"]),
+                    "end": float(end) if end else rec_end,
+                    "nodes": tuple(f.get("nodes") or ()),
+                    "outcome": f.get("outcome", ""),
+                }
+            )
+    cols = ["fault_id", "kind", "job_id", "onset", "end", "nodes", "outcome"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ------------------------------------------------------------------------------ alerts
+
+
+def score_condition(alert: A.Alert) -> A.Condition:
+    """The alert's condition on a detector score (the one a threshold sweep moves)."""
+    for c in alert.conditions:
+        if c.kind == "threshold" and c.metric in SCORE_METRICS and c.threshold is not None:
+            return c
+    raise A.AlertsError(f"alert {alert.name} has no threshold condition on a detector score")
+
+
+def with_threshold(alert: A.Alert, threshold: float, for_: str | None = None) -> A.Alert:
+    """A copy of `alert` whose score condition uses `threshold` (and the alert `for_`)."""
+    cond = score_condition(alert)
+    new = dataclasses.replace(cond, threshold=float(threshold))
+    conds = tuple(new if c is cond else c for c in alert.conditions)
+    return dataclasses.replace(alert, conditions=conds, for_=for_ or alert.for_)
+
+
+def fire(run: Run, alert: A.Alert) -> pd.DataFrame:
+    """Where `alert` fires over the run's score series (catalogue.alerts.evaluate)."""
+    cond = score_condition(alert)
+    series = run.series(cond.metric)
+    if cond.op in (">", ">=") and len(series):  # a series that never crosses cannot fire
+        labels = [c for c in series.columns if c not in ("timestamp", cond.metric)]
+        peak = series.groupby(labels, sort=False)[cond.metric].transform("max")
+        series = series[A.OPS[cond.op](peak, cond.threshold)]
+    return A.evaluate(alert, series)
+
+
+def incidents(fired: pd.DataFrame, gap_s: float = 30.0) -> pd.DataFrame:
+    """Firing rows -> incidents per job: a new incident after `gap_s` without firing."""
+    cols = ["job_id", "start", "end"]
+    if fired.empty:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for job, g in fired.groupby("job_id", sort=True):
+        t = np.unique(g["timestamp"].to_numpy(dtype=float))
+        cut = np.flatnonzero(np.diff(t) > gap_s) + 1
+        for seg in np.split(t, cut):
+            out.append({"job_id": str(job), "start": float(seg[0]), "end": float(seg[-1])})
+    return pd.DataFrame(out, columns=cols)
+
+
+def match(inc: pd.DataFrame, windows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """(per-fault detection with latency_s, number of false incidents).
+
+    A fault is detected by the first incident of its job that starts in [onset, end]; an
+    incident is false when no fault window of its job contains its start."""
+    det = windows.copy()
+    det["latency_s"] = np.nan
+    false = 0
+    for row in inc.itertuples():
+        w = windows[(windows.job_id == row.job_id)]
+        inside = (w.onset <= row.start) & (row.start <= w.end)
+        if not inside.any():
+            false += 1
+    for i, w in windows.iterrows():
+        hit = inc[(inc.job_id == w.job_id) & (inc.start >= w.onset) & (inc.start <= w.end)]
+        if len(hit):
+            det.loc[i, "latency_s"] = float(hit.start.min() - w.onset)
+    det["detected"] = det["latency_s"].notna()
+    return det, false
+
+
+# ------------------------------------------------------------------------------ sweep
+
+
+def evaluate_runs(
+    runs: Sequence[Run], alert: A.Alert, gap_s: float = 30.0
+) -> tuple[pd.DataFrame, int, float]:
+    """(per-fault detections over all runs, false incidents, GPU-hours) for one alert."""
+    dets, false, hours = [], 0, 0.0
+    for run in runs:
+        inc = incidents(fire(run, alert), gap_s)
+        d, f = match(inc, run.windows())
+        dets.append(d.assign(run=run.name))
+        false += f
+        hours += run.gpu_hours
+    det = pd.concat(dets, ignore_index=True) if dets else pd.DataFrame()
+    return det, false, hours
+
+
+def summarise(det: pd.DataFrame, false: int, hours: float) -> dict[str, float]:
+    lat = det.loc[det.detected, "latency_s"] if len(det) else pd.Series(dtype=float)
+    return {
+        "faults": len(det),
+        "detected": int(det.detected.sum()) if len(det) else 0,
+        "recall": float(det.detected.mean()) if len(det) else float("nan"),
+        "latency_median_s": float(lat.median()) if len(lat) else float("nan"),
+        "latency_max_s": float(lat.max()) if len(lat) else float("nan"),
+        "false_incidents": false,
+        "gpu_hours": hours,
+        "false_per_1000_gpu_h": 1000.0 * false / hours if hours else float("nan"),
+    }
+
+
+def sweep(
+    runs: Sequence[Run],
+    alert_name: str,
+    thresholds: Iterable[float],
+    fors: Iterable[str] | None = None,
+    spec: A.Spec | None = None,
+    gap_s: float = 30.0,
+) -> pd.DataFrame:
+    """Recall, latency and false incidents per 1,000 GPU-hours for each (threshold, for)."""
+    spec = spec or A.load(alerts_path())
+    base = spec.alert(alert_name)
+    rows = []
+    for for_ in list(fors) if fors is not None else [base.for_]:
+        A.duration_seconds(for_)
+        for thr in thresholds:
+            det, false, hours = evaluate_runs(runs, with_threshold(base, thr, for_), gap_s)
+            rows.append({"alert": alert_name, "threshold": float(thr), "for": for_})
+            rows[-1].update(summarise(det, false, hours))
+    return pd.DataFrame(rows)
+
+
+def choose(table: pd.DataFrame, max_false_per_1000_gpu_h: float = 0.0) -> dict[str, Any]:
+    """The candidate to ship: within the false-incident budget, the highest recall, then the
+    lowest median latency, then the highest threshold (the most margin against noise)."""
+    ok = table[table.false_per_1000_gpu_h <= max_false_per_1000_gpu_h]
+    if ok.empty:
+        raise ValueError(
+            f"no candidate stays within {max_false_per_1000_gpu_h} false incidents per "
+            f"1,000 GPU-hours (best: {table.false_per_1000_gpu_h.min():.1f})"
+        )
+    ranked = ok.assign(_lat=ok.latency_median_s.fillna(np.inf)).sort_values(
+        ["recall", "_lat", "threshold"], ascending=[False, True, False], kind="stable"
+    )
+    return dict(ranked.drop(columns="_lat").iloc[0])
+
+
+# ------------------------------------------------------------------------------ write back
+
+_NAME_LINE = re.compile(r"^(\s*)- name:\s*(\S+)\s*$")
+
+
+def _set_key(lines: list[str], lo: int, hi: int, indent: int, key: str, value: str) -> bool:
+    """Replace `key: ...` at exactly `indent` spaces within lines[lo:hi]; False if absent."""
+    pat = re.compile(rf"^ {{{indent}}}{re.escape(key)}:\s*(\S.*?)?(\s+#.*)?$")
+    for i in range(lo, hi):
+        m = pat.match(lines[i])
+        if m:
+            lines[i] = f"{' ' * indent}{key}: {value}{m.group(2) or ''}"
+            return True
+    return False
+
+
+def _block(lines: list[str], name: str) -> tuple[int, int, int]:
+    """(first line, end, indent) of the `- name: NAME` entry."""
+    found = [
+        (i, len(m.group(1)))
+        for i, ln in enumerate(lines)
+        if (m := _NAME_LINE.match(ln)) and m.group(2) == name
+    ]
+    if len(found) != 1:
+        raise ValueError(f"alert {name} is not a single `- name:` entry in the file")
+    lo, ind = found[0]
+    for i in range(lo + 1, len(lines)):
+        ln = lines[i]
+        if not ln.strip() or ln.lstrip().startswith("#"):
+            continue
+        if len(ln) - len(ln.lstrip()) <= ind:
+            return lo, i, ind
+    return lo, len(lines), ind
+
+
+def set_thresholds(text: str, changes: dict[str, dict[str, Any]]) -> str:
+    """alerts.yaml text with new `threshold` (score condition) and `for` (alert) values.
+
+    `changes` = {alert name: {"threshold": float, "for": "30s"}} (either key optional). The
+    edit is textual so comments and layout survive; the result is validated and checked to
+    differ from the input only in the requested values.
+    """
+    lines = text.splitlines()
+    before = A.parse(yaml.safe_load(text))
+    for name, change in changes.items():
+        unknown = set(change) - {"threshold", "for"}
+        if unknown:
+            raise ValueError(f"{name}: only 'threshold' and 'for' can be tuned, not {unknown}")
+        cond = score_condition(before.alert(name))
+        lo, hi, ind = _block(lines, name)
+        if "for" in change:
+            A.duration_seconds(str(change["for"]))
+            if not _set_key(lines, lo + 1, hi, ind + 2, "for", str(change["for"])):
+                raise ValueError(f"alert {name}: no `for:` line to change")
+        if "threshold" in change:
+            thr = float(change["threshold"])
+            if not np.isfinite(thr) or thr <= 0:
+                raise ValueError(f"alert {name}: threshold must be a positive number, not {thr}")
+            sig = next(
+                (
+                    i
+                    for i in range(lo, hi)
+                    if re.match(rf"^\s*signal:\s*{re.escape(cond.signal)}\s*$", lines[i])
+                ),
+                None,
+            )
+            if sig is None:
+                raise ValueError(f"alert {name}: cannot find condition signal {cond.signal}")
+            c_lo = max(i for i in range(lo + 1, sig + 1) if lines[i].lstrip().startswith("- "))
+            c_ind = len(lines[c_lo]) - len(lines[c_lo].lstrip()) + 2
+            c_hi = next((i for i in range(sig + 1, hi) if lines[i].lstrip().startswith("- ")), hi)
+            if not _set_key(lines, c_lo, c_hi, c_ind, "threshold", f"{thr:g}"):
+                raise ValueError(f"alert {name}: no `threshold:` line in its score condition")
+    out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+    after = A.parse(yaml.safe_load(out))
+    if after.recording != before.recording or len(after.alerts) != len(before.alerts):
+        raise ValueError("the edit changed more than asked (refusing)")
+    for a in before.alerts:
+        want = a
+        if a.name in changes:
+            ch = changes[a.name]
+            new_thr = ch.get("threshold", score_condition(a).threshold)
+            want = with_threshold(a, float(new_thr or 0.0), ch.get("for"))
+        if after.alert(a.name) != want:
+            raise ValueError(f"alert {a.name}: the edit changed more than asked (refusing)")
+    return out
+
+
+def write_thresholds(
+    changes: dict[str, dict[str, Any]],
+    path: str | Path | None = None,
+    rules_path: str | Path | None = None,
+) -> dict[str, Path]:
+    """Write tuned values into the alert conditions file and regenerate its rule file.
+
+    `path` defaults to `alerts_path()`; `rules_path` to `rules/goodput.yml` next to it (what
+    `goodput rules generate` writes for the project's file). Returns the paths written.
+    """
+    src = Path(path) if path else alerts_path()
+    new = set_thresholds(src.read_text(), changes)
+    tmp = src.with_suffix(".tmp")
+    tmp.write_text(new)
+    tmp.replace(src)
+    rules = Path(rules_path) if rules_path else src.parent / "rules" / "goodput.yml"
+    rules.parent.mkdir(parents=True, exist_ok=True)
+    rules.write_text(A.dump_rules(A.load(src)))
+    return {"alerts": src, "rules": rules}
