@@ -75,7 +75,10 @@ def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
             parts.append("(?i:" + text[4:] + ")")
         else:
             parts.append("(?:" + text + ")")
-    return re.compile("|".join(parts))
+    try:
+        return re.compile("|".join(parts))
+    except re.error:  # e.g. a global flag inside one regex: go without the shortcut
+        return None
 
 
 @dataclass(frozen=True)

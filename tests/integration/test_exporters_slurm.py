@@ -8,6 +8,8 @@ import socket
 import threading
 import uuid
 
+import pytest
+
 from exporters.slurm_exporter import serve
 from tests.conftest import wait_until
 from tests.helpers import add_scrape_target, prom_query, slurm
@@ -29,6 +31,15 @@ def _state(job_id: str) -> str:
     return slurm("squeue", "-h", "-j", job_id, "-o", "%T", check=False).strip()
 
 
+def _undrained_node() -> str:
+    rows = [line.split() for line in slurm("sinfo", "-h", "-N", "-o", "%N %T").splitlines()]
+    ok = [n for n, state in rows if not any(w in state for w in ("drain", "down", "fail"))]
+    if not ok:
+        pytest.skip("every node is drained or down by someone else")
+    idle = [n for n, state in rows if n in ok and state == "idle"]
+    return (idle or ok)[-1]
+
+
 def test_slurm_states_reach_prometheus(prometheus_url):
     uid = uuid.uuid4().hex[:8]
     tag = f"slurm-{uid}"
@@ -45,13 +56,13 @@ def test_slurm_states_reach_prometheus(prometheus_url):
         failed = _sbatch(f"gp4-fail-{uid}", "exit 3")
         cancelled = _sbatch(f"gp4-cancel-{uid}", "sleep 300")
         jobs = [running, requeued, failed, cancelled]
-        for j in (running, requeued, cancelled):
-            wait_until(lambda j=j: _state(j) == "RUNNING", 30, what=f"job {j} running")
+        for j in (running, requeued, cancelled):  # the cluster is shared: allow for a queue
+            wait_until(lambda j=j: _state(j) == "RUNNING", 90, what=f"job {j} running")
         slurm("scontrol", "requeue", requeued)
         slurm("scancel", cancelled)
-        # drain an idle node if there is one, else any node (running jobs keep running)
-        idle = slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split()
-        drained = (idle or ["node4"])[-1]
+        # drain a node nobody else drained (so resuming it later undoes only our drain);
+        # running jobs keep running on a drained node
+        drained = _undrained_node()
         slurm("scontrol", "update", f"NodeName={drained}", "State=DRAIN", f"Reason=gp4-test-{uid}")
 
         def q(expr):
