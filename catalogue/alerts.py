@@ -329,10 +329,9 @@ def _core(c: Condition, hpc: str) -> str:
             core = f"{core} or ({_compare(sel, c)} unless {sel} offset {c.window})"
         return mapped(core)
     # gone: seen within the window, not now (per `by`), optionally while the coarser group reports
-    keep = ", ".join(dict.fromkeys([*c.by, "job_id"]))
     by = ", ".join(c.by)
     every = mapped(_selector(c.metric, c.labels))
-    e = f"max by ({keep}) ({mapped(f'last_over_time({sel}[{c.window}])')}) unless on ({by}) {every}"
+    e = f"max by ({by}) ({mapped(f'last_over_time({sel}[{c.window}])')}) unless on ({by}) {every}"
     if c.while_present:
         e = f"({e}) and on ({', '.join(c.while_present)}) {every}"
     if c.while_any:  # all gone at once is the exporter or Prometheus, not every node
@@ -344,9 +343,9 @@ def condition_expr(c: Condition) -> str:
     """The PromQL of one condition, with dcgm label mapping and the Slurm job join."""
     if c.kind == "promql":
         return c.expr
+    if c.kind == "gone":  # the job now allocated on the node, from Slurm (hpc_job has gone too)
+        return job_join(_core(c, "")) if "node" in c.by else _core(c, "")
     if c.source == "dcgm":
-        if c.kind == "gone" and "node" not in c.by:
-            return _core(c, "")
         return job_join(_core(c, 'hpc_job!=""'), _core(c, 'hpc_job=""'))
     if c.join_job:
         return job_join(_core(c, ""))
