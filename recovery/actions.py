@@ -266,9 +266,10 @@ def on_diagnosis(
             engine, "skipped", {"reason": f"invalid diagnosis: {exc}"}, incident_id=incident_id
         )
         return None
-    action_id = f"inc-{incident_id}"
-    if get_action(engine, action_id) is not None:
-        return get_action(engine, action_id)
+    latest = incident_action(engine, incident_id)
+    if latest is not None and not _replan(latest, diag):
+        return latest
+    action_id = f"inc-{incident_id}" if latest is None else _next_id(latest["id"])
     audit.record(
         engine,
         "diagnosis",
@@ -287,6 +288,39 @@ def on_diagnosis(
     )
     _plan(engine, settings, action_id, diag, incident)
     return get_action(engine, action_id)
+
+
+# A later diagnosis of the same incident is planned again only when the earlier plan did
+# nothing in the scheduler and the verdict (outcome or culprit nodes) changed.
+REPLANNABLE = ("no_action", "planned_only", "skipped")
+MAX_PLANS_PER_INCIDENT = 5
+
+
+def _replan(latest: dict[str, Any], diag: Diagnosis) -> bool:
+    before = latest["body"].get("diagnosis", {})
+    changed = before.get("outcome") != diag.outcome or sorted(
+        before.get("affected_nodes") or []
+    ) != sorted(diag.affected_nodes)
+    plans = int(latest["id"].rsplit("-", 1)[-1]) if latest["id"].count("-") > 1 else 1
+    return latest["state"] in REPLANNABLE and changed and plans < MAX_PLANS_PER_INCIDENT
+
+
+def _next_id(action_id: str) -> str:
+    base, _, n = action_id.rpartition("-")
+    return f"{base}-{int(n) + 1}" if action_id.count("-") > 1 else f"{action_id}-2"
+
+
+def incident_action(engine: Engine, incident_id: str) -> dict[str, Any] | None:
+    """The incident's latest action (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
+    ensure(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(actions_table)
+            .where(actions_table.c.incident_id == str(incident_id))
+            .order_by(actions_table.c.created_at.desc())
+            .limit(1)
+        ).all()
+    return _public(rows[0]) if rows else None
 
 
 def _plan(

@@ -189,6 +189,16 @@ def _actions_router() -> Any:
     return getattr(api_actions, "router", None)
 
 
+def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
+    """Reconcile unfinished actions at start-up (crash safety) and export goodput accounting."""
+    try:
+        from recovery import accounting, actions
+    except ImportError:
+        return
+    actions.start(engine, settings)
+    registry.register(accounting.AccountingCollector(engine))
+
+
 def create_app(settings: Settings | None = None, start_worker: bool = True) -> FastAPI:
     """The receiver app; the store is opened (and its tables created) here."""
     settings = settings or Settings.from_env()
@@ -206,6 +216,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
             worker = DiagnosisWorker(engine, settings, metrics)
             worker.start()
             app.state.worker = worker
+            _start_actions(engine, settings, registry)
         try:
             yield
         finally:

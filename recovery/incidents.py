@@ -76,6 +76,8 @@ def ingest(
             alert_id, is_new, changed = _upsert_alert(conn, doc, now)
             result.new += int(is_new)
             result.changed += int(changed)
+            if doc["labels"].get("goodput_notification") == "true":
+                continue  # Goodput's own notices to on-call (approvals, stops) open nothing
             if is_new and doc["status"] == "firing":
                 for inc in _incidents_for(conn, doc, lookup, now):
                     _link(conn, inc, alert_id, now, settings.settle_s)

@@ -1,25 +1,98 @@
-"""`goodput demo`: the quickstart. For now it starts the local stack and says what runs."""
+"""`goodput demo`: the quickstart loop on one machine, shown live; `goodput demo stop`."""
 
 from __future__ import annotations
 
-import typer
+import time
 
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from goodput import demo as loop
 from goodput import stack
 
 app = typer.Typer(help="The quickstart loop on one machine.", invoke_without_command=True)
+console = Console()
+
+
+def _secs(start: float, end: float | None) -> str:
+    return f"{end - start:.1f}s" if end else "-"
+
+
+def summary(results: list[loop.Outcome]) -> Table:
+    table = Table(title="What Goodput did")
+    for col in (
+        "fault",
+        "job",
+        "node",
+        "detect",
+        "act",
+        "diagnosis",
+        "culprit",
+        "action",
+        "result",
+    ):
+        table.add_column(col)
+    for r in results:
+        ok = r.action == r.fault.expect_action and r.action_state == "executed"
+        table.add_row(
+            r.fault.kind,
+            f"{r.fault.job} #{r.job_id}",
+            r.node,
+            _secs(r.onset, r.detected),
+            _secs(r.onset, r.acted),
+            r.outcome,
+            ",".join(r.culprits) or "-",
+            f"[{'green' if ok else 'yellow'}]{r.action} ({r.action_state})[/]",
+            r.result,
+        )
+    return table
 
 
 @app.callback()
 def demo(ctx: typer.Context) -> None:
-    """Start the local stack and show what is running."""
+    """Start everything, inject a GPU off the bus, a hang, an OOM and a straggler; follow each."""
     if ctx.invoked_subcommand:
         return
-    if stack.run_stack("start") != 0:
+    console.print(
+        Panel(
+            "[bold]Goodput quickstart[/]: real Slurm, Prometheus, Alertmanager; simulated GPUs.\n"
+            "[bold red]ACT MODE[/]: Goodput will drain nodes and requeue or stop jobs in this "
+            "local Slurm.\n(Everywhere else the default is monitor mode: plan, never execute.)",
+            border_style="red",
+        )
+    )
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {text}")
+
+    try:
+        results = loop.run(say)
+    except RuntimeError as exc:
+        console.print(f"[bold red]demo failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(summary(results))
+    handled = sum(
+        r.action == r.fault.expect_action and r.action_state == "executed" for r in results
+    )
+    console.print(
+        f"{handled}/{len(loop.FAULTS)} faults detected, diagnosed and handled as expected.\n"
+        "Explore: Recovery Console http://127.0.0.1:19430/console (log in with the token in "
+        f"{stack.stack_env().get('GOODPUT_RECEIVER_TOKEN_FILE')}), Prometheus "
+        "http://127.0.0.1:19090/alerts, Alertmanager http://127.0.0.1:19093, `goodput stack "
+        "status`, `goodput actions list`, `goodput audit verify`. Stop: `make demo-stop`."
+    )
+    if handled < len(loop.FAULTS):
         raise typer.Exit(1)
-    stack.run_stack("status")
 
 
 @app.command("stop")
 def stop() -> None:
-    """Stop everything the demo started."""
+    """Stop the demo's jobs and services, and the local stack."""
+    env = stack.stack_env()
+    if env:
+        loop.Slurm(env).cancel_demo_jobs()
+    loop.stop_services()
     raise typer.Exit(stack.run_stack("stop"))

@@ -98,11 +98,11 @@ def pending(engine: Engine, now: float | None = None) -> list[dict[str, Any]]:
 
 
 def incident_action(engine: Engine, incident_id: int) -> dict[str, Any] | None:
-    """The incident's action (one per incident), or None."""
+    """The incident's latest action, or None."""
     mod = actions_module()
     if mod is None:
         return None
-    found = mod.get_action(engine, f"inc-{incident_id}")
+    found = mod.incident_action(engine, str(incident_id))
     return _view(found, time.time()) if found else None
 
 

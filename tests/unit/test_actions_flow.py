@@ -262,3 +262,21 @@ def test_reconcile_finishes_an_action_a_dead_process_left_executing(world):
     assert world.st["jobs"]["42"]["restarts"] == 1  # not requeued twice
     assert not any(c[0] in ("drain", "requeue") for c in world.st["calls"][calls:])
     assert "already" in json.dumps(row["result"])
+
+
+def test_a_changed_verdict_is_planned_again_only_when_nothing_was_done(world):
+    world.submit("42", node="node2")
+    first = actions.on_diagnosis(
+        world.engine, world.settings("act"), *diag(3, outcome="unknown", nodes=(), conf=0.3)
+    )
+    assert first["id"] == "inc-3" and first["state"] == "no_action"
+    second = actions.on_diagnosis(world.engine, world.settings("act"), *diag(3))
+    assert second["id"] == "inc-3-2" and second["state"] == "executed"
+    assert second["kind"] == "drain_and_requeue"
+    # the same verdict again, or a different one after something was done: no new plan
+    assert actions.on_diagnosis(world.engine, world.settings("act"), *diag(3))["id"] == "inc-3-2"
+    third = actions.on_diagnosis(
+        world.engine, world.settings("act"), *diag(3, outcome="workload_oom", nodes=())
+    )
+    assert third["id"] == "inc-3-2" and world.st["jobs"]["42"]["restarts"] == 1
+    assert actions.incident_action(world.engine, "3")["id"] == "inc-3-2"

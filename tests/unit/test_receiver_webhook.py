@@ -234,3 +234,17 @@ def test_incident_paging(client):
     assert page["total"] == 5 and [i["job_id"] for i in page["items"]] == ["4", "3"]
     assert client.get("/api/v1/incidents", params={"job_id": "1;x"}).status_code == 422
     assert client.get("/api/v1/incidents/999").status_code == 404
+
+
+def test_goodputs_own_notices_open_no_incident(client):
+    notice = alert(
+        fp="b1c2d3",
+        alertname="GoodputActionPendingApproval",
+        job_id="42",
+        goodput_notification="true",
+    )
+    r = client.post("/api/v1/alerts", json=payload(notice))
+    assert r.status_code == 200 and r.json()["new"] == 1
+    assert client.get("/api/v1/incidents").json()["total"] == 0
+    r = client.post("/api/v1/alerts", json=payload(alert(fp="c1d2e3", job_id="42")))
+    assert client.get("/api/v1/incidents").json()["total"] == 1

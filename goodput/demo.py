@@ -1,0 +1,331 @@
+"""The quickstart loop: real Slurm, Prometheus and Alertmanager, simulated GPUs, Goodput's
+services in act mode; faults are injected one after another and followed to their end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from goodput import stack
+
+SIM_URL = "http://127.0.0.1:19400"
+RECEIVER_URL = "http://127.0.0.1:19430"
+REPO = stack.REPO
+DEMO_POLICY = REPO / "compose" / "local" / "demo-policy.yaml"
+JOBS = ("gpt-a", "gpt-b", "gpt-c")
+SERVICES = ("sim", "log-exporter", "slurm-exporter", "detector", "receiver")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault and what the demo expects Goodput to do about it."""
+
+    kind: str
+    job: str  # demo job name
+    gpu: int | None
+    expect_action: str
+    note: str
+
+
+FAULTS = (
+    Fault("xid79_off_bus", "gpt-a", 3, "drain_and_requeue", "a GPU falls off the bus"),
+    Fault("spin_hang", "gpt-b", 5, "requeue", "a rank hangs in a collective"),
+    Fault("cuda_oom", "gpt-c", 0, "stop", "the job runs out of GPU memory"),
+    Fault("thermal_straggler", "gpt-b", 2, "drain_and_requeue", "one GPU throttles and drags"),
+)
+
+
+@dataclass
+class Outcome:
+    """What happened to one fault, for the summary table."""
+
+    fault: Fault
+    job_id: str
+    node: str
+    onset: float
+    detected: float | None = None
+    diagnosed: float | None = None
+    acted: float | None = None
+    outcome: str = "-"
+    culprits: list[str] = field(default_factory=list)
+    action: str = "-"
+    action_state: str = "-"
+    result: str = "-"
+
+
+def goodput_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "goodput.cli", *args]
+
+
+def start_services(db_url: str) -> None:
+    """Start the simulator (real-Slurm mode), exporters, detector and receiver in act mode."""
+    env = {"GOODPUT_SIM_URL": SIM_URL}
+    stack.start_service("sim", goodput_argv("sim", "serve", "--scheduler", "slurm"), SIM_URL, env)
+    stack.start_service(
+        "log-exporter", goodput_argv("exporter", "logs"), "http://127.0.0.1:19411/metrics"
+    )
+    stack.start_service(
+        "slurm-exporter", goodput_argv("exporter", "slurm"), "http://127.0.0.1:19410/metrics"
+    )
+    stack.start_service(
+        "detector",
+        goodput_argv("detector", "serve", "--interval", "2"),
+        "http://127.0.0.1:19420/metrics",
+    )
+    stack.start_service(
+        "receiver",
+        goodput_argv("receiver", "serve"),
+        RECEIVER_URL,
+        {
+            "GOODPUT_MODE": "act",
+            "GOODPUT_POLICY_FILE": str(DEMO_POLICY),
+            "GOODPUT_RECEIVER_DB_URL": db_url,
+            "GOODPUT_SCHEDULER": "slurm",
+        },
+    )
+
+
+def stop_services() -> None:
+    for name in SERVICES:
+        stack.stop_service(name)
+
+
+def wait(predicate: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
+    """Poll until `predicate` returns something truthy; None on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = predicate()
+        except (requests.RequestException, subprocess.SubprocessError, OSError, ValueError):
+            got = None
+        if got:
+            return got
+        time.sleep(interval)
+    return None
+
+
+def http_ok(url: str) -> bool:
+    return requests.get(url, timeout=2).status_code < 500
+
+
+class Slurm:
+    """The few Slurm client calls the demo makes (argv lists, never a shell)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = {**os.environ, **env}
+
+    def run(self, *argv: str) -> str:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=self.env)
+        if out.returncode != 0:
+            raise subprocess.SubprocessError(f"{' '.join(argv)}: {out.stderr.strip()}")
+        return out.stdout
+
+    def submit(self, name: str, script: Path, log_dir: str) -> str:
+        comment = json.dumps({"goodput": {"max_requeues": 3}}, separators=(",", ":"))
+        return self.run(
+            "sbatch", "--parsable", "--requeue", "-N1", "--gpus-per-node=8",
+            f"--job-name={name}", f"--comment={comment}",
+            f"--output={log_dir}/jobs/slurm-%j.out", str(script),
+        ).strip().split(";")[0]  # fmt: skip
+
+    def job(self, job_id: str) -> dict[str, str]:
+        line = self.run("scontrol", "show", "job", "-o", job_id).strip()
+        return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+
+    def running_on(self, job_id: str, min_restarts: int = 0) -> str | None:
+        """The job's node list while it runs (restarted at least `min_restarts` times)."""
+        job = self.job(job_id)
+        running = job.get("JobState") == "RUNNING"
+        return (
+            job.get("NodeList") if running and int(job.get("Restarts", 0)) >= min_restarts else None
+        )
+
+    def cancel_demo_jobs(self) -> None:
+        for name in JOBS:
+            subprocess.run(
+                ["scancel", f"--name={name}"], env=self.env, capture_output=True, timeout=30
+            )
+
+    def resume_drained(self) -> list[str]:
+        """Return nodes Goodput drained in an earlier demo to service (only `goodput:` ones)."""
+        resumed = []
+        for line in self.run("sinfo", "-h", "-N", "-R", "-o", "%N|%E").splitlines():
+            node, _, reason = line.partition("|")
+            if reason.startswith("goodput:"):
+                self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+                resumed.append(node)
+        return resumed
+
+
+class Receiver:
+    """Reads incidents and actions from the receiver's API."""
+
+    def __init__(self, token_file: str) -> None:
+        token = Path(token_file).read_text().strip()
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    def get(self, path: str, **params: Any) -> Any:
+        r = requests.get(f"{RECEIVER_URL}{path}", headers=self.headers, params=params, timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    def incident_since(self, job_id: str, since: float) -> dict[str, Any] | None:
+        for item in self.get("/api/v1/incidents", job_id=job_id)["items"]:
+            if (item.get("opened_at") or 0) >= since - 1 or (item.get("updated_at") or 0) >= since:
+                return self.get(f"/api/v1/incidents/{item['id']}")
+        return None
+
+    def action_for(self, incident_id: Any) -> dict[str, Any] | None:
+        for action in self.get("/api/v1/actions")["actions"]:
+            if str(action.get("incident_id")) == str(incident_id):
+                return action
+        return None
+
+
+def archive_logs(log_dir: Path, archive: Path) -> None:
+    """Move an earlier run's job and kernel logs aside, so old XIDs are not evidence today."""
+    target = archive / time.strftime("%Y%m%d-%H%M%S")
+    for sub in ("jobs", "kernel"):
+        if (log_dir / sub).exists():
+            target.mkdir(parents=True, exist_ok=True)
+            (log_dir / sub).rename(target / sub)
+        (log_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+def job_script(state: Path) -> Path:
+    """The sbatch body: a simulated training job that registers with the simulator."""
+    path = state / "demo" / "sim-job.sh"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = " ".join(shlex.quote(a) for a in goodput_argv("sim", "job", "--sim-url", SIM_URL))
+    path.write_text(f"#!/bin/bash\nexec {argv}\n")
+    path.chmod(0o755)
+    return path
+
+
+def inject(fault: Fault, job_id: str, node: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": fault.kind, "node": node, "job_id": job_id}
+    if fault.gpu is not None:
+        body["gpu"] = fault.gpu
+    r = requests.post(f"{SIM_URL}/api/v1/faults", json=body, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def follow(
+    fault: Fault, job_id: str, node: str, slurm: Slurm, receiver: Receiver,
+    say: Callable[[str], None], timeout: float = 150.0,
+) -> Outcome:  # fmt: skip
+    """Inject `fault` and follow it: alert → incident → diagnosis → action → job again."""
+    injected = inject(fault, job_id, node)
+    onset = float(injected.get("onset") or time.time())
+    out = Outcome(fault, job_id, node, onset)
+    say(f"[bold red]inject[/] {fault.kind} on {node} (job {fault.job} #{job_id}): {fault.note}")
+    incident = wait(lambda: receiver.incident_since(job_id, onset), timeout)
+    if not incident:
+        say(f"  [yellow]no incident for job {job_id} within {timeout:.0f}s[/]")
+        return out
+    out.detected = float(incident.get("first_alert_at") or incident["opened_at"])
+    alerts = sorted({a.get("alertname", "?") for a in incident.get("alerts", [])})
+    say(
+        f"  alert → incident #{incident['id']} after {out.detected - onset:.1f}s "
+        f"({', '.join(alerts)})"
+    )
+
+    def diagnosed() -> dict[str, Any] | None:
+        inc = receiver.get(f"/api/v1/incidents/{incident['id']}")
+        return inc if (inc.get("diagnosis") or {}).get("outcome") else None
+
+    incident = wait(diagnosed, 60) or incident
+    diag = incident.get("diagnosis") or {}
+    out.outcome = diag.get("outcome", "-")
+    out.culprits = list(diag.get("affected_nodes") or [])
+    out.diagnosed = time.time()
+    say(
+        f"  diagnosis: [bold]{out.outcome}[/] on {out.culprits or 'no node'} "
+        f"(confidence {diag.get('confidence', 0):.2f}): {diag.get('root_cause', '')[:110]}"
+    )
+    final = ("executed", "failed", "rejected", "skipped", "no_action", "planned_only", "expired")
+    action = wait(
+        lambda: (a := receiver.action_for(incident["id"])) and a["state"] in final and a, 60
+    )
+    if not action:
+        say("  [yellow]no action recorded[/]")
+        return out
+    out.action, out.action_state = action["kind"], action["state"]
+    out.acted = float(action.get("updated_at") or time.time())
+    say(
+        f"  action: [bold]{out.action}[/] → {out.action_state} "
+        f"({out.acted - onset:.1f}s after onset)"
+    )
+    if out.action in ("drain_and_requeue", "requeue") and out.action_state == "executed":
+        where = wait(partial(slurm.running_on, job_id, 1), 90)
+        out.result = f"running again on {where}" if where else "not running again yet"
+    elif out.action == "stop":
+        out.result = f"held: {slurm.job(job_id).get('JobState', '?')}"
+    else:
+        out.result = out.action_state
+    say(f"  result: {out.result}")
+    return out
+
+
+def run(say: Callable[[str], None], fresh: bool = True) -> list[Outcome]:
+    """The whole demo; returns one Outcome per injected fault."""
+    if stack.run_stack("start") != 0:
+        raise RuntimeError("the local stack did not start (see the messages above)")
+    env = stack.stack_env()
+    os.environ.update(env)
+    slurm = Slurm(env)
+    state = stack.state_dir()
+    slurm.cancel_demo_jobs()
+    for node in slurm.resume_drained():
+        say(f"returned {node} (drained by an earlier demo) to service")
+    db = state / "demo" / "goodput.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        stop_services()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        archive_logs(Path(env["GOODPUT_LOG_DIR"]), state / "logs" / "archive")
+    start_services(f"sqlite:///{db}")
+    for name, url in (
+        ("simulator", f"{SIM_URL}/api/v1/cluster"),
+        ("receiver", f"{RECEIVER_URL}/healthz"),
+        ("detector", "http://127.0.0.1:19420/metrics"),
+        ("log exporter", "http://127.0.0.1:19411/metrics"),
+    ):
+        if not wait(partial(http_ok, url), 60):
+            raise RuntimeError(f"the {name} did not answer at {url} (logs: {state}/logs/)")
+    say("services up: simulator, log and Slurm exporters, detector, receiver ([bold]act[/] mode)")
+
+    script = job_script(state)
+    jobs = {name: slurm.submit(name, script, env["GOODPUT_LOG_DIR"]) for name in JOBS}
+    say("submitted " + ", ".join(f"{n} (#{j})" for n, j in jobs.items()) + " to real Slurm")
+    for name, job_id in jobs.items():
+        if not wait(partial(slurm.running_on, job_id), 60):
+            raise RuntimeError(f"job {name} #{job_id} did not start")
+    say("jobs running; letting them train and the detector learn them (45 s)")
+    time.sleep(45)
+
+    results = []
+    for fault in FAULTS:
+        job_id = jobs[fault.job]
+        node = wait(partial(slurm.running_on, job_id), 120)
+        if not node:
+            say(f"[yellow]skipping {fault.kind}: job {fault.job} is not running[/]")
+            continue
+        time.sleep(15)  # a little healthy time after a restart before the next fault
+        results.append(
+            follow(fault, job_id, node, slurm, Receiver(env["GOODPUT_RECEIVER_TOKEN_FILE"]), say)
+        )
+    return results
