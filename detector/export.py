@@ -1,0 +1,223 @@
+"""Export one job's time range from Prometheus as a recording (docs/contracts.md format).
+
+What is read (range queries on one step grid, chunked under Prometheus' 11,000 points):
+- the job's nodes and name: `goodput_slurm_job_node_info{job_id}`, and dcgm series whose
+  `hpc_job` is the job;
+- every `DCGM_FI_*` series of those nodes (`Hostname` or `hostname`), all GPUs, so peers and
+  idle GPUs are there too; a row's `job_id` is its `hpc_job`, else the job while Slurm placed it
+  on that node;
+- the job's `goodput_job_*` log metrics (max over ranks).
+Logs are copied from a log directory laid out as on the local stack (`jobs/slurm-<id>.out`,
+`kernel/<node>.log`) when one is given. No `truth.json`: ground truth is not known.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import re
+import shutil
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from detector.frame import JOB_RE, NODE_RE
+
+FORMAT = "goodput-recording/1"
+MAX_POINTS = 10_000  # per series per query (Prometheus refuses > 11,000)
+MAX_RANGE_S = 31 * 86400
+JOB_METRICS = (
+    "goodput_job_iteration",
+    "goodput_job_last_progress_timestamp_seconds",
+    "goodput_job_iteration_seconds",
+    "goodput_job_throughput_samples_per_second",
+    "goodput_job_loss",
+    "goodput_job_nan_iterations_total",
+    "goodput_job_skipped_iterations_total",
+    "goodput_job_last_checkpoint_timestamp_seconds",
+)
+HOST_LABELS = ("Hostname", "hostname")
+
+
+class ExportError(ValueError):
+    """Bad input, Prometheus unreachable or in error, or nothing to export."""
+
+
+class RangeClient:
+    """Prometheus `/api/v1/query_range`, chunked so each answer stays under the point limit."""
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        if not re.match(r"^https?://[^\s]+$", url):
+            raise ExportError(f"--prometheus must be an http(s) URL, not {url!r}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+
+    def range(
+        self, expr: str, start: float, end: float, step: float
+    ) -> Iterator[tuple[dict[str, str], list[tuple[float, float]]]]:
+        span = step * MAX_POINTS
+        t = start
+        while t <= end:
+            stop = min(end, t + span)
+            yield from self._query(expr, t, stop, step)
+            t = stop + step
+
+    def _query(self, expr: str, start: float, end: float, step: float) -> Iterator[Any]:
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        try:
+            r = self.session.get(
+                f"{self.url}/api/v1/query_range", params=params, timeout=self.timeout
+            )
+            doc = r.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise ExportError(f"Prometheus at {self.url}: {exc}") from exc
+        if r.status_code != 200 or not isinstance(doc, dict) or doc.get("status") != "success":
+            err = doc.get("error") if isinstance(doc, dict) else doc
+            raise ExportError(f"Prometheus said {r.status_code}: {str(err)[:200]}")
+        for s in doc.get("data", {}).get("result", []):
+            values = []
+            for t, v in s.get("values", []):
+                try:
+                    values.append((float(t), float(v)))
+                except (TypeError, ValueError):
+                    continue
+            yield dict(s.get("metric", {})), values
+
+
+def _num(v: float) -> str:
+    if math.isnan(v) or math.isinf(v):
+        return "nan" if math.isnan(v) else ""
+    return repr(float(v)) if abs(v) >= 1e6 else f"{v:.10g}"
+
+
+def export_recording(
+    prometheus_url: str,
+    job_id: str,
+    start: float,
+    end: float,
+    out: str | Path,
+    step: float = 5.0,
+    log_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Write the recording directory `out`; returns its meta.json content."""
+    if not JOB_RE.match(job_id):
+        raise ExportError(f"--job-id must look like a Slurm job id (123 or 123_4), not {job_id!r}")
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        raise ExportError("--end must be after --start (unix seconds)")
+    if end - start > MAX_RANGE_S:
+        raise ExportError(f"the range is longer than {MAX_RANGE_S // 86400} days; export less")
+    if not 0.1 <= step <= 3600:
+        raise ExportError("--step must be between 0.1 and 3600 seconds")
+    prom = RangeClient(prometheus_url)
+    grid = (start, end, step)
+
+    placed: dict[str, set[float]] = defaultdict(set)  # node -> times Slurm had the job there
+    name = job_id
+    for labels, values in prom.range(
+        f'max by (node, job_name) (goodput_slurm_job_node_info{{job_id="{job_id}"}})', *grid
+    ):
+        node = labels.get("node", "")
+        if NODE_RE.match(node):
+            placed[node].update(t for t, _ in values)
+            name = labels.get("job_name") or name
+    for host in HOST_LABELS:
+        for labels, _ in prom.range(
+            f'count by ({host}) (DCGM_FI_DEV_GPU_TEMP{{hpc_job="{job_id}"}})', *grid
+        ):
+            if NODE_RE.match(labels.get(host, "")):
+                placed.setdefault(labels[host], set())
+    if not placed:
+        raise ExportError(
+            f"job {job_id}: no nodes found between {start:.0f} and {end:.0f} "
+            "(neither goodput_slurm_job_node_info nor dcgm hpc_job)"
+        )
+    nodes = sorted(placed)
+
+    gpu_rows: dict[tuple[float, str, str], dict[str, Any]] = {}
+    fields: set[str] = set()
+    # node names are [A-Za-z0-9._-] (validated): only the dot needs escaping, twice in PromQL
+    node_re = "|".join(n.replace(".", "\\\\.") for n in nodes)
+    for host in HOST_LABELS:
+        expr = f'{{__name__=~"DCGM_FI_.+", {host}=~"{node_re}"}}'
+        for labels, values in prom.range(expr, *grid):
+            metric, node, gpu = labels.get("__name__", ""), labels.get(host, ""), labels.get("gpu")
+            if node not in placed or gpu is None or not gpu.isdigit():
+                continue
+            fields.add(metric)
+            hpc = labels.get("hpc_job", "")
+            for t, v in values:
+                row = gpu_rows.setdefault((t, node, gpu), {"job_id": ""})
+                row[metric] = v
+                if hpc:
+                    row["job_id"] = hpc
+                elif not row["job_id"] and t in placed[node]:
+                    row["job_id"] = job_id
+    if not gpu_rows:
+        raise ExportError(f"job {job_id}: no DCGM_FI_* series for nodes {nodes} in the range")
+
+    job_rows: dict[float, dict[str, float]] = defaultdict(dict)
+    for metric in JOB_METRICS:
+        for _, values in prom.range(f'max by (job_id) ({metric}{{job_id="{job_id}"}})', *grid):
+            for t, v in values:
+                job_rows[t][metric] = v
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cols = sorted(fields)
+    with gzip.open(out / "gpu_metrics.csv.gz", "wt", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["timestamp", "node", "gpu", "job_id", *cols])
+        for (t, node, gpu), row in sorted(
+            gpu_rows.items(), key=lambda kv: (kv[0][0], kv[0][1], int(kv[0][2]))
+        ):
+            w.writerow([f"{t:.3f}", node, gpu, row["job_id"], *(_cell(row.get(c)) for c in cols)])
+    with gzip.open(out / "job_metrics.csv.gz", "wt", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["timestamp", "job_id", *JOB_METRICS])
+        for t in sorted(job_rows):
+            w.writerow([f"{t:.3f}", job_id, *(_cell(job_rows[t].get(c)) for c in JOB_METRICS)])
+    on_job = sorted({t for (t, _, _), r in gpu_rows.items() if r["job_id"] == job_id})
+    gpus = {(n, g) for (_, n, g) in gpu_rows}
+    meta = {
+        "format": FORMAT,
+        "scenario": None,
+        "source": "prometheus",
+        "seed": None,
+        "start": start,
+        "end": end,
+        "interval_s": step,
+        "nodes": nodes,
+        "gpus_per_node": max(sum(1 for n2, _ in gpus if n2 == n) for n in nodes),
+        "jobs": [
+            {
+                "job_id": job_id,
+                "name": name,
+                "nodes": nodes,
+                "start": on_job[0] if on_job else None,
+                "end": on_job[-1] if on_job and on_job[-1] < end - step else None,
+            }
+        ],
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    if log_dir:
+        _copy_logs(Path(log_dir), out / "logs", job_id, nodes)
+    return meta
+
+
+def _cell(v: float | None) -> str:
+    return "" if v is None else _num(v)
+
+
+def _copy_logs(src: Path, dst: Path, job_id: str, nodes: list[str]) -> None:
+    pairs = [(src / "jobs" / f"slurm-{job_id}.out", dst / "jobs" / f"slurm-{job_id}.out")]
+    pairs += [(src / "kernel" / f"{n}.log", dst / "kernel" / f"{n}.log") for n in nodes]
+    for a, b in pairs:
+        if a.is_file():
+            b.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(a, b)

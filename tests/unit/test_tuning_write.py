@@ -1,0 +1,79 @@
+"""detector.tuning.write_thresholds: edits the one source of alert conditions, nothing else."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from catalogue import alerts as A
+from detector import tuning as T
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    dst = tmp_path / "alertmanager" / "alerts.yaml"
+    dst.parent.mkdir()
+    shutil.copy(ROOT / "alertmanager" / "alerts.yaml", dst)
+    monkeypatch.setenv(T.ALERTS_ENV, str(dst))
+    return dst
+
+
+def test_alerts_path_follows_the_environment(copy: Path) -> None:
+    assert T.alerts_path() == copy
+
+
+def test_write_changes_only_the_asked_lines_and_regenerates_rules(copy: Path) -> None:
+    before = copy.read_text().splitlines()
+    written = T.write_thresholds(
+        {
+            "GoodputJobStraggler": {"threshold": 0.75, "for": "30s"},
+            "GoodputJobAnomaly": {"threshold": 1.5},
+        }
+    )
+    after = copy.read_text().splitlines()
+    changed = [(a.strip(), b.strip()) for a, b in zip(before, after, strict=True) if a != b]
+    assert sorted(changed) == sorted(
+        [
+            ("threshold: 1.0", "threshold: 0.75"),
+            ("for: 20s", "for: 30s"),
+            ("threshold: 1.0", "threshold: 1.5"),
+        ]
+    )
+    spec = A.load(copy)
+    assert A.threshold("GoodputJobStraggler", spec) == 0.75
+    assert spec.alert("GoodputJobStraggler").for_ == "30s"
+    assert A.threshold("GoodputJobAnomaly", spec) == 1.5
+    rules = written["rules"]
+    assert rules == copy.parent / "rules" / "goodput.yml"
+    assert rules.read_text() == A.dump_rules(spec)
+    assert "goodput_node_suspect_score >= 0.75" in rules.read_text()
+
+
+def test_the_repository_file_is_untouched(copy: Path) -> None:
+    repo = (ROOT / "alertmanager" / "alerts.yaml").read_text()
+    T.write_thresholds({"GoodputJobAnomaly": {"threshold": 2.0}})
+    assert (ROOT / "alertmanager" / "alerts.yaml").read_text() == repo
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"GoodputJobAnomaly": {"severity": "critical"}}, "only 'threshold' and 'for'"),
+        ({"GoodputJobAnomaly": {"threshold": -1}}, "positive number"),
+        ({"GoodputJobAnomaly": {"threshold": float("nan")}}, "positive number"),
+        ({"GoodputJobAnomaly": {"for": "soon"}}, "bad duration"),
+        ({"GoodputNoSuchAlert": {"threshold": 1}}, "no alert named"),
+        ({"GoodputGPUFatalXid": {"threshold": 1}}, "no threshold condition on a detector score"),
+    ],
+)
+def test_bad_changes_are_refused_and_leave_the_file(
+    copy: Path, changes: dict, message: str
+) -> None:
+    before = copy.read_text()
+    with pytest.raises((ValueError, KeyError), match=message):
+        T.write_thresholds(changes)
+    assert copy.read_text() == before
