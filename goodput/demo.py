@@ -54,9 +54,10 @@ class Outcome:
     job_id: str
     node: str
     onset: float
-    detected: float | None = None
+    detected: float | None = None  # the first alert reached the receiver
     diagnosed: float | None = None
     acted: float | None = None
+    recovered: float | None = None  # the job runs again (restarts) or is held (stop)
     outcome: str = "-"
     culprits: list[str] = field(default_factory=list)
     action: str = "-"
@@ -235,7 +236,7 @@ def follow(
     if not incident:
         say(f"  [yellow]no incident for job {job_id} within {timeout:.0f}s[/]")
         return out
-    out.detected = float(incident.get("first_alert_at") or incident["opened_at"])
+    out.detected = float(incident["opened_at"])
     alerts = sorted({a.get("alertname", "?") for a in incident.get("alerts", [])})
     say(
         f"  alert → incident #{incident['id']} after {out.detected - onset:.1f}s "
@@ -270,6 +271,7 @@ def follow(
     )
     if out.action in ("drain_and_requeue", "requeue") and out.action_state == "executed":
         where = wait(partial(slurm.running_on, job_id, 1), 90)
+        out.recovered = time.time() if where else None
         out.result = f"running again on {where}" if where else "not running again yet"
     elif out.action == "stop":
         out.result = f"held: {slurm.job(job_id).get('JobState', '?')}"
@@ -279,7 +281,9 @@ def follow(
     return out
 
 
-def run(say: Callable[[str], None], fresh: bool = True) -> list[Outcome]:
+def run(
+    say: Callable[[str], None], faults: tuple[Fault, ...] = FAULTS, fresh: bool = True
+) -> list[Outcome]:
     """The whole demo; returns one Outcome per injected fault."""
     if stack.run_stack("start") != 0:
         raise RuntimeError("the local stack did not start (see the messages above)")
@@ -318,7 +322,7 @@ def run(say: Callable[[str], None], fresh: bool = True) -> list[Outcome]:
     time.sleep(45)
 
     results = []
-    for fault in FAULTS:
+    for fault in faults:
         job_id = jobs[fault.job]
         node = wait(partial(slurm.running_on, job_id), 120)
         if not node:

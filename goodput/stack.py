@@ -92,3 +92,7 @@ def _alive(pid: int) -> bool:
 def python() -> str:
     """The interpreter running Goodput, for starting sibling services."""
     return sys.executable
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1
