@@ -44,6 +44,7 @@ def _since(onset: float, t: float | None) -> float | None:
 def row(o: demo.Outcome) -> dict[str, Any]:
     return {
         "fault": o.fault.kind,
+        "job_id": o.job_id,
         "node": o.node,
         "to_alert_s": _since(o.onset, o.detected),
         "to_diagnosis_s": _since(o.onset, o.diagnosed),
@@ -83,10 +84,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 def run(
     say: Callable[[str], None], faults: tuple[demo.Fault, ...] = demo.FAULTS,
-    out: Path | None = RESULTS,
+    out: Path | None = RESULTS, warmup_s: float = 45.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Run `faults` through the real stack; write JSON and markdown to `out` (None: don't)."""
-    results = demo.run(say, faults=faults)
+    results = demo.run(say, faults=faults, warmup_s=warmup_s)
     rows = [row(o) for o in results]
 
     def median(key: str) -> float | None:

@@ -282,7 +282,10 @@ def follow(
 
 
 def run(
-    say: Callable[[str], None], faults: tuple[Fault, ...] = FAULTS, fresh: bool = True
+    say: Callable[[str], None],
+    faults: tuple[Fault, ...] = FAULTS,
+    fresh: bool = True,
+    warmup_s: float = 45.0,
 ) -> list[Outcome]:
     """The whole demo; returns one Outcome per injected fault."""
     if stack.run_stack("start") != 0:
@@ -318,8 +321,8 @@ def run(
     for name, job_id in jobs.items():
         if not wait(partial(slurm.running_on, job_id), 60):
             raise RuntimeError(f"job {name} #{job_id} did not start")
-    say("jobs running; letting them train and the detector learn them (45 s)")
-    time.sleep(45)
+    say(f"jobs running; letting them train and the detector learn them ({warmup_s:.0f} s)")
+    time.sleep(warmup_s)
 
     results = []
     for fault in faults:

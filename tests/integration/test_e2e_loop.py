@@ -1,0 +1,35 @@
+"""The whole loop on the real stack, reduced: one GPU falls off the bus in act mode.
+
+Simulator (real time, real Slurm jobs) → Prometheus → alert rule → Alertmanager → receiver →
+diagnosis → drain + requeue excluding the node in real Slurm → the job runs again elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import e2e
+from goodput import demo, stack
+
+
+@pytest.fixture()
+def loop(local_stack):
+    slurm = demo.Slurm(local_stack)
+    yield slurm
+    slurm.cancel_demo_jobs()
+    demo.stop_services()
+    slurm.resume_drained()
+
+
+def test_gpu_off_the_bus_is_drained_and_the_job_restarts_elsewhere(loop):
+    said: list[str] = []
+    report = e2e.run(said.append, faults=demo.FAULTS[:1], out=None, warmup_s=15)
+    row = report["faults"][0]
+    assert row["outcome"] == "gpu_hardware_fault", said
+    assert row["culprits"] == [row["node"]], said
+    assert row["handled"], said
+    assert row["to_alert_s"] is not None and row["to_alert_s"] < 60
+    reasons = loop.run("sinfo", "-h", "-N", "-R", "-o", "%N|%E")
+    assert f"{row['node']}|goodput:" in reasons
+    assert loop.running_on(row["job_id"], 1) not in (None, row["node"])
+    assert stack.stack_env()  # the stack kept running for the other tests
