@@ -9,6 +9,7 @@ and the tuning notebook writes its thresholds into a temporary copy of alerts.ya
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -35,6 +36,9 @@ def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         json.dumps({"argv": argv, "display_name": KERNEL, "language": "python"})
     )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    # the kernel imports this checkout's packages, wherever the venv's editable install points
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *([path] if path else [])]))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     alerts = tmp_path / "alertmanager" / "alerts.yaml"
     alerts.parent.mkdir()
