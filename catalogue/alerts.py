@@ -323,6 +323,13 @@ def _core(c: Condition, hpc: str) -> str:
     sel = _selector(c.metric, c.labels, hpc)
     if c.kind == "threshold":
         return mapped(_compare(sel, c))
+    if c.kind == "increase" and c.source == "dcgm":
+        # A job ending drops hpc_job and starts a new series, often at the very moment of the
+        # fault, so increase() per series misses it. Instead: the GPU's value now minus its
+        # lowest value within the window, whatever the job (a counter reset gives 0, not a rise).
+        every = _selector(c.metric, c.labels)
+        low = f"min without (hpc_job) (min_over_time({every}[{c.window}]))"
+        return mapped(_compare(f"({sel} - ignoring (hpc_job) group_left {low})", c))
     if c.kind == "increase":
         core = _compare(f"increase({sel}[{c.window}])", c)
         if c.new_series:
@@ -466,6 +473,21 @@ def _gone(frame: pd.DataFrame, c: Condition) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
 
 
+def _dcgm_rise(rows: pd.DataFrame, c: Condition, keys: list[str]) -> pd.DataFrame:
+    """Per GPU (job_id ignored): value now minus the lowest value within the window."""
+    window = pd.Timedelta(seconds=duration_seconds(c.window))
+    parts = []
+    for _, g in rows.groupby(keys, dropna=False, sort=False) if keys else [((), rows)]:
+        per_t = g.groupby("timestamp", sort=True)[c.metric].max()
+        low = pd.Series(per_t.to_numpy(), index=pd.to_datetime(per_t.index, unit="s"))
+        low = low.rolling(window).min().to_numpy()
+        rise = pd.Series(per_t.to_numpy() - low, index=per_t.index)
+        active = OPS[c.op](g["timestamp"].map(rise).to_numpy(dtype=float), c.threshold)
+        cols = ["timestamp", *keys, *(["job_id"] if "job_id" in g else [])]
+        parts.append(g[cols].assign(active=active))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def _active(frame: pd.DataFrame, c: Condition) -> pd.DataFrame:
     """Rows (timestamp, labels..., active) for one condition, before `for`."""
     if c.kind == "gone":
@@ -473,6 +495,8 @@ def _active(frame: pd.DataFrame, c: Condition) -> pd.DataFrame:
     labels = [k for k in frame.columns if k != "timestamp" and not _is_metric(k)]
     rows = frame.loc[frame[c.metric].notna() & _match(frame, c.labels)]
     rows = rows[["timestamp", *labels, c.metric]].sort_values("timestamp")
+    if c.kind == "increase" and c.source == "dcgm":
+        return _dcgm_rise(rows, c, [k for k in labels if k != "job_id"])
     parts = []
     for _, g in rows.groupby(labels, dropna=False, sort=False) if labels else [((), rows)]:
         v = g[c.metric].to_numpy(dtype=float)

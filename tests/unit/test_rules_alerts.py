@@ -282,3 +282,20 @@ def test_evaluate_skips_missing_metrics_and_needs_timestamps(spec):
     assert A.evaluate("GoodputGPUFatalXid", frame, spec).empty
     with pytest.raises(ValueError, match="timestamp"):
         A.evaluate("GoodputGPUFatalXid", frame.drop(columns="timestamp"), spec)
+
+
+def test_a_counter_rise_is_seen_when_the_job_label_changes_at_the_fault(spec):
+    t = np.arange(0.0, 60.0, 5.0)
+    frame = pd.DataFrame(
+        {
+            "timestamp": t,
+            "node": "node2",
+            "gpu": "5",
+            "job_id": np.where(t < 30, "1001", ""),  # the job dies with the error
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": np.where(t < 30, 0.0, 1.0),
+        }
+    )
+    fired = A.evaluate("GoodputGPUDoubleBitECC", frame, spec)
+    assert fired["timestamp"].min() == 35.0  # first sample at 1 (t=30) + `for` (2s) -> next one
+    reset = frame.assign(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=np.where(t < 30, 3.0, 0.0))
+    assert A.evaluate("GoodputGPUDoubleBitECC", reset, spec).empty
