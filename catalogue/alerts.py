@@ -578,8 +578,27 @@ def promtool_tests(spec: Spec, cases: Any, rule_file: str) -> dict[str, Any]:
     if not isinstance(cases, list):
         raise AlertsError("cases: expected a list")
     tests = []
+    records = {r["record"] for r in spec.recording}
     for i, case in enumerate(cases):
         where = f"case {i} ({case.get('name', '?')})"
+        if "record" in case:  # a recording rule: the samples it must produce
+            if case["record"] not in records:
+                raise AlertsError(f"{where}: no recording rule {case['record']!r}")
+            tests.append(
+                {
+                    "name": f"{case['record']}: {_req(case, 'name', where)}",
+                    "interval": case.get("interval", "1s"),
+                    "input_series": _req(case, "series", where),
+                    "promql_expr_test": [
+                        {
+                            "expr": case["record"],
+                            "eval_time": _req(case, "eval_time", where),
+                            "exp_samples": _req(case, "expect", where),
+                        }
+                    ],
+                }
+            )
+            continue
         alert = spec.alert(_req(case, "alert", where))
         expected = []
         for exp in case.get("expect") or []:
