@@ -97,7 +97,7 @@ def cluster() -> d.Dashboard:
         .with_panel(
             st(
                 "Nodes drained or down",
-                'count(goodput_slurm_node_state{state=~"(?i)(drain|down).*"} == 1) or vector(0)',
+                'count(goodput_slurm_node_state{state=~"(?i).*(drain|down).*"} == 1) or vector(0)',
             )
         )
         .with_panel(
