@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from dashboards import build, grafana
+from dashboards import grafana
 
 app = typer.Typer(help="Grafana dashboards as code (dashboards/build.py).")
 
@@ -19,7 +19,17 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
+def _build():  # grafana-foundation-sdk is the `dashboards` extra: import it only when used
+    try:
+        from dashboards import build
+    except ImportError as e:
+        typer.echo(f"error: {e}; install the extra: pip install 'goodput[dashboards]'", err=True)
+        raise typer.Exit(2) from e
+    return build
+
+
 def outputs() -> dict[Path, str]:
+    build = _build()
     return {OUT / name: build.dumps(model) for name, model in build.build_all().items()}
 
 
@@ -61,7 +71,7 @@ def push(
         raise typer.Exit(2)
     token = token_file.read_text().strip()
     failed = 0
-    for name, model in build.build_all().items():
+    for name, model in _build().build_all().items():
         try:
             answer = grafana.push(url, token, model, folder_uid=folder_uid)
         except grafana.GrafanaError as e:
