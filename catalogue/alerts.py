@@ -554,6 +554,15 @@ def evaluate(alert: Alert | str, frame: pd.DataFrame, spec: Spec | None = None) 
     return out.sort_values("timestamp", kind="stable").reset_index(drop=True)
 
 
+def evaluate_all(frame: pd.DataFrame, spec: Spec | None = None) -> pd.DataFrame:
+    """evaluate() for every alert in alerts.yaml; one frame, sorted by time."""
+    spec = spec or load()
+    parts = [r for a in spec.alerts if not (r := evaluate(a, frame, spec)).empty]
+    if not parts:
+        return pd.DataFrame(columns=["timestamp", "alertname", "severity"])
+    return pd.concat(parts, ignore_index=True).sort_values("timestamp", kind="stable")
+
+
 # ---------------------------------------------------------------- promtool unit tests
 
 

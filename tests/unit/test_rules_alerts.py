@@ -300,3 +300,20 @@ def test_a_counter_rise_is_seen_when_the_job_label_changes_at_the_fault(spec):
     assert fired["timestamp"].min() == 35.0  # first sample at 1 (t=30) + `for` (2s) -> next one
     reset = frame.assign(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=np.where(t < 30, 3.0, 0.0))
     assert A.evaluate("GoodputGPUDoubleBitECC", reset, spec).empty
+
+
+def test_evaluate_all_names_each_firing_alert(spec):
+    t = np.arange(0.0, 40.0, 5.0)
+    frame = pd.DataFrame(
+        {
+            "timestamp": t,
+            "node": "node2",
+            "gpu": "3",
+            "job_id": "1001",
+            "DCGM_FI_DEV_XID_ERRORS": np.where(t >= 10, 79.0, 0.0),
+        }
+    )
+    fired = A.evaluate_all(frame, spec)
+    assert set(fired["alertname"]) == {"GoodputGPUFatalXid"}
+    assert fired["timestamp"].min() == 15.0 and set(fired["severity"]) == {"critical"}
+    assert A.evaluate_all(frame.assign(DCGM_FI_DEV_XID_ERRORS=13.0), spec).empty
