@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "dashboards": "goodput.commands.dashboards",
     "receiver": "goodput.commands.receiver",
     "attribute": "goodput.commands.attribute",
+    "bench": "goodput.commands.bench",
     "export-recording": "goodput.commands.export",
 }
 

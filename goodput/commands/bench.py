@@ -1,0 +1,52 @@
+"""`goodput bench`: the benchmarks. `faults` runs every fault scenario in simulated time."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(help="Benchmarks (results under bench/results/).", no_args_is_help=True)
+
+
+@app.command("faults")
+def faults(
+    quick: bool = typer.Option(False, "--quick", help="a few scenarios, one seed (CI)"),
+    seeds: int = typer.Option(3, "--seeds", min=1, max=50, help="seeds per fault scenario"),
+    scenario: str | None = typer.Option(
+        None, "--scenario", help="only scenarios whose file stem matches this glob"
+    ),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="where faults.json/.md go"),
+    workers: int = typer.Option(
+        0, "--workers", min=0, max=64, help="processes (0: 1 with --quick, else up to 2)"
+    ),
+) -> None:
+    """Fault-injection benchmark: detector, alerts, attribution and policy, in simulated time."""
+    from bench import faults as bench_faults
+
+    warnings.filterwarnings("ignore", module="starlette|httpx|fastapi")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if scenario is not None and (not scenario or len(scenario) > 100 or "/" in scenario):
+        raise typer.BadParameter("--scenario is a file-stem glob such as 'spin*'")
+    n = workers or (1 if quick else min(2, os.cpu_count() or 1))
+
+    def progress(r: dict[str, Any]) -> None:
+        f = r["faults"][0] if r["faults"] else None
+        what = (
+            f"{f['kind']}: detected={f['detected']} latency={f.get('latency_s')} "
+            f"outcome={f.get('outcome')} action={f.get('effective_action')}"
+            if f
+            else f"healthy: {sum(i['class'] == 'false' for i in r['incidents'])} false incidents"
+            f" in {r['healthy_gpu_hours']:g} GPU-h"
+        )
+        typer.echo(f"  {r['scenario']} seed {r['run']['seed']} ({r['wall_s']:g} s): {what}")
+
+    try:
+        bench_faults.benchmark(quick, seeds, scenario, out, n, progress)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo("")
+    typer.echo((out / "faults.md").read_text())
