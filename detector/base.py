@@ -11,11 +11,12 @@ pipeline) cuts the rate further.
 from __future__ import annotations
 
 import json
+import warnings
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 from scipy.stats import norm
 
 from detector.frame import Frame
@@ -23,6 +24,7 @@ from detector.frame import Frame
 FORMAT = "goodput-detector/1"
 
 
+@lru_cache(maxsize=256)
 def z_crit(p: float, k: int = 1) -> float:
     """Two-sided normal critical value at false-alarm probability p over k fields (max)."""
     if not 0 < p < 1:
@@ -30,19 +32,43 @@ def z_crit(p: float, k: int = 1) -> float:
     return float(norm.isf(p / (2 * max(k, 1))))
 
 
-def group_median(values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndarray:
-    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware."""
-    out = np.full((ngroups, values.shape[1]), np.nan)
-    if len(codes):
-        med = pd.DataFrame(values).groupby(codes, sort=False).median()
-        out[med.index.to_numpy()] = med.to_numpy()
+def by_size(codes: np.ndarray, ngroups: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows grouped by code, bucketed by group size: [(group ids (g,), row index (g, s))].
+
+    Lets per-group work run as a few batched numpy calls (one per distinct size) instead of a
+    loop over groups. Codes < 0 are left out.
+    """
+    ok = np.flatnonzero(codes >= 0)
+    order = ok[np.argsort(codes[ok], kind="stable")]
+    size = np.bincount(codes[ok], minlength=ngroups)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]])
+    out = []
+    for s in np.unique(size[size > 0]):
+        g = np.flatnonzero(size == s)
+        out.append((g, order[start[g][:, None] + np.arange(s)]))
     return out
 
 
-def job_codes(frame: Frame, jobs: list[str]) -> np.ndarray:
+def group_median(values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndarray:
+    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware."""
+    out = np.full((ngroups, values.shape[1]), np.nan)
+    for g, rows in by_size(codes, ngroups):
+        block = values[rows]  # (g, s, m)
+        nan = np.isnan(block)
+        clean = ~nan.any(axis=(0, 1))
+        out[np.ix_(g, clean)] = np.median(block[:, :, clean], axis=1)
+        part = nan.any(axis=(0, 1)) & ~nan.all(axis=(0, 1))
+        if part.any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[np.ix_(g, part)] = np.nanmedian(block[:, :, part], axis=1)
+    return out
+
+
+def job_codes(frame: Frame, jobs: list[str] | dict[str, int]) -> np.ndarray:
     """Index of each row's job in `jobs` (-1 when the job has no fitted state)."""
-    codes, uniques = pd.factorize(frame.job)
-    lookup = {j: i for i, j in enumerate(jobs)}
+    codes, uniques = frame.job_codes
+    lookup = jobs if isinstance(jobs, dict) else {j: i for i, j in enumerate(jobs)}
     table = np.array([lookup.get(u, -1) for u in uniques] + [-1], dtype=np.int64)
     return table[codes]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
-from detector.base import Detector, group_median, job_codes, z_crit
+from detector.base import Detector, by_size, group_median, job_codes, z_crit
 from detector.frame import Frame
 
 FLOORS = np.array([f.floor for f in F.GAUGES])
@@ -185,12 +185,101 @@ class BaselineDeviation(_PerJob):
     def score(self, frame: Frame) -> np.ndarray:
         return _nanmax_rows(self._z(frame))[0] / z_crit(self.p, len(F.GAUGES))
 
+    def spinning(self, frame: Frame, power_share: float = 0.35) -> np.ndarray:
+        """Rows that look busy (util >= `busy_util`) while drawing under `power_share` of the
+        job's busy power: a spin-wait (NCCL/collective hang), never a healthy phase."""
+        codes = self._codes(frame)
+        out = np.zeros(len(frame), dtype=bool)
+        known = codes >= 0
+        if known.any():
+            p = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+            ref = self.busy_med_[codes[known], p]
+            busy = frame.col(F.UTIL)[known] >= self.busy_util
+            out[known] = busy & (frame.col("DCGM_FI_DEV_POWER_USAGE")[known] < power_share * ref)
+        return out
+
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         sub = frame.take(rows)
         top, arg = _nanmax_rows(self._z(sub))
         x = sub.cols(F.GAUGE_NAMES)
         return [
             f"{F.GAUGE_NAMES[a]}={x[i, a]:.4g} is {top[i]:.1f} sigma from the job's baseline"
+            for i, a in enumerate(arg)
+        ]
+
+
+ACTIVITY = (  # fields that move when a node does less work (not temperatures, clocks, memory)
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+)
+_ACT = np.array([F.GAUGE_NAMES.index(n) for n in ACTIVITY])
+
+
+class NodeShift(BaselineDeviation):
+    """Each node's change from the job's own baseline, against the job's least-changed node.
+
+    Peer comparison cannot localise when half a job is slow (two nodes, one slow: the median
+    sits between them). Here each node's median signed z (activity fields, busy baseline) is
+    compared with the node of the same job whose z is closest to zero: a phase the whole job
+    shares (evaluation, checkpoint) moves every node alike and scores 0; one slow host moves
+    alone. Score = max over fields of the difference / z_crit(p, fields); jobs on one node
+    score 0. Shares the deviation detector's fit.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> det = NodeShift().fit(healthy_frame(jobs=1, nodes=2, steps=60, seed=1))
+    >>> test = healthy_frame(jobs=1, nodes=2, steps=1, seed=2, start=600.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> test.values[test.node == "node2", test.fields.index("DCGM_FI_DEV_GPU_UTIL")] = 60.0
+    >>> s = det.score(test)
+    >>> bool(s[test.node == "node2"].min() > 1.0 and s[test.node == "node1"].max() < 1.0)
+    True
+    """
+
+    name = "shift"
+
+    def _node_shift(self, frame: Frame) -> np.ndarray:
+        """(n, fields) |node median z - reference node's z| (NaN where not scored)."""
+        codes = self._codes(frame)
+        x = frame.cols(ACTIVITY)
+        out = np.full(x.shape, np.nan)
+        known = codes >= 0
+        if not known.any():
+            return out
+        c = codes[known]
+        z = np.full(x.shape, np.nan)
+        z[known] = (x[known] - self.busy_med_[c][:, _ACT]) / self.busy_scale_[c][:, _ACT]
+        key = [codes, frame.node_codes[0]] + ([frame.time] if _multi(frame) else [])
+        pair, pair_codes = np.unique(np.column_stack(key), axis=0, return_inverse=True)
+        pair_codes = pair_codes.ravel()
+        npairs = len(pair)
+        zn = group_median(z, pair_codes, npairs)  # (pairs, fields)
+        owner = pair[:, [0] + ([2] if _multi(frame) else [])]
+        owner_codes = np.unique(owner, axis=0, return_inverse=True)[1].ravel()
+        ref = np.full(zn.shape, np.nan)
+        for _, rows in by_size(owner_codes, int(owner_codes.max()) + 1):
+            if rows.shape[1] < 2:
+                continue
+            block = zn[rows]  # (g, nodes, fields)
+            mag = np.where(np.isnan(block), np.inf, np.abs(block))
+            pick = np.take_along_axis(block, mag.argmin(axis=1)[:, None, :], axis=1)
+            ref[rows] = np.broadcast_to(pick, block.shape)
+        out[known] = np.abs(zn - ref)[pair_codes][known]
+        return out
+
+    def score(self, frame: Frame) -> np.ndarray:
+        return _nanmax_rows(self._node_shift(frame))[0] / z_crit(self.p, len(ACTIVITY))
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        top, arg = _nanmax_rows(self._node_shift(frame)[rows])
+        return [
+            f"{ACTIVITY[a]} on this node moved {top[i]:.1f} sigma more than on the job's "
+            "least-changed node"
             for i, a in enumerate(arg)
         ]
 
@@ -230,8 +319,10 @@ class PeerComparison(Detector):
         z = np.full(x.shape, np.nan)
         if not len(frame):
             return z
-        key = pd.MultiIndex.from_arrays([frame.job, frame.time]) if _multi(frame) else frame.job
-        codes, uniques = pd.factorize(key)
+        if _multi(frame):
+            codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
+        else:
+            codes, uniques = frame.job_codes
         n = len(uniques)
         size = np.bincount(codes, minlength=n)
         med = group_median(x, codes, n)[codes]
@@ -287,7 +378,7 @@ class Progress(_PerJob):
         self,
         p: float = 1e-4,
         stall_factor: float = 10.0,
-        min_stall_s: float = 120.0,
+        min_stall_s: float = 180.0,
         unfitted_stall_s: float = 300.0,
         rel_floor: float = 0.05,
     ) -> None:
@@ -353,10 +444,11 @@ _SEVERE = np.array([F.COUNTERS[c] < 1.0 for c in _COUNTERS])  # any count at all
 class HardwareEvents(Detector):
     """Direct hardware evidence: the last XID (NVIDIA's table) and error counters.
 
-    Counter score = increase over the GPU's fitted baseline / the allowance in
-    `fields.COUNTERS` (DBE, uncorrectable rows and remap failures: any count scores 2). A GPU
-    with no baseline is scored on its severe counters' absolute values only. State is per GPU
-    (node/gpu), not per job.
+    Counter score = increase over the GPU's baseline (the lowest value fitted for that GPU;
+    the engine fits a GPU when it first sees it) / the allowance in `fields.COUNTERS` (DBE,
+    uncorrectable rows and remap failures: any count scores 2). A GPU with no baseline is scored
+    on its severe counters' absolute values only. State is per GPU (node/gpu), not per job,
+    held as a sorted integer key array so scoring is a searchsorted and a gather.
 
     >>> from detector.synthetic import healthy_frame
     >>> frame = healthy_frame(jobs=1, nodes=1, steps=2, seed=6)
@@ -371,36 +463,61 @@ class HardwareEvents(Detector):
     name = "hardware"
     params = ()
 
+    def _ensure(self) -> None:
+        if not hasattr(self, "keys_"):
+            self.nodes_: dict[str, int] = {}
+            self.keys_ = np.zeros(0, dtype=np.int64)
+            self.base_ = np.zeros((0, len(_COUNTERS)))
+
+    def _keys(self, frame: Frame, add: bool) -> np.ndarray:
+        codes, uniques = frame.node_codes
+        if add:
+            for u in uniques:
+                self.nodes_.setdefault(str(u), len(self.nodes_))
+        ids = np.array([self.nodes_.get(str(u), -1) for u in uniques] + [-1], dtype=np.int64)
+        node = ids[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+        return np.where(node >= 0, node * 1024 + frame.gpu, -1)
+
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key in the baseline table (-1 if unknown)."""
+        if not len(self.keys_):
+            return np.full(len(keys), -1)
+        pos = np.minimum(np.searchsorted(self.keys_, keys), len(self.keys_) - 1)
+        return np.where(self.keys_[pos] == keys, pos, -1)
+
     def fit(self, frame: Frame) -> Detector:
-        if not hasattr(self, "gpus_"):
-            self.gpus_: dict[str, list[float]] = {}
+        self._ensure()
+        if not len(frame):
+            return self
+        keys = self._keys(frame, add=True)
         x = frame.cols(_COUNTERS)
-        df = pd.DataFrame(x).groupby(_gpu_keys(frame), sort=False).min()
-        for key, row in zip(df.index, df.to_numpy(), strict=True):
-            self.gpus_[key] = [None if np.isnan(v) else float(v) for v in row]  # type: ignore[misc]
-        self._table = None
+        uk, inv = np.unique(keys, return_inverse=True)
+        low = np.full((len(uk), len(_COUNTERS)), np.inf)
+        np.fmin.at(low, inv, np.where(np.isnan(x), np.inf, x))
+        low[np.isinf(low)] = np.nan
+        pos = self._lookup(uk)
+        known = pos >= 0
+        self.base_[pos[known]] = np.fmin(self.base_[pos[known]], low[known])
+        if (~known).any():
+            keys_all = np.concatenate([self.keys_, uk[~known]])
+            base_all = np.concatenate([self.base_, low[~known]])
+            order = np.argsort(keys_all, kind="stable")
+            self.keys_, self.base_ = keys_all[order], base_all[order]
         return self
 
-    def _base(self, keys: np.ndarray) -> np.ndarray:
-        if getattr(self, "_table", None) is None:
-            rows = [[np.nan if v is None else v for v in r] for r in self.gpus_.values()]
-            self._table = pd.DataFrame(rows, index=list(self.gpus_), dtype=float)
-        if self._table is None or self._table.empty:
-            return np.full((len(keys), len(_COUNTERS)), np.nan)
-        return self._table.reindex(keys).to_numpy()
+    def known(self, frame: Frame) -> np.ndarray:
+        """Which rows' GPUs have a counter baseline."""
+        self._ensure()
+        return self._lookup(self._keys(frame, add=False)) >= 0
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
-        self.fit(frame.take(np.array([], dtype=int))) if not hasattr(self, "gpus_") else None
+        self._ensure()
         xid = np.nan_to_num(frame.col(F.XID_FIELD)).astype(np.int64)
         xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
         x = frame.cols(_COUNTERS)
-        keys = _gpu_keys(frame)
-        codes, uniques = pd.factorize(keys)
-        nan = [np.nan] * len(_COUNTERS)
-        base = np.array(
-            [[np.nan if v is None else v for v in self.gpus_.get(k, nan)] for k in uniques] + [nan],
-            dtype=float,
-        )[codes]
+        pos = self._lookup(self._keys(frame, add=False))
+        base = np.full(x.shape, np.nan)
+        base[pos >= 0] = self.base_[pos[pos >= 0]]
         severe_abs = np.where(_SEVERE, x, np.nan)
         inc = np.where(np.isnan(base), severe_abs, x - base)
         with np.errstate(all="ignore"):
@@ -425,20 +542,30 @@ class HardwareEvents(Detector):
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        self._ensure()
         d = super().to_dict()
-        d["gpus"] = getattr(self, "gpus_", {})
+        names = {v: k for k, v in self.nodes_.items()}
+        d["gpus"] = {
+            f"{names[int(k) // 1024]}/{int(k) % 1024}": _to_json(b)
+            for k, b in zip(self.keys_, self.base_, strict=True)
+        }
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Detector:
         det = super().from_dict(data)
-        det.gpus_ = {str(k): list(v) for k, v in data.get("gpus", {}).items()}  # type: ignore[attr-defined]
-        det._table = None  # type: ignore[attr-defined]
+        assert isinstance(det, HardwareEvents)
+        det._ensure()
+        gpus = data.get("gpus", {})
+        if gpus:
+            node = np.array([str(k).rsplit("/", 1)[0] for k in gpus], dtype=object)
+            gpu = np.array([int(str(k).rsplit("/", 1)[1]) for k in gpus], dtype=np.int64)
+            rows = np.array([_from_json(list(v)) for v in gpus.values()], dtype=float)
+            n = len(gpus)
+            values = np.full((n, len(F.ALL_FIELDS)), np.nan)
+            values[:, [F.ALL_FIELDS.index(c) for c in _COUNTERS]] = rows
+            det.fit(Frame(np.zeros(n), np.full(n, "", dtype=object), node, gpu, values))
         return det
-
-
-def _gpu_keys(frame: Frame) -> np.ndarray:
-    return frame.node.astype(str) + "/" + frame.gpu.astype(str)
 
 
 class RobustCovariance(_PerJob):
@@ -446,10 +573,12 @@ class RobustCovariance(_PerJob):
 
     Fit (per job, outside the scoring loop) standardises the gauges by the robust median and
     the floored MAD-sigma, then fits scikit-learn's MinCovDet (seeded) and keeps its location
-    and a regularised precision matrix (covariance + `ridge` x I: one floor is one sigma at
-    most). Correlations matter: power, clocks and activity move together in healthy training,
-    so a spin-wait (util high, power low) is far even when each field alone is borderline.
-    Score = sqrt(d^2 / chi2.isf(p, k)), k = fields present. Scoring is one einsum over all jobs.
+    and the whitening matrix W of a regularised precision (covariance + `ridge` x I: one floor
+    is one sigma at most; precision = W W^T). Correlations matter: power, clocks and activity
+    move together in healthy training, so a spin-wait (util high, power low) is far even
+    when each field alone is borderline.
+    Score = sqrt(d^2 / chi2.isf(p, k)), k = fields present, d^2 = |W^T (z - loc)|^2: one batched
+    matmul per distinct job size, over all jobs at once.
     Idle rows score 0 (whole-job stalls are the progress detector's).
 
     >>> from detector.synthetic import healthy_frame
@@ -464,11 +593,11 @@ class RobustCovariance(_PerJob):
 
     name = "multivariate"
     params = ("seed", "p", "ridge", "busy_util", "min_rows")
-    state_keys = ("med_", "scale_", "loc_", "prec_", "k_")
+    state_keys = ("med_", "scale_", "loc_", "white_", "k_")
     med_: np.ndarray
     scale_: np.ndarray
     loc_: np.ndarray
-    prec_: np.ndarray
+    white_: np.ndarray
     k_: np.ndarray
 
     def __init__(
@@ -501,9 +630,10 @@ class RobustCovariance(_PerJob):
         k = int(present.sum())
         loc = np.zeros(len(F.GAUGES))
         loc[present] = mcd.location_
-        prec = np.zeros((len(F.GAUGES), len(F.GAUGES)))
-        prec[np.ix_(present, present)] = np.linalg.inv(mcd.covariance_ + self.ridge * np.eye(k))
-        return {"med_": med, "scale_": scale, "loc_": loc, "prec_": prec, "k_": np.array(k)}
+        white = np.zeros((len(F.GAUGES), len(F.GAUGES)))
+        prec = np.linalg.inv(mcd.covariance_ + self.ridge * np.eye(k))
+        white[np.ix_(present, present)] = np.linalg.cholesky((prec + prec.T) / 2)
+        return {"med_": med, "scale_": scale, "loc_": loc, "white_": white, "k_": np.array(k)}
 
     def score(self, frame: Frame) -> np.ndarray:
         from scipy.stats import chi2
@@ -514,16 +644,21 @@ class RobustCovariance(_PerJob):
         if not ok.any():
             return out
         c = codes[ok]
+        d = np.zeros((len(frame), len(F.GAUGES)))
         z = np.nan_to_num((frame.cols(F.GAUGE_NAMES)[ok] - self.med_[c]) / self.scale_[c])
-        d = z - self.loc_[c]
-        d2 = np.einsum("ni,nij,nj->n", d, self.prec_[c], d)
-        crit = chi2.isf(self.p, np.maximum(self.k_[c], 1))
-        out[ok] = np.sqrt(np.fmax(d2, 0.0) / crit)
+        d[ok] = z - self.loc_[c]
+        d2 = np.zeros(len(frame))
+        for g, rows in by_size(np.where(ok, codes, -1), len(self.jobs_)):
+            w = np.matmul(d[rows], self.white_[g])  # (g, s, k) @ (g, k, k)
+            d2[rows] = np.einsum("gsk,gsk->gs", w, w)
+        crit = chi2.isf(self.p, np.maximum(self.k_, 1))
+        out[ok] = np.sqrt(np.fmax(d2[ok], 0.0) / crit[c])
         return out
 
 
 ALL: tuple[type[Detector], ...] = (
     BaselineDeviation,
+    NodeShift,
     PeerComparison,
     Progress,
     HardwareEvents,

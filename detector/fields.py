@@ -56,6 +56,7 @@ XID_SCORES: dict[int, float] = {
 
 # Log-derived progress, joined onto every GPU row of the job.
 ITER_SECONDS = "goodput_job_iteration_seconds"
+ITERATION = "goodput_job_iteration"  # counter; replay derives last progress from it too
 LAST_PROGRESS = "goodput_job_last_progress_timestamp_seconds"
 STALL_SECONDS = "goodput_job_stall_seconds"  # derived: row time - the job's last progress
 PROGRESS: tuple[str, ...] = (ITER_SECONDS, STALL_SECONDS)

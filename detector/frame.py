@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -47,6 +48,17 @@ class Frame:
 
     def __len__(self) -> int:
         return len(self.time)
+
+    @cached_property
+    def job_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(code per row, unique job ids): computed once per frame, shared by the detectors."""
+        codes, uniques = pd.factorize(self.job)
+        return codes, np.asarray(uniques, dtype=object)
+
+    @cached_property
+    def node_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        codes, uniques = pd.factorize(self.node)
+        return codes, np.asarray(uniques, dtype=object)
 
     def col(self, name: str) -> np.ndarray:
         """One metric column (NaN where not reported)."""
@@ -118,6 +130,26 @@ class Frame:
         return np.split(np.arange(len(self)), cuts)
 
 
+def _last_progress(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Make the last-progress time trustworthy: a stamp later than the sample is dropped, and
+    the sample time at which the iteration counter last advanced is a second, exact witness
+    (recordings may round the stamp; the counter is what the exporter saw)."""
+    t = jobs["time"].to_numpy(dtype=float)
+    last = np.full(len(jobs), np.nan)
+    if F.LAST_PROGRESS in jobs:
+        lp = pd.to_numeric(jobs[F.LAST_PROGRESS], errors="coerce").to_numpy(dtype=float)
+        last = np.where(lp <= t, lp, np.nan)
+    if F.ITERATION in jobs:
+        it = pd.to_numeric(jobs[F.ITERATION], errors="coerce")
+        prev = it.groupby(jobs["job_id"].to_numpy()).shift()
+        moved = (it > prev).to_numpy()
+        seen = pd.Series(np.where(moved, t, np.nan)).groupby(jobs["job_id"].to_numpy()).ffill()
+        last = np.fmax(last, seen.to_numpy())
+    jobs = jobs.drop(columns=[c for c in (F.ITERATION,) if c in jobs])
+    jobs[F.LAST_PROGRESS] = last
+    return jobs
+
+
 def join_progress(gpu: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
     """Attach each job's log-derived progress (the latest at or before each GPU row) to its rows.
 
@@ -126,10 +158,13 @@ def join_progress(gpu: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
     if jobs is None or jobs.empty or "job_id" not in gpu.columns:
         return gpu
     jobs = jobs.rename(columns={"timestamp": "time"})
-    keep = ["time", "job_id"] + [c for c in (F.ITER_SECONDS, F.LAST_PROGRESS) if c in jobs]
+    keep = ["time", "job_id"] + [
+        c for c in (F.ITER_SECONDS, F.LAST_PROGRESS, F.ITERATION) if c in jobs
+    ]
     jobs = jobs[keep].copy()
     jobs["job_id"] = jobs["job_id"].astype(str).str.replace(r"\.0$", "", regex=True)
     jobs["time"] = jobs["time"].astype(float)
+    jobs = _last_progress(jobs.sort_values(["job_id", "time"], kind="stable"))
     g = gpu.rename(columns={"timestamp": "time"}).copy()
     g["time"] = g["time"].astype(float)
     g["job_id"] = g["job_id"].fillna("").astype(str).str.replace(r"\.0$", "", regex=True)

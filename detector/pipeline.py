@@ -18,15 +18,18 @@ from detector import fields as F
 from detector.base import Detector
 from detector.baselines import BaselineStore
 from detector.detectors import (
+    ALL,
     BaselineDeviation,
     HardwareEvents,
+    NodeShift,
     PeerComparison,
     Progress,
     RobustCovariance,
 )
 from detector.frame import Frame
 
-LOCALISING = ("peer", "hardware", "missing")  # detectors whose GPU scores point at a node
+LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
+PHASED = ("deviation", "multivariate")  # job-wide baseline detectors (see Engine._phase)
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
 
 
@@ -34,13 +37,17 @@ NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated ov
 class Config:
     interval_s: float = 5.0
     persist_s: float = 15.0  # a metric anomaly must last this long (min over the window)
-    warmup_s: float = 300.0  # a job's first minutes are never learned from
-    fit_after_s: float = 900.0  # first baseline fit (healthy samples after warm-up)
-    refit_s: float = 1800.0  # slow update: refit from the reservoir this often
+    warmup_s: float = 120.0  # a job's first minutes are never learned from
+    fit_after_s: float = 300.0  # first baseline fit (healthy samples after warm-up)
+    refit_s: float = 900.0  # slow update: refit from the reservoir this often
     learn_below: float = 0.5  # only cycles whose job score is below this are learned
-    reservoir: int = 512
-    missing_after_s: float = 20.0
-    multivariate: bool = True
+    learn_every: int = 2  # each job adds to its reservoir every n-th cycle (spread over jobs)
+    reservoir: int = 256
+    missing_after_s: float = 20.0  # a GPU silent this long while labelled with a job
+    hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
+    phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
+    phase_calm: float = 1.0  # ... a phase (eval, checkpoint), not a fault (see `_phase`)
+    multivariate: bool = False  # RobustCovariance: off the per-cycle path unless asked for
 
 
 @dataclass
@@ -49,9 +56,10 @@ class JobInfo:
     first_seen: float
     fitted_at: float | None = None
     seen: int = 0
-    rows: np.ndarray | None = None  # reservoir (reservoir, len(ALL_FIELDS))
+    rows: np.ndarray | None = None  # reservoir (reservoir, len(ALL_FIELDS)) float32
     max_stall: float = 0.0
     loaded: bool = False
+    code: int = 0
 
 
 @dataclass
@@ -69,6 +77,7 @@ class Result:
 def default_detectors(cfg: Config) -> dict[str, Detector]:
     dets: list[Detector] = [
         BaselineDeviation(),
+        NodeShift(),
         PeerComparison().fit(_EMPTY),
         Progress(),
         HardwareEvents(),
@@ -87,7 +96,20 @@ _EMPTY = Frame(
 )
 
 
+def _group_max(values: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
+    """Column max of `values` (rows, D) per code in [0, n) -> (n, D); 0 for empty groups."""
+    out = np.zeros((n, values.shape[1]))
+    if len(codes):
+        order = np.argsort(codes, kind="stable")
+        sc = codes[order]
+        starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+        out[sc[starts]] = np.maximum.reduceat(values[order], starts, axis=0)
+    return out
+
+
 class Engine:
+    """Scores one instant at a time; all per-GPU state is integer-keyed numpy arrays."""
+
     def __init__(
         self,
         cfg: Config | None = None,
@@ -102,105 +124,203 @@ class Engine:
         self.k = max(1, math.ceil(self.cfg.persist_s / self.cfg.interval_s))
         self.rng = np.random.default_rng(seed)
         self.jobs: dict[str, JobInfo] = {}
-        self._slot_of: dict[int, int] = {}
+        self._job_ids: list[str] = [""]  # job code -> job id; code 0 = no job
+        self._job_code: dict[str, int] = {"": 0}
         self._node_ids: dict[str, int] = {}
+        self._node_names: list[str] = []
+        self.cycle = 0
         self.ring = np.zeros((0, len(self.names), self.k), dtype=np.float32)
-        self.slot_seen = np.zeros(0)
-        self.slot_job = np.zeros(0, dtype=object)
-        self.slot_key = np.zeros(0, dtype=np.int64)
-        self.slot_node = np.zeros(0, dtype=object)
+        self.slot_seen = np.zeros(0)  # last time the GPU reported at all
+        self.slot_job = np.zeros(0, dtype=np.int32)  # job code of its last row (0 = none)
+        self.slot_job_seen = np.zeros(0)  # last time it reported with that job
+        self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
 
     # --- scoring ------------------------------------------------------------------------------
     def step(self, frame: Frame, now: float, names: dict[str, str] | None = None) -> Result:
         """Score one instant. `names` maps job_id -> job name (for baselines by name)."""
-        for job in pd.unique(frame.job):
+        self.cycle += 1
+        jcodes, juniq = frame.job_codes
+        table = np.zeros(len(juniq) + 1, dtype=np.int32)
+        for i, job in enumerate(juniq):
             if job and job not in self.jobs:
                 self._new_job(job, (names or {}).get(job, job), now)
+            table[i] = self._job_code[job] if job else 0
+        job = table[jcodes] if len(frame) else np.zeros(0, dtype=np.int32)
+        idx, new = self._slots(frame)
+        hw = self.det.get("hardware")
+        if isinstance(hw, HardwareEvents) and len(new):  # counter baseline: first sight
+            hw.fit(frame.take(new))
         raw = (
             np.column_stack([self.det[n].score(frame) for n in self.names])
             if len(frame)
             else np.zeros((0, len(self.names)))
         )
-        gpu = self._persist(frame, raw, now)
-        jobs, nodes, missing = self._aggregate(frame, gpu, now)
-        self._learn(frame, jobs, now)
+        gpu = self._persist(idx, job, raw, now)
+        self._phase(frame, job, gpu)
+        jobs, nodes, missing, combined = self._aggregate(frame, idx, job, gpu, now)
+        self._learn(frame, job, combined, now)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
 
-    def _slots(self, frame: Frame) -> np.ndarray:
-        codes, uniques = pd.factorize(frame.node)
-        ids = np.array(
-            [self._node_ids.setdefault(u, len(self._node_ids)) for u in uniques], dtype=np.int64
-        )
-        key = ids[codes] * 1024 + frame.gpu
+    def _slots(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's slot (created on first sight) and the rows whose slot is new."""
+        ncodes, nuniq = frame.node_codes
+        for u in nuniq:
+            if u not in self._node_ids:
+                self._node_ids[u] = len(self._node_names)
+                self._node_names.append(str(u))
+        ids = np.array([self._node_ids[u] for u in nuniq] + [0], dtype=np.int64)
+        key = ids[ncodes] * 1024 + frame.gpu if len(frame) else np.zeros(0, dtype=np.int64)
         idx = pd.Index(self.slot_key).get_indexer(key)
         new = np.flatnonzero(idx < 0)
         if len(new):
             start = len(self.slot_key)
             idx[new] = start + np.arange(len(new))
             self.slot_key = np.concatenate([self.slot_key, key[new]])
-            self.slot_node = np.concatenate([self.slot_node, frame.node[new]])
-            self.slot_job = np.concatenate([self.slot_job, frame.job[new]])
+            self.slot_job = np.concatenate([self.slot_job, np.zeros(len(new), np.int32)])
             self.slot_seen = np.concatenate([self.slot_seen, np.full(len(new), np.nan)])
+            self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(len(new), np.nan)])
             self.ring = np.concatenate(
                 [self.ring, np.zeros((len(new), len(self.names), self.k), np.float32)]
             )
-        return idx
+        return idx, new
 
-    def _persist(self, frame: Frame, raw: np.ndarray, now: float) -> np.ndarray:
-        if not len(frame):
+    def _persist(self, idx: np.ndarray, job: np.ndarray, raw: np.ndarray, now: float):
+        """Min over the last k cycles (a metric anomaly must persist); a new job on a GPU
+        forgets the old scores. Direct evidence (hardware) and progress are not delayed."""
+        if not len(idx):
             return raw
-        idx = self._slots(frame)
-        changed = self.slot_job[idx] != frame.job  # a new job on this GPU: forget old scores
+        on = job > 0
+        changed = on & (self.slot_job[idx] != job)
         self.ring[idx[changed]] = 0.0
-        self.slot_job[idx] = frame.job
+        self.ring[idx, :, self.cycle % self.k] = raw
         self.slot_seen[idx] = now
-        ring = self.ring[idx]
-        ring[:, :, :-1] = ring[:, :, 1:]
-        ring[:, :, -1] = raw
-        self.ring[idx] = ring
-        out = ring.min(axis=2).astype(float)
+        self.slot_job_seen[idx[on]] = now
+        self.slot_job[idx[on]] = job[on]
+        left = ~on & (self.slot_job[idx] > 0) & (now - self.slot_job_seen[idx] > self.cfg.hold_s)
+        self.slot_job[idx[left]] = 0
+        out = self.ring[idx].min(axis=2).astype(float)
         for i, n in enumerate(self.names):
             if n in NO_PERSIST:
                 out[:, i] = raw[:, i]
-        # until k samples exist the min includes zeros, which is the intended persistence
         return out
 
-    def _aggregate(self, frame: Frame, gpu: np.ndarray, now: float):
-        on_job = frame.job != ""
-        jf = pd.DataFrame(gpu[on_job], columns=list(self.names))
-        jf["job_id"] = frame.job[on_job]
-        jf["node"] = frame.node[on_job]
-        per_job = jf.groupby("job_id", sort=True)[list(self.names)].max()
-        loc = [n for n in self.names if n in LOCALISING]
-        jf["suspect"] = jf[loc].max(axis=1) if loc else 0.0
-        nodes = jf.groupby(["job_id", "node"], sort=True)["suspect"].max().reset_index()
-        missing = self._missing(set(per_job.index), now)
-        if len(missing):
-            per_job["missing"] = 0.0
-            lost = missing.groupby("job_id").size().index
-            per_job.loc[per_job.index.isin(lost), "missing"] = 2.0
-            extra = missing[["job_id", "node"]].drop_duplicates().assign(suspect=2.0)
-            nodes = pd.concat([nodes, extra]).groupby(["job_id", "node"])["suspect"].max()
-            nodes = nodes.reset_index()
-        per_job["combined"] = per_job.max(axis=1)
-        jobs = per_job.reset_index().melt(id_vars="job_id", var_name="detector", value_name="score")
-        return jobs, nodes.rename(columns={"suspect": "score"}), missing
+    def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> None:
+        """A job-wide move is judged by the job's progress: when `phase_share` of a job's GPUs
+        reach 1.0 on a baseline detector and the job reports progress scoring below
+        `phase_calm` (its alert level), it is a phase (evaluation, checkpoint, a new data
+        shard), not a fault, and those detectors are capped below 1.0 for the job. A job-wide
+        fault stops or slows progress and alarms there. Never capped: jobs without progress,
+        one node or GPU moving alone (under `phase_share`), and jobs whose GPUs mostly spin
+        (busy at idle power: a collective hang, which no healthy phase looks like)."""
+        cols = [i for i, n in enumerate(self.names) if n in PHASED]
+        if "progress" not in self.names or not cols or not len(job):
+            return
+        n = len(self._job_ids)
+        on = job > 0
+        count = np.maximum(np.bincount(job[on], minlength=n), 1).astype(float)
+        share = (
+            np.column_stack(
+                [np.bincount(job[on], weights=gpu[on, c] >= 1.0, minlength=n) for c in cols]
+            )
+            / count[:, None]
+        )
+        seen = np.isfinite(frame.col(F.ITER_SECONDS)) | np.isfinite(frame.col(F.STALL_SECONDS))
+        has = np.bincount(job[on], weights=seen[on], minlength=n) > 0
+        prog = _group_max(gpu[on][:, [self.names.index("progress")]], job[on], n)[:, 0]
+        calm = has & (prog < self.cfg.phase_calm)
+        dev = self.det.get("deviation")
+        if isinstance(dev, BaselineDeviation):
+            spin = np.bincount(job[on], weights=dev.spinning(frame)[on], minlength=n)
+            calm &= spin / count < 0.5
+        phase = (share >= self.cfg.phase_share) & calm[:, None]
+        capped = phase[job] & on[:, None]
+        gpu[:, cols] = np.where(capped, np.minimum(gpu[:, cols], 0.99), gpu[:, cols])
 
-    def _missing(self, running: set[str], now: float) -> pd.DataFrame:
-        """GPUs of a still-running job that stopped reporting (a lost node stops answering)."""
+    def _aggregate(self, frame: Frame, idx: np.ndarray, job: np.ndarray, gpu: np.ndarray, now):
+        n = len(self._job_ids)
+        held = np.zeros(len(job), dtype=np.int32)
+        if len(idx):  # a GPU its job just left: its hardware evidence still counts for the job
+            held = np.where(job > 0, job, self.slot_job[idx]).astype(np.int32)
+        agg = gpu.copy()
+        if "hardware" in self.names:
+            mask = (job == 0) & (held > 0)
+            keep = self.names.index("hardware")
+            agg[mask] = np.where(np.arange(len(self.names)) == keep, agg[mask], 0.0)
+        on = held > 0
+        per_job = _group_max(agg[on], held[on], n)
+        present = np.bincount(held[on], minlength=n) > 0
+        loc = [i for i, nm in enumerate(self.names) if nm in LOCALISING]
+        suspect = agg[on][:, loc].max(axis=1) if loc else np.zeros(on.sum())
+        nn = max(len(self._node_names), 1)
+        node_id = frame.node_codes[0] if len(frame) else np.zeros(0, np.int64)
+        nid = (
+            np.array([self._node_ids[u] for u in frame.node_codes[1]] + [0], dtype=np.int64)[
+                node_id
+            ]
+            if len(frame)
+            else np.zeros(0, np.int64)
+        )
+        pair = held[on].astype(np.int64) * nn + nid[on]
+        upair, inv = np.unique(pair, return_inverse=True)
+        node_score = _group_max(suspect[:, None], inv.ravel(), len(upair))[:, 0]
+        missing = self._missing(now)
+        names = list(self.names)
+        if len(missing):
+            mj = np.array([self._job_code[j] for j in missing.job_id], dtype=np.int64)
+            mn = np.array([self._node_ids[x] for x in missing.node], dtype=np.int64)
+            per_job = np.column_stack([per_job, np.zeros(n)])
+            per_job[mj, -1] = 2.0
+            present[mj] = True
+            names.append("missing")
+            extra = np.unique(mj * nn + mn)
+            allp = np.concatenate([upair, extra])
+            alls = np.concatenate([node_score, np.full(len(extra), 2.0)])
+            upair, inv = np.unique(allp, return_inverse=True)
+            node_score = _group_max(alls[:, None], inv.ravel(), len(upair))[:, 0]
+        codes = np.flatnonzero(present)
+        ids = np.array(self._job_ids, dtype=object)
+        combined = per_job[codes].max(axis=1) if len(codes) else np.zeros(0)
+        block = np.column_stack([per_job[codes], combined])
+        cols = names + ["combined"]
+        jobs = pd.DataFrame(
+            {
+                "job_id": np.repeat(ids[codes], len(cols)),
+                "detector": np.tile(np.array(cols, dtype=object), len(codes)),
+                "score": block.ravel(),
+            }
+        )
+        nodes = pd.DataFrame(
+            {
+                "job_id": ids[upair // nn],
+                "node": np.array(self._node_names, dtype=object)[upair % nn]
+                if len(upair)
+                else np.zeros(0, dtype=object),
+                "score": node_score,
+            }
+        )
+        comb = np.full(n, -1.0)
+        comb[codes] = combined
+        return jobs, nodes, missing, comb
+
+    def _missing(self, now: float) -> pd.DataFrame:
+        """GPUs that went silent while labelled with a job (a lost node stops answering; a
+        job that ends leaves its GPUs reporting without the label). Flagged for `hold_s`."""
         age = now - self.slot_seen
-        gone = (age > self.cfg.missing_after_s) & pd.Series(self.slot_job).isin(running).to_numpy()
+        gone = (self.slot_job > 0) & (age > self.cfg.missing_after_s)
         old = age > 3600.0
         if old.any():  # forget long-gone slots
-            self._drop(np.flatnonzero(old & ~gone))
+            self._drop(np.flatnonzero(old))
             age = now - self.slot_seen
-            alive = pd.Series(self.slot_job).isin(running).to_numpy()
-            gone = (age > self.cfg.missing_after_s) & alive
+            gone = (self.slot_job > 0) & (age > self.cfg.missing_after_s)
+        gone &= age <= self.cfg.missing_after_s + self.cfg.hold_s
         i = np.flatnonzero(gone)
+        ids = np.array(self._job_ids, dtype=object)
         return pd.DataFrame(
             {
-                "job_id": self.slot_job[i],
-                "node": self.slot_node[i],
+                "job_id": ids[self.slot_job[i]],
+                "node": np.array(self._node_names, dtype=object)[self.slot_key[i] // 1024]
+                if len(i)
+                else np.zeros(0, dtype=object),
                 "gpu": (self.slot_key[i] % 1024).astype(int),
                 "since": self.slot_seen[i],
             }
@@ -209,39 +329,46 @@ class Engine:
     def _drop(self, idx: np.ndarray) -> None:
         keep = np.ones(len(self.slot_key), bool)
         keep[idx] = False
-        for a in ("slot_key", "slot_node", "slot_job", "slot_seen", "ring"):
+        for a in ("slot_key", "slot_job", "slot_seen", "slot_job_seen", "ring"):
             setattr(self, a, getattr(self, a)[keep])
 
     # --- baselines ----------------------------------------------------------------------------
     def _new_job(self, job: str, name: str, now: float) -> None:
-        info = JobInfo(name=name, first_seen=now)
+        info = JobInfo(name=name, first_seen=now, code=len(self._job_ids))
         self.jobs[job] = info
+        self._job_code[job] = info.code
+        self._job_ids.append(job)
         if self.store is None:
             return
-        states = self.store.load(name, set(self.names))
+        states = self.store.load(name, {cls.name for cls in ALL})
         if not states:
             return
         try:
             for det_name, state in states.items():
-                if state is not None:
+                if state is not None and det_name in self.det:
                     self.det[det_name].set_job_state(job, state)
             info.loaded = True
             info.fitted_at = now
         except (KeyError, TypeError, ValueError) as exc:
             self.store.errors.append(f"{name}: {exc}")
 
-    def _learn(self, frame: Frame, jobs: pd.DataFrame, now: float) -> None:
-        calm = jobs[(jobs.detector == "combined") & (jobs.score < self.cfg.learn_below)]
-        calm_jobs = set(calm.job_id)
-        if not calm_jobs:
+    def _learn(self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float) -> None:
+        """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
+        cycle, spread over jobs) and fit when due."""
+        every = max(self.cfg.learn_every, 1)
+        codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
+        codes = codes[(codes > 0) & (codes % every == self.cycle % every)]
+        if not len(codes):
             return
         stall = frame.col(F.STALL_SECONDS)
-        codes, uniques = pd.factorize(frame.job)
-        for ci, job in enumerate(uniques):
-            info = self.jobs.get(job)
-            if info is None or job not in calm_jobs or now - info.first_seen < self.cfg.warmup_s:
+        sel = np.isin(job, codes)
+        rows_all = np.flatnonzero(sel)
+        order = rows_all[np.argsort(job[rows_all], kind="stable")]
+        starts = np.flatnonzero(np.r_[True, job[order][1:] != job[order][:-1]])
+        for rows in np.split(order, starts[1:]) if len(order) else []:
+            info = self.jobs.get(self._job_ids[job[rows[0]]])
+            if info is None or now - info.first_seen < self.cfg.warmup_s:
                 continue
-            rows = np.flatnonzero(codes == ci)
             self._reservoir(info, frame.values[rows])
             st = stall[rows]
             if np.isfinite(st).any():
@@ -250,27 +377,30 @@ class Engine:
                 info.fitted_at is not None and now - info.fitted_at >= self.cfg.refit_s
             )
             if due:
-                self.fit_job(job, now)
+                self.fit_job(self._job_ids[info.code], now)
 
     def _reservoir(self, info: JobInfo, rows: np.ndarray) -> None:
+        """Algorithm R, vectorised: a uniform sample over the job's healthy life."""
         size = self.cfg.reservoir
         if info.rows is None:
-            info.rows = np.empty((0, rows.shape[1]))
-        for row in rows:  # Algorithm R: a uniform sample over the job's healthy life
-            info.seen += 1
-            if len(info.rows) < size:
-                info.rows = np.vstack([info.rows, row])
-            else:
-                j = int(self.rng.integers(0, info.seen))
-                if j < size:
-                    info.rows[j] = row
+            info.rows = np.empty((0, rows.shape[1]), dtype=np.float32)
+        room = max(size - len(info.rows), 0)
+        if room:
+            info.rows = np.vstack([info.rows, rows[:room].astype(np.float32)])
+        rest = rows[room:]
+        seen = info.seen + room + 1 + np.arange(len(rest))
+        info.seen += len(rows)
+        if len(rest):
+            j = (self.rng.random(len(rest)) * seen).astype(np.int64)
+            hit = j < size
+            info.rows[j[hit]] = rest[hit]
 
     def fit_job(self, job: str, now: float) -> None:
         """Fit every detector on the job's reservoir and save the baseline under its name."""
         info = self.jobs[job]
         if info.rows is None or not len(info.rows):
             return
-        rows = info.rows.copy()
+        rows = info.rows.astype(float)
         stall_col = F.ALL_FIELDS.index(F.STALL_SECONDS)
         if info.max_stall > 0:  # the longest healthy gap is kept even if the sample missed it
             rows[0, stall_col] = max(np.nan_to_num(rows[0, stall_col]), info.max_stall)
@@ -302,7 +432,7 @@ class Engine:
             self.ring.nbytes
             + self.slot_seen.nbytes
             + self.slot_key.nbytes
-            + 8 * len(self.slot_job)
-            + 8 * len(self.slot_node)
+            + self.slot_job.nbytes
+            + self.slot_job_seen.nbytes
         )
         return total / n

@@ -18,6 +18,7 @@ import pandas as pd
 from detector import fields as F
 from detector.frame import Frame, FrameError, join_progress
 from detector.pipeline import Config, Engine, Result
+from detector.thresholds import ALERT_OF, level
 
 
 def load(path: str | Path) -> tuple[Frame, dict[str, str], float | None]:
@@ -100,20 +101,35 @@ def run(frame: Frame, names: dict[str, str], cfg: Config) -> Iterator[Result]:
         yield engine.step(sub, float(sub.time[0]), names)
 
 
-def detections(result: Result, engine_dets: dict, min_score: float) -> Iterator[dict[str, Any]]:
-    """JSON-ready detections of one cycle at or above `min_score`."""
+def _why(kind: str, score: float, text: str) -> str:
+    lvl = level(kind)
+    mark = f" >= alert level {lvl:g} ({ALERT_OF[kind]})" if score >= lvl else ""
+    return text + mark
+
+
+def detections(
+    result: Result, engine_dets: dict, min_score: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """JSON-ready detections of one cycle. Written: scores at or above `min_score`, or, when
+    None, at or above each score's alert level from alerts.yaml (`detector.thresholds`)."""
     t = float(result.frame.time[0]) if len(result.frame) else None
-    for r in result.jobs[result.jobs.score >= min_score].itertuples():
-        yield {
-            "time": t,
-            "job_id": r.job_id,
-            "node": None,
-            "gpu": None,
-            "detector": r.detector,
-            "score": round(float(r.score), 4),
-            "reason": f"job score ({r.detector})",
-        }
-    for r in result.nodes[result.nodes.score >= min_score].itertuples():
+
+    def floor(kind: str) -> float:
+        return level(kind) if min_score is None else min_score
+
+    for r in result.jobs.itertuples():
+        kind = "progress" if r.detector == "progress" else "job"
+        if r.score >= floor(kind):
+            yield {
+                "time": t,
+                "job_id": r.job_id,
+                "node": None,
+                "gpu": None,
+                "detector": r.detector,
+                "score": round(float(r.score), 4),
+                "reason": _why(kind, r.score, f"job score ({r.detector})"),
+            }
+    for r in result.nodes[result.nodes.score >= floor("node")].itertuples():
         yield {
             "time": t,
             "job_id": r.job_id,
@@ -121,7 +137,7 @@ def detections(result: Result, engine_dets: dict, min_score: float) -> Iterator[
             "gpu": None,
             "detector": "node_suspect",
             "score": round(float(r.score), 4),
-            "reason": "suspect node (peer, hardware, missing)",
+            "reason": _why("node", r.score, "suspect node (peer, shift, hardware, missing)"),
         }
     for r in result.missing.itertuples() if len(result.missing) else ():
         yield {
@@ -134,7 +150,7 @@ def detections(result: Result, engine_dets: dict, min_score: float) -> Iterator[
             "reason": f"no metrics since {r.since:.0f} while the job runs",
         }
     for d, name in enumerate(result.detectors):
-        rows = np.flatnonzero(result.gpu[:, d] >= min_score)
+        rows = np.flatnonzero(result.gpu[:, d] >= floor("gpu"))
         if not len(rows):
             continue
         reasons = engine_dets[name].explain(result.frame, rows)
@@ -146,14 +162,14 @@ def detections(result: Result, engine_dets: dict, min_score: float) -> Iterator[
                 "gpu": int(result.frame.gpu[i]),
                 "detector": name,
                 "score": round(float(result.gpu[i, d]), 4),
-                "reason": reason,
+                "reason": _why("gpu", result.gpu[i, d], reason),
             }
 
 
 def replay(
-    src: str | Path, out: IO[str], min_score: float = 1.0, cfg: Config | None = None
+    src: str | Path, out: IO[str], min_score: float | None = None, cfg: Config | None = None
 ) -> dict[str, Any]:
-    """Replay `src`, write detections to `out`; returns a summary."""
+    """Replay `src`, write detections to `out` (see `detections` for `min_score`)."""
     frame, names, interval = load(src)
     if cfg is None:
         cfg = Config()

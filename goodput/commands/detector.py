@@ -52,7 +52,9 @@ def serve(
 def replay_cmd(
     recording: Path = typer.Argument(..., help="Recording dir, CSV/Parquet, or Prometheus JSON."),
     out: Path = typer.Option(Path("detections.jsonl"), "--out", help="JSON lines output."),
-    min_score: float = typer.Option(1.0, help="Write scores at or above this (1.0 = alert)."),
+    min_score: float = typer.Option(
+        None, help="Write scores at or above this (default: each score's alert level)."
+    ),
 ) -> None:
     """Run the detectors over a recording; write detections as JSON lines."""
     from detector.frame import FrameError

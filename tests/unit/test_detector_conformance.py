@@ -20,8 +20,9 @@ TEST = healthy_frame(jobs=2, nodes=2, steps=3, seed=12, start=1000.0)
 def _faulty():
     f = healthy_frame(jobs=2, nodes=2, steps=3, seed=12, start=1000.0)
     row = 5
-    f.values[row, F.ALL_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] = 125.0
-    f.values[row, F.ALL_FIELDS.index("DCGM_FI_PROF_GR_ENGINE_ACTIVE")] = 0.01
+    node = (f.node == f.node[row]) & (f.time == f.time[row])  # the row's whole node spins
+    f.values[node, F.ALL_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] = 125.0
+    f.values[node, F.ALL_FIELDS.index("DCGM_FI_PROF_GR_ENGINE_ACTIVE")] = 0.01
     f.values[row, F.ALL_FIELDS.index(F.XID_FIELD)] = 79
     f.values[f.job == f.job[row], F.ALL_FIELDS.index(F.STALL_SECONDS)] = 5000.0
     return f, row

@@ -154,7 +154,7 @@ def test_replay_csv_writes_detections(tmp_path):
     assert {"time", "job_id", "node", "gpu", "detector", "score", "reason"} <= set(rows[0])
     hw = [r for r in rows if r["detector"] == "hardware" and r["gpu"] is not None]
     assert hw and all(r["node"] == "node2" and r["time"] >= 900 for r in hw)
-    assert hw[0]["reason"] == "XID 79"
+    assert hw[0]["reason"] == "XID 79 >= alert level 1 (GoodputGPUAnomaly)"
 
 
 def test_replay_recording_dir_and_prometheus_json(tmp_path):
@@ -223,3 +223,28 @@ def test_bad_inputs_give_clear_errors(tmp_path):
         load(tmp_path / "b.csv")
     with pytest.raises(FrameError, match="no such"):
         load(tmp_path / "missing.csv")
+
+
+def test_alert_levels_come_from_alerts_yaml(tmp_path, monkeypatch):
+    import yaml
+
+    from catalogue import alerts as A
+    from detector import thresholds
+    from detector.replay import detections
+
+    assert thresholds.level("job") == A.threshold("GoodputJobAnomaly") == 1.0
+    doc = yaml.safe_load(A.DEFAULT_PATH.read_text())
+    for alert in doc["alerts"]:
+        if alert["name"] == "GoodputJobAnomaly":
+            alert["conditions"][0]["threshold"] = 3.0
+    path = tmp_path / "alerts.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    f = scenario(checkpoints=False, steps=4)
+    eng = Engine(Config(**CFG))
+    res = eng.step(f.take(f.instants()[0]), 0.0)
+    res.jobs.loc[res.jobs.detector == "combined", "score"] = 2.0
+    default = [d for d in detections(res, eng.det) if d["detector"] == "combined"]
+    assert default and "GoodputJobAnomaly" in default[0]["reason"]
+    monkeypatch.setenv("GOODPUT_ALERTS_FILE", str(path))
+    assert thresholds.level("job") == 3.0 and thresholds.level("node") == 1.0
+    assert not [d for d in detections(res, eng.det) if d["detector"] == "combined"]

@@ -1,0 +1,36 @@
+"""The alert-worthy level of each score, read from the single source of alert conditions
+(`alertmanager/alerts.yaml` through `catalogue.alerts`; `$GOODPUT_ALERTS_FILE` overrides the
+path, as for the tuning tools), so tuning changes one file.
+
+Scores are calibrated so that 1.0 is the threshold the alerts use; anything that flags a
+detection (replay's reasons, the default `--min-score`) asks here instead of assuming 1.0.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from catalogue import alerts as A
+
+# which alert watches which score (detector names as in the engine's Result)
+ALERT_OF = {
+    "job": "GoodputJobAnomaly",  # goodput_job_anomaly_score{detector="combined"}
+    "progress": "GoodputJobHung",  # goodput_job_anomaly_score{detector="progress"}
+    "node": "GoodputJobStraggler",  # goodput_node_suspect_score
+    "gpu": "GoodputGPUAnomaly",  # goodput_gpu_anomaly_score
+}
+
+
+@lru_cache(maxsize=8)
+def levels(path: str | None = None) -> dict[str, float]:
+    """{"job", "progress", "node", "gpu"} -> threshold from alerts.yaml (cached per path)."""
+    spec = A.load(path)
+    return {kind: float(A.threshold(name, spec)) for kind, name in ALERT_OF.items()}
+
+
+def level(kind: str, path: str | None = None) -> float:
+    """The alert-worthy score of `kind` ("job", "progress", "node" or "gpu")."""
+    if kind not in ALERT_OF:
+        raise KeyError(f"unknown score kind {kind!r}; want one of {sorted(ALERT_OF)}")
+    return levels(path or os.environ.get("GOODPUT_ALERTS_FILE") or None)[kind]
