@@ -50,7 +50,10 @@ class Recording:
 def _num(v: float) -> str:
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return "nan" if math.isnan(v) else ""
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    if not isinstance(v, float):
+        return str(v)
+    # six significant digits for readings; timestamps (and other large values) keep milliseconds
+    return f"{v:.3f}" if abs(v) >= 1e6 else f"{v:.6g}"
 
 
 class RecordingWriter:

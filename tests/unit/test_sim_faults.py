@@ -226,3 +226,11 @@ def test_same_seed_same_recording(tmp_path):
         gzip.open(a.path / "gpu_metrics.csv.gz").read()
         != gzip.open(c.path / "gpu_metrics.csv.gz").read()
     )
+
+
+def test_recording_keeps_timestamps_to_the_millisecond():
+    from exporters.sim.recording import _num
+
+    assert _num(1735689612.3456) == "1735689612.346"
+    assert _num(57.123456789) == "57.1235"
+    assert _num(float("nan")) == "nan"
