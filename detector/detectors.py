@@ -25,6 +25,13 @@ def _robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return med, mad
 
 
+def _rowmax(z: np.ndarray) -> np.ndarray:
+    """Row max ignoring NaN (0 where all NaN): the scoring path, no argmax."""
+    if not z.shape[1]:
+        return np.zeros(len(z))
+    return np.nan_to_num(np.fmax.reduce(z, axis=1), nan=0.0)
+
+
 def _nanmax_rows(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row max ignoring NaN (0 where all NaN) and the column of the max."""
     filled = np.where(np.isnan(z), -np.inf, z)
@@ -175,15 +182,15 @@ class BaselineDeviation(_PerJob):
         known = codes >= 0
         if not known.any():
             return z
-        c = codes[known]
-        busy = frame.col(F.UTIL)[known] >= self.busy_util
-        med = np.where(busy[:, None], self.busy_med_[c], self.idle_med_[c])
-        scale = np.where(busy[:, None], self.busy_scale_[c], self.idle_scale_[c])
-        z[known] = np.abs(x[known] - med) / scale
+        idle = (frame.col(F.UTIL)[known] < self.busy_util).astype(np.int64)
+        mode = codes[known] * 2 + idle  # one gather from the stacked (busy, idle) tables
+        med = np.stack([self.busy_med_, self.idle_med_], axis=1).reshape(-1, x.shape[1])
+        scale = np.stack([self.busy_scale_, self.idle_scale_], axis=1).reshape(-1, x.shape[1])
+        z[known] = np.abs(x[known] - med[mode]) / scale[mode]
         return z
 
     def score(self, frame: Frame) -> np.ndarray:
-        return _nanmax_rows(self._z(frame))[0] / z_crit(self.p, len(F.GAUGES))
+        return _rowmax(self._z(frame)) / z_crit(self.p, len(F.GAUGES))
 
     def spinning(self, frame: Frame, power_share: float = 0.35) -> np.ndarray:
         """Rows that look busy (util >= `busy_util`) while drawing under `power_share` of the
@@ -254,15 +261,17 @@ class NodeShift(BaselineDeviation):
         c = codes[known]
         z = np.full(x.shape, np.nan)
         z[known] = (x[known] - self.busy_med_[c][:, _ACT]) / self.busy_scale_[c][:, _ACT]
-        key = [codes, frame.node_codes[0]] + ([frame.time] if _multi(frame) else [])
-        pair, pair_codes = np.unique(np.column_stack(key), axis=0, return_inverse=True)
-        pair_codes = pair_codes.ravel()
-        npairs = len(pair)
-        zn = group_median(z, pair_codes, npairs)  # (pairs, fields)
-        owner = pair[:, [0] + ([2] if _multi(frame) else [])]
-        owner_codes = np.unique(owner, axis=0, return_inverse=True)[1].ravel()
+        nodes = frame.node_codes[0].astype(np.int64)
+        owner = codes.astype(np.int64)  # the job (and instant, for multi-instant frames)
+        if _multi(frame):
+            owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
+        owner = np.where(known, owner, -1)
+        pair_codes, pair_uniq = pd.factorize(owner * (nodes.max() + 1) + nodes)
+        zn = group_median(z, pair_codes, len(pair_uniq))  # (pairs, fields)
+        pair_owner = np.asarray(pair_uniq) // (nodes.max() + 1)
         ref = np.full(zn.shape, np.nan)
-        for _, rows in by_size(owner_codes, int(owner_codes.max()) + 1):
+        n_owner = int(pair_owner.max()) + 1 if len(pair_owner) else 0
+        for _, rows in by_size(np.where(pair_owner >= 0, pair_owner, -1), n_owner):
             if rows.shape[1] < 2:
                 continue
             block = zn[rows]  # (g, nodes, fields)
@@ -273,7 +282,7 @@ class NodeShift(BaselineDeviation):
         return out
 
     def score(self, frame: Frame) -> np.ndarray:
-        return _nanmax_rows(self._node_shift(frame))[0] / z_crit(self.p, len(ACTIVITY))
+        return _rowmax(self._node_shift(frame)) / z_crit(self.p, len(ACTIVITY))
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         top, arg = _nanmax_rows(self._node_shift(frame)[rows])
@@ -332,7 +341,7 @@ class PeerComparison(Detector):
         return z
 
     def score(self, frame: Frame) -> np.ndarray:
-        return _nanmax_rows(self._z(frame))[0] / z_crit(self.p, len(F.GAUGES))
+        return _rowmax(self._z(frame)) / z_crit(self.p, len(F.GAUGES))
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         top, arg = _nanmax_rows(self._z(frame)[rows])

@@ -41,7 +41,7 @@ class Config:
     fit_after_s: float = 300.0  # first baseline fit (healthy samples after warm-up)
     refit_s: float = 900.0  # slow update: refit from the reservoir this often
     learn_below: float = 0.5  # only cycles whose job score is below this are learned
-    learn_every: int = 2  # each job adds to its reservoir every n-th cycle (spread over jobs)
+    learn_every: int = 6  # each job adds to its reservoir every n-th cycle (spread over jobs)
     reservoir: int = 256
     missing_after_s: float = 20.0  # a GPU silent this long while labelled with a job
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
