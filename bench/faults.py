@@ -109,7 +109,7 @@ def scenario_for(spec: RunSpec, directory: Path = SCENARIOS) -> Any:
 
 def _first_incident(h: Any, f: dict[str, Any]) -> Any:
     jobs = set(f.get("job_ids") or [f.get("job_id")]) - {None}
-    job_nodes = _job_nodes(h, jobs)
+    job_nodes = _fault_nodes(h, f)
     for inc in h.incidents:
         if inc.opened_at < f["onset"]:
             continue
@@ -118,9 +118,17 @@ def _first_incident(h: Any, f: dict[str, Any]) -> Any:
     return None
 
 
-def _job_nodes(h: Any, jobs: set[str]) -> set[str]:
+def _fault_nodes(h: Any, f: dict[str, Any]) -> set[str]:
+    """Nodes a fault shows on: its jobs' nodes; every node for a shared-filesystem stall."""
     c = h.sim.cluster
-    return {n for j in jobs if j in c.jobs for n in c.jobs[j].ever_nodes}
+    if f.get("job_ids") is not None:
+        return set(c.nodes)
+    job = c.jobs.get(f.get("job_id") or "")
+    return set(job.ever_nodes) if job else set(f.get("nodes") or [])
+
+
+def _gpus_at(h: Any, job_id: str, t: float) -> int:
+    return next((g for s, g in reversed(h.running.get(job_id, [])) if s <= t), 0)
 
 
 def _settled(h: Any) -> bool:
@@ -181,7 +189,7 @@ def _lost_gpu_hours(h: Any, f: dict[str, Any], inc: Any, end: float) -> float | 
     if not job_id:
         return None
     job = h.sim.cluster.jobs[job_id]
-    gpus = next((g for t, g in reversed(h.running.get(job_id, [])) if t <= f["onset"]), 0)
+    gpus = _gpus_at(h, job_id, f["onset"])
     onset = f["onset"]
     if f["action"] in ("stop", "hold_for_person"):
         stop = end
@@ -239,9 +247,7 @@ def score(h: Any, spec: RunSpec, sc: Any) -> dict[str, Any]:
             "kind": f["kind"],
             "onset": f["onset"],
             "job_id": f.get("job_id"),
-            "job_gpus": len(c.jobs[f["job_id"]].ever_nodes) * sc.gpus_per_node
-            if f.get("job_id")
-            else None,
+            "job_gpus": _gpus_at(h, f["job_id"], f["onset"]) if f.get("job_id") else None,
             "truth": {"outcome": f["outcome"], "action": f["action"], "nodes": f["nodes"]},
             "detected": inc is not None,
         }
@@ -282,7 +288,8 @@ def score(h: Any, spec: RunSpec, sc: Any) -> dict[str, Any]:
         s = inc.summary()
         onset = fault_jobs.get(inc.job_id or "", math.inf)
         on_fault_nodes = inc.job_id is None and any(
-            inc.node in _job_nodes(h, {j}) and inc.opened_at >= t for j, t in fault_jobs.items()
+            inc.node in _fault_nodes(h, f) and inc.opened_at >= f["onset"]
+            for f in c.faults.values()
         )
         if inc.id in first_ids:
             s["class"] = "fault"

@@ -40,6 +40,9 @@ from recovery.scheduler.simulated import SimulatedScheduler
 
 LOOKBACK_S = 900.0  # the receiver's default evidence window before the first alert
 RESOLVE_S = 60.0  # an incident resolves when none of its alerts fired for this long
+# Alertmanager's group_wait (1 s, alertmanager.yml) + the receiver's settle_s (3 s): a new
+# incident is diagnosed this long after its first alert, with the alerts that joined meanwhile
+SETTLE_S = 4.0
 SACCT_WINDOW_S = 3600.0  # the Slurm exporter shows ended jobs this long
 _XID = FIELD_NAMES.index("DCGM_FI_DEV_XID_ERRORS")
 _NOT_OFF_BUS = np.array([i not in OFF_BUS_FIELDS for i in range(len(FIELD_NAMES))])
@@ -155,11 +158,16 @@ class Harness:
     # ---------------------------------------------------------------- one step
     def step(self) -> None:
         c = self.sim.cluster
-        self.sim.step(self.interval_s)
+        c.step(self.interval_s)
         now = c.now
+        # the sample at `now`: what the exporters show after the tick
         self._feed_logs(now)
         dcgm = self._dcgm(now)
         jobm = self._job_metrics(now)
+        frames = {"dcgm": dcgm, "jobm": jobm, **self._log_frames(now), **self._slurm_frames(now)}
+        # faults due at `now` begin after this sample (Simulation.step's order: tick, then due)
+        self.sim.elapsed += self.interval_s
+        self.sim._due()  # noqa: SLF001
         names = {j.job_id: j.name for j in c.jobs.values()}
         det = dcgm.rename(columns={"timestamp": "time"})
         if len(det):
@@ -169,13 +177,7 @@ class Harness:
         frame = Frame.from_dataframe(det)
         res = self.engine.step(frame, now, names)
         self.engine.end_jobs(set(pd.unique(frame.job)) - {""})
-        frames = {
-            "dcgm": dcgm,
-            "jobm": jobm,
-            **self._scores(res, now),
-            **self._log_frames(now),
-            **self._slurm_frames(now),
-        }
+        frames.update(self._scores(res, now))
         self.alerts.add(now, frames)
         self._track(now)
         self._fold(now, self.alerts.firing(now))
@@ -317,25 +319,24 @@ class Harness:
         for fid, f in c.faults.items():
             if fid in self.recovered or not f.get("job_id"):
                 continue
-            j = c.jobs.get(f["job_id"])
+            fj = c.jobs.get(f["job_id"])
             if (
-                j is not None
-                and j.state == "RUNNING"
-                and j.start_t > f["onset"]
-                and j.last_progress_t > j.start_t
+                fj is not None
+                and fj.state == "RUNNING"
+                and fj.start_t > f["onset"]
+                and fj.last_progress_t > fj.start_t
             ):
                 self.recovered[fid] = now
 
     # ---------------------------------------------------------------- incidents
     def _fold(self, now: float, firing: list[dict[str, Any]]) -> None:
         c = self.sim.cluster
-        opened: list[Incident] = []
         for labels in firing:
             key = "|".join(f"{k}={v}" for k, v in sorted(labels.items()))
             job, node = labels.get("job_id"), labels.get("node")
             targets: list[Incident] = []
             if job:
-                targets = [self._open(job, None, now, opened)]
+                targets = [self._open(job, None, now)]
             elif node:
                 jobs = set(c.nodes[node].jobs) if node in c.nodes else set()
                 jobs |= {
@@ -345,27 +346,26 @@ class Harness:
                     and i.job_id
                     and any(a.get("node") == node for a in i.alerts.values())
                 }
-                targets = [self._open(j, None, now, opened) for j in sorted(jobs)] or [
-                    self._open(None, node, now, opened)
+                targets = [self._open(j, None, now) for j in sorted(jobs)] or [
+                    self._open(None, node, now)
                 ]
             else:
-                targets = [self._open(None, "", now, opened)]
+                targets = [self._open(None, "", now)]
             for inc in targets:
                 inc.alerts.setdefault(key, labels)
                 inc.last_firing = now
         for inc in self.incidents:
+            if inc.diagnosis is None and now >= inc.opened_at + SETTLE_S:
+                self._handle(inc, now)
             if inc.resolved_at is None and now - inc.last_firing >= RESOLVE_S:
                 inc.resolved_at = now
-        for inc in opened:
-            self._handle(inc, now)
 
-    def _open(self, job: str | None, node: str | None, now: float, opened: list) -> Incident:
+    def _open(self, job: str | None, node: str | None, now: float) -> Incident:
         for inc in reversed(self.incidents):
             if inc.resolved_at is None and inc.job_id == job and (job or inc.node == node):
                 return inc
         inc = Incident(len(self.incidents) + 1, job, node, now, last_firing=now)
         self.incidents.append(inc)
-        opened.append(inc)
         return inc
 
     def _handle(self, inc: Incident, now: float) -> None:
@@ -424,11 +424,13 @@ class Harness:
     # ---------------------------------------------------------------- evidence
     def _context(self, inc: Incident, now: float) -> Context:
         alerts = list(inc.alerts.values())
-        nodes = sorted({a["node"] for a in alerts if a.get("node")} | ({inc.node} - {None, ""}))
+        nodes = {str(a["node"]) for a in alerts if a.get("node")}
+        if inc.node:
+            nodes.add(inc.node)
         gpus = sorted({(a["node"], a["gpu"]) for a in alerts if a.get("node") and a.get("gpu")})
         return Context(
             job_id=inc.job_id,
-            nodes=nodes,
+            nodes=sorted(nodes),
             gpus=gpus,
             start=inc.opened_at - LOOKBACK_S,
             end=now,
@@ -437,6 +439,7 @@ class Harness:
 
     def _evidence(self, ctx: Context, now: float) -> Bundle:
         c = self.sim.cluster
+        self.sink.flush()  # the log files as they are now
         bundle = Bundle()
         facts = SlurmFacts(query="simulator scheduler API")
         job = c.jobs.get(ctx.job_id or "")

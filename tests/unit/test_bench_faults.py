@@ -1,0 +1,141 @@
+"""`goodput bench faults` in reduced form: the pipeline works and the report has every field.
+
+The targets are not asserted here (the committed full results say where they are met).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench import faults as B
+from catalogue import alerts as A
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def test_plan_varies_job_size_and_covers_every_kind() -> None:
+    from exporters.sim import FAULT_KINDS
+
+    runs = B.plan(seeds=3)
+    fault = [r for r in runs if not r.healthy]
+    kinds = {B.scenario_for(r).faults[0].kind for r in fault if r.seed_index == 0}
+    assert kinds == set(FAULT_KINDS) - {"healthy"}
+    assert {r.job_nodes for r in fault} == {1, 2, 3}
+    assert [r.scenario for r in runs if r.healthy] == ["healthy-long"]
+    quick = B.plan(quick=True)
+    assert len(quick) == len(B.QUICK) and {r.seed_index for r in quick} == {0}
+
+
+def test_scenario_for_keeps_the_culprit_on_the_job_and_a_spare_node() -> None:
+    spec = next(r for r in B.plan(seeds=3, pattern="spin-hang") if r.job_nodes == 1)
+    sc = B.scenario_for(spec)
+    assert sc.jobs[0].nodes == 1 and sc.nodes == sum(j.nodes for j in sc.jobs) + 1
+    assert sc.faults[0].node == "node1"  # the scenario names node2: not on a 1-node job
+    assert sc.seed == spec.seed
+
+
+def test_online_alerts_match_a_full_evaluation(tmp_path: Path) -> None:
+    """The pre-check only skips alerts that could not fire: compare with evaluate() over the
+    whole history at every step of a run with a fault."""
+    from bench.inproc import Harness
+
+    spec = B.plan(pattern="xid79-off-bus", seeds=1)[0]
+    sc = B.scenario_for(spec)
+    h = Harness(sc, spec.seed, tmp_path)
+    online: set[tuple[float, str, str, str]] = set()
+    frames: dict[str, list[pd.DataFrame]] = {}
+    orig_add = h.alerts.add
+
+    def add(now: float, fr: dict[str, pd.DataFrame]) -> None:
+        for k, v in fr.items():
+            frames.setdefault(k, []).append(v)
+        orig_add(now, fr)
+
+    orig_firing = h.alerts.firing
+
+    def firing(now: float) -> list[dict]:
+        out = orig_firing(now)
+        for a in out:
+            online.add((now, a["alertname"], a.get("node", ""), a.get("job_id", "")))
+        return out
+
+    h.alerts.add = add  # type: ignore[method-assign]
+    h.alerts.firing = firing  # type: ignore[method-assign]
+    onset = sc.start + sc.faults[0].at_s
+    try:
+        while h.now < onset + 90:
+            h.step()
+    finally:
+        h.close()
+    full: set[tuple[float, str, str, str]] = set()
+    for c in h.alerts.conds:
+        parts = [f for f in frames[c.source] if len(f)]
+        if not parts:
+            continue
+        df = pd.concat(parts, ignore_index=True)
+        fired = A.evaluate(c.alert, df)
+        for row in fired.to_dict("records"):
+            node = "" if pd.isna(row.get("node", "")) else str(row.get("node", ""))
+            job = "" if pd.isna(row.get("job_id", "")) else str(row.get("job_id", ""))
+            full.add((row["timestamp"], c.alert.name, node, job))
+    assert full, "the fault fired nothing"
+    assert h.alerts.skipped > 0  # the pre-check did skip work
+    assert online == full
+
+
+def test_quick_benchmark_writes_a_complete_report(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from goodput.cli import app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = CliRunner().invoke(app, ["bench", "faults", "--quick", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "faults.json").read_text())
+    md = (tmp_path / "faults.md").read_text()
+    s = doc["summary"]
+    assert doc["meta"]["quick"] and doc["meta"]["runs"] == len(B.QUICK)
+    assert set(s["targets"]) == set(B.TARGETS)
+    for group in [*s["per_kind"].values(), s["overall"]]:
+        for key in (
+            "faults",
+            "detected",
+            "latency_p50_s",
+            "latency_p95_s",
+            "outcome_accuracy",
+            "action_accuracy",
+            "culprit_precision",
+            "culprit_recall",
+            "time_to_recover_p50_s",
+            "gpu_hours_lost_mean",
+            "repeat_incidents",
+        ):
+            assert key in group
+    fi = s["false_incidents"]
+    assert fi["healthy_gpu_hours"] > 0 and fi["upper95_per_1000_gpu_hours"] is not None
+    assert "destructive_false_actions" in fi
+    faults = [f for r in doc["runs"] for f in r["faults"]]
+    assert {f["kind"] for f in faults} == {"xid79_off_bus", "spin_hang", "cuda_oom"}
+    for f in faults:  # the pipeline ran end to end: detected, diagnosed, decided, acted
+        assert f["detected"] and f["outcome"] and f["action"] and f["result"]
+        assert "gpu_hours_lost" in f and "time_to_recover_s" in f
+    assert "| **overall** |" in md and "healthy GPU-hours" in md
+    for name in B.TARGETS:
+        assert f"| {name} |" in md
+
+
+def test_bad_scenario_glob_is_a_clear_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from goodput.cli import app
+
+    res = CliRunner().invoke(
+        app, ["bench", "faults", "--scenario", "nothing-like-this*", "--out", str(tmp_path)]
+    )
+    assert res.exit_code != 0 and "no scenario matches" in res.output
