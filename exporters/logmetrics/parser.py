@@ -57,6 +57,10 @@ class LogState:
                     _progress(job, g, now)
                 elif m.pattern == "checkpoint_saved":
                     job.last_checkpoint = now
+                elif m.pattern == "training_start":
+                    # a (re)started job is making progress from now: a requeued job's old
+                    # last-progress time must not read as a hang while it initialises
+                    job.last_progress = {"": now}
                 node = g.get("node", "")
                 if not isinstance(node, str) or not NODE.match(node):
                     node = ""
