@@ -182,15 +182,18 @@ class Receiver:
         return r.json()
 
     def incident_since(self, job_id: str, since: float) -> dict[str, Any] | None:
+        """The job's incident holding an alert that began after `since` (the fault's onset)."""
         for item in self.get("/api/v1/incidents", job_id=job_id)["items"]:
-            if (item.get("opened_at") or 0) >= since - 1 or (item.get("updated_at") or 0) >= since:
-                return self.get(f"/api/v1/incidents/{item['id']}")
+            incident = self.get(f"/api/v1/incidents/{item['id']}")
+            if any((a.get("starts_at") or 0) >= since - 1 for a in incident.get("alerts", [])):
+                return incident
         return None
 
-    def action_for(self, incident_id: Any) -> dict[str, Any] | None:
+    def action_for(self, incident_id: Any, since: float) -> dict[str, Any] | None:
+        """The incident's latest action planned after `since` (newest first in the API)."""
         for action in self.get("/api/v1/actions")["actions"]:
             if str(action.get("incident_id")) == str(incident_id):
-                return action
+                return action if action["created_at"] >= since else None
         return None
 
 
@@ -236,7 +239,8 @@ def follow(
     if not incident:
         say(f"  [yellow]no incident for job {job_id} within {timeout:.0f}s[/]")
         return out
-    out.detected = float(incident["opened_at"])
+    out.detected = time.time()  # polled every 0.5 s: the alert reached the receiver by now
+    seen = min(a["starts_at"] for a in incident["alerts"] if (a["starts_at"] or 0) >= onset - 1)
     alerts = sorted({a.get("alertname", "?") for a in incident.get("alerts", [])})
     say(
         f"  alert → incident #{incident['id']} after {out.detected - onset:.1f}s "
@@ -245,7 +249,8 @@ def follow(
 
     def diagnosed() -> dict[str, Any] | None:
         inc = receiver.get(f"/api/v1/incidents/{incident['id']}")
-        return inc if (inc.get("diagnosis") or {}).get("outcome") else None
+        diag = inc.get("diagnosis") or {}
+        return inc if (diag.get("diagnosed_at") or 0) >= seen else None
 
     incident = wait(diagnosed, 60) or incident
     diag = incident.get("diagnosis") or {}
@@ -258,7 +263,8 @@ def follow(
     )
     final = ("executed", "failed", "rejected", "skipped", "no_action", "planned_only", "expired")
     action = wait(
-        lambda: (a := receiver.action_for(incident["id"])) and a["state"] in final and a, 60
+        lambda: (a := receiver.action_for(incident["id"], seen)) and a["state"] in final and a,
+        60,
     )
     if not action:
         say("  [yellow]no action recorded[/]")
