@@ -105,6 +105,9 @@ class Detector:
     def jobs(self) -> list[str]:
         return list(getattr(self, "jobs_", []))
 
+    def drop_jobs(self, jobs: set[str]) -> None:
+        """Forget the fitted state of `jobs` (ended; their baselines live on in the store)."""
+
     # --- persistence ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -72,6 +72,15 @@ class _PerJob(Detector):
             new = rows[k][None, ...]
             setattr(self, k, new if old is None else np.concatenate([old, new]))
 
+    def drop_jobs(self, jobs: set[str]) -> None:
+        self._ensure()
+        keep = np.array([j not in jobs for j in self.jobs_], dtype=bool)
+        if keep.all():
+            return
+        self.jobs_ = [j for j, k in zip(self.jobs_, keep, strict=True) if k]
+        for k in self.state_keys:
+            setattr(self, k, getattr(self, k)[keep] if keep.any() else None)
+
     def fit(self, frame: Frame) -> Detector:
         self._ensure()
         codes, uniques = pd.factorize(frame.job)

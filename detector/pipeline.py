@@ -422,9 +422,27 @@ class Engine:
                 self.store.save(info.name, states)
 
     def end_jobs(self, running: set[str]) -> None:
-        """Forget jobs that are no longer running (their baselines stay in the store)."""
-        for job in [j for j in self.jobs if j not in running]:
+        """Forget jobs that are no longer running (their baselines stay in the store): their
+        engine entry, their detectors' fitted state, and, once no GPU slot refers to them any
+        more, their job code (codes are compacted so per-job arrays stay the size of the live
+        set on a service that runs for months)."""
+        ended = {j for j in self.jobs if j not in running}
+        for job in ended:
             del self.jobs[job]
+        for det in self.det.values():
+            det.drop_jobs(ended)
+        live = set(self.jobs) | {self._job_ids[c] for c in np.unique(self.slot_job)}
+        if len(self._job_ids) > 2 * len(live) + 1000:
+            self._compact(live)
+
+    def _compact(self, live: set[str]) -> None:
+        ids = [""] + sorted(j for j in live if j)
+        new = {j: i for i, j in enumerate(ids)}
+        remap = np.array([new.get(j, 0) for j in self._job_ids], dtype=np.int32)
+        self.slot_job = remap[self.slot_job]
+        self._job_ids, self._job_code = ids, new
+        for job, info in self.jobs.items():
+            info.code = new[job]
 
     def state_bytes_per_gpu(self) -> float:
         n = max(len(self.slot_key), 1)

@@ -248,3 +248,18 @@ def test_alert_levels_come_from_alerts_yaml(tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_ALERTS_FILE", str(path))
     assert thresholds.level("job") == 3.0 and thresholds.level("node") == 1.0
     assert not [d for d in detections(res, eng.det) if d["detector"] == "combined"]
+
+
+def test_ended_jobs_are_forgotten_and_codes_compacted():
+    eng = Engine(Config(**CFG))
+    for i in range(6):  # 6 generations of 400 one-GPU jobs on the same 400 GPUs
+        f = healthy_frame(jobs=400, nodes=1, gpus=1, steps=1, seed=i, first_job=1000 * (i + 1))
+        train = healthy_frame(jobs=400, nodes=1, gpus=1, steps=25, seed=i, first_job=1000 * (i + 1))
+        eng.step(f, 10.0 * i)
+        eng.det["deviation"].fit(train)
+        eng.end_jobs(set(f.job))
+    assert len(eng.jobs) == 400 and set(eng.det["deviation"].jobs()) == set(f.job)
+    assert len(eng._job_ids) < 6 * 400  # dead codes were compacted away
+    assert [eng._job_ids[i.code] for i in eng.jobs.values()] == list(eng.jobs)
+    res = eng.step(f, 60.0)  # the live jobs still score, under their remapped codes
+    assert set(res.jobs.job_id) == set(f.job) and res.jobs.score.max() < 1.0
