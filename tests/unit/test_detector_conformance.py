@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import warnings
 
 import numpy as np
 import pytest
@@ -72,3 +73,19 @@ def test_z_crit_calibration():
     assert z_crit(1e-4, 12) > z_crit(1e-4, 1)
     with pytest.raises(ValueError):
         z_crit(0.0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 8, 16, 33])
+def test_group_median_matches_numpy(size):
+    from detector.base import group_median
+
+    rng = np.random.default_rng(size)
+    values = rng.normal(size=(size * 5, 4))
+    values[0, 3] = np.nan  # a partly missing field
+    values[:, 2] = np.nan  # a field nobody reports
+    codes = np.repeat(np.arange(5), size)
+    got = group_median(values, codes, 6)  # group 5 has no rows
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.array([np.nanmedian(values[codes == i], axis=0) for i in range(6)])
+    np.testing.assert_allclose(got, want, equal_nan=True)
