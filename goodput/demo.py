@@ -278,9 +278,10 @@ def follow(
     if out.action in ("drain_and_requeue", "requeue") and out.action_state == "executed":
         where = wait(partial(slurm.running_on, job_id, 1), 90)
         out.recovered = time.time() if where else None
-        out.result = f"running again on {where}" if where else "not running again yet"
+        out.result = f"running on {where}" if where else "not running again yet"
     elif out.action == "stop":
-        out.result = f"held: {slurm.job(job_id).get('JobState', '?')}"
+        state = slurm.job(job_id).get("JobState", "?")
+        out.result = "ended, not requeued" if state != "PENDING" else "held for a person"
     else:
         out.result = out.action_state
     say(f"  result: {out.result}")

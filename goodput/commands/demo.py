@@ -13,7 +13,7 @@ from goodput import demo as loop
 from goodput import stack
 
 app = typer.Typer(help="The quickstart loop on one machine.", invoke_without_command=True)
-console = Console()
+console = Console(width=120)
 
 
 def _secs(start: float, end: float | None) -> str:
@@ -21,30 +21,18 @@ def _secs(start: float, end: float | None) -> str:
 
 
 def summary(results: list[loop.Outcome]) -> Table:
-    table = Table(title="What Goodput did")
-    for col in (
-        "fault",
-        "job",
-        "node",
-        "detect",
-        "act",
-        "diagnosis",
-        "culprit",
-        "action",
-        "result",
-    ):
+    table = Table(title="What Goodput did (times from the fault's onset)")
+    for col in ("fault", "job", "detect", "act", "diagnosis", "action", "result"):
         table.add_column(col)
     for r in results:
         ok = r.action == r.fault.expect_action and r.action_state == "executed"
         table.add_row(
             r.fault.kind,
-            f"{r.fault.job} #{r.job_id}",
-            r.node,
+            f"{r.fault.job} on {r.node}",
             _secs(r.onset, r.detected),
             _secs(r.onset, r.acted),
-            r.outcome,
-            ",".join(r.culprits) or "-",
-            f"[{'green' if ok else 'yellow'}]{r.action} ({r.action_state})[/]",
+            f"{r.outcome} @ {','.join(r.culprits) or 'no node'}",
+            f"[{'green' if ok else 'yellow'}]{r.action}[/]",
             r.result,
         )
     return table
