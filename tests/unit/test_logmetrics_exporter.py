@@ -117,7 +117,9 @@ def test_a_restarted_job_counts_as_progressing_from_its_start():
     from exporters.logmetrics.parser import LogState
 
     state = LogState()
-    state.feed_job("9", ["[rank3]: " + PROGRESS.format(it=5, s=320, loss="2.0", sk=0, nan=0)], 100.0)
+    state.feed_job(
+        "9", ["[rank3]: " + PROGRESS.format(it=5, s=320, loss="2.0", sk=0, nan=0)], 100.0
+    )
     assert state.jobs["9"].last_progress == {"3": 100.0}
     state.feed_job("9", ["[after dataloaders are built] datetime: 2026-11-29 20:41:12"], 500.0)
     assert state.jobs["9"].last_progress == {"": 500.0}
