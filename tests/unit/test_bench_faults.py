@@ -64,8 +64,8 @@ def test_online_alerts_match_a_full_evaluation(tmp_path: Path) -> None:
             online.add((now, a["alertname"], a.get("node", ""), a.get("job_id", "")))
         return out
 
-    h.alerts.add = add  # type: ignore[method-assign]
-    h.alerts.firing = firing  # type: ignore[method-assign]
+    h.alerts.add = add  # type: ignore[method-assign,assignment]
+    h.alerts.firing = firing  # type: ignore[method-assign,assignment]
     onset = sc.start + sc.faults[0].at_s
     try:
         while h.now < onset + 90:
