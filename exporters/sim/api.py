@@ -30,6 +30,7 @@ class DrainIn(_In):
 class RequeueIn(_In):
     exclude: list[str] = Field(default_factory=list)
     hold: bool = False
+    delay_s: float = Field(default=0.0, ge=0.0, le=86400.0)  # Slurm's StartTime=now+delay
 
 
 class SubmitIn(_In):
@@ -173,7 +174,7 @@ def build_app(sim: Simulation, stats: dict[str, float] | None = None) -> FastAPI
     async def s_requeue(job_id: str, body: RequeueIn | None = None) -> dict[str, Any]:
         sim_scheduler()
         b = body or RequeueIn()
-        return _sjob(c.job_view(c.requeue(job_id, b.exclude, b.hold)))
+        return _sjob(c.job_view(c.requeue(job_id, b.exclude, b.hold, b.delay_s)))
 
     @app.post("/api/v1/scheduler/jobs/{job_id}/hold")
     async def s_hold(job_id: str) -> dict[str, Any]:

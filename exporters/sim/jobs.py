@@ -49,6 +49,7 @@ class Job:
     exit_code: int = 0
     excluded: list[str] = field(default_factory=list)
     held: bool = False
+    not_before: float = 0.0  # a requeue with backoff: not started before this time
     reason: str = "None"
     submit_t: float = 0.0
     start_t: float = 0.0

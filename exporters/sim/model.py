@@ -205,7 +205,7 @@ class Cluster:
 
     def _schedule(self) -> None:
         for job in sorted(self.jobs.values(), key=lambda j: int(j.job_id.split("_")[0])):
-            if job.state != "PENDING" or job.held or job.external:
+            if job.state != "PENDING" or job.held or job.external or job.not_before > self.now:
                 continue
             free = [
                 n
@@ -286,7 +286,10 @@ class Cluster:
             raise SchedulerError(f"node {name} is not responding; repair it first")
         node.drain, node.down, node.reason = False, False, ""
 
-    def requeue(self, job_id: str, exclude: list[str] | None = None, hold: bool = False) -> Job:
+    def requeue(
+        self, job_id: str, exclude: list[str] | None = None, hold: bool = False, delay_s: float = 0
+    ) -> Job:
+        """Slurm's requeue: end the run, exclude nodes, pend (held, or not before now+delay)."""
         job = self.job(job_id)
         if job.state == "PENDING":
             raise SchedulerError(f"job {job_id} is pending: nothing to requeue")
@@ -301,6 +304,7 @@ class Cluster:
             self._release(job)
         job.excluded = sorted(set(job.excluded) | set(exclude or []))
         self._requeue(job, hold, "JobHeldUser" if hold else "BeginTime")
+        job.not_before = self.now + delay_s
         return job
 
     def _requeue(self, job: Job, hold: bool, reason: str) -> None:

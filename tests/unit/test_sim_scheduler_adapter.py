@@ -43,3 +43,14 @@ def test_stop_holds_a_running_job(sched_sim):
     assert sched.stop("1001").changed
     job = sched.job_state("1001")
     assert job.held and job.state == "PENDING"
+
+
+def test_requeue_with_backoff_starts_the_job_only_after_the_delay(sched_sim):
+    sched, sim = sched_sim
+    res = sched.requeue("1001", (), expected_restarts=0, delay_s=20)
+    assert res.changed, res.detail
+    sim.step(5)
+    assert sim.cluster.jobs["1001"].state == "PENDING"
+    for _ in range(4):
+        sim.step(5)
+    assert sim.cluster.jobs["1001"].state == "RUNNING"
