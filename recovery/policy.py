@@ -14,21 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-OUTCOMES = (
-    "gpu_hardware_fault",
-    "gpu_degradation",
-    "network_fault",
-    "node_lost",
-    "filesystem",
-    "workload_crash",
-    "workload_oom",
-    "workload_divergence",
-    "workload_hang",
-    "straggler",
-    "scheduler_event",
-    "unknown",
-    "healthy",
-)
+from recovery.diagnosis import OUTCOMES  # one list of outcomes: the diagnosis schema
+
 ACTIONS = (
     "drain",
     "drain_and_requeue",

@@ -109,3 +109,10 @@ def test_directive_bounds_and_caps():
     assert "not overridable" in check_bounds(p, d_hw)
     off = parse_policy({"directives": {"enabled": False}}, env={})
     assert "disabled" in check_bounds(off, d)
+
+
+def test_outcomes_are_the_catalogues():
+    import catalogue
+    from recovery import diagnosis, policy
+
+    assert set(policy.OUTCOMES) == set(diagnosis.OUTCOMES) == set(catalogue.outcomes())
