@@ -256,7 +256,7 @@ def follow(
     diag = incident.get("diagnosis") or {}
     out.outcome = diag.get("outcome", "-")
     out.culprits = list(diag.get("affected_nodes") or [])
-    out.diagnosed = time.time()
+    out.diagnosed = float(diag.get("diagnosed_at") or time.time())
     say(
         f"  diagnosis: [bold]{out.outcome}[/] on {out.culprits or 'no node'} "
         f"(confidence {diag.get('confidence', 0):.2f}): {diag.get('root_cause', '')[:110]}"

@@ -50,3 +50,22 @@ def faults(
         raise typer.BadParameter(str(exc)) from None
     typer.echo("")
     typer.echo((out / "faults.md").read_text())
+
+
+@app.command("e2e")
+def e2e(
+    quick: bool = typer.Option(False, "--quick", help="only the GPU off the bus (CI-sized)"),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="where e2e.json/.md go"),
+) -> None:
+    """Faults through the real stack (simulator in real time, Prometheus, Alertmanager, the
+    receiver, Slurm), timed on the wall clock. Starts the stack and Goodput's services."""
+    from rich.console import Console
+
+    from bench import e2e as bench_e2e
+    from goodput import demo
+
+    faults = demo.FAULTS[:1] if quick else demo.FAULTS
+    report = bench_e2e.run(Console(width=120).print, faults=faults, out=out)
+    typer.echo((out / "e2e.md").read_text())
+    if report["summary"]["handled"] < len(faults):
+        raise typer.Exit(1)
