@@ -177,7 +177,8 @@ class Cluster:
         restarts: int = 0,
         pid: int = 0,
     ) -> Job:
-        """A real Slurm job announces its placement; it (re)starts RUNNING there."""
+        """A real Slurm job announces its placement; it (re)starts RUNNING there. `pid` is its
+        process: watched for liveness, killed with its node."""
         for n in nodes:
             if n not in self.nodes:
                 raise SchedulerError(f"nodes: unknown node {n!r}", 422)
@@ -191,7 +192,7 @@ class Cluster:
             gpus_per_node=len(gpus),
             external=True,
             restarts=restarts,
-            pid=pid,
+            os_pid=pid,
             submit_t=self.now,
             duration_s=10**9,
         )

@@ -1,0 +1,45 @@
+"""Real-Slurm registration: the job's own process is watched (and killed with a lost node)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from fastapi.testclient import TestClient
+
+from exporters.sim import Simulation, parse_scenario
+from exporters.sim.api import build_app
+
+
+def _sim() -> tuple[Simulation, TestClient]:
+    sc = parse_scenario({"name": "t", "duration_s": 3600, "nodes": 2})
+    sim = Simulation(sc, scheduler="slurm")
+    return sim, TestClient(build_app(sim))
+
+
+def test_registered_job_whose_process_ends_is_cancelled():
+    sim, api = _sim()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        body = {"job_id": "91", "name": "x", "nodes": ["node1"], "gpus": [0], "pid": proc.pid}
+        assert api.post("/api/v1/register", json=body).status_code == 200
+        assert sim.cluster.jobs["91"].os_pid == proc.pid
+        sim.step(1)
+        assert api.get("/api/v1/jobs/91").json()["state"] == "RUNNING"
+    finally:
+        proc.kill()
+        proc.wait()
+    sim.step(1)
+    assert api.get("/api/v1/jobs/91").json()["state"] == "CANCELLED"
+    assert sim.cluster.nodes["node1"].jobs == []
+
+
+def test_node_lost_hook_gets_the_registered_process():
+    sim, api = _sim()
+    seen: list[tuple[str, list[int]]] = []
+    sim.cluster.on_node_lost = lambda node, jobs: seen.append((node, [j.os_pid for j in jobs]))
+    body = {"job_id": "92", "name": "x", "nodes": ["node2"], "gpus": [0, 1], "pid": 4242}
+    api.post("/api/v1/register", json=body)
+    r = api.post("/api/v1/faults", json={"kind": "node_lost", "node": "node2"})
+    assert r.status_code == 201, r.text
+    assert seen == [("node2", [4242])]
