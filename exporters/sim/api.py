@@ -49,6 +49,15 @@ class RegisterIn(_In):
     gpus: list[int] = Field(min_length=1, max_length=8)
     restarts: int = Field(default=0, ge=0)
     pid: int = Field(default=0, ge=0)
+    # optional job timing (default: the simulator's; short ones make fast tests)
+    step_time_s: float | None = Field(default=None, gt=0.01, le=3600)
+    init_s: float | None = Field(default=None, ge=0, le=3600)
+    warmup_s: float | None = Field(default=None, ge=0, le=86400)
+    log_interval: int | None = Field(default=None, ge=1, le=100000)
+    checkpoint_every_s: float | None = Field(default=None, ge=0, le=10**7)
+
+
+TIMING = ("step_time_s", "init_s", "warmup_s", "log_interval", "checkpoint_every_s")
 
 
 class ExitIn(_In):
@@ -132,7 +141,10 @@ def build_app(sim: Simulation, stats: dict[str, float] | None = None) -> FastAPI
     @app.post("/api/v1/register")
     async def register(body: RegisterIn) -> dict[str, Any]:
         before = len(c.sink.jobs.get(body.job_id, []))
-        j = c.register(body.job_id, body.name, body.nodes, body.gpus, body.restarts, body.pid)
+        timing = body.model_dump(include=set(TIMING), exclude_none=True)
+        j = c.register(
+            body.job_id, body.name, body.nodes, body.gpus, body.restarts, body.pid, **timing
+        )
         return {**c.job_view(j), "offset": before}
 
     @app.post("/api/v1/jobs/{job_id}/exit")

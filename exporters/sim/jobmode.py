@@ -50,10 +50,16 @@ def job_env(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def run(sim_url: str, env: Mapping[str, str] | None = None, poll_s: float = 0.5) -> int:
+def run(
+    sim_url: str,
+    env: Mapping[str, str] | None = None,
+    poll_s: float = 0.5,
+    timing: Mapping[str, float] | None = None,
+) -> int:
     """Register, stream the log, and end like the simulated job ends. Returns an exit status
-    (SIGABRT-style endings abort the process instead)."""
-    info = job_env(env if env is not None else os.environ)
+    (SIGABRT-style endings abort the process instead). `timing`: the register body's optional
+    step_time_s, init_s, warmup_s, log_interval, checkpoint_every_s."""
+    info = {**job_env(env if env is not None else os.environ), **(timing or {})}
     base = sim_url.rstrip("/")
     r = requests.post(f"{base}/api/v1/register", json=info, timeout=10)
     if r.status_code >= 400:

@@ -176,9 +176,11 @@ class Cluster:
         gpus: list[int],
         restarts: int = 0,
         pid: int = 0,
+        **timing: float,
     ) -> Job:
         """A real Slurm job announces its placement; it (re)starts RUNNING there. `pid` is its
-        process: watched for liveness, killed with its node."""
+        process: watched for liveness, killed with its node. `timing` overrides the job's
+        step_time_s, init_s, warmup_s, log_interval or checkpoint_every_s."""
         for n in nodes:
             if n not in self.nodes:
                 raise SchedulerError(f"nodes: unknown node {n!r}", 422)
@@ -195,6 +197,7 @@ class Cluster:
             os_pid=pid,
             submit_t=self.now,
             duration_s=10**9,
+            **timing,  # type: ignore[arg-type]
         )
         if old is not None:
             job.ckpt_iter = old.ckpt_iter

@@ -163,12 +163,24 @@ def repair_cmd(node: str = typer.Argument(...)) -> None:
 @app.command("job")
 def job_cmd(
     sim_url: str = typer.Option(None, "--sim-url", help="simulator URL (default $GOODPUT_SIM_URL)"),
+    step_time: float | None = typer.Option(None, "--step-time", help="seconds per iteration"),
+    init: float | None = typer.Option(None, "--init", help="seconds of NCCL init before training"),
+    warmup: float | None = typer.Option(None, "--warmup", help="seconds of slower warm-up"),
+    log_interval: int | None = typer.Option(None, "--log-interval", help="iterations per line"),
 ) -> None:
     """The body of an sbatch script: a simulated training job under real Slurm."""
     from exporters.sim import jobmode
 
+    given = {
+        "step_time_s": step_time,
+        "init_s": init,
+        "warmup_s": warmup,
+        "log_interval": log_interval,
+    }
     try:
-        code = jobmode.run(sim_url or _url())
+        code = jobmode.run(
+            sim_url or _url(), timing={k: v for k, v in given.items() if v is not None}
+        )
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

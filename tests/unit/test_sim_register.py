@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -43,3 +44,27 @@ def test_node_lost_hook_gets_the_registered_process():
     r = api.post("/api/v1/faults", json={"kind": "node_lost", "node": "node2"})
     assert r.status_code == 201, r.text
     assert seen == [("node2", [4242])]
+
+
+def test_register_takes_job_timing():
+    sim, api = _sim()
+    body = {
+        "job_id": "93",
+        "name": "fast",
+        "nodes": ["node1"],
+        "gpus": [0],
+        "step_time_s": 0.5,
+        "init_s": 0,
+        "warmup_s": 0,
+        "log_interval": 2,
+    }
+    assert api.post("/api/v1/register", json=body).status_code == 200
+    for _ in range(10):
+        sim.step(0.5)
+    lines = [ln for ln in api.get("/api/v1/jobs/93/log").json()["lines"] if " iteration " in ln]
+    assert len(lines) >= 4
+    ms = [float(re.search(r"per iteration \(ms\): ([0-9.]+)", ln).group(1)) for ln in lines]
+    assert all(450 < m < 550 for m in ms), ms
+    bad = {**body, "job_id": "94", "step_time_s": 0}
+    r = api.post("/api/v1/register", json=bad)
+    assert r.status_code == 422 and "step_time_s" in r.text
