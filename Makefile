@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := dev,postgres,notebooks,dashboards
+EXTRAS := dev,postgres,notebooks,dashboards,nvml
 
 .PHONY: setup stack stack-stop demo demo-stop test test-unit test-integration lint clean
 
