@@ -15,7 +15,6 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -28,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recovery import incidents, validate
 from recovery.metrics import ReceiverMetrics
-from recovery.settings import Settings
+from recovery.settings import Settings, read_secret
 from recovery.store import make_engine
 
 log = logging.getLogger("goodput.receiver")
@@ -126,29 +125,20 @@ class Auth:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    @staticmethod
-    def _read(path: str | None) -> str | None:
-        if not path:
-            return None
-        try:
-            return Path(path).read_text().strip() or None
-        except OSError:
-            return None
-
     def __call__(self, request: Request) -> None:
         s = self.settings
         if not s.require_auth:
             return
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
-        token = self._read(s.token_file)
+        token = read_secret(s.token_file)
         if (
             token
             and scheme.lower() == "bearer"
             and hmac.compare_digest(value.strip().encode(), token.encode())
         ):
             return
-        password = self._read(s.basic_password_file)
+        password = read_secret(s.basic_password_file)
         if s.basic_user and password and scheme.lower() == "basic":
             try:
                 user, _, pw = base64.b64decode(value.strip(), validate=True).decode().partition(":")

@@ -90,3 +90,13 @@ class Settings:
 
 def default_db_url() -> str:
     return f"sqlite:///{_stack_dir() / 'receiver' / 'goodput.db'}"
+
+
+def read_secret(path: str | None) -> str | None:
+    """A credential from a file (stripped); None when unset, unreadable or empty."""
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None

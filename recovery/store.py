@@ -144,4 +144,8 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | None) -> Any:
-    return json.loads(text) if text else None
+    """A stored JSON body; None when empty or unreadable (a bad row never breaks a page or API)."""
+    try:
+        return json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return None

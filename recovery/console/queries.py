@@ -6,23 +6,15 @@ becomes None rather than an error, so odd data never breaks a page.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from sqlalchemy import Engine, and_, case, func, or_, select
 
 from recovery import incidents as incidents_mod
-from recovery.store import alerts, diagnoses, incident_alerts, incidents
+from recovery.store import alerts, diagnoses, incident_alerts, incidents, loads
 
 PER_PAGE = 50
-
-
-def _json(text: str | None) -> Any:
-    try:
-        return json.loads(text) if text else None
-    except (ValueError, RecursionError):
-        return None
 
 
 def _like_escape(value: str) -> str:
@@ -86,7 +78,7 @@ def incident_page(
             for d in conn.execute(
                 select(diagnoses.c.incident_id, diagnoses.c.body).where(diagnoses.c.id.in_(newest))
             ):
-                latest[d.incident_id] = _json(d.body)
+                latest[d.incident_id] = loads(d.body)
         alert_nodes: dict[int, set[str]] = {i: set() for i in ids}
         alert_counts: dict[int, list[int]] = {i: [0, 0] for i in ids}
         if ids:
@@ -145,14 +137,7 @@ def incident_detail(engine: Engine, incident_id: int) -> dict[str, Any] | None:
     found = incidents_mod.incident(engine, incident_id)
     if found is None:
         return None
-    with engine.connect() as conn:
-        body = conn.execute(
-            select(diagnoses.c.body)
-            .where(diagnoses.c.incident_id == incident_id)
-            .order_by(diagnoses.c.id.desc())
-            .limit(1)
-        ).scalar()
-    diag = _json(body)  # a body that does not parse shows as "no diagnosis", never a 500
+    diag = incidents_mod.latest_diagnosis(engine, incident_id)  # unreadable → no diagnosis
     found["diagnosis"] = diag if isinstance(diag, dict) else None
     with engine.connect() as conn:
         found["diagnosis_count"] = int(
@@ -187,7 +172,7 @@ def connector_history(engine: Engine, limit: int = 20) -> dict[str, dict[str, An
         ).all()
     out: dict[str, dict[str, Any]] = {}
     for body, created in bodies:
-        doc = _json(body)
+        doc = loads(body)
         reports = doc.get("connector_reports") if isinstance(doc, dict) else None
         for rep in reports if isinstance(reports, list) else []:
             if isinstance(rep, dict) and isinstance(rep.get("connector"), str):

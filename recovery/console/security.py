@@ -17,13 +17,12 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import Request
 
-from recovery.settings import Settings
+from recovery.settings import Settings, read_secret
 
 SESSION_COOKIE = "goodput_session"
 CSRF_COOKIE = "goodput_csrf"
@@ -39,17 +38,8 @@ class Identity:
     via: str  # session | bearer | basic | open
 
 
-def _read(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return Path(path).read_text().strip() or None
-    except OSError:
-        return None
-
-
 def _secrets(settings: Settings) -> tuple[str | None, str | None]:
-    return _read(settings.token_file), _read(settings.basic_password_file)
+    return read_secret(settings.token_file), read_secret(settings.basic_password_file)
 
 
 def session_key(settings: Settings) -> bytes | None:

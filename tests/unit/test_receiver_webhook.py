@@ -248,3 +248,18 @@ def test_goodputs_own_notices_open_no_incident(client):
     assert client.get("/api/v1/incidents").json()["total"] == 0
     r = client.post("/api/v1/alerts", json=payload(alert(fp="c1d2e3", job_id="42")))
     assert client.get("/api/v1/incidents").json()["total"] == 1
+
+
+def test_an_unreadable_stored_diagnosis_reads_as_none_not_500(client):
+    from recovery.store import diagnoses
+
+    client.post("/api/v1/alerts", json=payload(alert(fp="d1e2f3", job_id="42")))
+    incident_id = client.get("/api/v1/incidents").json()["items"][0]["id"]
+    with client.app.state.engine.begin() as conn:
+        conn.execute(
+            diagnoses.insert().values(
+                incident_id=incident_id, created_at=1.0, outcome="unknown", body="{not json"
+            )
+        )
+    r = client.get(f"/api/v1/incidents/{incident_id}")
+    assert r.status_code == 200 and r.json()["diagnosis"] is None
