@@ -436,6 +436,22 @@ def approvals_page(request: Request) -> Response:
     )
 
 
+async def _mutation(
+    request: Request, settings: Any, what: str
+) -> tuple[Any, dict[str, str]] | Response:
+    """Who may change things, and their form: logged in, readable form, CSRF token and Origin."""
+    who = security.identity(settings, request)
+    if who is None:
+        return _error(request, 401, f"log in with the receiver's credentials to {what}")
+    form = await _form(request)
+    if form is None:
+        return _error(request, 400, "the form could not be read")
+    problem = security.csrf_problem(request, form.get("csrf_token"))
+    if problem:
+        return _error(request, 403, problem)
+    return who, form
+
+
 @router.post("/actions/{action_id}/{verdict}")
 async def decide_action(request: Request, action_id: str, verdict: str) -> Response:
     settings = _settings(request)
@@ -447,15 +463,10 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
         or not all(c.isalnum() or c in "-_:." for c in action_id)
     ):
         return _error(request, 404, "no such action")
-    who = security.identity(settings, request)
-    if who is None:
-        return _error(request, 401, "log in with the receiver's credentials to decide actions")
-    form = await _form(request)
-    if form is None:
-        return _error(request, 400, "the form could not be read")
-    problem = security.csrf_problem(request, form.get("csrf_token"))
-    if problem:
-        return _error(request, 403, problem)
+    checked = await _mutation(request, settings, "decide actions")
+    if isinstance(checked, Response):
+        return checked
+    who, form = checked
     reason = " ".join(form.get("reason", "").split())[:500]
     if verdict == "reject" and not reason:
         return _error(request, 400, "a rejection needs a reason")
@@ -549,15 +560,10 @@ def policy_page(request: Request) -> Response:
 async def pause_switch(request: Request) -> Response:
     """Flip the global pause switch (audited by `recovery.actions`)."""
     settings = _settings(request)
-    who = security.identity(settings, request)
-    if who is None:
-        return _error(request, 401, "log in with the receiver's credentials to pause actions")
-    form = await _form(request)
-    if form is None:
-        return _error(request, 400, "the form could not be read")
-    problem = security.csrf_problem(request, form.get("csrf_token"))
-    if problem:
-        return _error(request, 403, problem)
+    checked = await _mutation(request, settings, "pause actions")
+    if isinstance(checked, Response):
+        return checked
+    who, form = checked
     reason = " ".join(form.get("reason", "").split())[:500]
     if form.get("paused") not in ("on", "off") or not reason:
         return _error(request, 400, "say on or off, and give a reason")
