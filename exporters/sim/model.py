@@ -97,6 +97,7 @@ class Cluster:
                 job.state == "RUNNING"
                 and job.external
                 and job.os_pid > 1
+                and all(self.nodes[n].alive for n in job.nodes)  # a lost node's: NODE_FAIL
                 and not _alive(job.os_pid)
             ):
                 job.end(self.now, "CANCELLED", 0)  # its process went away (scancel, kill)

@@ -23,8 +23,35 @@ def _pidfile(node: str) -> Path:
     return _stack() / "run" / f"slurmd-{node}.pid"
 
 
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat.rpartition(")")[2].split()  # after "pid (comm)": state ppid ...
+    return int(fields[1]) if len(fields) > 1 else 0
+
+
+def _stepd_of(pid: int) -> int:
+    """The slurmstepd above a job's process (the manager of its batch step), or 0."""
+    for _ in range(8):
+        pid = _ppid(pid)
+        if pid <= 1:
+            return 0
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return 0
+        if comm.startswith("slurmstepd"):
+            return pid
+    return 0
+
+
 def kill_node(node: str, jobs: list[Job]) -> None:
-    """Stop the node's slurmd (and, with it, its process group's steps) and the jobs' processes."""
+    """Power loss: stop the node's slurmd (and its process group), then the jobs' slurmstepd
+    and the jobs' processes, stepd first, so that nothing reports the jobs' end to slurmctld
+    and Slurm sees a node failure (NODE_FAIL after SlurmdTimeout) instead of a killed job."""
+    stepds = [_stepd_of(job.os_pid) for job in jobs if job.os_pid > 1]
     pidfile = _pidfile(node)
     with contextlib.suppress(OSError, ValueError):
         pid = int(pidfile.read_text().strip())
@@ -33,6 +60,10 @@ def kill_node(node: str, jobs: list[Job]) -> None:
                 os.killpg(pid, signal.SIGKILL)
             else:
                 os.kill(pid, signal.SIGKILL)
+    for stepd in stepds:
+        if stepd > 1:
+            with contextlib.suppress(OSError):
+                os.kill(stepd, signal.SIGKILL)
     for job in jobs:
         if job.os_pid > 1:
             with contextlib.suppress(OSError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
@@ -68,3 +70,30 @@ def test_register_takes_job_timing():
     bad = {**body, "job_id": "94", "step_time_s": 0}
     r = api.post("/api/v1/register", json=bad)
     assert r.status_code == 422 and "step_time_s" in r.text
+
+
+def test_node_lost_kills_the_jobs_slurmstepd_before_the_job(tmp_path, monkeypatch):
+    """A power loss leaves nobody to report the job's end: its slurmstepd dies with it."""
+    from exporters.sim import slurmctl
+    from exporters.sim.jobs import Job
+
+    monkeypatch.setenv("GOODPUT_STACK_DIR", str(tmp_path))  # no slurmd pidfile here
+    stepd = tmp_path / "slurmstepd"
+    stepd.symlink_to("/bin/sh")  # a process whose comm is "slurmstepd"
+    parent = subprocess.Popen(
+        [str(stepd), "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert slurmctl._stepd_of(child) == parent.pid
+    slurmctl.kill_node("node1", [Job("95", "x", 1, os_pid=child)])
+    assert parent.wait(5) == -9
+    for _ in range(50):  # the orphaned child was killed too (gone, or a zombie)
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the job's process survived")
