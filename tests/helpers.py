@@ -34,3 +34,9 @@ def add_scrape_target(name: str, port: int) -> Path:
     tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"test": name}}]))
     tmp.rename(path)
     return path
+
+
+def scontrol_show(entity: str, name: str) -> dict[str, str]:
+    """`scontrol show <job|node> <name> -o` as a dict ({} when Slurm does not know it)."""
+    out = slurm("scontrol", "show", entity, "-o", name, check=False)
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
