@@ -112,11 +112,19 @@ def files_for(ctx: Context, log_dir: Path) -> Iterable[tuple[Path, str, str | No
 def collect_dir(ctx: Context, log_dir: Path, connector: str = "logs") -> Bundle:
     lines: list[LogLine] = []
     missing = []
+    run_start: float | None = None  # the job's current run: its output file starts there
     for path, kind, node in files_for(ctx, log_dir):
         if not path.is_file():
             missing.append(path.name)
             continue
-        lines += read_lines(path, kind, node, ctx.job_id, ctx.start, ctx.end)
+        start = ctx.start
+        if kind == "kernel" and run_start is not None:
+            # a node's older kernel lines belong to earlier jobs or runs, not this incident
+            start = max(start, run_start - SLACK_S)
+        got = read_lines(path, kind, node, ctx.job_id, start, ctx.end)
+        if kind == "job":
+            run_start = next((ln.time for ln in got if ln.time is not None), None)
+        lines += got
     if not lines:
         reason = f"no log lines (missing: {', '.join(missing)})" if missing else "no lines"
         return Bundle(reports=[Report(connector, "empty", reason)])

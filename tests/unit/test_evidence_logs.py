@@ -1,0 +1,33 @@
+"""The log collector keeps an incident's evidence to the job's current run."""
+
+from __future__ import annotations
+
+import calendar
+import time
+
+from recovery.evidence import Context
+from recovery.evidence.logs import collect_dir
+
+T = calendar.timegm(time.strptime("2026-11-29 20:40:00", "%Y-%m-%d %H:%M:%S"))
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(t))
+
+
+def test_kernel_lines_from_before_the_jobs_run_are_not_evidence(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "kernel").mkdir()
+    start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T))
+    (tmp_path / "jobs" / "slurm-7.out").write_text(f"[{start}] SLURM_JOB_ID=7 nodes=node1\n")
+    (tmp_path / "kernel" / "node1.log").write_text(
+        f"{_stamp(T - 600)} node1 kernel: NVRM: Xid (PCI:0000:18:00): 79, an earlier job's\n"
+        f"{_stamp(T + 30)} node1 kernel: NVRM: Xid (PCI:0000:5D:00): 79, this run's\n"
+    )
+    ctx = Context(job_id="7", nodes=["node1"], start=T - 900, end=T + 100)
+    kernel = [ln.text for ln in collect_dir(ctx, tmp_path).lines if ln.kind == "kernel"]
+    assert len(kernel) == 1 and "this run's" in kernel[0]
+    # without a job log (a node-only incident) the look-back window alone applies
+    (tmp_path / "jobs" / "slurm-7.out").unlink()
+    kernel = [ln.text for ln in collect_dir(ctx, tmp_path).lines if ln.kind == "kernel"]
+    assert len(kernel) == 2
