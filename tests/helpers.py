@@ -40,3 +40,16 @@ def scontrol_show(entity: str, name: str) -> dict[str, str]:
     """`scontrol show <job|node> <name> -o` as a dict ({} when Slurm does not know it)."""
     out = slurm("scontrol", "show", entity, "-o", name, check=False)
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def forget_faults(prometheus_url: str, log_dir: str) -> None:
+    """Leave no fault behind for later tests: drop the simulated GPUs' series from Prometheus
+    (admin API) and move the kernel and job logs aside."""
+    requests.post(
+        f"{prometheus_url}/api/v1/admin/tsdb/delete_series",
+        params={"match[]": '{job="dcgm"}'},
+        timeout=10,
+    ).raise_for_status()
+    from goodput import demo
+
+    demo.archive_logs(Path(log_dir), Path(log_dir).parent / "archive")

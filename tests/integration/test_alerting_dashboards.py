@@ -39,7 +39,9 @@ def simulator(local_stack, prometheus_url):
     proc = None
     if not _port_open(19400):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "goodput.cli", "sim", "serve", "--nodes", "4"],
+            # a scenario with running jobs, so the job_id variable and per-job panels have data
+            [sys.executable, "-m", "goodput.cli", "sim", "serve",
+             "--scenario", "scenarios/healthy-short.yaml"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
         )  # fmt: skip
     try:
@@ -49,9 +51,9 @@ def simulator(local_stack, prometheus_url):
             what="the simulator's dcgm endpoints scraped by Prometheus",
         )
         wait_until(
-            lambda: prom_query(prometheus_url, "goodput:dcgm_gpu_util:by_gpu"),
-            30,
-            what="recording rules over the simulator's metrics",
+            lambda: prom_query(prometheus_url, 'goodput:dcgm_gpu_util:by_gpu{job_id!=""}'),
+            45,
+            what="recording rules over the simulator's metrics, with a job on the GPUs",
         )
         yield
     finally:

@@ -10,6 +10,7 @@ import pytest
 
 from bench import e2e
 from goodput import demo, stack
+from tests.helpers import forget_faults
 
 
 @pytest.fixture()
@@ -19,6 +20,7 @@ def loop(local_stack):
     slurm.cancel_demo_jobs()
     demo.stop_services()
     slurm.resume_drained()
+    forget_faults(local_stack["GOODPUT_PROMETHEUS_URL"], local_stack["GOODPUT_LOG_DIR"])
 
 
 def test_gpu_off_the_bus_is_drained_and_the_job_restarts_elsewhere(loop):

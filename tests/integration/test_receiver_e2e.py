@@ -15,7 +15,7 @@ import uvicorn
 from recovery.app import create_app
 from recovery.settings import Settings
 from tests.conftest import wait_until
-from tests.helpers import slurm
+from tests.helpers import forget_faults, slurm
 
 PORT = 19430
 
@@ -54,6 +54,7 @@ def receiver(local_stack, tmp_path):
 @pytest.fixture
 def job(local_stack):
     """A 2-node job whose rank 9 (second node with 8 GPUs a node) logs a fatal NVLink error."""
+    forget_faults(local_stack["GOODPUT_PROMETHEUS_URL"], local_stack["GOODPUT_LOG_DIR"])
     name = f"e2e-recv-{uuid.uuid4().hex[:6]}"
     out_path = os.path.join(local_stack["GOODPUT_LOG_DIR"], "jobs", "slurm-%j.out")
     script = (

@@ -27,7 +27,7 @@ import requests
 
 from exporters.sim.faults import FAULT_KINDS
 from tests.conftest import wait_until
-from tests.helpers import scontrol_show, slurm
+from tests.helpers import forget_faults, scontrol_show, slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL, NODE_BASE = 19380, 19700  # clear of the demo's 19400/1950x and test_sim_stack's ports
@@ -359,6 +359,7 @@ def batches(local_stack, tmp_path_factory) -> Iterator[Batches]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        forget_faults(os.environ["GOODPUT_PROMETHEUS_URL"], os.environ["GOODPUT_LOG_DIR"])
         took = ", ".join(f"{'+'.join(b)} {t:.0f}s" for b, t in runner.timings.items())
         print(f"\nsim kinds batches: {took}\nsimulator log: {tmp / 'sim.log'}")
 
