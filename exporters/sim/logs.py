@@ -178,18 +178,13 @@ def srun_task_failed(node: str, rank: int, detail: str) -> str:
 
 
 def node_fail_cancel(t: float, job_id: str, node: str) -> str:
-    return (
-        f"slurmstepd: error: *** JOB {job_id} ON {node} CANCELLED AT "
-        f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))} DUE TO NODE FAILURE, "
-        "SEE SLURMCTLD LOG FOR DETAILS ***"
-    )
+    return cancelled(t, job_id, node, "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS")
 
 
-def cancelled(t: float, job_id: str, node: str) -> str:
-    return (
-        f"slurmstepd: error: *** JOB {job_id} ON {node} CANCELLED AT "
-        f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))} ***"
-    )
+def cancelled(t: float, job_id: str, node: str, reason: str = "") -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    tail = f" {reason}" if reason else ""
+    return f"slurmstepd: error: *** JOB {job_id} ON {node} CANCELLED AT {when}{tail} ***"
 
 
 def ib_port_error(node: str, pid: int, local: int) -> str:

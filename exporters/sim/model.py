@@ -302,8 +302,7 @@ class Cluster:
             self.node(n)
         if job.state == "RUNNING":
             self.sink.job(
-                job_id,
-                logs.cancelled(self.now, job_id, job.nodes[0])[:-4] + " DUE TO JOB REQUEUE ***",
+                job_id, logs.cancelled(self.now, job_id, job.nodes[0], "DUE TO JOB REQUEUE")
             )
             job.end(self.now, "CANCELLED", 0)
             self._release(job)
