@@ -102,10 +102,10 @@ class LogMetrics(Collector):
 
     def tail_stats(self) -> TailStats:
         total = TailStats()
-        _add(total, self.jobs.retired)
-        _add(total, self.kernel.retired)
+        total.add(self.jobs.retired)
+        total.add(self.kernel.retired)
         for follower in (*self.jobs.followers.values(), *self.kernel.followers.values()):
-            _add(total, follower.stats)
+            total.add(follower.stats)
         return total
 
     def collect(self) -> Iterator:
@@ -190,11 +190,6 @@ class LogMetrics(Collector):
         yield progress
         yield from gauges.values()
         yield from (nan, skipped, patterns, xids, lines, truncated, errors, files, poll)
-
-
-def _add(total: TailStats, more: TailStats) -> None:
-    for name in vars(total):
-        setattr(total, name, getattr(total, name) + getattr(more, name))
 
 
 def _mtime(path: Path, default: float) -> float:

@@ -28,6 +28,10 @@ class TailStats:
     truncations: int = 0
     read_errors: int = 0
 
+    def add(self, more: TailStats) -> None:
+        for name, value in vars(more).items():
+            setattr(self, name, getattr(self, name) + value)
+
 
 def _decode(raw: bytes) -> str:
     if b"\x00" in raw:
@@ -185,8 +189,7 @@ class DirectoryFollower:
                 lines += follower.close()
                 del self.followers[path]
                 self.dropped.append(path)
-                for name, value in vars(follower.stats).items():
-                    setattr(self.retired, name, getattr(self.retired, name) + value)
+                self.retired.add(follower.stats)
             if lines:
                 out.append((path, lines))
         return out
