@@ -94,6 +94,11 @@ def _exit_code(status: int | None) -> int | None:
     return (status >> 8) & 0xFF
 
 
+def _ended(state: str) -> bool:
+    """A job state (lower case) that neither holds nodes nor waits for them."""
+    return state not in HOLDING_STATES and state != "pending"
+
+
 def _gpus(text: str) -> int | None:
     """GPUs from `gres/gpu=2` (TRES) or `gres:gpu:2` / `gres:gpu:h100:2` (requests)."""
     m = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", text or "") or re.search(
@@ -136,7 +141,6 @@ def parse_squeue(text: str) -> dict[str, Job]:
             count = int(j.get("node_count") or 1)
             gpus = per_job if per_job is not None else (per_node * count if per_node else None)
         state = str(j.get("job_state", "unknown")).lower()
-        ended = state not in HOLDING_STATES and state != "pending"
         jobs[job_id] = Job(
             job_id=job_id,
             name=str(j.get("name", ""))[:128],
@@ -144,7 +148,7 @@ def parse_squeue(text: str) -> dict[str, Job]:
             state=state,
             nodes=nodes,
             restarts=int(j.get("restart_cnt") or 0),
-            exit_code=_exit_code(j.get("exit_code")) if ended else None,
+            exit_code=_exit_code(j.get("exit_code")) if _ended(state) else None,
             gpus=gpus,
         )
     return jobs
@@ -266,11 +270,7 @@ class SlurmCollector(Collector):
                 assert jobs is not None and nodes is not None
                 merged = dict(ended or {})
                 if ended is None:  # keep the ended jobs we knew
-                    merged = {
-                        k: v
-                        for k, v in self.snapshot.jobs.items()
-                        if v.state not in HOLDING_STATES and v.state != "pending"
-                    }
+                    merged = {k: v for k, v in self.snapshot.jobs.items() if _ended(v.state)}
                 merged.update(jobs)  # squeue is fresher (and knows restarts)
                 self.snapshot = Snapshot(merged, nodes)
                 self.last_success = self.clock()
