@@ -23,6 +23,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _check_job_id(v: str | None) -> str | None:
+    if v is not None and not JOB_ID_RE.match(v):
+        raise ValueError("job_id must be digits (array jobs: 123_4)")
+    return v
+
+
 class JobSpec(_Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     job_id: str | None = None
@@ -45,9 +51,7 @@ class JobSpec(_Strict):
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, v: str | None) -> str | None:
-        if v is not None and not JOB_ID_RE.match(v):
-            raise ValueError("job_id must be digits (array jobs: 123_4)")
-        return v
+        return _check_job_id(v)
 
 
 class FaultSpec(_Strict):
@@ -76,9 +80,7 @@ class FaultSpec(_Strict):
     @field_validator("job_id")
     @classmethod
     def _fault_job_id(cls, v: str | None) -> str | None:
-        if v is not None and not JOB_ID_RE.match(v):
-            raise ValueError("job_id must be digits (array jobs: 123_4)")
-        return v
+        return _check_job_id(v)
 
 
 class Scenario(_Strict):
