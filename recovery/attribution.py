@@ -411,6 +411,37 @@ def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
     return out
 
 
+def _slurm_sym(
+    rule: dict[str, Any],
+    role: str,
+    t: float | None,
+    node: str | None,
+    detail: str,
+    query: str,
+    excerpt: str,
+) -> Sym:
+    """A symptom from a scheduler fact (its evidence carries no time of its own)."""
+    return Sym(
+        rule["id"],
+        rule.get("role", role),
+        t,
+        "slurm",
+        node,
+        None,
+        detail,
+        rule.get("outcome", ""),
+        {
+            "source": "slurm",
+            "query_or_path": query,
+            "line": None,
+            "time": None,
+            "node": node,
+            "gpu": None,
+            "excerpt": excerpt,
+        },
+    )
+
+
 def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
     job, nodes = bundle.slurm.job, bundle.slurm.nodes
     out = []
@@ -420,46 +451,26 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
             state = str(job.get("state", "")).upper()
             if any(state.startswith(w.upper()) for w in rule["job_state"]):
                 out.append(
-                    Sym(
-                        rule["id"],
-                        rule.get("role", "initiating"),
-                        None,
-                        "slurm",
+                    _slurm_sym(
+                        rule,
+                        "initiating",
                         None,
                         None,
                         f"job state {state}",
-                        rule.get("outcome", ""),
-                        {
-                            "source": "slurm",
-                            "query_or_path": job.get("argv", ""),
-                            "line": None,
-                            "time": None,
-                            "node": None,
-                            "gpu": None,
-                            "excerpt": f"JobState={state} ExitCode={job.get('exit_code')}",
-                        },
+                        job.get("argv", ""),
+                        f"JobState={state} ExitCode={job.get('exit_code')}",
                     )
                 )
         if job and "exit_code" in rule and job.get("exit_code") in rule["exit_code"]:
             out.append(
-                Sym(
-                    rule["id"],
-                    rule.get("role", "cascade"),
-                    None,
-                    "slurm",
+                _slurm_sym(
+                    rule,
+                    "cascade",
                     None,
                     None,
                     f"exit code {job.get('exit_code')}",
-                    rule.get("outcome", ""),
-                    {
-                        "source": "slurm",
-                        "query_or_path": job.get("argv", ""),
-                        "line": None,
-                        "time": None,
-                        "node": None,
-                        "gpu": None,
-                        "excerpt": f"ExitCode={job.get('exit_code')}",
-                    },
+                    job.get("argv", ""),
+                    f"ExitCode={job.get('exit_code')}",
                 )
             )
         if "node_state" in rule:
@@ -467,24 +478,14 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
                 state = facts.get("state", "").lower()
                 if any(w in state for w in rule["node_state"]):
                     out.append(
-                        Sym(
-                            rule["id"],
-                            rule.get("role", "initiating"),
+                        _slurm_sym(
+                            rule,
+                            "initiating",
                             t,
-                            "slurm",
                             node,
-                            None,
                             f"node {node} {state}: {facts.get('reason', '')}",
-                            rule.get("outcome", ""),
-                            {
-                                "source": "slurm",
-                                "query_or_path": bundle.slurm.query or "sinfo",
-                                "line": None,
-                                "time": None,
-                                "node": node,
-                                "gpu": None,
-                                "excerpt": f"State={state} Reason={facts.get('reason', '')}",
-                            },
+                            bundle.slurm.query or "sinfo",
+                            f"State={state} Reason={facts.get('reason', '')}",
                         )
                     )
     return out
