@@ -254,14 +254,14 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                         word = f"rose by {v - base:g}" if kind == "increase" else f"= {v:g}"
                         out.append(_sym(rule, s, t, f"{metric} {word}"))
                         break
-        elif kind == "vanished" and _by_name(series, metric):
-            last_seen = max(s.points[-1][0] for s in _by_name(series, metric))
+        elif kind == "vanished" and (present := _by_name(series, metric)):
+            last_seen = max(s.points[-1][0] for s in present)
             gap = float(rule.get("gap_s", 30))
-            gone = [s for s in _by_name(series, metric) if last_seen - s.points[-1][0] > gap]
+            gone = [s for s in present if last_seen - s.points[-1][0] > gap]
             for s in gone:
                 out.append(_sym(rule, s, s.points[-1][0], "GPU stopped reporting"))
             by_node: dict[str, list[Series]] = {}
-            for s in _by_name(series, metric):
+            for s in present:
                 by_node.setdefault(s.node or "", []).append(s)
             for node, group in by_node.items():
                 if node and len(by_node) > 1 and all(g in gone for g in group):
@@ -280,7 +280,7 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                         )
                     )
         elif kind == "spin":
-            out += _spin(series, rule)
+            out += _spin(gpu_util, _by_name(series, "DCGM_FI_PROF_SM_ACTIVE"), rule)
         elif kind == "idle":
             out += _idle(gpu_util, rule)
         elif kind == "stall":
@@ -319,13 +319,13 @@ def _frozen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
     return best_start, best
 
 
-def _aligned(series: list[Series], name: str) -> dict[tuple[str | None, str | None], dict]:
-    return {(s.node, s.gpu): dict(s.points) for s in _by_name(series, name)}
+def _aligned(series: list[Series]) -> dict[tuple[str | None, str | None], dict]:
+    return {(s.node, s.gpu): dict(s.points) for s in series}
 
 
-def _spin(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    util = _aligned(series, "DCGM_FI_DEV_GPU_UTIL")
-    sm = _aligned(series, "DCGM_FI_PROF_SM_ACTIVE")
+def _spin(util_series: list[Series], sm_series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    util = _aligned(util_series)
+    sm = _aligned(sm_series)
     out = []
     for key, u in util.items():
         sm_k = sm.get(key)
@@ -337,7 +337,7 @@ def _spin(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
         ]
         start, dur = _run_len(pts, lambda v: v > 0)
         if dur >= rule.get("min_s", 30):
-            s = next(x for x in _by_name(series, "DCGM_FI_DEV_GPU_UTIL") if (x.node, x.gpu) == key)
+            s = next(x for x in util_series if (x.node, x.gpu) == key)
             out.append(
                 _sym(
                     rule,
