@@ -807,28 +807,16 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     with engine.connect() as conn:
         rows = conn.execute(
             select(actions_table)
-            .where(
-                actions_table.c.state.in_(("ready", "approved", "executing", "waiting_scheduler"))
-            )
+            .where(actions_table.c.state.in_((*RUNNABLE, "waiting_scheduler")))
             .order_by(actions_table.c.created_at)
         ).all()
     n = 0
     for r in rows:
         if r.next_attempt_at and r.next_attempt_at > now and r.state != "executing":
             continue
-        if r.state == "executing":
-            if not startup or r.owner == OWNER:
-                continue
-            audit.record(
-                engine,
-                "reconciled",
-                {"was": "executing", "owner": r.owner},
-                job_id=r.job_id,
-                incident_id=r.incident_id,
-                action_id=r.id,
-            )
-            execute(engine, settings, r.id, ("executing",))
-        elif r.state == "waiting_scheduler":
+        if r.state == "executing" and (not startup or r.owner == OWNER):
+            continue  # executing is finished here only when a dead process left it
+        if r.state == "waiting_scheduler":
             body = json.loads(r.body)
             diag = Diagnosis.from_dict(
                 {**body["diagnosis"], "incident_id": r.incident_id, "job_id": r.job_id}
@@ -842,10 +830,13 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
             _plan(engine, settings, r.id, diag, {"id": r.incident_id})
         else:
             if startup:
+                was: dict[str, Any] = {"was": r.state}
+                if r.state == "executing":
+                    was["owner"] = r.owner  # the process that died holding it
                 audit.record(
                     engine,
                     "reconciled",
-                    {"was": r.state},
+                    was,
                     job_id=r.job_id,
                     incident_id=r.incident_id,
                     action_id=r.id,
