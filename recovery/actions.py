@@ -160,6 +160,12 @@ def _now() -> float:
     return time.time()
 
 
+def _refs(row: Any) -> dict[str, Any]:
+    """An outbox row's (a Row or its dict) references for its audit events."""
+    r = row if isinstance(row, dict) else row._mapping
+    return {"job_id": r["job_id"], "incident_id": r["incident_id"], "action_id": r["id"]}
+
+
 # ---- the pause switch ---------------------------------------------------------------------
 def is_paused(engine: Engine) -> bool:
     ensure(engine)
@@ -233,15 +239,7 @@ def _insert(
                     return False
                 conn.execute(actions_table.insert().values(**row))
                 for type_, payload in events:
-                    audit.append(
-                        conn,
-                        type_,
-                        payload,
-                        job_id=row["job_id"],
-                        incident_id=row["incident_id"],
-                        action_id=row["id"],
-                        actor=actor,
-                    )
+                    audit.append(conn, type_, payload, **_refs(row), actor=actor)
                 return True
         except IntegrityError:
             time.sleep(0.01 * (attempt + 1))
@@ -457,9 +455,7 @@ def _claim(engine: Engine, action_id: str, from_states: tuple[str, ...]) -> Any:
             conn,
             "executing",
             {"attempt": row.attempts},
-            job_id=row.job_id,
-            incident_id=row.incident_id,
-            action_id=action_id,
+            **_refs(row),
         )
         return row
 
@@ -473,9 +469,7 @@ def _finish(
             .where(actions_table.c.id == row.id)
             .values(state=state, updated_at=_now(), **values)
         )
-        audit.append(
-            conn, type_, payload, job_id=row.job_id, incident_id=row.incident_id, action_id=row.id
-        )
+        audit.append(conn, type_, payload, **_refs(row))
 
 
 def execute(
@@ -664,9 +658,7 @@ def _decide_pending(engine: Engine, action_id: str, who: str, verdict: str, comm
             conn,
             verdict,
             {"comment": comment[:1000]},
-            job_id=row.job_id,
-            incident_id=row.incident_id,
-            action_id=action_id,
+            **_refs(row),
             actor=who,
         )
 
@@ -696,9 +688,7 @@ def expire(engine: Engine) -> int:
                     conn,
                     "expired",
                     {"expires_at": r.expires_at},
-                    job_id=r.job_id,
-                    incident_id=r.incident_id,
-                    action_id=r.id,
+                    **_refs(r),
                 )
                 n += 1
     return n
@@ -791,9 +781,7 @@ def _notify(
         engine,
         "notified",
         {"alertname": alertname, "ok": ok, "detail": detail},
-        job_id=r["job_id"],
-        incident_id=r["incident_id"],
-        action_id=r["id"],
+        **_refs(r),
     )
 
 
@@ -837,9 +825,7 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
                     engine,
                     "reconciled",
                     was,
-                    job_id=r.job_id,
-                    incident_id=r.incident_id,
-                    action_id=r.id,
+                    **_refs(r),
                 )
             execute(engine, settings, r.id, (r.state,))
         n += 1
