@@ -482,9 +482,8 @@ def execute(
     ensure(engine)
     cfg = config(settings)
     if is_paused(engine):
-        row = get_action(engine, action_id)
-        if row and row["state"] in from_states:
-            r = _raw(engine, action_id)
+        r = _raw(engine, action_id)
+        if r is not None and r.state in from_states:
             _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
         return get_action(engine, action_id)
     row = _claim(engine, action_id, from_states)
