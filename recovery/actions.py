@@ -268,19 +268,7 @@ def on_diagnosis(
     if latest is not None and not _replan(latest, diag):
         return latest
     action_id = f"inc-{incident_id}" if latest is None else _next_id(latest["id"])
-    audit.record(
-        engine,
-        "diagnosis",
-        {
-            "outcome": diag.outcome,
-            "root_cause": diag.root_cause,
-            "confidence": diag.confidence,
-            "affected_nodes": list(diag.affected_nodes),
-            "onset": diag.onset,
-        },
-        job_id=diag.job_id,
-        incident_id=incident_id,
-    )
+    audit.record(engine, "diagnosis", _diag_dict(diag), job_id=diag.job_id, incident_id=incident_id)
     accounting.open_incident(
         engine, incident, diag, _setting(settings, "prometheus_url", "GOODPUT_PROMETHEUS_URL")
     )
