@@ -149,7 +149,7 @@ class AccountingCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[Any]:
-        from recovery.actions import counts  # local: actions imports this module
+        from recovery.actions import OPEN_STATES, counts  # local: actions imports this module
 
         total = CounterMetricFamily(
             "goodput_actions", "Recovery actions by kind and state.", labels=["action", "result"]
@@ -170,7 +170,7 @@ class AccountingCollector(Collector):
         n_pending = 0
         for (kind, state), n in sorted(c.items()):
             total.add_metric([kind, state], float(n))
-            if state in ("pending_approval", "ready", "approved", "executing", "waiting_scheduler"):
+            if state in OPEN_STATES:
                 n_pending += n
         pending.add_metric([], float(n_pending))
         done = [r for r in rows if r.running_again_at is not None and r.onset is not None]
