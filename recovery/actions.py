@@ -47,7 +47,6 @@ from recovery.decide import Action, Diagnosis, History, JobView, NodeView, decid
 from recovery.directives import check_bounds, merge, parse_directive
 from recovery.policy import DRAINS, RESTARTS, Policy, load_policy
 from recovery.scheduler import (
-    GuardRefused,
     Scheduler,
     SchedulerError,
     SchedulerUnavailable,
@@ -501,18 +500,9 @@ def execute(
         elif kind == "resume_node":
             for node in action.get("resume", []):
                 steps.append(sched.resume(node).detail)
-    except SchedulerUnavailable as exc:
-        back = "approved" if row.decided_by else "ready"
-        if row.attempts >= MAX_ATTEMPTS:
-            _finish(
-                engine,
-                row,
-                "failed",
-                "failed",
-                {"error": str(exc), "steps": steps},
-                last_error=str(exc),
-            )
-        else:
+    except (SchedulerError, ValueError) as exc:  # GuardRefused, SchedulerUnavailable included
+        if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
+            back = "approved" if row.decided_by else "ready"
             delay = min(cfg.retry_base_s * 2 ** min(row.attempts, 6), 600.0)
             _finish(
                 engine,
@@ -523,16 +513,15 @@ def execute(
                 last_error=str(exc),
                 next_attempt_at=_now() + delay,
             )
-        return get_action(engine, action_id)
-    except (GuardRefused, SchedulerError, ValueError) as exc:
-        _finish(
-            engine,
-            row,
-            "failed",
-            "failed",
-            {"error": str(exc), "steps": steps},
-            last_error=str(exc),
-        )
+        else:
+            _finish(
+                engine,
+                row,
+                "failed",
+                "failed",
+                {"error": str(exc), "steps": steps},
+                last_error=str(exc),
+            )
         return get_action(engine, action_id)
     _crash_hook("executed")
     result = {"steps": steps, "verified": _verify(sched, row, action)}
