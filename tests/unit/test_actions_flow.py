@@ -280,3 +280,24 @@ def test_a_changed_verdict_is_planned_again_only_when_nothing_was_done(world):
     )
     assert third["id"] == "inc-3-2" and world.st["jobs"]["42"]["restarts"] == 1
     assert actions.incident_action(world.engine, "3")["id"] == "inc-3-2"
+
+
+def test_a_scheduler_down_past_the_retry_budget_fails_the_action(world):
+    world.submit("45", node="node3")
+    s = world.settings("approve")
+    b = actions.on_diagnosis(
+        world.engine, s, *diag(15, outcome="workload_crash", nodes=(), job="45")
+    )
+    s.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
+    assert actions.approve(world.engine, s, b["id"], "gina")["state"] == "approved"
+    with world.engine.begin() as conn:
+        conn.execute(
+            update(actions.actions_table)
+            .where(actions.actions_table.c.id == b["id"])
+            .values(attempts=actions.MAX_ATTEMPTS, next_attempt_at=0.0)
+        )
+    actions.reconcile(world.engine, s)
+    failed = actions.get_action(world.engine, b["id"])
+    assert failed["state"] == "failed" and failed["last_error"]
+    assert "failed" in types(world.engine, incident_id="15")
+    assert world.st["jobs"]["45"]["restarts"] == 0
