@@ -25,6 +25,7 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -32,6 +33,7 @@ from sqlalchemy import (
     Column,
     Engine,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -41,11 +43,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.schema import CreateIndex
 
 from recovery import accounting, audit
 from recovery.decide import Action, Diagnosis, History, JobView, NodeView, decide
 from recovery.directives import check_bounds, merge, parse_directive
-from recovery.policy import DRAINS, RESTARTS, Policy, load_policy
+from recovery.policy import DEFAULT_FILE, DRAINS, RESTARTS, Policy, load_policy
 from recovery.scheduler import (
     Scheduler,
     SchedulerError,
@@ -77,6 +80,10 @@ actions_table = Table(
     Column("last_error", Text, nullable=True),
     Column("result", Text, nullable=True),
 )
+# For the planner's bounded reads (_history, incident_action) and the retry loop's state scans.
+Index("ix_goodput_actions_state_created", actions_table.c.state, actions_table.c.created_at)
+Index("ix_goodput_actions_job_state", actions_table.c.job_id, actions_table.c.state)
+Index("ix_goodput_actions_incident", actions_table.c.incident_id, actions_table.c.created_at)
 switches = Table(
     "goodput_switches",
     metadata,
@@ -118,14 +125,36 @@ def _setting(settings: Any, attr: str, env: str, default: str | None = None) -> 
 
 
 _sched_cache: dict[str, Scheduler] = {}
+# (absolute path, GOODPUT_MODE) -> (mtime_ns, size, inode, policy) of the last read.
+_policy_cache: dict[tuple[str, str], tuple[int, int, int, Policy]] = {}
+
+
+def _policy(settings: Any) -> Policy:
+    """The policy file, validated; read again only when its mtime, size or inode changes, so
+    an edit takes effect on the next incident and an invalid edit raises PolicyError, as a
+    fresh read would (the last good version is not kept in force)."""
+    env = dict(os.environ)
+    env.update(getattr(settings, "extra", None) or {})
+    chosen = getattr(settings, "policy_file", None) or env.get("GOODPUT_POLICY_FILE")
+    path = Path(chosen or DEFAULT_FILE)
+    try:
+        st = path.stat()
+    except OSError:
+        return load_policy(path, env=env)  # raises PolicyError naming the file
+    key = (os.path.abspath(path), env.get("GOODPUT_MODE", ""))
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    cached = _policy_cache.get(key)
+    if cached is not None and cached[:3] == stamp:
+        return cached[3]
+    policy = load_policy(path, env=env)
+    _policy_cache[key] = (*stamp, policy)
+    return policy
 
 
 def config(settings: Any) -> Config:
     policy = getattr(settings, "policy", None)
     if not isinstance(policy, Policy):
-        env = dict(os.environ)
-        env.update(getattr(settings, "extra", None) or {})
-        policy = load_policy(getattr(settings, "policy_file", None), env=env)
+        policy = _policy(settings)
     sched = getattr(settings, "scheduler_adapter", None)
     if sched is None:
         kind = _setting(settings, "scheduler", "GOODPUT_SCHEDULER", "slurm") or "slurm"
@@ -145,6 +174,9 @@ def ensure(engine: Engine) -> None:
     if engine in _ensured:
         return
     metadata.create_all(engine)
+    with engine.begin() as conn:  # create_all skips the indexes of a table that already exists
+        for index in actions_table.indexes:
+            conn.execute(CreateIndex(index, if_not_exists=True))
     audit.ensure(engine)
     accounting.ensure(engine)
     _ensured.add(engine)
@@ -193,28 +225,41 @@ def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None
 
 
 # ---- planning -------------------------------------------------------------------------------
+# decide() counts drains in the hour before `now` (blast_radius_violation); older ones are not read.
+DRAIN_WINDOW_S = 3600.0
+# Rows whose drains count: done or still to be done (a plan waiting for the scheduler has none).
+DRAIN_STATES = ("executed", *(s for s in OPEN_STATES if s != "waiting_scheduler"))
+
+
 def _history(engine: Engine, cfg: Config, diag: Diagnosis, job: Any, nodes: list[Any]) -> History:
-    restarts = same = 0
-    drain_times: list[float] = []
+    """What decide needs from the outbox: the job's executed restarts (all of them: the retry
+    budget is per job) and the drains planned or done in the last hour (the blast radius)."""
+    now = _now()
+    t = actions_table.c
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(actions_table).where(actions_table.c.state.in_(("executed", *OPEN_STATES)))
+        restarts = conn.execute(
+            select(t.body).where(
+                t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS)
+            )
         ).all()
-    for r in rows:
-        body = json.loads(r.body)
-        if r.state == "executed" and r.job_id == diag.job_id and r.kind in RESTARTS:
-            restarts += 1
-            if body.get("cause_key") == diag.cause_key:
-                same += 1
-        if r.state != "waiting_scheduler":
-            drain_times += [r.created_at] * len(body.get("action", {}).get("nodes", []))
+        recent = conn.execute(
+            select(t.created_at, t.body).where(
+                t.state.in_(DRAIN_STATES),
+                t.created_at > now - DRAIN_WINDOW_S,
+                t.created_at <= now,
+            )
+        ).all()
+    same = sum(1 for r in restarts if json.loads(r.body).get("cause_key") == diag.cause_key)
+    drain_times: list[float] = []
+    for r in recent:
+        drain_times += [r.created_at] * len(json.loads(r.body).get("action", {}).get("nodes", []))
     jv = None
     if job is not None:
         jv = JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
     return History(
-        now=_now(),
+        now=now,
         job=jv,
-        restarts_done=restarts,
+        restarts_done=len(restarts),
         same_cause_restarts=same,
         drain_times=tuple(drain_times),
         nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
