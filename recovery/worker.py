@@ -2,12 +2,11 @@
 
 Pending diagnoses live in the store (`diagnosis_state='pending'`, `diagnosis_due`), so a
 restarted receiver resumes them. After a diagnosis is stored, `recovery.actions.on_diagnosis`
-is called when that module exists.
+plans the action for it.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 import time
@@ -15,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import attribution, evidence, incidents
+from recovery import actions, attribution, evidence, incidents
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
@@ -27,14 +26,6 @@ def diagnose(settings: Settings, incident: dict[str, Any]) -> dict[str, Any]:
     ctx = evidence.Context.from_incident(incident, settings)
     bundle = evidence.collect_live(ctx, settings)
     return attribution.attribute(bundle, ctx, incident_id=incident["id"])
-
-
-def _on_diagnosis_hook() -> Any:
-    try:
-        module = importlib.import_module("recovery.actions")
-    except ImportError:
-        return None
-    return getattr(module, "on_diagnosis", None)
 
 
 def run_once(
@@ -65,12 +56,13 @@ def run_once(
                 metrics.time_to_detect.observe(max(0.0, inc["first_alert_at"] - doc["onset"]))
         incidents.store_diagnosis(engine, incident_id, gen, doc)
         done.append(incident_id)
-        hook = _on_diagnosis_hook()
-        if hook is not None:
-            try:
-                hook(engine, settings, incidents.incident(engine, incident_id), doc)
-            except Exception:
-                log.exception("recovery.actions.on_diagnosis failed for incident %s", incident_id)
+        current = incidents.incident(engine, incident_id)  # with the stored outcome
+        if current is None:
+            continue
+        try:
+            actions.on_diagnosis(engine, settings, current, doc)
+        except Exception:
+            log.exception("recovery.actions.on_diagnosis failed for incident %s", incident_id)
     return done
 
 

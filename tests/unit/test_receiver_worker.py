@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import socket
-import sys
 import time
-import types
 
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery import incidents, worker
+from recovery import actions, incidents, worker
 from recovery.app import create_app
 from recovery.settings import Settings
 from recovery.store import make_engine
@@ -97,9 +95,11 @@ def test_restart_resumes_pending_diagnoses_and_calls_actions_hook(settings, monk
         body = {"version": "4", "status": "firing", "alerts": [_alert("c1", job_id="77")]}
         inc = c.post("/api/v1/alerts", json=body).json()["incidents"][0]
     calls = []
-    fake = types.ModuleType("recovery.actions")
-    fake.on_diagnosis = lambda engine, s, incident, diagnosis: calls.append((incident, diagnosis))
-    monkeypatch.setitem(sys.modules, "recovery.actions", fake)
+    monkeypatch.setattr(
+        actions,
+        "on_diagnosis",
+        lambda engine, s, incident, diagnosis: calls.append((incident, diagnosis)),
+    )
     # second "process": the worker picks the pending incident up
     app2 = create_app(settings, start_worker=True)
     with TestClient(app2) as c:
