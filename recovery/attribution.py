@@ -609,25 +609,24 @@ def attribute(
     rules = rules or load_rules()
     syms = refine(extract(bundle, ctx, rules, gpus_per_node), rules)
     rule, trig, cands = choose(syms, rules)
-    reports = [r.as_dict() for r in bundle.reports]
+    common = dict(
+        incident_id=incident_id,
+        job_id=ctx.job_id,
+        job_name=ctx.job_name,
+        connector_reports=[r.as_dict() for r in bundle.reports],
+        symptoms=[_sym_doc(s) for s in syms[:200]],
+    )
     if rule is None:
         outcome = "unknown" if ctx.alerts else "healthy"
-        return Diagnosis.model_validate(
-            dict(
-                incident_id=incident_id,
-                job_id=ctx.job_id,
-                job_name=ctx.job_name,
-                outcome=outcome,
-                category=CATEGORY[outcome],
-                root_cause="No failure signature found in the evidence."
-                if outcome == "unknown"
-                else "No fault: the evidence shows a healthy job.",
-                confidence=0.3 if outcome == "unknown" else 0.6,
-                confidence_basis="no initiating symptom matched any rule",
-                connector_reports=reports,
-                symptoms=[_sym_doc(s) for s in syms[:200]],
-            )
-        ).model_dump(mode="json")
+        return _diagnosis(
+            common,
+            outcome,
+            root_cause="No failure signature found in the evidence."
+            if outcome == "unknown"
+            else "No fault: the evidence shows a healthy job.",
+            confidence=0.3 if outcome == "unknown" else 0.6,
+            confidence_basis="no initiating symptom matched any rule",
+        )
     outcome = rule["outcome"]
     culprit = _culprit(rule, trig, syms)
     trig_nodes = set(culprit)
@@ -642,24 +641,23 @@ def attribute(
     root = f"{outcome.replace('_', ' ')}{where}: {first.detail[:160]}"
     evidence = [s.evidence for s in sorted(trig, key=_key)[:20]]
     evidence += [s.evidence for s in syms if s not in trig][:30]
-    return Diagnosis.model_validate(
-        dict(
-            incident_id=incident_id,
-            job_id=ctx.job_id,
-            job_name=ctx.job_name,
-            outcome=outcome,
-            category=CATEGORY[outcome],
-            root_cause=root.replace("\n", " "),
-            affected_nodes=culprit,
-            affected_gpus=[{"node": n, "gpu": g} for n, g in gpus],
-            symptoms=[_sym_doc(s) for s in syms[:200]],
-            evidence=evidence,
-            confidence=conf,
-            confidence_basis=basis,
-            connector_reports=reports,
-            onset=min(onset_times) if onset_times else None,
-        )
-    ).model_dump(mode="json")
+    return _diagnosis(
+        common,
+        outcome,
+        root_cause=root.replace("\n", " "),
+        affected_nodes=culprit,
+        affected_gpus=[{"node": n, "gpu": g} for n, g in gpus],
+        evidence=evidence,
+        confidence=conf,
+        confidence_basis=basis,
+        onset=min(onset_times) if onset_times else None,
+    )
+
+
+def _diagnosis(common: dict[str, Any], outcome: str, **fields: Any) -> dict[str, Any]:
+    """The schema-validated diagnosis dict: the fields every verdict has, plus its own."""
+    doc = {**common, "outcome": outcome, "category": CATEGORY[outcome], **fields}
+    return Diagnosis.model_validate(doc).model_dump(mode="json")
 
 
 def _sym_doc(s: Sym) -> dict[str, Any]:
