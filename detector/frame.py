@@ -6,7 +6,6 @@ a field nobody reported is all-NaN, so every detector works with dcgm-exporter's
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,10 +13,11 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from catalogue import names
 from detector import fields as F
 
-JOB_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_RE = names.JOB_ID
+NODE_RE = names.NODE
 
 # Column spellings accepted on input -> the frame's names.
 ALIASES = {

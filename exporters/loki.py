@@ -32,10 +32,12 @@ import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from catalogue import names
+
 log = logging.getLogger(__name__)
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
-NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_ID = names.JOB_ID
+NODE = names.NODE
 RANK_HINTS = (  # where a job line says which rank wrote it (the catalogue's rank_hints, simplified)
     re.compile(r"^\[rank(\d+)\]"),
     re.compile(r"^\s{0,4}(\d{1,5}): "),

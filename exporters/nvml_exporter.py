@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -32,10 +31,12 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from catalogue import names
+
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19412
 LABELS = ["gpu", "UUID", "device", "modelName", "pci_bus_id", "Hostname", "DCGM_FI_DRIVER_VERSION"]
-JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+JOB_ID = names.JOB_ID
 # GPM metric (pynvml constant name) -> DCGM field; GPM reports percent, DCGM a 0..1 ratio.
 GPM_FIELDS = {
     "NVML_GPM_METRIC_SM_UTIL": "DCGM_FI_PROF_SM_ACTIVE",

@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from catalogue import names
+
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19410
-NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+NODE = names.NODE
+JOB_ID = names.JOB_ID
 HOLDING_STATES = {"running", "completing", "suspended", "configuring", "stopped"}
 ENDED_STATES = "CA,CD,F,NF,OOM,TO,PR,BF,DL,RQ"
 
@@ -61,28 +63,13 @@ def run_command(argv: Sequence[str], timeout: float) -> str:
 
 
 def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist: `node[1-3,5],gpu-a[01-02]` -> node1 node2 node3 node5 ..."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr or ""):
-        names.extend(_expand_one(part.strip()))
-    return [n for n in names if n]
+    """Expand a Slurm hostlist: `node[1-3,5],gpu-a[01-02]` -> node1 node2 node3 node5 ...
 
-
-def _expand_one(part: str) -> list[str]:
-    m = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
-    if not m:
-        return [part]
-    prefix, ranges, rest = m.groups()
-    out = []
-    for r in ranges.split(","):
-        lo, _, hi = r.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise SlurmError(f"bad hostlist range {r!r} in {part!r}")
-        width = len(lo)
-        for i in range(int(lo), int(hi or lo) + 1):
-            for tail in _expand_one(rest):
-                out.append(f"{prefix}{i:0{width}d}{tail}")
-    return out
+    Names that are not valid node names are left out; malformed text raises `SlurmError`."""
+    try:
+        return names.expand_hostlist(expr, skip_invalid=True)
+    except ValueError as exc:
+        raise SlurmError(str(exc)) from None
 
 
 def _exit_code(status: int | None) -> int | None:

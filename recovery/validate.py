@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
-NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+from catalogue import names
+
+JOB_ID = names.JOB_ID
+NODE = names.NODE
 GPU = re.compile(r"[0-9]{1,3}")
 LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 FINGERPRINT = re.compile(r"[0-9a-fA-F]{1,64}")

@@ -21,13 +21,14 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from catalogue import names
 from exporters.logmetrics.parser import JOB_ID, NODE, LogState
 from exporters.logmetrics.tailer import DirectoryFollower, TailStats
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19411
-JOB_FILE = re.compile(r"^slurm-(?P<job_id>[0-9]+(?:_[0-9]+)?)\.out$")
-KERNEL_FILE = re.compile(r"^(?P<node>[A-Za-z0-9][A-Za-z0-9._-]{0,63})\.log$")
+JOB_FILE = re.compile(rf"\Aslurm-(?P<job_id>{names.JOB_ID_PATTERN})\.out\Z")
+KERNEL_FILE = re.compile(rf"\A(?P<node>{names.NODE_PATTERN})\.log\Z")
 
 LineHook = Callable[[str, str, list[str]], None]
 

@@ -9,14 +9,13 @@ does not look like fresh progress.
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from catalogue import Catalogue, default
+from catalogue import Catalogue, default, names
 
-JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
-NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_ID = names.JOB_ID
+NODE = names.NODE
 PROGRESS_PATTERNS = ("megatron_progress", "generic_progress")
 
 

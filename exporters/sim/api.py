@@ -10,13 +10,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from catalogue import names
 from exporters.sim.inject import clear, repair
 from exporters.sim.model import SchedulerError
 from exporters.sim.runner import Simulation
-from exporters.sim.scenario import JOB_ID_RE, NODE_RE, FaultSpec, ScenarioError, parse_fault
+from exporters.sim.scenario import FaultSpec, ScenarioError, parse_fault
 
-_NODE = NODE_RE.pattern
-_JOB = JOB_ID_RE.pattern
+_NODE = f"^{names.NODE_PATTERN}$"  # pydantic's (Rust) regex: '$' is the end of the text
+_JOB = f"^{names.JOB_ID_PATTERN}$"
 
 
 class _In(BaseModel):

@@ -4,7 +4,6 @@ the job's log to stdout (Slurm's output file) and exits, hangs or crashes as the
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
@@ -13,26 +12,13 @@ from typing import Any
 
 import requests
 
+from catalogue import names
 from exporters.sim.scenario import JOB_ID_RE
-
-_RANGE = re.compile(r"^([A-Za-z0-9._-]*)\[([0-9,\-]+)\](.*)$")
 
 
 def expand_nodelist(text: str) -> list[str]:
     """Slurm hostlist -> names: `node[1-3,5],gpu7` -> node1 node2 node3 node5 gpu7."""
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
-        m = _RANGE.match(part)
-        if not m:
-            out.append(part)
-            continue
-        prefix, body, suffix = m.groups()
-        for item in body.split(","):
-            lo, _, hi = item.partition("-")
-            width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{i:0{width}d}{suffix}")
-    return out
+    return names.expand_hostlist(text)
 
 
 def job_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from catalogue import names
 from exporters.sim.faults import FAULT_KINDS
 
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+NODE_RE = names.NODE
+JOB_ID_RE = names.JOB_ID
 
 
 class ScenarioError(ValueError):
@@ -74,7 +74,7 @@ class FaultSpec(_Strict):
     @classmethod
     def _node(cls, v: str | None) -> str | None:
         if v is not None and not NODE_RE.match(v):
-            raise ValueError("node name must match " + NODE_RE.pattern)
+            raise ValueError("node name must match " + names.NODE_PATTERN)
         return v
 
     @field_validator("job_id")

@@ -11,6 +11,7 @@ import re
 import subprocess
 from typing import Any
 
+from catalogue import names
 from recovery import validate
 from recovery.evidence import Bundle, Context, Report, SlurmFacts
 from recovery.settings import Settings
@@ -36,25 +37,9 @@ def parse_kv(line: str) -> dict[str, str]:
     return out
 
 
-def expand_hostlist(expr: str, timeout: float = 5.0) -> list[str]:
-    """Slurm hostlist (`node[1-3,7]`) → names; local expansion, `scontrol` as a fallback."""
-    if not expr or expr in ("(null)", "None"):
-        return []
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not m:
-            names.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            if hi:
-                width = len(lo)
-                names += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
-            else:
-                names.append(f"{prefix}{lo}{suffix}")
-    return [n for n in names if validate.NODE.fullmatch(n)]
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm hostlist (`node[1-3,7]`) → the valid node names in it (pure, no `scontrol`)."""
+    return names.expand_hostlist(expr, skip_invalid=True)
 
 
 def _exit(value: str) -> tuple[int | None, int | None]:

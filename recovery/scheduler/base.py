@@ -7,15 +7,16 @@ requeueing a job that was already requeued), and verify the result after acting.
 
 from __future__ import annotations
 
-import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from catalogue import names
+
 REASON_PREFIX = "goodput:"
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-JOB_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+NODE_RE = names.NODE
+JOB_RE = names.JOB_ID
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 

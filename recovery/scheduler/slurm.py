@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
+from catalogue import names
 from recovery.scheduler.base import (
     JobState,
     NodeState,
@@ -30,28 +31,12 @@ TRANSIENT = re.compile(
     r"slurmctld is not responding|try again",
     re.IGNORECASE,
 )
-_HOSTLIST = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?")
 
 
 def expand_hostlist(text: str | None) -> tuple[str, ...]:
-    """`node[1-3,5],gpu7` -> (node1, node2, node3, node5, gpu7)."""
-    out: list[str] = []
-    if not text or text in ("(null)", "None"):
-        return ()
-    for m in _HOSTLIST.finditer(text):
-        prefix, ranges = m.group(1).strip(","), m.group(2)
-        if not prefix:
-            continue
-        if not ranges:
-            out.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if hi and lo.isdigit() and hi.isdigit():
-                out.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
-            else:
-                out.append(f"{prefix}{lo}")
-    return tuple(out)
+    """`node[1-3,5],gpu7` -> (node1, node2, node3, node5, gpu7), leaving out invalid names;
+    `ValueError` if malformed."""
+    return tuple(names.expand_hostlist(text, skip_invalid=True))
 
 
 def _exit_code(raw: object) -> int | None:
