@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import operator
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import pandas as pd
 import yaml
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "alertmanager" / "alerts.yaml"
+PATH_ENV = "GOODPUT_ALERTS_FILE"  # points every consumer (detector, benchmark, notebooks) at a copy
 KINDS = ("threshold", "increase", "gone", "promql")
 OPS: dict[str, Callable[[Any, Any], Any]] = {
     ">": operator.gt,
@@ -252,9 +254,14 @@ def parse(doc: Any) -> Spec:
     )
 
 
+def configured_path() -> Path:
+    """The alert conditions in use: `$GOODPUT_ALERTS_FILE`, else the project's alerts.yaml."""
+    return Path(os.environ.get(PATH_ENV) or DEFAULT_PATH)
+
+
 def load(path: str | Path | None = None) -> Spec:
-    """Load and validate alerts.yaml (default: the project's alertmanager/alerts.yaml)."""
-    p = Path(path) if path else DEFAULT_PATH
+    """Load and validate an alerts file (default: `configured_path()`)."""
+    p = Path(path) if path else configured_path()
     try:
         doc = yaml.safe_load(p.read_text())
     except (OSError, yaml.YAMLError) as e:

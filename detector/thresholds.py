@@ -8,7 +8,6 @@ detection (replay's reasons, the default `--min-score`) asks here instead of ass
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 from catalogue import alerts as A
@@ -33,4 +32,4 @@ def level(kind: str, path: str | None = None) -> float:
     """The alert-worthy score of `kind` ("job", "progress", "node" or "gpu")."""
     if kind not in ALERT_OF:
         raise KeyError(f"unknown score kind {kind!r}; want one of {sorted(ALERT_OF)}")
-    return levels(path or os.environ.get("GOODPUT_ALERTS_FILE") or None)[kind]
+    return levels(path or str(A.configured_path()))[kind]

@@ -12,6 +12,29 @@ import typer
 app = typer.Typer(help="Benchmarks (results under bench/results/).", no_args_is_help=True)
 
 
+def _progress(r: dict[str, Any]) -> None:
+    """One line per finished fault-benchmark run."""
+    f = r["faults"][0] if r["faults"] else None
+    what = (
+        f"{f['kind']}: detected={f['detected']} latency={f.get('latency_s')} "
+        f"outcome={f.get('outcome')} action={f.get('effective_action')}"
+        if f
+        else f"healthy: {sum(i['class'] == 'false' for i in r['incidents'])} false incidents"
+        f" in {r['healthy_gpu_hours']:g} GPU-h"
+    )
+    typer.echo(f"  {r['scenario']} seed {r['run']['seed']} ({r['wall_s']:g} s): {what}")
+
+
+def _quiet() -> None:
+    warnings.filterwarnings("ignore", module="starlette|httpx|fastapi")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _check_pattern(scenario: str | None) -> None:
+    if scenario is not None and (not scenario or len(scenario) > 100 or "/" in scenario):
+        raise typer.BadParameter("--scenario is a file-stem glob such as 'spin*'")
+
+
 @app.command("faults")
 def faults(
     quick: bool = typer.Option(False, "--quick", help="a few scenarios, one seed (CI)"),
@@ -27,29 +50,67 @@ def faults(
     """Fault-injection benchmark: detector, alerts, attribution and policy, in simulated time."""
     from bench import faults as bench_faults
 
-    warnings.filterwarnings("ignore", module="starlette|httpx|fastapi")
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    if scenario is not None and (not scenario or len(scenario) > 100 or "/" in scenario):
-        raise typer.BadParameter("--scenario is a file-stem glob such as 'spin*'")
+    _quiet()
+    _check_pattern(scenario)
     n = workers or (1 if quick else min(2, os.cpu_count() or 1))
 
-    def progress(r: dict[str, Any]) -> None:
-        f = r["faults"][0] if r["faults"] else None
-        what = (
-            f"{f['kind']}: detected={f['detected']} latency={f.get('latency_s')} "
-            f"outcome={f.get('outcome')} action={f.get('effective_action')}"
-            if f
-            else f"healthy: {sum(i['class'] == 'false' for i in r['incidents'])} false incidents"
-            f" in {r['healthy_gpu_hours']:g} GPU-h"
-        )
-        typer.echo(f"  {r['scenario']} seed {r['run']['seed']} ({r['wall_s']:g} s): {what}")
-
     try:
-        bench_faults.benchmark(quick, seeds, scenario, out, n, progress)
+        bench_faults.benchmark(quick, seeds, scenario, out, n, _progress)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     typer.echo("")
     typer.echo((out / "faults.md").read_text())
+
+
+@app.command("tuning")
+def tuning(
+    after: Path = typer.Option(..., "--after", help="the tuned alert conditions file"),
+    before: Path | None = typer.Option(
+        None, "--before", help="the file to compare with (default: alertmanager/alerts.yaml)"
+    ),
+    prediction: Path | None = typer.Option(
+        None, "--prediction", help="prediction.json written by notebooks/tune_detector.ipynb"
+    ),
+    quick: bool = typer.Option(False, "--quick", help="a few scenarios, one seed"),
+    seeds: int = typer.Option(3, "--seeds", min=1, max=50, help="seeds per fault scenario"),
+    scenario: str | None = typer.Option(
+        None, "--scenario", help="only scenarios whose file stem matches this glob"
+    ),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="where tuning.json/.md go"),
+    workers: int = typer.Option(0, "--workers", min=0, max=64, help="processes (0: up to 2)"),
+) -> None:
+    """The fault benchmark with two alert condition files, side by side (before/after tuning)."""
+    import json
+
+    from bench import tuning as bench_tuning
+    from catalogue import alerts as A
+
+    _quiet()
+    _check_pattern(scenario)
+    pred = None
+    try:
+        for p in (after, before, prediction):
+            if p is not None and not p.is_file():
+                raise typer.BadParameter(f"{p}: no such file")
+        if prediction is not None:
+            pred = json.loads(prediction.read_text())
+            if not isinstance(pred, dict) or not isinstance(pred.get("by_kind"), dict):
+                raise typer.BadParameter(f"{prediction}: not a tuning prediction (no by_kind)")
+        doc = bench_tuning.compare(
+            after,
+            before or A.DEFAULT_PATH,
+            pred,
+            quick,
+            seeds,
+            scenario,
+            workers or min(2, os.cpu_count() or 1),
+            _progress,
+        )
+    except (ValueError, A.AlertsError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    bench_tuning.write(doc, out)
+    typer.echo("")
+    typer.echo((out / "tuning.md").read_text())
 
 
 @app.command("e2e")

@@ -17,8 +17,9 @@ TESTS = ROOT / "alertmanager" / "tests" / "goodput_test.yml"
 
 
 def outputs() -> dict[Path, str]:
-    """Every generated file and its expected content."""
-    spec = alerts.load()
+    """Every generated file and its expected content (from the project's alerts.yaml, which
+    `$GOODPUT_ALERTS_FILE` does not redirect: these are the project's files)."""
+    spec = alerts.load(alerts.DEFAULT_PATH)
     out = {RULES: alerts.dump_rules(spec)}
     if CASES.exists():
         out[TESTS] = alerts.dump_promtool_tests(spec, CASES, rule_file="../rules/goodput.yml")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -88,8 +89,10 @@ def test_sweep_trades_recall_for_false_incidents() -> None:
     assert table.loc[1.3, "recall"] == 0.0 and table.loc[1.3, "false_incidents"] == 0
     hours = run.gpu_hours
     assert table.loc[0.8, "false_per_1000_gpu_h"] == pytest.approx(1000 / hours)
-    assert T.choose(table.reset_index(), max_false_per_1000_gpu_h=0)["threshold"] == 1.3
-    assert T.choose(table.reset_index(), max_false_per_1000_gpu_h=1e9)["threshold"] == 0.8
+    assert T.choose(table.reset_index(), 0, guard=False)["threshold"] == 1.3
+    with pytest.raises(ValueError, match="guard band"):  # 1.0, just below 1.3, raised a false one
+        T.choose(table.reset_index(), 0)
+    assert T.choose(table.reset_index(), 1e9, guard=False)["threshold"] == 0.8
 
 
 def test_longer_for_delays_detection() -> None:
@@ -97,6 +100,24 @@ def test_longer_for_delays_detection() -> None:
     lat = table.set_index("for").latency_median_s
     assert lat["40s"] - lat["10s"] == pytest.approx(30.0, abs=5.0)
     assert table.set_index("for").loc["40s", "false_incidents"] == 0  # the 35 s blip is filtered
+
+
+def test_choose_keeps_a_guard_band_then_prefers_the_faster_worst_case() -> None:
+    table = pd.DataFrame(
+        {
+            "threshold": [0.75, 1.0, 1.25, 1.5, 0.75, 1.0],
+            "for": ["10s"] * 4 + ["20s"] * 2,
+            "recall": [1.0] * 6,
+            "latency_median_s": [20.0, 20.0, 20.0, 20.0, 30.0, 30.0],
+            "latency_max_s": [50.0, 120.0, 145.0, 165.0, 105.0, 130.0],
+            "false_per_1000_gpu_h": [29.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        }
+    )
+    got = T.choose(table)  # 1.0 fits, but 0.75 below it did not: 1.25 is the first guarded one
+    assert (got["threshold"], got["for"]) == (1.25, "10s")
+    got = T.choose(table, guard=False)  # same median latency: the lower worst case wins
+    assert (got["threshold"], got["for"]) == (1.0, "10s")
+    assert T.choose(table, 1e9)["threshold"] == 1.0  # 0.75 (lowest swept) has no guard below
 
 
 def test_choose_refuses_when_nothing_fits() -> None:
@@ -132,3 +153,29 @@ def test_score_recording_on_a_simulated_straggler(tmp_path: Path) -> None:
     det, false, _ = T.evaluate_runs([run], A.load().alert("GoodputJobStraggler"))
     assert det.detected.all() and 0 < det.latency_s.iloc[0] < 120
     assert false == 0
+
+
+def test_predict_reports_the_direction_of_each_figure() -> None:
+    spec = A.load()
+    alert = spec.alert("GoodputJobStraggler")
+    slow = dataclasses.replace(spec, alerts=(T.with_threshold(alert, 0.8, "40s"),))
+    fast = dataclasses.replace(spec, alerts=(T.with_threshold(alert, 0.8, "10s"),))
+    got = T.predict([_scores()], slow, fast)
+    kind = got["by_kind"]["host_straggler"]
+    assert kind["latency"] == "down" and kind["recall"] == "same"
+    assert kind["latency_median_s_before"] - kind["latency_median_s_after"] == pytest.approx(30)
+    # the healthy job's 35 s blip: filtered by a 40 s `for`, an incident with 10 s
+    assert got["false_per_1000_gpu_h"]["before"] == 0
+    assert got["false_per_1000_gpu_h"]["direction"] == "up"
+    same = T.predict([_scores()], fast, fast)
+    assert same["by_kind"]["host_straggler"]["latency"] == "same"
+
+
+def test_score_alerts_are_the_tunable_ones() -> None:
+    names = [a.name for a in T.score_alerts(A.load())]
+    assert names == [
+        "GoodputJobHung",
+        "GoodputJobStraggler",
+        "GoodputJobAnomaly",
+        "GoodputGPUAnomaly",
+    ]
