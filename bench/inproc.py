@@ -37,12 +37,16 @@ from recovery.evidence import prometheus as prom_evidence
 from recovery.policy import RESTARTS, Policy, load_policy
 from recovery.scheduler import SchedulerError
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.settings import Settings
 
 LOOKBACK_S = 900.0  # the receiver's default evidence window before the first alert
 RESOLVE_S = 60.0  # an incident resolves when none of its alerts fired for this long
 # Alertmanager's group_wait (1 s, alertmanager.yml) + the receiver's settle_s (3 s): a new
 # incident is diagnosed this long after its first alert, with the alerts that joined meanwhile
 SETTLE_S = 4.0
+# the receiver's defaults: an `unknown` verdict on an open incident is diagnosed again this
+# much later, at most this often, before any action (recovery.incidents.store_diagnosis)
+RECHECK_S, RECHECK_MAX = Settings.recheck_s, Settings.recheck_max
 SACCT_WINDOW_S = 3600.0  # the Slurm exporter shows ended jobs this long
 _XID = FIELD_NAMES.index("DCGM_FI_DEV_XID_ERRORS")
 _NOT_OFF_BUS = np.array([i not in OFF_BUS_FIELDS for i in range(len(FIELD_NAMES))])
@@ -66,6 +70,8 @@ class Incident:
     action: Action | None = None
     result: str = ""  # executed | failed: ... | not executed (disposition)
     diagnose_s: float = 0.0
+    rechecks: int = 0
+    recheck_at: float | None = None
 
     def summary(self) -> dict[str, Any]:
         d = self.diagnosis or {}
@@ -355,7 +361,8 @@ class Harness:
                 inc.alerts.setdefault(key, labels)
                 inc.last_firing = now
         for inc in self.incidents:
-            if inc.diagnosis is None and now >= inc.opened_at + SETTLE_S:
+            first = inc.diagnosis is None and now >= inc.opened_at + SETTLE_S
+            if first or (inc.recheck_at is not None and now >= inc.recheck_at):
                 self._handle(inc, now)
             if inc.resolved_at is None and now - inc.last_firing >= RESOLVE_S:
                 inc.resolved_at = now
@@ -375,7 +382,11 @@ class Harness:
         ctx = self._context(inc, now)
         bundle = self._evidence(ctx, now)
         doc = attribution.attribute(bundle, ctx, incident_id=inc.id)
-        inc.diagnosis = doc
+        inc.diagnosis, inc.recheck_at = doc, None
+        if doc["outcome"] == "unknown" and inc.rechecks < RECHECK_MAX and inc.resolved_at is None:
+            inc.rechecks += 1
+            inc.recheck_at = now + RECHECK_S
+            return
         diag = Diagnosis.from_dict(
             {**doc, "incident_id": str(inc.id), "job_id": doc.get("job_id") or inc.job_id}
         )

@@ -360,8 +360,20 @@ def due_diagnoses(engine: Engine, now: float | None = None) -> list[tuple[int, i
     return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
 
 
-def store_diagnosis(engine: Engine, incident_id: int, gen: int, doc: dict[str, Any]) -> bool:
-    """Store a diagnosis; the incident is marked done unless a newer alert re-pended it."""
+def store_diagnosis(
+    engine: Engine,
+    incident_id: int,
+    gen: int,
+    doc: dict[str, Any],
+    recheck_s: float = 0.0,
+    recheck_max: int = 0,
+) -> str:
+    """Store a diagnosis; "done", or "superseded" when a newer alert re-pended the incident.
+
+    An inconclusive verdict (`unknown`) on an open incident is diagnosed again `recheck_s`
+    later, at most `recheck_max` times ("recheck"): the symptoms that settle it (a GPU idle
+    for 30 s, a peer slower for 20 s) may not have had the time to show yet.
+    """
     now = time.time()
     with _LOCK, engine.begin() as conn:
         conn.execute(
@@ -374,12 +386,22 @@ def store_diagnosis(engine: Engine, incident_id: int, gen: int, doc: dict[str, A
             .where(incidents.c.id == incident_id)
             .values(outcome=doc["outcome"], updated_at=now)
         )
-        done = conn.execute(
-            update(incidents)
-            .where(and_(incidents.c.id == incident_id, incidents.c.diagnosis_gen == gen))
-            .values(diagnosis_state="done")
-        ).rowcount
-    return bool(done)
+        current = and_(incidents.c.id == incident_id, incidents.c.diagnosis_gen == gen)
+        if doc["outcome"] == "unknown" and recheck_max > 0:
+            unknowns = conn.execute(
+                select(func.count())
+                .select_from(diagnoses)
+                .where(diagnoses.c.incident_id == incident_id, diagnoses.c.outcome == "unknown")
+            ).scalar_one()
+            open_now = and_(current, incidents.c.state == "open")
+            due = {"diagnosis_due": now + recheck_s}
+            if (
+                unknowns <= recheck_max
+                and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
+            ):
+                return "recheck"
+        done = conn.execute(update(incidents).where(current).values(diagnosis_state="done"))
+    return "done" if done.rowcount else "superseded"
 
 
 def record_failure(

@@ -8,6 +8,8 @@
 | `GOODPUT_RECEIVER_BASIC_USER` / `GOODPUT_RECEIVER_BASIC_PASSWORD_FILE` | unset: basic auth off |
 | `GOODPUT_RECEIVER_MAX_BODY_BYTES` | `1048576` |
 | `GOODPUT_RECEIVER_SETTLE_S` | `3` (seconds an incident waits for co-arriving alerts) |
+| `GOODPUT_RECEIVER_RECHECK_S` / `…_RECHECK_MAX` | `15` / `3` (an `unknown` verdict on an open |
+| | incident is diagnosed again this much later, at most this often, before any action) |
 | `GOODPUT_PROMETHEUS_URL` | unset: Prometheus evidence off |
 | `GOODPUT_LOG_DIR` | `$GOODPUT_STACK_DIR/logs/cluster` |
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
@@ -39,6 +41,8 @@ class Settings:
     require_auth: bool = True
     max_body_bytes: int = 1 << 20
     settle_s: float = 3.0
+    recheck_s: float = 15.0
+    recheck_max: int = 3
     worker_poll_s: float = 0.5
     prometheus_url: str | None = None
     log_dir: str | None = None
@@ -52,6 +56,11 @@ class Settings:
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not (0.0 <= self.recheck_s <= 3600.0 and 0 <= self.recheck_max <= 10):
+            raise ValueError(
+                "GOODPUT_RECEIVER_RECHECK_S must be 0..3600 seconds and "
+                f"GOODPUT_RECEIVER_RECHECK_MAX 0..10 (got {self.recheck_s}, {self.recheck_max})"
+            )
         if not self.db_url:
             object.__setattr__(self, "db_url", default_db_url())
 
@@ -73,6 +82,8 @@ class Settings:
             "basic_password_file": opt("GOODPUT_RECEIVER_BASIC_PASSWORD_FILE"),
             "max_body_bytes": int(opt("GOODPUT_RECEIVER_MAX_BODY_BYTES") or (1 << 20)),
             "settle_s": float(opt("GOODPUT_RECEIVER_SETTLE_S") or 3.0),
+            "recheck_s": _number(opt("GOODPUT_RECEIVER_RECHECK_S"), 15.0, "RECHECK_S"),
+            "recheck_max": int(_number(opt("GOODPUT_RECEIVER_RECHECK_MAX"), 3, "RECHECK_MAX")),
             "prometheus_url": opt("GOODPUT_PROMETHEUS_URL"),
             "log_dir": opt("GOODPUT_LOG_DIR")
             or str(Path(e.get("GOODPUT_STACK_DIR", str(_stack_dir()))) / "logs" / "cluster"),
@@ -86,6 +97,19 @@ class Settings:
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _number(text: str | None, default: float, name: str) -> float:
+    """A numeric setting, with a clear error naming the variable."""
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"GOODPUT_RECEIVER_{name} must be a number, not {text!r}") from None
+    if name.endswith("_MAX") and value != int(value):
+        raise ValueError(f"GOODPUT_RECEIVER_{name} must be a whole number, not {text!r}")
+    return value
 
 
 def default_db_url() -> str:

@@ -54,8 +54,15 @@ def run_once(
                     metrics.connector_errors.labels(connector=rep["connector"]).inc()
             if doc.get("onset") and inc.get("first_alert_at"):
                 metrics.time_to_detect.observe(max(0.0, inc["first_alert_at"] - doc["onset"]))
-        incidents.store_diagnosis(engine, incident_id, gen, doc)
+        stored = incidents.store_diagnosis(
+            engine, incident_id, gen, doc, settings.recheck_s, settings.recheck_max
+        )
         done.append(incident_id)
+        if stored == "recheck":  # inconclusive so far: look again before deciding anything
+            log.info(
+                "incident %s inconclusive; diagnosed again in %gs", incident_id, settings.recheck_s
+            )
+            continue
         current = incidents.incident(engine, incident_id)  # with the stored outcome
         if current is None:
             continue

@@ -117,5 +117,68 @@ def test_new_alert_during_diagnosis_repends(settings):
     r = incidents.ingest(engine, settings, [_alert("d1", job_id="77")])
     ((inc, gen),) = incidents.due_diagnoses(engine)
     incidents.ingest(engine, settings, [_alert("d2", job_id="77", node="node2")])
-    assert incidents.store_diagnosis(engine, inc, gen, {"outcome": "unknown"}) is False
+    assert incidents.store_diagnosis(engine, inc, gen, {"outcome": "unknown"}) == "superseded"
     assert incidents.incident(engine, r.incident_ids[0])["diagnosis_state"] == "pending"
+
+
+def _hook(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        actions, "on_diagnosis", lambda e, s, inc, doc: calls.append(doc["outcome"])
+    )
+    return calls
+
+
+def test_an_inconclusive_diagnosis_is_rechecked_before_any_action(settings, monkeypatch):
+    s = settings.with_(recheck_s=30.0, recheck_max=2)
+    engine = make_engine(s.db_url)
+    calls = _hook(monkeypatch)
+    (inc,) = incidents.ingest(engine, s, [_alert("r1", job_id="88")]).incident_ids
+    t0 = time.time()
+    assert worker.run_once(engine, s, now=t0) == [inc]  # no evidence for job 88: unknown
+    assert incidents.latest_diagnosis(engine, inc)["outcome"] == "unknown"
+    assert incidents.incident(engine, inc)["diagnosis_state"] == "pending" and calls == []
+    assert worker.run_once(engine, s, now=t0 + 5) == []  # not due before recheck_s
+    assert worker.run_once(engine, s, now=t0 + 31) == [inc] and calls == []  # second unknown
+    assert worker.run_once(engine, s, now=t0 + 62) == [inc]  # third: rechecks spent, final
+    assert calls == ["unknown"] and incidents.incident(engine, inc)["diagnosis_state"] == "done"
+    assert worker.run_once(engine, s, now=t0 + 200) == []
+
+
+def test_a_recheck_that_finds_the_cause_acts_on_it(settings, monkeypatch, tmp_path):
+    s = settings.with_(recheck_s=30.0, recheck_max=2)
+    engine = make_engine(s.db_url)
+    calls = _hook(monkeypatch)
+    (inc,) = incidents.ingest(engine, s, [_alert("r2", job_id="88")]).incident_ids
+    t0 = time.time()
+    worker.run_once(engine, s, now=t0)
+    assert calls == []
+    (tmp_path / "logs" / "jobs" / "slurm-88.out").write_text("step 10\n" + CUDA + "\n")
+    assert worker.run_once(engine, s, now=t0 + 31) == [inc]
+    assert calls == ["workload_crash"]
+    assert incidents.incident(engine, inc)["diagnosis_state"] == "done"
+
+
+def test_no_recheck_once_resolved_or_when_turned_off(settings, monkeypatch):
+    calls = _hook(monkeypatch)
+    off = settings.with_(recheck_max=0)
+    engine = make_engine(off.db_url)
+    (a,) = incidents.ingest(engine, off, [_alert("r3", job_id="88")]).incident_ids
+    worker.run_once(engine, off)
+    assert calls == ["unknown"] and incidents.incident(engine, a)["diagnosis_state"] == "done"
+    s = settings.with_(recheck_s=30.0, recheck_max=2)
+    (b,) = incidents.ingest(engine, s, [_alert("r4", job_id="89")]).incident_ids
+    incidents.ingest(engine, s, [{**_alert("r4", job_id="89"), "status": "resolved"}])
+    assert incidents.incident(engine, b)["state"] == "resolved"
+    worker.run_once(engine, s)
+    assert calls == ["unknown", "unknown"]  # resolved: the verdict stands
+
+
+def test_recheck_settings_are_validated():
+    assert Settings.from_env({"GOODPUT_RECEIVER_RECHECK_S": "12"}).recheck_s == 12.0
+    with pytest.raises(ValueError, match="GOODPUT_RECEIVER_RECHECK_S must be a number"):
+        Settings.from_env({"GOODPUT_RECEIVER_RECHECK_S": "soon"})
+    with pytest.raises(ValueError, match="RECHECK_MAX must be a whole number"):
+        Settings.from_env({"GOODPUT_RECEIVER_RECHECK_MAX": "1.5"})
+    with pytest.raises(ValueError, match="0..10"):
+        Settings.from_env({"GOODPUT_RECEIVER_RECHECK_MAX": "99"})
