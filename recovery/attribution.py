@@ -107,14 +107,17 @@ def _xid_symptom(code: int) -> tuple[str, str, str]:
     return kind, "initiating", info.outcome
 
 
-def _rank_node(rank: Any, ctx: Context, gpn: int) -> str | None:
-    job_nodes = ctx.nodes
+def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
+    """The node of a rank under Slurm's block placement: `gpn` ranks per node, in the job's
+    node list order (Slurm's NodeList)."""
     if isinstance(rank, int) and job_nodes and 0 <= rank // gpn < len(job_nodes):
         return job_nodes[rank // gpn]
     return None
 
 
-def _log_symptoms(lines: list[LogLine], ctx: Context, rules: Rules, gpn: int) -> list[Sym]:
+def _log_symptoms(
+    lines: list[LogLine], ctx: Context, rules: Rules, gpn: int, job_nodes: list[str]
+) -> list[Sym]:
     overrides = {r["symptom"]: r for r in rules.log if "regex" not in r}
     local = [r for r in rules.log if "regex" in r]
     out: list[Sym] = []
@@ -148,7 +151,7 @@ def _log_symptoms(lines: list[LogLine], ctx: Context, rules: Rules, gpn: int) ->
             if node is None and isinstance(g, str) and validate.NODE.fullmatch(g):
                 node = g
             if node is None:
-                node = _rank_node(groups.get("rank"), ctx, gpn)
+                node = _rank_node(groups.get("rank"), job_nodes, gpn)
             out.append(
                 Sym(
                     id=symptom,
@@ -492,7 +495,10 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
 
 
 def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> list[Sym]:
-    syms = _log_symptoms(bundle.lines, ctx, rules, gpn)
+    # ranks map to the job's own node list; the context's nodes also hold alert-only nodes,
+    # in arrival order, which would put a rank's log line on the wrong node
+    job_nodes = [str(n) for n in bundle.slurm.job.get("nodes") or []] or ctx.nodes
+    syms = _log_symptoms(bundle.lines, ctx, rules, gpn, job_nodes)
     syms += _metric_symptoms(bundle.series, rules)
     syms += _slurm_symptoms(bundle, ctx, rules)
     first: dict[tuple[str, str | None, str | None, str], Sym] = {}

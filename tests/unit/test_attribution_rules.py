@@ -138,3 +138,21 @@ def test_hostile_ids_never_reach_paths():
         Context(job_id="../../etc/passwd", nodes=[], start=0, end=1)
     with pytest.raises(ValueError):
         Context(job_id="1", nodes=["node1; rm -rf /"], start=0, end=1)
+
+
+def test_a_rank_maps_to_the_jobs_node_list_not_the_alert_order():
+    from recovery.evidence import SlurmFacts
+
+    ecc = (
+        "[rank9]:[E0101 00:10:00.408271257 ProcessGroupNCCL.cpp:1896] [PG ID 0 PG GUID 0"
+        "(default_pg) Rank 9] Process group watchdog thread terminated with exception: CUDA "
+        "error: uncorrectable ECC error encountered"
+    )
+    reports = [Report("logs", "ok"), Report("prometheus", "ok"), Report("slurm", "ok")]
+    b = Bundle(lines=[_line(ecc)], reports=reports)
+    b.slurm = SlurmFacts(job={"job_id": "12", "nodes": ["node1", "node2"]})
+    # an alert on node2 arrived first, so the context lists node2 before node1
+    doc = attribution.attribute(b, _ctx(nodes=["node2", "node1"]))
+    assert doc["outcome"] == "gpu_hardware_fault" and doc["affected_nodes"] == ["node2"]
+    without_slurm = attribution.attribute(Bundle(lines=[_line(ecc)], reports=reports), _ctx())
+    assert without_slurm["affected_nodes"] == ["node2"]  # falls back to the context's nodes
