@@ -46,7 +46,8 @@ RESOLVE_S = 60.0  # an incident resolves when none of its alerts fired for this 
 SETTLE_S = 4.0
 # the receiver's defaults: an `unknown` verdict on an open incident is diagnosed again this
 # much later, at most this often, before any action (recovery.incidents.store_diagnosis)
-RECHECK_S, RECHECK_MAX = Settings.recheck_s, Settings.recheck_max
+_RECEIVER = Settings(db_url="sqlite://")
+RECHECK_S, RECHECK_MAX = _RECEIVER.recheck_s, _RECEIVER.recheck_max
 SACCT_WINDOW_S = 3600.0  # the Slurm exporter shows ended jobs this long
 _XID = FIELD_NAMES.index("DCGM_FI_DEV_XID_ERRORS")
 _NOT_OFF_BUS = np.array([i not in OFF_BUS_FIELDS for i in range(len(FIELD_NAMES))])
@@ -383,7 +384,10 @@ class Harness:
         bundle = self._evidence(ctx, now)
         doc = attribution.attribute(bundle, ctx, incident_id=inc.id)
         inc.diagnosis, inc.recheck_at = doc, None
-        if doc["outcome"] == "unknown" and inc.rechecks < RECHECK_MAX and inc.resolved_at is None:
+        if doc["outcome"] == "unknown" and inc.resolved_at is not None:
+            inc.result = "not executed (inconclusive, resolved)"
+            return
+        if doc["outcome"] == "unknown" and inc.rechecks < RECHECK_MAX:
             inc.rechecks += 1
             inc.recheck_at = now + RECHECK_S
             return

@@ -21,8 +21,17 @@ from typing import Any
 
 from bench import faults
 from catalogue import alerts as A
+from detector.tuning import direction
 
-KIND_FIGURES = ("detected", "latency_p50_s", "latency_p95_s", "outcome_accuracy", "culprit_recall")
+KIND_FIGURES = (
+    "detected",
+    "latency_p50_s",
+    "latency_p95_s",
+    "outcome_accuracy",
+    "culprit_precision",
+    "culprit_recall",
+    "gpu_hours_lost_mean",
+)
 OVERALL_FIGURES = (
     "latency_p50_s",
     "latency_p95_s",
@@ -37,7 +46,6 @@ OVERALL_FIGURES = (
 @contextmanager
 def alerts_file(path: Path) -> Iterator[None]:
     """Point every consumer of the alert conditions (`$GOODPUT_ALERTS_FILE`) at `path`."""
-    A.load(path)  # a broken file fails here, before a long run
     old = os.environ.get(A.PATH_ENV)
     os.environ[A.PATH_ENV] = str(path)
     try:
@@ -67,6 +75,12 @@ def compare(
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run the fault benchmark with each file; their summaries and the verdicts."""
+    for path in (before, after):
+        A.load(path)  # a broken file fails here, before any run
+    if describe(before)["sha256"] == describe(after)["sha256"]:
+        raise ValueError(f"{before} and {after} hold the same alert conditions: nothing to compare")
+    if prediction is not None:
+        check_prediction(prediction)
     t0 = time.perf_counter()
     side: dict[str, Any] = {}
     for name, path in (("before", before), ("after", after)):
@@ -84,7 +98,7 @@ def compare(
     }
     for k, row in rows.items():
         lat = row["latency_p50_s"]
-        row["latency_moved"] = _direction(lat["before"], lat["after"])
+        row["latency_moved"] = direction(lat["before"], lat["after"])
         want = ((prediction or {}).get("by_kind") or {}).get(k, {}).get("latency")
         row["latency_predicted"] = want
         row["as_predicted"] = None if want is None else want == row["latency_moved"]
@@ -117,11 +131,28 @@ def compare(
     }
 
 
-def _direction(before: Any, after: Any) -> str:
-    """ "down", "up" or "same" (a missing figure counts as infinitely late)."""
-    b = float("inf") if before is None else float(before)
-    a = float("inf") if after is None else float(after)
-    return "same" if a == b else ("down" if a < b else "up")
+DIRECTIONS = ("down", "up", "same")
+
+
+def check_prediction(doc: Any) -> dict[str, Any]:
+    """`doc` if it has the shape `detector.tuning.predict` writes, else a clear ValueError."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("by_kind"), dict):
+        raise ValueError("not a tuning prediction (no by_kind object)")
+    for kind, row in doc["by_kind"].items():
+        if not isinstance(row, dict) or row.get("latency") not in DIRECTIONS:
+            raise ValueError(f"prediction for {kind!r}: latency must be one of {DIRECTIONS}")
+    false = doc.get("false_per_1000_gpu_h")
+    if false is not None and not (
+        isinstance(false, dict)
+        and false.get("direction") in DIRECTIONS
+        and all(isinstance(false.get(k), (int, float, type(None))) for k in ("before", "after"))
+    ):
+        raise ValueError("prediction: false_per_1000_gpu_h must be {before, after, direction}")
+    if not isinstance(doc.get("gpu_hours", 0), (int, float)) or not isinstance(
+        doc.get("recordings", []), list
+    ):
+        raise ValueError("prediction: gpu_hours must be a number and recordings a list")
+    return doc
 
 
 def _cell(x: Any) -> str:
@@ -139,8 +170,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"({after['sha256']}). Latency = fault onset → first firing alert (5 s samples).",
         "",
         "| fault kind | detected | latency p50 (s) | latency p95 (s) | outcome accuracy | "
-        "culprit recall | latency moved | notebook predicted | as predicted |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "culprit precision | culprit recall | GPU-h lost (mean) | latency moved | "
+        "notebook predicted | as predicted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, r in doc["per_kind"].items():
         pair = [f"{_cell(r[f]['before'])} → {_cell(r[f]['after'])}" for f in KIND_FIGURES]

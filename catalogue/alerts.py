@@ -5,8 +5,8 @@ applies the same structured conditions in-process to a recording-style frame, so
 measures what production alerts on.
 
 >>> spec = load()
->>> threshold("GoodputJobAnomaly", spec)
-1.0
+>>> 0 < threshold("GoodputJobAnomaly", spec) < 10  # tuned by notebooks/tune_detector.ipynb
+True
 >>> "GoodputGPUFatalXid" in [a.name for a in spec.alerts]
 True
 """

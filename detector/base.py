@@ -3,9 +3,9 @@
 Calibration: each detector turns its evidence into a deviation `d` in robust sigmas (or an
 event weight) and divides by the critical value `z_crit(p, k)`: the two-sided normal quantile
 at false-alarm probability `p` per series and sample, Bonferroni-corrected for the `k` fields
-taken as a max. So **score 1.0 = the alert threshold for every detector**, and healthy
-(normal-noise) data exceeds it with probability about `p`; persistence (`persist_s` in the
-pipeline) cuts the rate further.
+taken as a max. So **score 1.0 = every detector's nominal alarm level** (the alerts start
+there), and healthy (normal-noise) data exceeds it with probability about `p`; persistence
+(`persist_s` in the pipeline) cuts the rate further.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def job_codes(frame: Frame, jobs: list[str] | dict[str, int]) -> np.ndarray:
 
 
 class Detector:
-    """Base: `fit(frame) -> self`, `score(frame) -> (n,) scores >= 0`, 1.0 = alert threshold.
+    """Base: `fit(frame) -> self`, `score(frame) -> (n,) scores >= 0`, 1.0 = nominal alarm level.
 
     The constructor stores parameters only; `fit` learns per job (keyed by the frame's job
     column) and sets attributes ending in `_`; scoring never mutates. `save`/`load` round-trip

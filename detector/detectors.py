@@ -1,4 +1,4 @@
-"""The detectors. Each scores every row of a frame; 1.0 is the alert threshold (see `base`)."""
+"""The detectors. Each scores every row of a frame; 1.0 is the nominal alarm level (see `base`)."""
 
 from __future__ import annotations
 

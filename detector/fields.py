@@ -35,7 +35,7 @@ GAUGES: tuple[Field, ...] = (
 # Hardware evidence. "gauge" fields score their value; "counter" fields score the increase over
 # the GPU's fitted baseline. `weight` is the score one unit (or the XID table) yields.
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
-COUNTERS: dict[str, float] = {  # field -> increase that equals the alert threshold (score 1.0)
+COUNTERS: dict[str, float] = {  # field -> increase that scores 1.0 (the nominal alarm level)
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0.5,  # any double-bit error: score 2
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0.5,
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0.5,

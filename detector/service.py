@@ -120,7 +120,7 @@ class Scores(Collector):
             return
         gpu = GaugeMetricFamily(
             "goodput_gpu_anomaly_score",
-            "Per-GPU anomaly score; 1.0 is the alert threshold.",
+            "Per-GPU anomaly score; 1.0 is the nominal alarm level (alert thresholds are tuned).",
             labels=["job_id", "node", "gpu", "detector"],
         )
         f = res.frame

@@ -2,7 +2,8 @@
 (`alertmanager/alerts.yaml` through `catalogue.alerts`; `$GOODPUT_ALERTS_FILE` overrides the
 path, as for the tuning tools), so tuning changes one file.
 
-Scores are calibrated so that 1.0 is the threshold the alerts use; anything that flags a
+Scores are calibrated so that 1.0 is every detector's nominal alarm level; the alerts' own
+thresholds start there and are tuned (`notebooks/tune_detector.ipynb`), so anything that flags a
 detection (replay's reasons, the default `--min-score`) asks here instead of assuming 1.0.
 """
 

@@ -304,10 +304,11 @@ def choose(
     table: pd.DataFrame, max_false_per_1000_gpu_h: float = 0.0, guard: bool = True
 ) -> dict[str, Any]:
     """The candidate to ship. It must stay within the false-incident budget and, with `guard`,
-    so must the next lower threshold swept with the same `for` (a threshold just clear of a
-    false alarm on this data is likely to meet one on the next; the lowest threshold swept has
-    no guard and does not qualify). Among those: the highest recall, then the lowest median
-    latency, then the lowest worst latency, then the highest threshold (the most margin)."""
+    so must the next lower threshold swept with the same alert and `for` (a threshold just
+    clear of a false alarm on this data is likely to meet one on the next; the lowest threshold
+    swept has no guard and does not qualify). Among those: the highest recall, then the lowest
+    median latency, then the lowest worst latency, then the highest threshold (most margin)."""
+    table = table.reset_index(drop=True)
     fits = table.false_per_1000_gpu_h <= max_false_per_1000_gpu_h
     ok = table[fits & _guarded(table, fits)] if guard else table[fits]
     if ok.empty:
@@ -326,11 +327,15 @@ def choose(
 
 
 def _guarded(table: pd.DataFrame, fits: pd.Series) -> pd.Series:
-    """Whether the next lower threshold with the same `for` also fits the budget."""
-    group = table["for"] if "for" in table else pd.Series("", index=table.index)
-    order = table.assign(_g=group, _fits=fits).sort_values(["_g", "threshold"], kind="stable")
-    below = order.groupby("_g", sort=False)["_fits"].shift(1, fill_value=False)
-    return below.reindex(table.index).astype(bool)
+    """Per row: whether every row at the next lower distinct threshold of the same alert and
+    `for` fits the budget too (False for the lowest threshold of each group)."""
+    keys = [c for c in ("alert", "for") if c in table]
+    group = table[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", table.index)
+    level = pd.DataFrame({"g": group, "t": table.threshold, "fits": fits})
+    per = level.groupby(["g", "t"], sort=True).fits.all().reset_index()
+    per["guard"] = per.groupby("g").fits.shift(1, fill_value=False).astype(bool)
+    guard = level.merge(per[["g", "t", "guard"]], on=["g", "t"], how="left").guard
+    return pd.Series(guard.to_numpy(dtype=bool), index=table.index)
 
 
 # ------------------------------------------------------------------------------ write back
@@ -368,6 +373,12 @@ def _block(lines: list[str], name: str) -> tuple[int, int, int]:
     return lo, len(lines), ind
 
 
+def _decimal(x: float) -> str:
+    """Fixed-point text YAML reads back as the same float: 1.0, 1.25, 0.000001."""
+    text = f"{x:.6f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
 def set_thresholds(text: str, changes: dict[str, dict[str, Any]]) -> str:
     """alerts.yaml text with new `threshold` (score condition) and `for` (alert) values.
 
@@ -389,8 +400,8 @@ def set_thresholds(text: str, changes: dict[str, dict[str, Any]]) -> str:
                 raise ValueError(f"alert {name}: no `for:` line to change")
         if "threshold" in change:
             thr = float(change["threshold"])
-            if not np.isfinite(thr) or thr <= 0:
-                raise ValueError(f"alert {name}: threshold must be a positive number, not {thr}")
+            if not 1e-6 <= thr <= 1e6:
+                raise ValueError(f"alert {name}: threshold must be within 1e-6..1e6, not {thr}")
             sig = next(
                 (
                     i
@@ -404,7 +415,7 @@ def set_thresholds(text: str, changes: dict[str, dict[str, Any]]) -> str:
             c_lo = max(i for i in range(lo + 1, sig + 1) if lines[i].lstrip().startswith("- "))
             c_ind = len(lines[c_lo]) - len(lines[c_lo].lstrip()) + 2
             c_hi = next((i for i in range(sig + 1, hi) if lines[i].lstrip().startswith("- ")), hi)
-            if not _set_key(lines, c_lo, c_hi, c_ind, "threshold", str(round(thr, 6))):
+            if not _set_key(lines, c_lo, c_hi, c_ind, "threshold", _decimal(thr)):
                 raise ValueError(f"alert {name}: no `threshold:` line in its score condition")
     out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
     after = A.parse(yaml.safe_load(out))
@@ -455,7 +466,7 @@ def predict(
     figures = {}
     for name, spec in (("before", before), ("after", after)):
         det, false, hours = evaluate_runs(runs, score_alerts(spec), gap_s)
-        figures[name] = (by_kind(det), 1000.0 * false / hours if hours else float("nan"))
+        figures[name] = (by_kind(det), 1000.0 * false / hours if hours else None)
     (b, fb), (a, fa) = figures["before"], figures["after"]
     kinds = {
         str(k): {
@@ -465,14 +476,14 @@ def predict(
                 for col in ("recall", "latency_median_s")
                 for side, t in (("before", b), ("after", a))
             },
-            "latency": _direction(b.loc[k, "latency_median_s"], a.loc[k, "latency_median_s"]),
-            "recall": _direction(b.loc[k, "recall"], a.loc[k, "recall"]),
+            "latency": direction(b.loc[k, "latency_median_s"], a.loc[k, "latency_median_s"]),
+            "recall": direction(b.loc[k, "recall"], a.loc[k, "recall"]),
         }
         for k in b.index
     }
     return {
         "by_kind": kinds,
-        "false_per_1000_gpu_h": {"before": fb, "after": fa, "direction": _direction(fb, fa)},
+        "false_per_1000_gpu_h": {"before": fb, "after": fa, "direction": direction(fb, fa)},
         "gpu_hours": sum(r.gpu_hours for r in runs),
         "recordings": [r.name for r in runs],
     }
@@ -482,8 +493,8 @@ def _num(x: Any) -> float | None:
     return None if pd.isna(x) else float(x)
 
 
-def _direction(before: Any, after: Any) -> str:
-    """ "down", "up" or "same" (an undetected fault counts as infinitely late)."""
-    b = np.inf if pd.isna(before) else float(before)
-    a = np.inf if pd.isna(after) else float(after)
+def direction(before: Any, after: Any) -> str:
+    """ "down", "up" or "same" (a missing figure, None or NaN, counts as infinitely late)."""
+    b = np.inf if before is None or pd.isna(before) else float(before)
+    a = np.inf if after is None or pd.isna(after) else float(after)
     return "same" if a == b else ("down" if a < b else "up")

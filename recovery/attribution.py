@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 import catalogue
+from catalogue import names
 from recovery import validate
 from recovery.diagnosis import CATEGORY, Diagnosis
 from recovery.evidence import Bundle, Context, LogLine, Series
@@ -495,9 +496,9 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
 
 
 def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> list[Sym]:
-    # ranks map to the job's own node list; the context's nodes also hold alert-only nodes,
-    # in arrival order, which would put a rank's log line on the wrong node
-    job_nodes = [str(n) for n in bundle.slurm.job.get("nodes") or []] or ctx.nodes
+    # ranks map to the job's own node list from Slurm; without it a rank-only line stays
+    # unplaced (the context's nodes are alert nodes too, and would blame the wrong node)
+    job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if names.valid_node(n)]
     syms = _log_symptoms(bundle.lines, ctx, rules, gpn, job_nodes)
     syms += _metric_symptoms(bundle.series, rules)
     syms += _slurm_symptoms(bundle, ctx, rules)

@@ -367,14 +367,18 @@ def store_diagnosis(
     doc: dict[str, Any],
     recheck_s: float = 0.0,
     recheck_max: int = 0,
+    now: float | None = None,
 ) -> str:
-    """Store a diagnosis; "done", or "superseded" when a newer alert re-pended the incident.
+    """Store a diagnosis and say what it settles:
 
-    An inconclusive verdict (`unknown`) on an open incident is diagnosed again `recheck_s`
-    later, at most `recheck_max` times ("recheck"): the symptoms that settle it (a GPU idle
-    for 30 s, a peer slower for 20 s) may not have had the time to show yet.
+    - "done": final, plan an action on it;
+    - "superseded": a newer alert re-pended the incident; its diagnosis will decide;
+    - "recheck": an inconclusive verdict (`unknown`) on an open incident, diagnosed again
+      `recheck_s` later, at most `recheck_max` times per incident: the symptoms that settle it
+      (a GPU idle for 30 s, a peer slower for 20 s) may not have had the time to show yet;
+    - "resolved": inconclusive, and the incident has resolved meanwhile: nothing to ask anyone.
     """
-    now = time.time()
+    now = time.time() if now is None else now
     with _LOCK, engine.begin() as conn:
         conn.execute(
             insert(diagnoses).values(
@@ -401,7 +405,10 @@ def store_diagnosis(
             ):
                 return "recheck"
         done = conn.execute(update(incidents).where(current).values(diagnosis_state="done"))
-    return "done" if done.rowcount else "superseded"
+        if not done.rowcount:
+            return "superseded"
+        state = conn.execute(select(incidents.c.state).where(current)).scalar_one()
+    return "resolved" if doc["outcome"] == "unknown" and state != "open" else "done"
 
 
 def record_failure(

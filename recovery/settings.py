@@ -8,8 +8,8 @@
 | `GOODPUT_RECEIVER_BASIC_USER` / `GOODPUT_RECEIVER_BASIC_PASSWORD_FILE` | unset: basic auth off |
 | `GOODPUT_RECEIVER_MAX_BODY_BYTES` | `1048576` |
 | `GOODPUT_RECEIVER_SETTLE_S` | `3` (seconds an incident waits for co-arriving alerts) |
-| `GOODPUT_RECEIVER_RECHECK_S` / `…_RECHECK_MAX` | `15` / `3` (an `unknown` verdict on an open |
-| | incident is diagnosed again this much later, at most this often, before any action) |
+| `GOODPUT_RECEIVER_RECHECK_S` | `15` (an `unknown` verdict on an open incident: look again) |
+| `GOODPUT_RECEIVER_RECHECK_MAX` | `3` (at most this many times per incident, before any action) |
 | `GOODPUT_PROMETHEUS_URL` | unset: Prometheus evidence off |
 | `GOODPUT_LOG_DIR` | `$GOODPUT_STACK_DIR/logs/cluster` |
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,11 +57,10 @@ class Settings:
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.recheck_s <= 3600.0 and 0 <= self.recheck_max <= 10):
-            raise ValueError(
-                "GOODPUT_RECEIVER_RECHECK_S must be 0..3600 seconds and "
-                f"GOODPUT_RECEIVER_RECHECK_MAX 0..10 (got {self.recheck_s}, {self.recheck_max})"
-            )
+        if not 0.0 <= self.recheck_s <= 3600.0:
+            raise ValueError(f"GOODPUT_RECEIVER_RECHECK_S must be 0..3600, not {self.recheck_s}")
+        if self.recheck_max not in range(11):
+            raise ValueError(f"GOODPUT_RECEIVER_RECHECK_MAX must be 0..10, not {self.recheck_max}")
         if not self.db_url:
             object.__setattr__(self, "db_url", default_db_url())
 
@@ -106,7 +106,9 @@ def _number(text: str | None, default: float, name: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"GOODPUT_RECEIVER_{name} must be a number, not {text!r}") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"GOODPUT_RECEIVER_{name} must be a number, not {text!r}")
     if name.endswith("_MAX") and value != int(value):
         raise ValueError(f"GOODPUT_RECEIVER_{name} must be a whole number, not {text!r}")
     return value

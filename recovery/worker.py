@@ -34,7 +34,7 @@ def run_once(
     metrics: ReceiverMetrics | None = None,
     now: float | None = None,
 ) -> list[int]:
-    """Diagnose every due incident once; returns the ids diagnosed."""
+    """Diagnose every due incident once; returns the ids diagnosed (final or not)."""
     done = []
     for incident_id, gen in incidents.due_diagnoses(engine, now):
         inc = incidents.incident(engine, incident_id)
@@ -55,13 +55,11 @@ def run_once(
             if doc.get("onset") and inc.get("first_alert_at"):
                 metrics.time_to_detect.observe(max(0.0, inc["first_alert_at"] - doc["onset"]))
         stored = incidents.store_diagnosis(
-            engine, incident_id, gen, doc, settings.recheck_s, settings.recheck_max
+            engine, incident_id, gen, doc, settings.recheck_s, settings.recheck_max, now
         )
         done.append(incident_id)
-        if stored == "recheck":  # inconclusive so far: look again before deciding anything
-            log.info(
-                "incident %s inconclusive; diagnosed again in %gs", incident_id, settings.recheck_s
-            )
+        if stored != "done":  # superseded, rechecked later, or inconclusive and over
+            log.info("incident %s: diagnosis %s; no action planned on it", incident_id, stored)
             continue
         current = incidents.incident(engine, incident_id)  # with the stored outcome
         if current is None:

@@ -93,9 +93,10 @@ def tuning(
             if p is not None and not p.is_file():
                 raise typer.BadParameter(f"{p}: no such file")
         if prediction is not None:
-            pred = json.loads(prediction.read_text())
-            if not isinstance(pred, dict) or not isinstance(pred.get("by_kind"), dict):
-                raise typer.BadParameter(f"{prediction}: not a tuning prediction (no by_kind)")
+            try:
+                pred = bench_tuning.check_prediction(json.loads(prediction.read_text()))
+            except ValueError as exc:
+                raise typer.BadParameter(f"{prediction}: {exc}") from None
         doc = bench_tuning.compare(
             after,
             before or A.DEFAULT_PATH,

@@ -154,5 +154,8 @@ def test_a_rank_maps_to_the_jobs_node_list_not_the_alert_order():
     # an alert on node2 arrived first, so the context lists node2 before node1
     doc = attribution.attribute(b, _ctx(nodes=["node2", "node1"]))
     assert doc["outcome"] == "gpu_hardware_fault" and doc["affected_nodes"] == ["node2"]
+    # without Slurm's node list the rank's node is unknown: nothing is blamed on a guess
     without_slurm = attribution.attribute(Bundle(lines=[_line(ecc)], reports=reports), _ctx())
-    assert without_slurm["affected_nodes"] == ["node2"]  # falls back to the context's nodes
+    assert without_slurm["affected_nodes"] == []
+    b.slurm = SlurmFacts(job={"job_id": "12", "nodes": ["node1", "bad node;rm"]})
+    assert attribution.attribute(b, _ctx())["affected_nodes"] == []  # an invalid name is dropped

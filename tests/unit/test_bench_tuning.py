@@ -45,11 +45,22 @@ def test_a_slower_file_moves_latency_up_as_predicted(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "tuning.json").read_text())["per_kind"]
 
 
-def test_a_broken_file_fails_before_any_run(tmp_path: Path) -> None:
+def _no_run(_: object) -> None:
+    raise AssertionError("a benchmark ran")
+
+
+def test_a_broken_or_identical_file_fails_before_any_run(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("alerts: [{name: X}]\n")
     with pytest.raises(A.AlertsError):
-        BT.compare(bad, seeds=1, pattern="thermal*")
+        BT.compare(bad, seeds=1, pattern="thermal*", progress=_no_run)
+    same = tmp_path / "same.yaml"
+    same.write_text(A.DEFAULT_PATH.read_text())
+    with pytest.raises(ValueError, match="nothing to compare"):
+        BT.compare(same, seeds=1, pattern="thermal*", progress=_no_run)
+    with pytest.raises(ValueError, match="latency must be one of"):
+        pred = {"by_kind": {"spin_hang": {"latency": "faster"}}}
+        BT.compare(_slower(tmp_path), prediction=pred, pattern="thermal*", progress=_no_run)
 
 
 def test_cli_rejects_a_prediction_that_is_not_one(tmp_path: Path) -> None:

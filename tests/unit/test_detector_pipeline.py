@@ -154,7 +154,9 @@ def test_replay_csv_writes_detections(tmp_path):
     assert {"time", "job_id", "node", "gpu", "detector", "score", "reason"} <= set(rows[0])
     hw = [r for r in rows if r["detector"] == "hardware" and r["gpu"] is not None]
     assert hw and all(r["node"] == "node2" and r["time"] >= 900 for r in hw)
-    assert hw[0]["reason"] == "XID 79 >= alert level 1 (GoodputGPUAnomaly)"
+    from detector.thresholds import level
+
+    assert hw[0]["reason"] == f"XID 79 >= alert level {level('gpu'):g} (GoodputGPUAnomaly)"
 
 
 def test_replay_recording_dir_and_prometheus_json(tmp_path):
@@ -232,7 +234,8 @@ def test_alert_levels_come_from_alerts_yaml(tmp_path, monkeypatch):
     from detector import thresholds
     from detector.replay import detections
 
-    assert thresholds.level("job") == A.threshold("GoodputJobAnomaly") == 1.0
+    assert thresholds.level("job") == A.threshold("GoodputJobAnomaly")
+    straggler = A.threshold("GoodputJobStraggler")
     doc = yaml.safe_load(A.DEFAULT_PATH.read_text())
     for alert in doc["alerts"]:
         if alert["name"] == "GoodputJobAnomaly":
@@ -246,7 +249,7 @@ def test_alert_levels_come_from_alerts_yaml(tmp_path, monkeypatch):
     default = [d for d in detections(res, eng.det) if d["detector"] == "combined"]
     assert default and "GoodputJobAnomaly" in default[0]["reason"]
     monkeypatch.setenv("GOODPUT_ALERTS_FILE", str(path))
-    assert thresholds.level("job") == 3.0 and thresholds.level("node") == 1.0
+    assert thresholds.level("job") == 3.0 and thresholds.level("node") == straggler
     assert not [d for d in detections(res, eng.det) if d["detector"] == "combined"]
 
 

@@ -171,7 +171,38 @@ def test_no_recheck_once_resolved_or_when_turned_off(settings, monkeypatch):
     incidents.ingest(engine, s, [{**_alert("r4", job_id="89"), "status": "resolved"}])
     assert incidents.incident(engine, b)["state"] == "resolved"
     worker.run_once(engine, s)
-    assert calls == ["unknown", "unknown"]  # resolved: the verdict stands
+    assert calls == ["unknown"]  # inconclusive on a resolved incident: nobody is asked
+    assert incidents.incident(engine, b)["diagnosis_state"] == "done"
+
+
+def test_an_incident_resolving_during_a_recheck_asks_nobody(settings, monkeypatch):
+    s = settings.with_(recheck_s=30.0, recheck_max=2)
+    engine = make_engine(s.db_url)
+    calls = _hook(monkeypatch)
+    (inc,) = incidents.ingest(engine, s, [_alert("r5", job_id="90")]).incident_ids
+    t0 = time.time()
+    worker.run_once(engine, s, now=t0)
+    incidents.ingest(engine, s, [{**_alert("r5", job_id="90"), "status": "resolved"}])
+    assert worker.run_once(engine, s, now=t0 + 31) == [inc]
+    assert calls == [] and incidents.incident(engine, inc)["diagnosis_state"] == "done"
+
+
+def test_a_superseded_diagnosis_plans_nothing(settings, monkeypatch):
+    engine = make_engine(settings.db_url)
+    calls = _hook(monkeypatch)
+    (inc,) = incidents.ingest(engine, settings, [_alert("s1", job_id="91")]).incident_ids
+    real = worker.diagnose
+
+    def diagnose_while_an_alert_arrives(st, incident):
+        incidents.ingest(engine, st, [_alert("s2", job_id="91", node="node2")])
+        return real(st, incident)
+
+    monkeypatch.setattr(worker, "diagnose", diagnose_while_an_alert_arrives)
+    assert worker.run_once(engine, settings) == [inc]
+    assert calls == [] and incidents.incident(engine, inc)["diagnosis_state"] == "pending"
+    monkeypatch.setattr(worker, "diagnose", real)
+    assert worker.run_once(engine, settings, now=time.time() + 5) == [inc]
+    assert len(calls) == 1 and incidents.incident(engine, inc)["diagnosis_state"] == "done"
 
 
 def test_recheck_settings_are_validated():
@@ -180,5 +211,5 @@ def test_recheck_settings_are_validated():
         Settings.from_env({"GOODPUT_RECEIVER_RECHECK_S": "soon"})
     with pytest.raises(ValueError, match="RECHECK_MAX must be a whole number"):
         Settings.from_env({"GOODPUT_RECEIVER_RECHECK_MAX": "1.5"})
-    with pytest.raises(ValueError, match="0..10"):
+    with pytest.raises(ValueError, match="RECHECK_MAX must be 0..10"):
         Settings.from_env({"GOODPUT_RECEIVER_RECHECK_MAX": "99"})

@@ -124,9 +124,10 @@ def test_dcgm_conditions_map_host_and_job_labels(spec):
 
 
 def test_threshold_reads_the_single_source(spec):
-    assert A.threshold("GoodputJobAnomaly", spec) == 1.0
-    assert A.threshold("GoodputGPUAnomaly", spec) == 1.0
-    assert A.threshold("GoodputJobStraggler", spec) == 1.0
+    raw = {a["name"]: a for a in yaml.safe_load(A.DEFAULT_PATH.read_text())["alerts"]}
+    for name in ("GoodputJobAnomaly", "GoodputGPUAnomaly", "GoodputJobStraggler"):
+        (cond,) = [c for c in raw[name]["conditions"] if "threshold" in c]
+        assert A.threshold(name, spec) == float(cond["threshold"]) > 0
     with pytest.raises(KeyError):
         A.threshold("NoSuchAlert", spec)
 

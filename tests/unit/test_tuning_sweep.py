@@ -179,3 +179,22 @@ def test_score_alerts_are_the_tunable_ones() -> None:
         "GoodputJobAnomaly",
         "GoodputGPUAnomaly",
     ]
+
+
+def test_the_guard_band_is_per_alert_and_for_and_ignores_row_order() -> None:
+    table = pd.DataFrame(
+        {
+            "alert": ["B", "A", "A", "A", "B"],
+            "threshold": [1.0, 1.25, 0.75, 1.0, 0.75],
+            "for": ["10s"] * 5,
+            "recall": [1.0] * 5,
+            "latency_median_s": [20.0] * 5,
+            "latency_max_s": [20.0] * 5,
+            "false_per_1000_gpu_h": [0.0, 0.0, 0.0, 0.0, 9.0],
+        },
+        index=[7, 7, 3, 3, 3],  # duplicate labels, as pd.concat leaves them
+    )
+    fits = table.false_per_1000_gpu_h <= 0
+    assert T._guarded(table, fits).tolist() == [False, True, False, True, False]
+    got = T.choose(table)
+    assert (got["alert"], got["threshold"]) == ("A", 1.25)  # B's 0.75 failed: B 1.0 unguarded
