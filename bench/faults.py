@@ -46,14 +46,15 @@ TARGETS = {
 # Why the figures fall short where they do (mechanisms, checked against the committed results).
 NOTES = [
     "- **Hangs with no GPU signature** (dataloader_stall: every rank idle): the only signal is "
-    "the job's own progress. The detector's progress score allows at least 180 s without "
-    "progress (`Progress.min_stall_s`, sized against checkpoint and eval gaps), hence ~185 s and "
-    "the p95 miss. The faster condition, GoodputJobHung/no_progress (10 x step time, at least "
-    "60 s), is raw PromQL, which this in-process benchmark cannot evaluate; in production it "
-    "would fire after about 70 s.",
+    "the job's own progress. The detector's progress score reaches 1.0 after 180 s without "
+    "progress (`Progress.min_stall_s`, sized against checkpoint and eval gaps) and the tuned "
+    "GoodputJobHung fires at 0.75 for 10 s, hence ~140 s and the p95 miss. Its other condition, "
+    "no_progress (10 x step time, at least 180 s), is raw PromQL, which this in-process "
+    "benchmark cannot evaluate.",
     "- **Host straggler on a one-node job**: attribution blames a node by comparing it with its "
     "peers in the same job; a one-node job has none, so the diagnosis is `unknown` "
-    "(hold_for_person). Two- and three-node jobs are diagnosed `straggler` on the right node.",
+    "(hold_for_person, after the receiver's rechecks). Two- and three-node jobs are diagnosed "
+    "`straggler` on the right node.",
     "- **False incidents**: showing <= 0.02 per 1,000 GPU-hours needs ~150,000 healthy "
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "
@@ -64,9 +65,10 @@ NOTES = [
     "(hold_for_person). None is destructive.",
     "- **Timing model**: one sample every 5 s, so an alert's `for` counts samples (a 2 s `for` "
     "needs two: 10 s for XIDs); the diagnosis runs 4 s after the first alert (Alertmanager "
-    "group_wait 1 s + receiver settle 3 s) on the evidence up to then, and its action is final "
-    "for the incident (the receiver acts once per incident). Conditions on scrape health "
-    "(raw PromQL) are not evaluated.",
+    "group_wait 1 s + receiver settle 3 s) on the evidence up to then; an `unknown` verdict is "
+    "diagnosed again every 15 s, up to 3 times, as the receiver does; the first conclusive "
+    "verdict's action is final for the incident. Conditions on scrape health (raw PromQL) are "
+    "not evaluated.",
 ]
 
 
