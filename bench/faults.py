@@ -66,7 +66,7 @@ NOTES = [
     "- **Timing model**: one sample every 5 s, so an alert's `for` counts samples (a 2 s `for` "
     "needs two: 10 s for XIDs); the diagnosis runs 4 s after the first alert (Alertmanager "
     "group_wait 1 s + receiver settle 3 s) on the evidence up to then; an `unknown` verdict is "
-    "diagnosed again every 15 s, up to 3 times, as the receiver does; the first conclusive "
+    "diagnosed again every 10 s, up to 3 times, as the receiver does; the first conclusive "
     "verdict's action is final for the incident. Conditions on scrape health (raw PromQL) are "
     "not evaluated.",
 ]

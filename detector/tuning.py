@@ -494,7 +494,8 @@ def _num(x: Any) -> float | None:
 
 
 def direction(before: Any, after: Any) -> str:
-    """ "down", "up" or "same" (a missing figure, None or NaN, counts as infinitely late)."""
+    """The change from `before` to `after`: "down", "up" or "same" (a missing figure, None or
+    NaN, counts as infinitely late)."""
     b = np.inf if before is None or pd.isna(before) else float(before)
     a = np.inf if after is None or pd.isna(after) else float(after)
     return "same" if a == b else ("down" if a < b else "up")

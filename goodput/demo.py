@@ -248,11 +248,13 @@ def follow(
     )
 
     def diagnosed() -> dict[str, Any] | None:
+        """The final diagnosis: an inconclusive one is rechecked before anything is planned."""
         inc = receiver.get(f"/api/v1/incidents/{incident['id']}")
         diag = inc.get("diagnosis") or {}
-        return inc if (diag.get("diagnosed_at") or 0) >= seen else None
+        final = inc.get("diagnosis_state") == "done"
+        return inc if final and (diag.get("diagnosed_at") or 0) >= seen else None
 
-    incident = wait(diagnosed, 60) or incident
+    incident = wait(diagnosed, 90) or incident
     diag = incident.get("diagnosis") or {}
     out.outcome = diag.get("outcome", "-")
     out.culprits = list(diag.get("affected_nodes") or [])

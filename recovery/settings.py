@@ -8,8 +8,9 @@
 | `GOODPUT_RECEIVER_BASIC_USER` / `GOODPUT_RECEIVER_BASIC_PASSWORD_FILE` | unset: basic auth off |
 | `GOODPUT_RECEIVER_MAX_BODY_BYTES` | `1048576` |
 | `GOODPUT_RECEIVER_SETTLE_S` | `3` (seconds an incident waits for co-arriving alerts) |
-| `GOODPUT_RECEIVER_RECHECK_S` | `15` (an `unknown` verdict on an open incident: look again) |
-| `GOODPUT_RECEIVER_RECHECK_MAX` | `3` (at most this many times per incident, before any action) |
+| `GOODPUT_RECEIVER_RECHECK_S` | `10` (an `unknown` verdict on an open incident: look again) |
+| `GOODPUT_RECEIVER_RECHECK_MAX` | `3` (per incident, before any action; 3 x 10 s covers the |
+| | longest symptom window, 30 s) |
 | `GOODPUT_PROMETHEUS_URL` | unset: Prometheus evidence off |
 | `GOODPUT_LOG_DIR` | `$GOODPUT_STACK_DIR/logs/cluster` |
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
@@ -42,7 +43,7 @@ class Settings:
     require_auth: bool = True
     max_body_bytes: int = 1 << 20
     settle_s: float = 3.0
-    recheck_s: float = 15.0
+    recheck_s: float = 10.0
     recheck_max: int = 3
     worker_poll_s: float = 0.5
     prometheus_url: str | None = None
@@ -82,7 +83,7 @@ class Settings:
             "basic_password_file": opt("GOODPUT_RECEIVER_BASIC_PASSWORD_FILE"),
             "max_body_bytes": int(opt("GOODPUT_RECEIVER_MAX_BODY_BYTES") or (1 << 20)),
             "settle_s": float(opt("GOODPUT_RECEIVER_SETTLE_S") or 3.0),
-            "recheck_s": _number(opt("GOODPUT_RECEIVER_RECHECK_S"), 15.0, "RECHECK_S"),
+            "recheck_s": _number(opt("GOODPUT_RECEIVER_RECHECK_S"), 10.0, "RECHECK_S"),
             "recheck_max": int(_number(opt("GOODPUT_RECEIVER_RECHECK_MAX"), 3, "RECHECK_MAX")),
             "prometheus_url": opt("GOODPUT_PROMETHEUS_URL"),
             "log_dir": opt("GOODPUT_LOG_DIR")
