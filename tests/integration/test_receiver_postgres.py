@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -60,8 +61,14 @@ def test_webhook_incidents_and_diagnosis_on_postgres(pg_url, tmp_path):
         page = c.get("/api/v1/incidents").json()
         assert page["total"] == 1
         inc = page["items"][0]["id"]
-        assert worker.run_once(app.state.engine, s) == [inc]
+        t0 = time.time()
+        assert worker.run_once(app.state.engine, s, now=t0) == [inc]
         detail = c.get(f"/api/v1/incidents/{inc}").json()
+    engine = app.state.engine
     assert detail["diagnosis"]["schema_version"] == "1"
-    assert app.state.engine.dialect.name == "postgresql"
-    assert incidents.incident(app.state.engine, inc)["diagnosis_state"] == "done"
+    assert engine.dialect.name == "postgresql"
+    # no evidence: `unknown`, rechecked (the count of unknown verdicts is SQL on PostgreSQL)
+    assert incidents.incident(engine, inc)["diagnosis_state"] == "pending"
+    for k in range(1, s.recheck_max + 1):
+        assert worker.run_once(engine, s, now=t0 + k * (s.recheck_s + 1)) == [inc]
+    assert incidents.incident(engine, inc)["diagnosis_state"] == "done"
