@@ -26,21 +26,13 @@ from typing import Any
 
 import requests
 
+from catalogue import recording
 from detector.frame import JOB_RE, NODE_RE
 
-FORMAT = "goodput-recording/1"
+FORMAT = recording.FORMAT
 MAX_POINTS = 10_000  # per series per query (Prometheus refuses > 11,000)
 MAX_RANGE_S = 31 * 86400
-JOB_METRICS = (
-    "goodput_job_iteration",
-    "goodput_job_last_progress_timestamp_seconds",
-    "goodput_job_iteration_seconds",
-    "goodput_job_throughput_samples_per_second",
-    "goodput_job_loss",
-    "goodput_job_nan_iterations_total",
-    "goodput_job_skipped_iterations_total",
-    "goodput_job_last_checkpoint_timestamp_seconds",
-)
+JOB_METRICS = recording.JOB_METRICS
 HOST_LABELS = ("Hostname", "hostname")
 
 

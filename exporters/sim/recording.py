@@ -10,22 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from catalogue import recording
 from exporters.sim.dcgm import FIELD_NAMES, OFF_BUS_FIELDS
 from exporters.sim.logs import LogSink
 from exporters.sim.runner import Simulation
 from exporters.sim.scenario import Scenario, load_scenario
 
-FORMAT = "goodput-recording/1"
-JOB_COLUMNS = [
-    "goodput_job_iteration",
-    "goodput_job_last_progress_timestamp_seconds",
-    "goodput_job_iteration_seconds",
-    "goodput_job_throughput_samples_per_second",
-    "goodput_job_loss",
-    "goodput_job_nan_iterations_total",
-    "goodput_job_skipped_iterations_total",
-    "goodput_job_last_checkpoint_timestamp_seconds",
-]
+FORMAT = recording.FORMAT
+JOB_COLUMNS = list(recording.JOB_METRICS)
 
 
 @dataclass
