@@ -1,8 +1,9 @@
 """The diagnosis worker: a background thread that diagnoses incidents once they settle.
 
 Pending diagnoses live in the store (`diagnosis_state='pending'`, `diagnosis_due`), so a
-restarted receiver resumes them. After a diagnosis is stored, `recovery.actions.on_diagnosis`
-plans the action for it.
+restarted receiver resumes them. After a final diagnosis is stored (not one superseded by a newer
+alert, nor an inconclusive one still to be rechecked), `recovery.actions.on_diagnosis` plans the
+action for it.
 """
 
 from __future__ import annotations
