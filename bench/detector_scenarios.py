@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from detector.pipeline import Config, Engine
-from detector.replay import load
+from detector.replay import load, steps
 from detector.thresholds import level
 from exporters.sim.recording import run_scenario
 
@@ -31,10 +31,7 @@ def score(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     eng = Engine(Config(interval_s=interval or 5.0))
     jobs, nodes = [], []
     t0 = time.perf_counter()
-    for rows in frame.instants():
-        sub = frame.take(rows)
-        now = float(sub.time[0])
-        res = eng.step(sub, now, names)
+    for _, now, res in steps(frame, names, eng):
         jobs.append(res.jobs.assign(t=now))
         nodes.append(res.nodes.assign(t=now))
     return pd.concat(jobs), pd.concat(nodes), time.perf_counter() - t0

@@ -94,11 +94,14 @@ def _prom_json(doc: Any) -> pd.DataFrame:
     return wide
 
 
-def run(frame: Frame, names: dict[str, str], cfg: Config) -> Iterator[Result]:
-    engine = Engine(cfg)
+def steps(
+    frame: Frame, names: dict[str, str], engine: Engine
+) -> Iterator[tuple[Frame, float, Result]]:
+    """Step `engine` through `frame` one instant at a time: (rows, time, result) each."""
     for rows in frame.instants():
         sub = frame.take(rows)
-        yield engine.step(sub, float(sub.time[0]), names)
+        now = float(sub.time[0])
+        yield sub, now, engine.step(sub, now, names)
 
 
 def _why(kind: str, score: float, text: str) -> str:
@@ -181,9 +184,7 @@ def replay(
     engine = Engine(cfg)
     count = 0
     peak: dict[str, float] = {}
-    for rows in frame.instants():
-        sub = frame.take(rows)
-        res = engine.step(sub, float(sub.time[0]), names)
+    for _, _, res in steps(frame, names, engine):
         comb = res.jobs[res.jobs.detector == "combined"]
         for j, s in zip(comb.job_id, comb.score, strict=True):
             peak[j] = max(peak.get(j, 0.0), float(s))

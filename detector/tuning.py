@@ -33,7 +33,7 @@ import yaml
 from catalogue import alerts as A
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
-from detector.replay import load
+from detector.replay import load, steps
 
 JOB_SCORE = "goodput_job_anomaly_score"
 NODE_SCORE = "goodput_node_suspect_score"
@@ -82,10 +82,7 @@ def score_recording(path: str | Path, cfg: Config | None = None) -> Run:
         cfg = Config(interval_s=interval or Config().interval_s)
     engine = Engine(cfg)
     jobs, nodes, gpus = [], [], []
-    for rows in frame.instants():
-        sub = frame.take(rows)
-        now = float(sub.time[0])
-        res = engine.step(sub, now, names)
+    for sub, now, res in steps(frame, names, engine):
         jobs.append(res.jobs.assign(timestamp=now))
         nodes.append(res.nodes.assign(timestamp=now))
         on = sub.job != ""

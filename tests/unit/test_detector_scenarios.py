@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from detector.pipeline import Config, Engine
-from detector.replay import load
+from detector.replay import load, steps
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 METRIC_VISIBLE = {
@@ -53,10 +53,7 @@ def scored(tmp_path_factory):
             frame, names, interval = load(rec.path)
             eng = Engine(Config(interval_s=interval or 5.0))
             jobs, nodes = [], []
-            for rows in frame.instants():
-                sub = frame.take(rows)
-                now = float(sub.time[0])
-                res = eng.step(sub, now, names)
+            for _, now, res in steps(frame, names, eng):
                 jobs.append(res.jobs.assign(t=now))
                 nodes.append(res.nodes.assign(t=now))
             _cache[name] = (rec.truth, pd.concat(jobs), pd.concat(nodes))
