@@ -2,7 +2,8 @@
 # Goodput's local stack on loopback, without systemd or Docker:
 #   Prometheus, Alertmanager, MariaDB + slurmdbd, munged, slurmctld, four slurmd (node1..node4,
 #   8 fake GPUs each), and optionally PostgreSQL (for the receiver's PostgreSQL tests).
-# Usage: stack.sh start|stop|status|env        State lives under $GOODPUT_STACK_DIR.
+# Usage: stack.sh start|stop|restart|status|env|install|install-test-tools
+#   State lives under $GOODPUT_STACK_DIR.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -52,9 +53,13 @@ need_port() { # port name : fail clearly when someone else holds our port
   return 0
 }
 
+# what the tests drive besides the stack: the console's browser test runs Debian's Chromium
+TEST_PACKAGES=(chromium chromium-driver)
+
 install_missing() {
   local missing=()
   [ "$WITH_POSTGRES" = 1 ] && PACKAGES+=(postgresql)
+  [ "${WITH_TEST_TOOLS:-0}" = 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
   for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
@@ -62,8 +67,8 @@ install_missing() {
   export DEBIAN_FRONTEND=noninteractive
   # keep package scripts from starting system services: we start our own, on loopback
   [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; }
-  apt-get update -qq >/dev/null || die "apt-get update failed"
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+  apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null || die "apt-get update failed"
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
 }
 
 short_host() { hostname -s; }
@@ -303,5 +308,7 @@ cmd_status() {
 case "${1:-}" in
   start) cmd_start;; stop) cmd_stop;; status) cmd_status;; env) cat "$STATE/env";;
   restart) cmd_stop; cmd_start;;
-  *) echo "usage: $0 start|stop|restart|status|env" >&2; exit 2;;
+  install) install_missing;;                      # the stack's packages, nothing started
+  install-test-tools) WITH_TEST_TOOLS=1 install_missing;;  # and what the tests drive (Chromium)
+  *) echo "usage: $0 start|stop|restart|status|env|install|install-test-tools" >&2; exit 2;;
 esac
