@@ -35,6 +35,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check goodput catalogue exporters detector recovery bench dashboards tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test-unit: setup tools
 	$(BIN)/pytest -m "not integration and not browser" -q
