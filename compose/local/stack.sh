@@ -73,6 +73,18 @@ install_missing() {
 
 short_host() { hostname -s; }
 
+write_hook() { # path "sub-command args" : one of Goodput's Slurm hooks (goodput slurm ...);
+  # without the project's venv the job just runs
+  mkdir -p "$(dirname "$1")"
+  cat > "$1" <<HOOK
+#!/bin/sh
+py=$REPO/.venv/bin/python
+[ -x "\$py" ] || exit 0
+exec "\$py" -m goodput.entry slurm $2
+HOOK
+  chmod +x "$1"
+}
+
 write_slurm_conf() {
   local host; host=$(short_host)
   local d=$STATE/slurm last=$((SLURMD_BASE + NODES))
@@ -107,6 +119,8 @@ MinJobAge=300
 SlurmdParameters=config_overrides
 MailProg=/bin/true
 JobCompType=jobcomp/none
+Prolog=$d/hooks/prolog
+Epilog=$d/hooks/epilog
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$SLURMDBD_PORT
@@ -117,6 +131,10 @@ GresTypes=gpu
 NodeName=node[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((SLURMD_BASE + 1))-$last] CPUs=16 RealMemory=64000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+  # Prolog/Epilog: Goodput's node holds, and dcgm-exporter's per-GPU job mapping (hpc_job)
+  mkdir -p "$STATE/holds" "$STATE/hpc-jobs"
+  write_hook "$d/hooks/prolog" "prolog --hold-dir $STATE/holds --mapping-dir $STATE/hpc-jobs"
+  write_hook "$d/hooks/epilog" "epilog --mapping-dir $STATE/hpc-jobs"
   cat > "$d/gres.conf" <<CONF
 AutoDetect=off
 NodeName=node[1-$NODES] Name=gpu File=$d/dev/gpu[0-7]
@@ -239,6 +257,8 @@ export GOODPUT_PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT
 export GOODPUT_ALERTMANAGER_URL=http://127.0.0.1:$AM_PORT
 export GOODPUT_RECEIVER_TOKEN_FILE=$STATE/alertmanager/secrets/receiver-token
 export GOODPUT_LOG_DIR=$STATE/logs/cluster
+export GOODPUT_HOLD_DIR=$STATE/holds
+export DCGM_HPC_JOB_MAPPING_DIR=$STATE/hpc-jobs
 ENV
   [ "$WITH_POSTGRES" = 1 ] && echo "export GOODPUT_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:$PG_PORT/goodput" >> "$STATE/env"
   return 0
