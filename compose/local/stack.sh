@@ -42,7 +42,9 @@ wait_for() { # seconds description command...
 launch() { # name command... : runs in background, logs and pidfile under $STATE
   local name=$1; shift
   if alive "$STATE/run/$name.pid"; then say "$name already running (pid $(cat "$STATE/run/$name.pid"))"; return 0; fi
-  setsid "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null &
+  # fds 3-9 closed: a daemon must not inherit a caller's lock (e.g. `flock LOCK stack.sh start`
+  # would otherwise stay locked for the daemon's whole life)
+  setsid "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   echo $! > "$STATE/run/$name.pid"
 }
 
