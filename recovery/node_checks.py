@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, select
+from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, func, select
 
 from recovery import audit, node_health, slurm_hooks
 from recovery.policy import Policy
@@ -48,13 +48,22 @@ def ensure(engine: Engine) -> None:
     metadata.create_all(engine)
 
 
-def due(node: NodeState) -> bool:
-    """Drained by Goodput, empty, and not already the verdict of a check."""
-    return (
-        node.drained_by_goodput
-        and node.state.upper().startswith("DRAINED")
-        and not node.reason.startswith(RESULT_PREFIXES)
-    )
+def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: float) -> bool:
+    """Drained by Goodput and empty; a failed check's verdict only after `recheck_after_s`
+    (an RMA verdict never: that node waits for a person)."""
+    if not (node.drained_by_goodput and node.state.upper().startswith("DRAINED")):
+        return False
+    if node.reason.startswith(RESULT_PREFIXES[1]):
+        return False
+    if not node.reason.startswith(RESULT_PREFIXES[0]):
+        return True
+    if recheck_after_s is None:
+        return False
+    with engine.connect() as conn:
+        last = conn.execute(
+            select(func.max(checks.c.finished_at)).where(checks.c.node == node.node)
+        ).scalar()
+    return last is None or now - last >= recheck_after_s
 
 
 def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float) -> Any:
@@ -106,7 +115,7 @@ def tick(
     now = time.time() if now is None else now
     done = []
     for node in scheduler.node_states():
-        if not due(node):
+        if not due(engine, node, cfg.recheck_failed_after_s, now):
             continue
         level = node_health.check_level((events or {}).get(node.node, []), cfg, now)
         spec = cfg.checks[level]
@@ -164,7 +173,7 @@ def _run_one(
             .where(checks.c.id == row_id)
             .values(
                 state=state,
-                finished_at=result.started_at + result.duration_s,
+                finished_at=now + result.duration_s,
                 exit_code=result.exit_code,
                 output=result.output,
                 step=detail[:256],

@@ -71,6 +71,8 @@ class ReturnToService(_Frozen):
     deep_level: str = "deep"  # the check a `deep_check` escalation asks for
     checks: dict[str, Command] = Field(default_factory=dict)
     rma_after_failures: int = Field(default=2, ge=1, le=100)
+    # a node that failed is checked again this long after (a technician may have repaired it)
+    recheck_failed_after_s: float | None = Field(default=None, gt=0, le=30 * 86400)
     rma_hook: Command | None = None
     capture: Command | None = None  # diagnostics taken before a drain (nvidia-bug-report, dmesg)
     repeat_offenders: tuple[OffenderRule, ...] = (  # policy.default.yaml documents these

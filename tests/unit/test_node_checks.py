@@ -118,3 +118,20 @@ def test_a_check_left_running_by_a_dead_process_runs_again(world):
 def test_disabled_does_nothing(world):
     sched, engine, _, _ = world
     assert node_checks.tick(engine, sched, parse_policy({"mode": "act"}, env={})) == []
+
+
+def test_a_failed_node_is_checked_again_after_the_recheck_delay(world, tmp_path):
+    sched, engine, st, holds = world
+    flag = tmp_path / "repaired"
+    code = f"import os, sys; sys.exit(0 if os.path.exists({str(flag)!r}) else 1)"
+    cmd = {"argv": [PY, "-c", code]}
+    rts = {"enabled": True, "checks": {"quick": cmd, "deep": cmd}, "rma_after_failures": 3,
+           "recheck_failed_after_s": 600}  # fmt: skip
+    pol = parse_policy({"mode": "act", "return_to_service": rts}, env={})
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=1000.0)
+    assert o["state"] == "failed"
+    finished = node_checks.rows(engine, "node2")[0]["finished_at"]
+    assert node_checks.tick(engine, sched, pol, hold_dir=holds, now=finished + 599) == []
+    flag.write_text("a technician replaced GPU 3")
+    [again] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=finished + 601)
+    assert again["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"
