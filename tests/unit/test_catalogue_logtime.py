@@ -11,9 +11,12 @@ import calendar
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalogue import logtime
 from catalogue.logtime import BootClock, parse
+from exporters.lokiapi import labels_key, refused
 
 
 def utc(text: str) -> float:
@@ -223,3 +226,46 @@ def test_line_time_wrapper_keeps_the_year_semantics():
     assert logtime.line_time("May 18 19:02:39 node1 kernel: NVRM", REF) == utc(
         "2026-05-18 19:02:39"
     )
+
+
+# ---------------------------------------------------------------------- properties
+
+
+WHEN = st.integers(min_value=utc("2000-01-01 00:00:00"), max_value=utc("2037-12-31 23:59:59"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_parse_never_raises(text):
+    s = parse(text, REF)
+    assert s is None or s.time is None or isinstance(s.time, float)
+    refused(text, [(labels_key({"source": "job", "job_id": "1"}), 1, text)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(WHEN, st.integers(min_value=0, max_value=999))
+def test_every_form_reads_back_the_time_it_printed(t, ms):
+    g = time.gmtime(t)
+    exact = t + ms / 1000
+    forms = {
+        "iso": time.strftime("%Y-%m-%dT%H:%M:%S", g) + f".{ms:03d}Z x",
+        "python": time.strftime("[%Y-%m-%d %H:%M:%S", g) + f",{ms:03d}] x",
+        "journald": time.strftime("%Y-%m-%dT%H:%M:%S", g) + f".{ms:03d}000+0000 n kernel: x",
+        "ctime": time.strftime("[%a %b ", g)
+        + f"{g.tm_mday:2d}"
+        + time.strftime(" %H:%M:%S %Y] x", g),
+    }
+    for name, line in forms.items():
+        want = t if name == "ctime" else exact
+        assert parse(line, REF).time == pytest.approx(want, abs=1e-6), name
+    # yearless forms read in the same year, a day later
+    glog = (
+        f"[rank0]:[E{g.tm_mon}{g.tm_mday:02d} "
+        + time.strftime("%H:%M:%S", g)
+        + f".{ms:03d}000 x.cpp:1] x"
+    )
+    syslog = (
+        time.strftime("%b ", g) + f"{g.tm_mday:2d}" + time.strftime(" %H:%M:%S", g) + " n kernel: x"
+    )
+    assert parse(glog, t + 86400).time == pytest.approx(exact, abs=1e-6)
+    assert parse(syslog, t + 86400).time == t
