@@ -10,7 +10,7 @@ with the last stream's error), so the shipper sends the rest again once — Loki
 of an entry with the same stream, time and line, so a resend stores nothing twice:
 
 - `entry for stream '{..}' has timestamp too old: T, oldest acceptable timestamp is: X`:
-  `too_old`, every entry before X;
+  `too_old`, every entry before X (without X: every entry up to T);
 - `entry with timestamp T ignored, reason: 'entry too far behind[, oldest acceptable timestamp
   is: X]' for stream: {..},` ... `total ignored: N out of M`: `too_far_behind`, in that stream
   the entries before X, else its N oldest (`'entry out of order'`: `out_of_order`, the same);
@@ -39,8 +39,8 @@ Entry = tuple[Labels, int, str]  # (labels, ts_ns, line)
 
 _STREAM = r"(\{(?:[^{}\"]|\"(?:[^\"\\]|\\.)*\")*\})"
 _TOO_OLD = re.compile(
-    rf"entry for stream '{_STREAM}' has timestamp too old: (\S+?),? oldest acceptable "
-    r"timestamp is: (\S+?)(?:,|$|\s)",
+    rf"entry for stream '{_STREAM}' has timestamp too old: (\S+?)(?:,|$|\s)"
+    r"(?: ?oldest acceptable timestamp is: (\S+?)(?:,|$|\s))?",
     re.M,
 )
 _TOO_NEW = re.compile(rf"entry for stream '{_STREAM}' has timestamp too new: (\S+)")
@@ -86,8 +86,10 @@ def _ns(text: str) -> int | None:
 def refused(body: str, entries: Sequence[Entry]) -> dict[int, str]:
     """Index of each entry a 400 answer refused -> reason (see the module table)."""
     out: dict[int, str] = {}
-    for m in _TOO_OLD.finditer(body):
-        cutoff = _ns(m.group(3))
+    for m in _TOO_OLD.finditer(body):  # the limit is the tenant's: it holds for every stream
+        cutoff = _ns(m.group(3)) if m.group(3) else None
+        if cutoff is None and (at := _ns(m.group(2))) is not None:
+            cutoff = at + 1  # an older Loki names only the entry: it and any older one
         if cutoff is not None:
             out.update({i: "too_old" for i, e in enumerate(entries) if e[1] < cutoff})
     for m in _TOO_NEW.finditer(body):

@@ -158,7 +158,8 @@ def collect_loki(ctx: Context, settings: Settings, limit: int = 5000) -> Bundle:
             reason = f"{query}: Loki answered {resp.status_code}: {resp.text.strip()[:200]}"
             return Bundle(lines=lines, reports=[Report("loki", "error", reason)])
         got = logstreams.parse_streams(resp.json())
-        counts.append(f"{len(got)} {kind} lines" + (f" ({node})" if node else ""))
+        full = " (limit reached)" if len(got) >= limit else ""
+        counts.append(f"{len(got)} {kind} lines{full}" + (f" ({node})" if node else ""))
         for labels, ts, text in got:
             n = labels.get("node") or node
             n = n if validate.NODE.fullmatch(n or "") else node

@@ -76,6 +76,10 @@ def test_the_report_says_when_a_node_had_no_kernel_lines(loki, tmp_path):
     )
     assert empty.reports[0].status == "empty"
     assert empty.reports[0].reason == "0 job lines, 0 kernel lines (node4)"
+    capped = collect_loki(
+        Context(job_id="4242", nodes=[], start=NOW - 300, end=NOW + 10), settings(loki.url), limit=2
+    )
+    assert capped.reports[0].reason == "2 job lines (limit reached)"
 
 
 def test_a_failing_loki_is_an_error_report(loki):

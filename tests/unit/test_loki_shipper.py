@@ -285,6 +285,19 @@ def test_refused_reads_the_too_far_behind_answers():
 
 def test_refused_knows_nothing_of_an_answer_it_cannot_read():
     assert refused("some proxy said no\n", [(JOB, 1, "x")]) == {}
+    # an older Loki's too-old answer names the entry but no cut-off
+    body = "entry for stream '{foo=\"bar2\"}' has timestamp too old: 2019-10-11T18:23:58Z\n"
+    entries = [(FOO, _ns("2019-10-11T18:23:58Z"), "a"), (FOO, _ns("2019-10-11T18:24:00Z"), "b")]
+    assert refused(body, entries) == {0: "too_old"}
+
+
+def test_an_unreadable_400_is_resent_once_then_counted(loki, logs):
+    write(logs / "jobs" / "slurm-16.out", f"{iso(NOW)} a\n{iso(NOW)} b\n")
+    loki.script = [400, 400]
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    assert s.send_once() == 0 and loki.pushes == [400, 400]
+    assert s.refused == {"unknown": 2} and s.sent == 0
 
 
 def test_retry_after_forms():
