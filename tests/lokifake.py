@@ -82,6 +82,7 @@ class FakeLoki:
         self.highest: dict[tuple, int] = {}
         self.script: list[int | tuple[int, dict[str, str]]] = []
         self.pushes: list[int] = []  # status of each push
+        self.received = 0  # entries in all pushes, duplicates included
         self.max_age_s, self.grace_s, self.max_line_size = max_age_s, grace_s, max_line_size
         self.refuse_whole_request = refuse_whole_request
         self.lock = threading.Lock()
@@ -109,6 +110,7 @@ class FakeLoki:
         accepted: list[tuple[tuple, dict[str, str], list[tuple[int, str]]]] = []
         for s in body["streams"]:
             labels, values = s["stream"], s["values"]
+            self.received += len(values)
             if not values:
                 continue
             ls = label_string(labels)

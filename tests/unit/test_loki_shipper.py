@@ -346,3 +346,19 @@ def test_host_boot_time(tmp_path):
     stat.write_text("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n")
     assert host_boot_time(stat) == 1700000000.0
     assert host_boot_time(tmp_path / "missing") is None
+
+
+def test_a_crash_between_spool_and_positions_doubles_nothing(loki, logs, monkeypatch):
+    write(logs / "jobs" / "slurm-17.out", f"{iso(NOW - 3)} a\n{iso(NOW - 2)} b\n")
+    a = shipper(loki.url, logs)
+
+    def die() -> None:
+        raise SystemExit("killed after the spool write, before the positions")
+
+    monkeypatch.setattr(a, "_save_positions", die)
+    with pytest.raises(SystemExit):
+        a.poll_once()
+    b = shipper(loki.url, logs)  # restarted: the spool has the batch, the positions do not
+    b.poll_once()
+    assert b.send_once() == 0
+    assert loki.received == 4 and loki.lines() == [f"{iso(NOW - 3)} a", f"{iso(NOW - 2)} b"]
