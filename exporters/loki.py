@@ -237,7 +237,13 @@ class LokiShipper(Collector):
 
     def _push(self, path: Path) -> bool:
         """One push of one spooled batch; False when it must wait (backoff)."""
-        entries, resent = self.spool.read(path)
+        try:
+            entries, resent = self.spool.read(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # set aside, never stuck on it
+            log.error("unreadable spool file %s set aside: %s", path, exc)
+            path.rename(path.with_suffix(".bad"))
+            self.refused["unreadable_spool"] += 1
+            return True
         try:
             r = self.session.post(
                 self.url, data=push_body(entries), headers=self.headers, timeout=self.timeout

@@ -362,3 +362,12 @@ def test_a_crash_between_spool_and_positions_doubles_nothing(loki, logs, monkeyp
     b.poll_once()
     assert b.send_once() == 0
     assert loki.received == 4 and loki.lines() == [f"{iso(NOW - 3)} a", f"{iso(NOW - 2)} b"]
+
+
+def test_an_unreadable_spool_file_is_set_aside(loki, logs):
+    write(logs / "jobs" / "slurm-18.out", f"{iso(NOW)} after\n")
+    s = shipper(loki.url, logs)
+    (s.spool.dir / "0000000000000000.json").write_text('{"entries": [["x"')  # a torn write
+    s.poll_once()
+    assert s.send_once() == 0 and loki.lines() == [f"{iso(NOW)} after"]
+    assert s.refused == {"unreadable_spool": 1} and list(s.spool.dir.glob("*.bad"))
