@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import threading
@@ -39,47 +38,14 @@ from catalogue import logstreams, logtime
 from exporters.logmetrics.exporter import JOB_FILE, KERNEL_FILE
 from exporters.logmetrics.tailer import DirectoryFollower
 from exporters.lokiapi import Entry, labels_key, push_body, refused, retry_after
+from exporters.lokispool import Spool, write_atomic
 
 log = logging.getLogger(__name__)
 LABEL_NAME = re.compile(r"\A[a-zA-Z_][a-zA-Z0-9_]*\Z")
 FUTURE_S = 600.0  # a line stamped further ahead than this (a wrong zone) takes the read time
 SAME_S = 1.0  # a stamp this close before the previous line's keeps file order (+1 ns)
+EMBEDDED_BEHIND_S = 3600.0  # a time inside a line, this far before the line before, is no stamp
 RETRY = {408, 429} | set(range(500, 600))
-
-
-class Spool:
-    """Batches waiting for Loki, one JSON file each, written atomically, oldest first."""
-
-    def __init__(self, directory: Path, max_bytes: int) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.max_bytes = max_bytes
-        for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
-
-    def files(self) -> list[Path]:
-        return sorted(self.dir.glob("*.json"))
-
-    def bytes(self) -> int:
-        return sum(_size(p) for p in self.files())
-
-    def full(self) -> bool:
-        return self.bytes() >= self.max_bytes
-
-    def append(self, entries: list[Entry], resent: bool = False, seq: int | None = None) -> Path:
-        """A new batch at the end, or at `seq` (what is left of a batch keeps its place)."""
-        if seq is None:
-            files = self.files()
-            seq = int(files[-1].stem) + 1 if files else 1
-        data = {"resent": resent, "entries": [[dict(k), ts, line] for k, ts, line in entries]}
-        path = self.dir / f"{seq:016d}.json"
-        _write_atomic(path, json.dumps(data).encode())
-        return path
-
-    def read(self, path: Path) -> tuple[list[Entry], bool]:
-        data = json.loads(path.read_bytes())
-        entries = [(labels_key(k), int(ts), str(line)) for k, ts, line in data["entries"]]
-        return entries, bool(data.get("resent"))
 
 
 class LokiShipper(Collector):
@@ -181,6 +147,8 @@ class LokiShipper(Collector):
         for i, line in enumerate(lines):
             s = stamps[i]
             t = placed.get(i, s.time if s is not None else None)
+            if s is not None and s.form == "embedded" and last is not None and t is not None:
+                t = t if t * 1e9 >= last - EMBEDDED_BEHIND_S * 1e9 else None  # a date in a path
             if t is not None and t <= read_at + FUTURE_S:
                 ts, source = int(round(t * 1e9)), "line"
                 if last is not None and last - SAME_S * 1e9 < ts <= last:
@@ -221,7 +189,7 @@ class LokiShipper(Collector):
             for path, (ident, offset) in follower.resume.items():  # not reopened yet
                 if path.exists():
                     now.setdefault(str(path), [*ident, offset, self._last_ns.get(path)])
-        _write_atomic(self.positions_path, json.dumps(now, sort_keys=True).encode())
+        write_atomic(self.positions_path, json.dumps(now, sort_keys=True).encode())
 
     # ------------------------------------------------------------------ sending
     def send_once(self) -> int:
@@ -379,24 +347,3 @@ def _chunks(entries: list[Entry], max_lines: int, max_bytes: int) -> Iterator[li
         size += n
     if chunk:
         yield chunk
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

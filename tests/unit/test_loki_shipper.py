@@ -371,3 +371,17 @@ def test_an_unreadable_spool_file_is_set_aside(loki, logs):
     s.poll_once()
     assert s.send_once() == 0 and loki.lines() == [f"{iso(NOW)} after"]
     assert s.refused == {"unreadable_spool": 1} and list(s.spool.dir.glob("*.bad"))
+
+
+def test_a_date_inside_a_line_is_its_time_only_when_plausible(loki, logs):
+    write(
+        logs / "jobs" / "slurm-19.out",
+        f"{iso(NOW - 10)} saving\n"
+        "  saved /ckpt/run-2023-01-01T00:00:00/iter_0000100\n"  # a path, not a time
+        f"slurmstepd: error: *** JOB 19 ON node1 CANCELLED AT {iso(NOW - 5)[:19]} ***\n",
+    )
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    s.send_once()
+    times = [ts for _labels, ts, _line in loki.entries()]
+    assert times == [int((NOW - 10) * 1e9), int((NOW - 10) * 1e9) + 1, int((NOW - 5) * 1e9)]
