@@ -54,6 +54,7 @@ _SYSLOG = re.compile(rf"({_MON}) {{1,2}}(\d{{1,2}}) {_HMS}{_FRAC}(?![\d:])")
 _GLOG = re.compile(rf"\[?[IWEF](\d{{3,4}}) {_HMS}{_FRAC}\b")
 _MMDD = re.compile(rf"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d{{2}})-(\d{{2}}) {_HMS}\b")
 DAY_S = 86400.0
+EMBED_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,16 @@ def line_time(text: str, ref: float, boot_time: float | None = None) -> float | 
     """`parse(...).time`, or None."""
     s = parse(text, ref, boot_time)
     return None if s is None else s.time
+
+
+def trusted(stamp: Stamp | None, previous: float | None) -> float | None:
+    """The stamp's time, except an `embedded` one an hour or more before the line before
+    (a date in a checkpoint path, not when the line was written)."""
+    if stamp is None or stamp.time is None:
+        return None
+    if stamp.form == "embedded" and previous is not None and stamp.time < previous - EMBED_S:
+        return None
+    return stamp.time
 
 
 def _iso(m: re.Match[str], form: str, utc_offset_s: float) -> Stamp | None:

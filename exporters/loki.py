@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 LABEL_NAME = re.compile(r"\A[a-zA-Z_][a-zA-Z0-9_]*\Z")
 FUTURE_S = 600.0  # a line stamped further ahead than this (a wrong zone) takes the read time
 SAME_S = 1.0  # a stamp this close before the previous line's keeps file order (+1 ns)
-EMBEDDED_BEHIND_S = 3600.0  # a time inside a line, this far before the line before, is no stamp
 RETRY = {408, 429} | set(range(500, 600))
 
 
@@ -146,9 +145,7 @@ class LokiShipper(Collector):
         last = self._last_ns.get(path)
         for i, line in enumerate(lines):
             s = stamps[i]
-            t = placed.get(i, s.time if s is not None else None)
-            if s is not None and s.form == "embedded" and last is not None and t is not None:
-                t = t if t * 1e9 >= last - EMBEDDED_BEHIND_S * 1e9 else None  # a date in a path
+            t = placed.get(i, logtime.trusted(s, None if last is None else last / 1e9))
             if t is not None and t <= read_at + FUTURE_S:
                 ts, source = int(round(t * 1e9)), "line"
                 if last is not None and last - SAME_S * 1e9 < ts <= last:

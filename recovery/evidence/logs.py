@@ -37,7 +37,12 @@ def _times(lines: list[str], ref: float, mtime: float) -> list[float | None]:
     mono = [(i, s.monotonic) for i, s in enumerate(stamps) if s and s.monotonic is not None]
     walls = logtime.BootClock().place([m for _i, m in mono], mtime)
     placed = {i: t for (i, _m), t in zip(mono, walls, strict=True)}
-    return [placed.get(i, s.time if s else None) for i, s in enumerate(stamps)]
+    out: list[float | None] = []
+    previous: float | None = None
+    for i, s in enumerate(stamps):
+        out.append(placed.get(i, logtime.trusted(s, previous)))
+        previous = out[-1] if out[-1] is not None else previous
+    return out
 
 
 def read_lines(

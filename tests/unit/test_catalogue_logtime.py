@@ -269,3 +269,12 @@ def test_every_form_reads_back_the_time_it_printed(t, ms):
     )
     assert parse(glog, t + 86400).time == pytest.approx(exact, abs=1e-6)
     assert parse(syslog, t + 86400).time == t
+
+
+def test_an_embedded_time_far_before_the_line_before_is_not_trusted():
+    path = parse("  saved /ckpt/run-2023-01-01T00:00:00/iter_0000100", REF)
+    assert path.form == "embedded"
+    assert logtime.trusted(path, previous=REF) is None
+    assert logtime.trusted(path, previous=None) == utc("2023-01-01 00:00:00")
+    own = parse("2023-01-01T00:00:00Z x", REF)  # a stamp at the start is always the line's
+    assert logtime.trusted(own, previous=REF) == utc("2023-01-01 00:00:00")

@@ -31,3 +31,11 @@ def test_dmesg_ctime_and_monotonic_lines_get_times(tmp_path):
     os.utime(mono, (T, T))  # the last line was written when the file last changed
     got = read_lines(mono, "kernel", "node2", start=T - 60, end=T + 60)
     assert [round(ln.time, 6) for ln in got] == [round(T - 0.131517, 6), T]
+
+
+def test_a_date_in_a_path_does_not_move_a_line_out_of_the_window(tmp_path):
+    log = tmp_path / "slurm-1.out"
+    start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T))
+    log.write_text(f"[{start}] saving\n  saved /ckpt/run-2023-01-01T00:00:00/iter_0000100\n")
+    got = read_lines(log, "job", start=T - 60, end=T + 60)
+    assert [ln.time for ln in got] == [T, T]
