@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "bench": "goodput.commands.bench",
     "export-recording": "goodput.commands.export",
     "slurm": "goodput.commands.slurm",
+    "nodes": "goodput.commands.nodes",
 }
 
 

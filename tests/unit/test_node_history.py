@@ -86,3 +86,26 @@ def test_five_in_a_week_and_the_metrics_are_one_series_per_node(tmp_path):
         'goodput_node_escalation{node="node4",rule="five-in-a-week",then="hold_for_person"} 1.0'
         in text
     )
+
+
+def test_the_nodes_command_shows_history_and_checks(tmp_path):
+    from typer.testing import CliRunner
+
+    from goodput.commands.nodes import app
+
+    engine = _engine(tmp_path)
+    now = time.time()
+    _diagnose(engine, now - 7200, "gpu_hardware_fault", ["node1"], gpu="5", xid=48)
+    _diagnose(engine, now - 600, "gpu_hardware_fault", ["node1"], gpu="5", xid=48)
+    with engine.begin() as conn:
+        row = dict(node="node1", drain_reason="goodput: x", level="deep", state="failed",
+                   mode="act", started_at=now - 60, exit_code=1, output="diag: FAIL",
+                   step="goodput: failed deep")  # fmt: skip
+        conn.execute(node_checks.checks.insert().values(**row))
+    db = ["--db", f"sqlite:///{tmp_path / 'r.db'}"]
+    out = CliRunner().invoke(app, ["history", *db])
+    assert out.exit_code == 0, out.output
+    assert "node1" in out.output and "same-xid-same-gpu -> deep_check" in out.output
+    assert "1.8 h" in out.output  # MTBI
+    out = CliRunner().invoke(app, ["checks", "node1", *db])
+    assert "goodput: failed deep" in out.output and "diag: FAIL" in out.output
