@@ -12,7 +12,10 @@ process died is run again after its time limit.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +194,36 @@ def rows(engine: Engine, node: str | None = None, limit: int = 100) -> list[dict
         q = q.where(checks.c.node == node)
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(q).all()]
+
+
+def start(
+    engine: Engine,
+    current: Callable[[], tuple[Policy, Scheduler]],
+    paused: Callable[[], bool],
+    history: Callable[[float], dict[str, list[node_health.NodeEvent]]],
+    interval_s: float = 10.0,
+) -> threading.Thread | None:
+    """Run `tick` every `interval_s` in a daemon thread (off when `GOODPUT_ACTIONS_THREAD=0`).
+    `current()` gives the policy and scheduler of the moment (the policy file may change),
+    `history(now)` each node's recent events; the Prolog holds go to `$GOODPUT_HOLD_DIR`."""
+    if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") in ("0", "false"):
+        return None
+    ensure(engine)
+    hold = os.environ.get("GOODPUT_HOLD_DIR")
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                policy, scheduler = current()
+                if not policy.return_to_service.enabled:
+                    continue
+                now = time.time()
+                tick(engine, scheduler, policy, paused=paused(), events=history(now),
+                     hold_dir=Path(hold) if hold else None, now=now)  # fmt: skip
+            except Exception:  # noqa: BLE001 - the loop outlives any one failure
+                log.exception("node check loop")
+
+    thread = threading.Thread(target=loop, name="goodput-node-checks", daemon=True)
+    thread.start()
+    return thread
