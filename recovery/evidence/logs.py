@@ -16,6 +16,7 @@ from pathlib import Path
 
 import requests
 
+from catalogue import promql
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report
 from recovery.settings import Settings
@@ -145,9 +146,9 @@ def loki_queries(ctx: Context) -> list[tuple[str, str, str | None]]:
     """(LogQL, kind, node): the job's stream and each node's kernel stream."""
     out: list[tuple[str, str, str | None]] = []
     if ctx.job_id:
-        out.append((f'{{job_id="{validate.job_id(ctx.job_id)}"}}', "job", None))
+        out.append((promql.selector(job_id=validate.job_id(ctx.job_id)), "job", None))
     for n in ctx.nodes:
-        out.append((f'{{node="{validate.node(n)}", source="kernel"}}', "kernel", n))
+        out.append((promql.selector(node=validate.node(n), source="kernel"), "kernel", n))
     return out
 
 
