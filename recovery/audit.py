@@ -29,6 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from recovery import store, validate
+
 metadata = MetaData()
 audit = Table(
     "goodput_audit",
@@ -137,8 +139,8 @@ def record(engine: Engine, type_: str, payload: dict[str, Any], **kw: Any) -> in
 
 def _decode(r: Any) -> dict[str, Any]:
     d = dict(r._mapping)
-    d["payload"] = json.loads(d["payload"])
-    return d
+    d["payload"] = store.loads(d["payload"])
+    return validate.scrub(d)
 
 
 def query(

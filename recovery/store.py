@@ -28,6 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 
+from recovery import validate
+
 metadata = MetaData()
 
 # Every accepted webhook body, verbatim (the durable record before the 200).
@@ -144,8 +146,11 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | None) -> Any:
-    """A stored JSON body; None when empty or unreadable (a bad row never breaks a page or API)."""
+    """A stored JSON body; None when empty or unreadable (a bad row never breaks a page or API).
+
+    Lone surrogates (stored before the edge refused them) come back as U+FFFD.
+    """
     try:
-        return json.loads(text) if text else None
+        return validate.scrub(json.loads(text)) if text else None
     except (ValueError, RecursionError):
         return None
