@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recovery import incidents, validate
+from recovery import incidents, retention, validate
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
 from recovery.store import make_engine
@@ -224,7 +224,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker = None
+        worker = pruner = None
         if start_worker:
             from recovery.worker import DiagnosisWorker
 
@@ -232,11 +232,14 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
             worker.start()
             app.state.worker = worker
             _start_actions(engine, settings, registry)
+            pruner = retention.Pruner(engine, settings).start()
         try:
             yield
         finally:
             if worker is not None:
                 worker.stop()
+            if pruner is not None:
+                pruner.stop()
 
     app = FastAPI(
         title="Goodput recovery receiver",

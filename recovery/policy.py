@@ -73,6 +73,12 @@ class BlastRadius(_Frozen):
     min_healthy_nodes: int = Field(default=1, ge=0, le=100000)
 
 
+class Retention(_Frozen):
+    payload_days: float = Field(default=30.0, gt=0, le=3650)
+    audit_days: float = Field(default=365.0, gt=0, le=36500)
+    prune_every_s: float = Field(default=3600.0, ge=10, le=86400)
+
+
 class DirectiveBounds(_Frozen):
     enabled: bool = True
     allow_mode_widening: bool = False
@@ -131,6 +137,7 @@ class Policy(_Frozen):
     retry: Retry = Retry()
     blast_radius: BlastRadius = BlastRadius()
     directives: DirectiveBounds = DirectiveBounds()
+    retention: Retention = Retention()
     job_mode: Mode | None = None
 
     @field_validator("actions")
