@@ -341,9 +341,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
         )
 
     @app.get("/api/v1/incidents/{incident_id}", dependencies=[Depends(auth)], tags=["incidents"])
-    def get_incident(
-        incident_id: Annotated[int, Path(ge=0, le=validate.DB_INT_MAX)],
-    ) -> dict[str, Any]:
+    def get_incident(incident_id: DbId) -> dict[str, Any]:
         """One incident with its alerts and its latest diagnosis."""
         found = incidents.get_incident(engine, incident_id)
         if found is None:
