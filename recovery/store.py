@@ -169,7 +169,9 @@ def add_missing_columns(engine: Engine, meta: MetaData) -> None:
             for col in table.columns:
                 if col.name not in have and col.nullable:
                     kind = col.type.compile(dialect=engine.dialect)
-                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'))
+                    ine = "IF NOT EXISTS " if engine.dialect.name == "postgresql" else ""
+                    add = f'ALTER TABLE {table.name} ADD COLUMN {ine}"{col.name}" {kind}'
+                    conn.execute(text(add))  # IF NOT EXISTS: replicas may start together
             for index in table.indexes:
                 conn.execute(CreateIndex(index, if_not_exists=True))
 
