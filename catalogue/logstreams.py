@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from catalogue import names
+from catalogue import names, promql
 
 SOURCE = "source"  # label name: which kind of log
 JOB = "job"  # source value: Slurm job output, slurm-<job_id>.out
@@ -46,14 +46,12 @@ def stream_labels(kind: str, key: str, rank: str | None = None) -> dict[str, str
 
 def job_selector(job_id: str) -> str:
     """LogQL stream selector for a job's output (all ranks)."""
-    labels = stream_labels(JOB, job_id)
-    return f'{{{SOURCE}="{JOB}", {JOB_ID}="{labels[JOB_ID]}"}}'
+    return promql.selector(**stream_labels(JOB, job_id))
 
 
 def kernel_selector(node: str) -> str:
     """LogQL stream selector for a node's kernel log."""
-    labels = stream_labels(KERNEL, node)
-    return f'{{{SOURCE}="{KERNEL}", {NODE}="{labels[NODE]}"}}'
+    return promql.selector(**stream_labels(KERNEL, node))
 
 
 def parse_streams(payload: object) -> list[tuple[dict[str, str], int, str]]:

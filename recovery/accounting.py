@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, select, update
 
+from catalogue import promql
 from recovery.scheduler.base import JOB_RE
 
 metadata = MetaData()
@@ -38,6 +39,9 @@ def ensure(engine: Engine) -> None:
     metadata.create_all(engine)
 
 
+CHECKPOINT = "goodput_job_last_checkpoint_timestamp_seconds"
+
+
 def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
     if not prom_url or not job_id or not JOB_RE.match(job_id):
         return None
@@ -45,9 +49,7 @@ def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
         r = requests.get(
             f"{prom_url.rstrip('/')}/api/v1/query",
             timeout=3,
-            params={
-                "query": f'max(goodput_job_last_checkpoint_timestamp_seconds{{job_id="{job_id}"}})'
-            },
+            params={"query": "max(" + promql.selector(CHECKPOINT, job_id=job_id) + ")"},
         )
         result = r.json()["data"]["result"]
         return float(result[0]["value"][1]) if result else None

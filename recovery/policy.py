@@ -74,6 +74,12 @@ class BlastRadius(_Frozen):
     min_healthy_nodes: int = Field(default=1, ge=0, le=100000)
 
 
+class Retention(_Frozen):
+    payload_days: float = Field(default=30.0, gt=0, le=3650)
+    audit_days: float = Field(default=365.0, gt=0, le=36500)
+    prune_every_s: float = Field(default=3600.0, ge=10, le=86400)
+
+
 class DirectiveBounds(_Frozen):
     enabled: bool = True
     allow_mode_widening: bool = False
@@ -133,6 +139,7 @@ class Policy(_Frozen):
     blast_radius: BlastRadius = BlastRadius()
     directives: DirectiveBounds = DirectiveBounds()
     return_to_service: ReturnToService = ReturnToService()
+    retention: Retention = Retention()
     job_mode: Mode | None = None
 
     @field_validator("actions")
