@@ -22,7 +22,7 @@ from recovery.evidence import Bundle, Report, SlurmFacts
 from tests.unit.test_attribution_rules import _ctx, _line
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
-# What passes today (0.605 and 0.624 on 319 lines, 2026-12-01); the `attrib` work raises these
+# What passes today (0.607 and 0.625 on 331 lines, 2026-12-01); the `attrib` work raises these
 # to the issue's target of 0.98 (issue 16).
 MIN_OUTCOME_ACCURACY = 0.60
 MIN_ROLE_ACCURACY = 0.62
