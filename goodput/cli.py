@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "attribute": "goodput.commands.attribute",
     "bench": "goodput.commands.bench",
     "export-recording": "goodput.commands.export",
+    "slurm": "goodput.commands.slurm",
+    "nodes": "goodput.commands.nodes",
 }
 
 

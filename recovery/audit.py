@@ -67,6 +67,11 @@ TYPES = (
     "resumed",
     "notified",
     "recovered",
+    "check_planned",
+    "check_started",
+    "check_passed",
+    "check_failed",
+    "check_rma",
 )
 
 

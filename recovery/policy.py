@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from recovery.diagnosis import OUTCOMES  # one list of outcomes: the diagnosis schema
+from recovery.node_health import ReturnToService
 
 ACTIONS = (
     "drain",
@@ -131,6 +132,7 @@ class Policy(_Frozen):
     retry: Retry = Retry()
     blast_radius: BlastRadius = BlastRadius()
     directives: DirectiveBounds = DirectiveBounds()
+    return_to_service: ReturnToService = ReturnToService()
     job_mode: Mode | None = None
 
     @field_validator("actions")
