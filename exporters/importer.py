@@ -210,7 +210,7 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
         if not isinstance(jobs, list) or not jobs:
             raise ImportFailure(f"{where}: want sacct --json or squeue --json (a 'jobs' list)")
         return _json_job(jobs[0], where)
-    if "|" in body and "=" not in body:
+    if all(line.count("|") == 6 for line in body.splitlines()):
         jobs = slurm_exporter.parse_sacct(body)
         if not jobs:
             raise ImportFailure(
