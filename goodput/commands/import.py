@@ -8,6 +8,7 @@ log parser and kernel/Slurm files by `exporters.importer`, the directory by
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from pathlib import Path
@@ -24,7 +25,9 @@ def command(
         ..., "--metrics", help="GPU samples: CSV/Parquet (wide or long) or Prometheus JSON."
     ),
     out: Path = typer.Option(..., "--out", help="Recording directory to write (new or empty)."),
-    job_log: Path = typer.Option(None, "--job-log", help="The job's output (timestamped lines)."),
+    job_log: Path = typer.Option(
+        None, "--job-log", help="The job's output, timestamped lines (.gz read as gzip)."
+    ),
     kernel_log: list[str] = typer.Option(
         [], "--kernel-log", help="[NODE=]FILE: dmesg, dmesg -T or journalctl; repeatable."
     ),
@@ -88,7 +91,7 @@ def command(
         job_rows: list[dict[str, Any]] = []
         extra = [g.jobs for g in read if g.jobs is not None]
         if job_log is not None:
-            lines = job_log.read_text(errors="replace").splitlines()
+            lines = _lines(job_log)
             job_rows, stats = importer.job_metrics(lines, job_id, times, str(job_log))
             logs[f"jobs/slurm-{job_id}.out"] = lines
             report["files"][str(job_log)] = [
@@ -100,7 +103,7 @@ def command(
         for spec in kernel_log:
             k_node, path = _kernel_spec(spec, nodes, importer)
             klines, kinds = importer.kernel_lines(
-                path.read_text(errors="replace").splitlines(), str(path), year, boot
+                _lines(path), str(path), year, boot
             )
             logs[f"kernel/{k_node}.log"] = klines
             report["files"][str(path)] = [f"kernel log of {k_node}: {len(klines)} lines {kinds}"]
@@ -149,6 +152,14 @@ def command(
         f"{meta['gpus_per_node']} GPU(s) per node, every {meta['interval_s']} s"
         + (f", Slurm {j['state']} exit {j.get('exit_code')}" if "state" in j else "")
     )
+
+
+def _lines(path: Path) -> list[str]:
+    """A log's lines (gzipped when its name ends in .gz)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", errors="replace") as fh:
+            return fh.read().splitlines()
+    return path.read_text(errors="replace").splitlines()
 
 
 def _fields(job: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ def _import(*args: str):
 
 def test_the_real_h200_cut_becomes_a_recording(tmp_path):
     out = tmp_path / "rec"
-    r = _import("--metrics", str(DATA / "metrics.csv"), "--job-log", str(DATA / "app.log"),
+    r = _import("--metrics", str(DATA / "metrics.csv"), "--job-log", str(DATA / "app.log.gz"),
                 "--slurm", str(DATA / "slurm.txt"), "--node", "h200a", "--out", str(out))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "column 'ts' read as timestamp" in r.output
@@ -49,7 +49,7 @@ def test_the_real_h200_cut_becomes_a_recording(tmp_path):
     assert jobs.goodput_job_iteration.max() >= 1000
     assert jobs.goodput_job_iteration.iloc[-1] < 700
     assert jobs.goodput_job_last_checkpoint_timestamp_seconds.notna().any()
-    assert (out / "logs" / "jobs" / "slurm-4242.out").read_text().count("\n") == 203
+    assert (out / "logs" / "jobs" / "slurm-4242.out").read_text().count("\n") == 1857
 
 
 def test_errors_name_the_file_the_column_and_what_is_accepted(tmp_path):
