@@ -32,8 +32,12 @@ class Peak:
     gpu: int | None = None
 
     def doc(self) -> dict[str, Any]:
-        return {"score": round(self.score, 4), "time": self.time, "node": self.node,
-                "gpu": self.gpu}  # fmt: skip
+        return {
+            "score": round(self.score, 4),
+            "time": self.time,
+            "node": self.node,
+            "gpu": self.gpu,
+        }
 
 
 @dataclass
@@ -75,8 +79,14 @@ class Coverage:
                 best = block.argmax(axis=0)
                 for d, name in enumerate(res.detectors):
                     i = rows[best[d]]
-                    _raise(seen.peaks, name, float(block[best[d], d]), now, sub.node[i],
-                           int(sub.gpu[i]))  # fmt: skip
+                    _raise(
+                        seen.peaks,
+                        name,
+                        float(block[best[d], d]),
+                        now,
+                        sub.node[i],
+                        int(sub.gpu[i]),
+                    )
         for r in res.missing.itertuples() if len(res.missing) else ():
             if r.job_id in self.jobs:
                 _raise(self.jobs[r.job_id].peaks, "missing", 2.0, now, r.node, int(r.gpu))
@@ -115,8 +125,7 @@ class Coverage:
             if name == "shift" and len(seen.nodes) < 2:
                 reason = f"{len(seen.nodes)} node: shift compares the job's nodes (needs 2)"
             if name == "peer" and seen.most_gpus < min_peers:
-                reason = (f"{seen.most_gpus} GPU(s) at a time: peer comparison needs "
-                          f"{min_peers}")  # fmt: skip
+                reason = f"{seen.most_gpus} GPU(s) at a time: peer comparison needs {min_peers}"
             if name == "progress" and not seen.progress:
                 reason = "no progress input (no job metrics and no job log)"
             if name == "hardware" and not seen.hardware:

@@ -222,8 +222,10 @@ def write_recording(
     if jobs is not None and len(jobs):
         j = pd.DataFrame(jobs).reindex(columns=["timestamp", "job_id", *JOB_METRICS])
         j["timestamp"] = j["timestamp"].map(lambda t: f"{float(t):.3f}")
-        for c in ("goodput_job_last_progress_timestamp_seconds",
-                  "goodput_job_last_checkpoint_timestamp_seconds"):  # fmt: skip
+        for c in (
+            "goodput_job_last_progress_timestamp_seconds",
+            "goodput_job_last_checkpoint_timestamp_seconds",
+        ):
             j[c] = j[c].map(lambda t: "" if pd.isna(t) else f"{float(t):.3f}")
         j.to_csv(out / "job_metrics.csv.gz", index=False, float_format="%.10g", na_rep="")
     for rel, lines in (logs or {}).items():

@@ -92,16 +92,20 @@ def _derived(p: Path, gpu: pd.DataFrame, derive: Derive | None, notes: list[str]
     for job in jobs:
         log = p / "logs" / "jobs" / f"slurm-{job}.out"
         if not log.is_file():
-            notes.append(f"job {job}: no job_metrics.csv.gz and no logs/jobs/{log.name}: "
-                         "the progress detector has no input")  # fmt: skip
+            notes.append(
+                f"job {job}: no job_metrics.csv.gz and no logs/jobs/{log.name}: "
+                "the progress detector has no input"
+            )
         elif derive is None:
             notes.append(f"job {job}: no job_metrics.csv.gz; logs/jobs/{log.name} not parsed")
         else:
             times = sorted(set(gpu.loc[gpu.job_id == job, "timestamp"].astype(float)))
             got = derive(log, job, times)
             rows += got
-            notes.append(f"job {job}: no job_metrics.csv.gz: job metrics derived from "
-                         f"logs/jobs/{log.name} ({len(got)} samples)")  # fmt: skip
+            notes.append(
+                f"job {job}: no job_metrics.csv.gz: job metrics derived from "
+                f"logs/jobs/{log.name} ({len(got)} samples)"
+            )
     return join_progress(gpu, pd.DataFrame(rows)) if rows else gpu
 
 

@@ -102,9 +102,7 @@ def command(
         year = time.gmtime(times[-1] if times else time.time()).tm_year
         for spec in kernel_log:
             k_node, path = _kernel_spec(spec, nodes, importer)
-            klines, kinds = importer.kernel_lines(
-                _lines(path), str(path), year, boot
-            )
+            klines, kinds = importer.kernel_lines(_lines(path), str(path), year, boot)
             logs[f"kernel/{k_node}.log"] = klines
             report["files"][str(path)] = [f"kernel log of {k_node}: {len(klines)} lines {kinds}"]
     except (samples.SampleError, importer.ImportFailure, OSError) as exc:

@@ -148,8 +148,11 @@ def collect(directory: Path, ctx: Context) -> Bundle:
         got = _series(path, ctx.job_id, set(ctx.nodes) if group[0].startswith("gpu") else set())
         series += got
         names = {x.name for x in got if x.name != "node_presence"}
-        held.append(f"{path.name}: {len(names)} metric(s) of job {ctx.job_id}" if names
-                    else f"{path.name}: no rows of job {ctx.job_id}")  # fmt: skip
+        held.append(
+            f"{path.name}: {len(names)} metric(s) of job {ctx.job_id}"
+            if names
+            else f"{path.name}: no rows of job {ctx.job_id}"
+        )
     bundle.series = series
     bundle.reports.append(Report("prometheus", "ok" if series else "empty", "; ".join(held)))
     logs = directory / "logs"

@@ -23,9 +23,17 @@ def _attr(*args):
 
 def _two_jobs(path: Path, truth: bool = True) -> Path:
     path.mkdir()
-    meta = {"format": "goodput-recording/1", "start": 0, "end": 100, "nodes": ["n1", "n2"],
-            "gpus_per_node": 4, "jobs": [{"job_id": "11", "name": "a", "nodes": ["n1"]},
-                                         {"job_id": "12", "name": "b", "nodes": ["n2"]}]}  # fmt: skip
+    meta = {
+        "format": "goodput-recording/1",
+        "start": 0,
+        "end": 100,
+        "nodes": ["n1", "n2"],
+        "gpus_per_node": 4,
+        "jobs": [
+            {"job_id": "11", "name": "a", "nodes": ["n1"]},
+            {"job_id": "12", "name": "b", "nodes": ["n2"]},
+        ],
+    }
     (path / "meta.json").write_text(json.dumps(meta))
     if truth:
         (path / "truth.json").write_text(json.dumps({"faults": [{"job_id": "12"}]}))
@@ -53,17 +61,32 @@ def test_the_job_given_is_used_and_said(tmp_path):
 
 def test_one_job_is_picked_and_said(tmp_path):
     out = tmp_path / "rec"
-    r = runner.invoke(app, ["import", "--metrics", str(DATA / "metrics.csv"), "--job-log",
-                            str(DATA / "app.log.gz"), "--slurm", str(DATA / "slurm.txt"), "--node",
-                            "h200a", "--out", str(out)])  # fmt: skip
+    r = runner.invoke(
+        app,
+        [
+            "import",
+            "--metrics",
+            str(DATA / "metrics.csv"),
+            "--job-log",
+            str(DATA / "app.log.gz"),
+            "--slurm",
+            str(DATA / "slurm.txt"),
+            "--node",
+            "h200a",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     r = _attr("--recording", out)
     assert r.exit_code == 0, r.output
     assert "job: 4242 (the only job in rec)" in r.stderr
     assert "GPUs per node: 1 (meta.json)" in r.stderr
     assert "slurm: ok: meta.json: job 4242 COMPLETED, exit code 0" in r.stderr
-    assert "prometheus: ok: gpu_metrics.csv.gz: 13 metric(s) of job 4242; job_metrics.csv.gz: 8" in (
-        r.stderr)  # fmt: skip
+    assert (
+        "prometheus: ok: gpu_metrics.csv.gz: 13 metric(s) of job 4242; job_metrics.csv.gz: 8"
+        in (r.stderr)
+    )
     doc = json.loads(r.stdout)
     assert doc["outcome"] == "healthy"
 

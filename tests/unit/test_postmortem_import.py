@@ -28,8 +28,18 @@ def _import(*args: str):
 
 def test_the_real_h200_cut_becomes_a_recording(tmp_path):
     out = tmp_path / "rec"
-    r = _import("--metrics", str(DATA / "metrics.csv"), "--job-log", str(DATA / "app.log.gz"),
-                "--slurm", str(DATA / "slurm.txt"), "--node", "h200a", "--out", str(out))  # fmt: skip
+    r = _import(
+        "--metrics",
+        str(DATA / "metrics.csv"),
+        "--job-log",
+        str(DATA / "app.log.gz"),
+        "--slurm",
+        str(DATA / "slurm.txt"),
+        "--node",
+        "h200a",
+        "--out",
+        str(out),
+    )
     assert r.exit_code == 0, r.output
     assert "column 'ts' read as timestamp" in r.output
     assert "column 'gpm_sm_active' read as DCGM_FI_PROF_SM_ACTIVE x 0.01" in r.output
@@ -38,7 +48,11 @@ def test_the_real_h200_cut_becomes_a_recording(tmp_path):
     assert meta["gpus_per_node"] == 1 and meta["interval_s"] == 0.25
     job = meta["jobs"][0]
     assert (job["job_id"], job["state"], job["exit_code"], job["restarts"]) == (
-        "4242", "COMPLETED", 0, 1)  # fmt: skip
+        "4242",
+        "COMPLETED",
+        0,
+        1,
+    )
     gpu = pd.read_csv(out / "gpu_metrics.csv.gz", dtype={"job_id": str})
     assert len(gpu) == 822 and set(gpu.node) == {"h200a"} and set(gpu.gpu) == {0}
     # the idle GPU before the job started is not the job's
@@ -68,8 +82,9 @@ def test_errors_name_the_file_the_column_and_what_is_accepted(tmp_path):
     bad.write_text("ts,host,gpu,temp\n1,n1,0,40\n")
     r = _import("--metrics", str(bad), "--job-id", "1", "--out", str(tmp_path / "o"))
     assert r.exit_code == 2 and "no metric column" in r.output
-    r = _import("--metrics", str(DATA / "metrics.csv"), "--node", "h200a", "--out",
-                str(tmp_path / "o"))  # fmt: skip
+    r = _import(
+        "--metrics", str(DATA / "metrics.csv"), "--node", "h200a", "--out", str(tmp_path / "o")
+    )
     assert r.exit_code == 2 and "no job id: pass --job-id or --slurm" in r.output
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
@@ -81,10 +96,24 @@ def test_long_table_with_uuids_and_units(tmp_path):
     rows = []
     for t in (1700000000000, 1700000005000):  # milliseconds
         for uuid, util in (("GPU-b", 50), ("GPU-a", 99)):
-            rows.append({"time": t, "Hostname": "gn1", "UUID": uuid, "metric": "utilization.gpu",
-                         "value": f"{util} %"})  # fmt: skip
-            rows.append({"time": t, "Hostname": "gn1", "UUID": uuid, "metric": "power.draw",
-                         "value": "690.5 W"})  # fmt: skip
+            rows.append(
+                {
+                    "time": t,
+                    "Hostname": "gn1",
+                    "UUID": uuid,
+                    "metric": "utilization.gpu",
+                    "value": f"{util} %",
+                }
+            )
+            rows.append(
+                {
+                    "time": t,
+                    "Hostname": "gn1",
+                    "UUID": uuid,
+                    "metric": "power.draw",
+                    "value": "690.5 W",
+                }
+            )
     got = samples.normalise(pd.DataFrame(rows), "long.csv", job_id="9")
     df = got.gpu
     assert list(df.timestamp.unique()) == [1700000000.0, 1700000005.0]
@@ -113,11 +142,22 @@ def test_prometheus_json_with_job_series(tmp_path):
     def series(name, labels, vals):
         return {"metric": {"__name__": name, **labels}, "values": vals}
 
-    doc = {"status": "success", "data": {"resultType": "matrix", "result": [
-        series("DCGM_FI_DEV_GPU_UTIL", {"hostname": "n1", "gpu": "0", "hpc_job": "5"},
-               [[10, "99"], [15, "98"]]),
-        series("goodput_job_iteration_seconds", {"job_id": "5"}, [[10, "0.5"], [15, "0.6"]]),
-    ]}}  # fmt: skip
+    doc = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [
+                series(
+                    "DCGM_FI_DEV_GPU_UTIL",
+                    {"hostname": "n1", "gpu": "0", "hpc_job": "5"},
+                    [[10, "99"], [15, "98"]],
+                ),
+                series(
+                    "goodput_job_iteration_seconds", {"job_id": "5"}, [[10, "0.5"], [15, "0.6"]]
+                ),
+            ],
+        },
+    }
     p = tmp_path / "q.json"
     p.write_text(json.dumps(doc))
     got = samples.read(p)
@@ -149,8 +189,18 @@ def test_kernel_log_import_is_read_by_attribution(tmp_path):
     k = tmp_path / "h200a.log"
     k.write_text(f"[Sun Nov 29 19:03:00 2026] {XID}\n")
     out = tmp_path / "rec"
-    r = _import("--metrics", str(DATA / "metrics.csv"), "--slurm", str(DATA / "slurm.txt"),
-                "--node", "h200a", "--kernel-log", str(k), "--out", str(out))  # fmt: skip
+    r = _import(
+        "--metrics",
+        str(DATA / "metrics.csv"),
+        "--slurm",
+        str(DATA / "slurm.txt"),
+        "--node",
+        "h200a",
+        "--kernel-log",
+        str(k),
+        "--out",
+        str(out),
+    )
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["attribute", "--recording", str(out)])
     assert r.exit_code == 0, r.output
@@ -161,18 +211,37 @@ def test_kernel_log_import_is_read_by_attribution(tmp_path):
 
 
 def test_slurm_state_formats():
-    sacct = {"jobs": [{"job_id": 77, "name": "gpt", "state": {"current": ["NODE_FAIL"]},
-                       "exit_code": {"status": ["FAILED"], "return_code": {"number": 1}},
-                       "nodes": "gn[1-2]", "time": {"start": 100, "end": 200}}]}  # fmt: skip
+    sacct = {
+        "jobs": [
+            {
+                "job_id": 77,
+                "name": "gpt",
+                "state": {"current": ["NODE_FAIL"]},
+                "exit_code": {"status": ["FAILED"], "return_code": {"number": 1}},
+                "nodes": "gn[1-2]",
+                "time": {"start": 100, "end": 200},
+            }
+        ]
+    }
     got = importer.slurm_state(json.dumps(sacct), "sacct.json")
-    assert got == {"job_id": "77", "name": "gpt", "state": "NODE_FAIL", "exit_code": 1,
-                   "nodes": ["gn1", "gn2"], "start": 100.0, "end": 200.0}  # fmt: skip
+    assert got == {
+        "job_id": "77",
+        "name": "gpt",
+        "state": "NODE_FAIL",
+        "exit_code": 1,
+        "nodes": ["gn1", "gn2"],
+        "start": 100.0,
+        "end": 200.0,
+    }
     squeue = {"jobs": [{"job_id": 8, "name": "a", "job_state": "RUNNING", "nodes": "gn3"}]}
     assert importer.slurm_state(json.dumps(squeue), "q.json")["state"] == "RUNNING"
     piped = "9|train|gpu|FAILED|1:0|gn[4-5]|gres/gpu=16"
     assert importer.slurm_state(piped, "sacct.txt")["nodes"] == ["gn4", "gn5"]
     assert importer.slurm_state("job_id=3\nstate=failed\nexit_code=0:9\n", "s") == {
-        "job_id": "3", "state": "FAILED", "exit_code": 137}  # fmt: skip
+        "job_id": "3",
+        "state": "FAILED",
+        "exit_code": 137,
+    }
     with pytest.raises(importer.ImportFailure, match="s.txt: no job state; accepted"):
         importer.slurm_state("hello", "s.txt")
 
@@ -193,8 +262,16 @@ def test_the_alias_table_refuses_a_name_listed_twice(tmp_path):
 
 def test_written_recording_keeps_millisecond_timestamps(tmp_path):
     out = tmp_path / "rec"
-    r = _import("--metrics", str(DATA / "metrics.csv"), "--job-id", "5", "--node", "h200a",
-                "--out", str(out))  # fmt: skip
+    r = _import(
+        "--metrics",
+        str(DATA / "metrics.csv"),
+        "--job-id",
+        "5",
+        "--node",
+        "h200a",
+        "--out",
+        str(out),
+    )
     assert r.exit_code == 0, r.output
     with gzip.open(out / "gpu_metrics.csv.gz", "rt") as fh:
         fh.readline()

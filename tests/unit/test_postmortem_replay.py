@@ -28,9 +28,14 @@ def _table(frame, names=("timestamp", "node", "gpu", "job_id")):
 
 def _recording(path, nodes=1, gpus=2, steps=40, log=None, name="train"):
     f = healthy_frame(jobs=1, nodes=nodes, gpus=gpus, steps=steps, start=T0)
-    meta = {"start": T0, "end": float(f.time.max()), "interval_s": 5.0,
-            "nodes": sorted(set(f.node)), "gpus_per_node": gpus,
-            "jobs": [{"job_id": "100", "name": name, "nodes": sorted(set(f.node))}]}  # fmt: skip
+    meta = {
+        "start": T0,
+        "end": float(f.time.max()),
+        "interval_s": 5.0,
+        "nodes": sorted(set(f.node)),
+        "gpus_per_node": gpus,
+        "jobs": [{"job_id": "100", "name": name, "nodes": sorted(set(f.node))}],
+    }
     logs = {"jobs/slurm-100.out": log} if log else None
     write_recording(path, _table(f), None, meta, logs)
     return path
@@ -68,8 +73,10 @@ def test_a_blind_run_says_why(tmp_path):
     job = _summary(tmp_path, rec)["jobs"]["100"]
     d = job["detectors"]
     assert job["baseline"]["fitted_at"] is None
-    assert "no baseline: the job was seen for 195 s and the first fit needs 300 s" in (
-        job["baseline"]["status"])  # fmt: skip
+    assert (
+        "no baseline: the job was seen for 195 s and the first fit needs 300 s"
+        in (job["baseline"]["status"])
+    )
     assert not d["deviation"]["ran"] and d["deviation"]["why_not"] == "no baseline yet"
     assert d["peer"]["why_not"] == "2 GPU(s) at a time: peer comparison needs 3"
     assert d["shift"]["why_not"] == "1 node: shift compares the job's nodes (needs 2)"
@@ -91,16 +98,19 @@ def _log(steps: int) -> list[str]:
     out = []
     for i in range(steps):
         t = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0 + 5 * i))
-        out.append(f"[{t}.000]  iteration {i + 1:8d}/ 1000 | consumed samples: {(i + 1) * 8} | "
-                   "elapsed time per iteration (ms): 500.0 | lm loss: 1.0E+00 |")  # fmt: skip
+        out.append(
+            f"[{t}.000]  iteration {i + 1:8d}/ 1000 | consumed samples: {(i + 1) * 8} | "
+            "elapsed time per iteration (ms): 500.0 | lm loss: 1.0E+00 |"
+        )
     return out
 
 
 def test_job_metrics_are_derived_from_the_recordings_logs(tmp_path):
     rec = _recording(tmp_path / "rec", steps=20, log=_log(20))
     s = _summary(tmp_path, rec)
-    assert any("job metrics derived from logs/jobs/slurm-100.out (20 samples)" in n
-               for n in s["inputs"])  # fmt: skip
+    assert any(
+        "job metrics derived from logs/jobs/slurm-100.out (20 samples)" in n for n in s["inputs"]
+    )
     assert s["jobs"]["100"]["detectors"]["progress"]["ran"]
     bare = _recording(tmp_path / "bare", steps=20)
     s = _summary(tmp_path, bare)
