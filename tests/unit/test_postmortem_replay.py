@@ -11,7 +11,6 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from detector import fields as F
-from detector.export import write_recording
 from detector.synthetic import healthy_frame
 from goodput.cli import app
 
@@ -36,8 +35,12 @@ def _recording(path, nodes=1, gpus=2, steps=40, log=None, name="train"):
         "gpus_per_node": gpus,
         "jobs": [{"job_id": "100", "name": name, "nodes": sorted(set(f.node))}],
     }
-    logs = {"jobs/slurm-100.out": log} if log else None
-    write_recording(path, _table(f), None, meta, logs)
+    path.mkdir()
+    _table(f).to_csv(path / "gpu_metrics.csv.gz", index=False)
+    (path / "meta.json").write_text(json.dumps({"format": "goodput-recording/1", **meta}))
+    if log:
+        (path / "logs" / "jobs").mkdir(parents=True)
+        (path / "logs" / "jobs" / "slurm-100.out").write_text("\n".join(log) + "\n")
     return path
 
 
