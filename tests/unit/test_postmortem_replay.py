@@ -4,6 +4,7 @@ job_metrics.csv.gz is missing; --state-dir, --explain, --json; every option vali
 
 from __future__ import annotations
 
+import io
 import json
 import time
 
@@ -11,6 +12,7 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from detector import fields as F
+from detector.replay import replay
 from detector.synthetic import healthy_frame
 from goodput.cli import app
 
@@ -57,7 +59,7 @@ def _summary(tmp_path, *args):
 def test_plain_csv_with_common_column_names(tmp_path):
     f = healthy_frame(jobs=1, nodes=1, gpus=4, steps=6, start=T0)
     _table(f, ("ts", "host", "index", "hpc_job")).to_csv(tmp_path / "s.csv", index=False)
-    s = _summary(tmp_path, tmp_path / "s.csv")
+    s = replay(tmp_path / "s.csv", io.StringIO())
     assert s["rows"] == 24 and "column 'ts' read as timestamp" in s["inputs"]
     assert "no job metrics in the file: the progress detector has no input" in s["inputs"]
 
