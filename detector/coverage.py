@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from detector import fields as F
-from detector.detectors import PeerComparison
+from detector.detectors import PeerComparison, Progress
 from detector.frame import Frame
 from detector.pipeline import Engine, Result
 
@@ -111,9 +111,9 @@ class Coverage:
             base = f"fitted {fitted - seen.first:.0f} s after the job was first seen"
         else:
             base = (
-                f"no baseline: the job was seen for {span:.0f} s and the first fit needs "
-                f"{cfg.fit_after_s:g} s (the first {cfg.warmup_s:g} s are warm-up, never "
-                "learned); --state-dir starts from a saved one"
+                f"none: the job was seen for {span:.0f} s, the first fit needs "
+                f"{cfg.fit_after_s:g} s (the first {cfg.warmup_s:g} s are warm-up); "
+                "--state-dir starts from a saved one"
             )
         peers = engine.det.get("peer")
         min_peers = peers.min_peers if isinstance(peers, PeerComparison) else 3
@@ -132,8 +132,12 @@ class Coverage:
                 reason = "no XID or error-counter field in the input"
             why[name] = reason
         note = None
-        if "progress" in why and why["progress"] is None and fitted is None:
-            note = "progress ran with the unfitted stall allowance until a baseline exists"
+        prog = engine.det.get("progress")
+        if why.get("progress") is None and fitted is None and isinstance(prog, Progress):
+            note = (
+                f"progress: no baseline either, so only a stall of {prog.unfitted_stall_s:g} s "
+                "without progress would alarm (no slowdown score)"
+            )
         dets = {
             name: {
                 "ran": why[name] is None,

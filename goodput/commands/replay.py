@@ -77,12 +77,12 @@ def show(summary: dict[str, Any], explain: str | None = None) -> None:
     """The summary as text: inputs, then per job a table of detectors."""
     con = Console(width=110, highlight=False, soft_wrap=False)
     for note in summary["inputs"]:
-        con.print(f"read: {note}")
+        typer.echo(f"read: {note}")
     for err in summary["baseline_errors"]:
-        con.print(f"baseline ignored: {err}")
+        typer.echo(f"baseline ignored: {err}")
     floor = summary["min_score"]
     level = "each score's alert level" if floor is None else f"score >= {floor:g}"
-    con.print(
+    typer.echo(
         f"{summary['rows']} rows, {summary['instants']} instants every "
         f"{summary['interval_s']:g} s; {summary['detections']} detections ({level}) "
         f"-> {summary['out']}"
@@ -91,14 +91,14 @@ def show(summary: dict[str, Any], explain: str | None = None) -> None:
         if explain is not None and job != explain:
             continue
         span = doc["last_seen"] - doc["first_seen"]
-        con.print(
+        typer.echo(
             f"\njob {job} ({doc['name']}): {len(doc['nodes'])} node(s), {doc['gpus']} GPU(s), "
             f"seen {span:.0f} s from {_t(doc['first_seen'])}; peak {doc['peak']['score']:.2f}"
             + (f" at {_t(doc['peak']['time'])}" if doc["peak"]["time"] else "")
         )
-        con.print(f"baseline: {doc['baseline']['status']}")
+        typer.echo(f"baseline: {doc['baseline']['status']}")
         if doc["progress_note"]:
-            con.print(doc["progress_note"])
+            typer.echo(doc["progress_note"])
         table = Table("detector", "ran", "why not", "peak", "at", "where", box=None)
         for name, d in doc["detectors"].items():
             p = d["peak"]
@@ -114,7 +114,7 @@ def show(summary: dict[str, Any], explain: str | None = None) -> None:
         con.print(table)
         if explain is not None:
             for det in doc["top_detections"]:
-                con.print(
+                typer.echo(
                     f"  {_t(det['time'])} {det['detector']} {det['score']:.2f} "
                     f"{det['node'] or ''} {det['reason']}"
                 )
