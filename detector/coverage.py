@@ -92,9 +92,9 @@ class Coverage:
                 _raise(self.jobs[r.job_id].peaks, "missing", 2.0, now, r.node, int(r.gpu))
         comb = res.jobs[res.jobs.detector == "combined"]
         for job, score in zip(comb.job_id, comb.score, strict=True):
-            seen = self.jobs.get(job)
-            if seen is not None and score > seen.combined.score:
-                seen.combined = Peak(float(score), now)
+            got = self.jobs.get(job)
+            if got is not None and score > got.combined.score:
+                got.combined = Peak(float(score), now)
 
     def report(self, engine: Engine) -> dict[str, dict[str, Any]]:
         return {job: self._job(job, seen, engine) for job, seen in sorted(self.jobs.items())}

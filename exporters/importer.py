@@ -105,8 +105,8 @@ def job_metrics(
     rows: list[dict[str, Any]] = []
     i = 0
     for t in grid:
-        while i < len(items) and (items[i][0] is None or items[i][0] <= t):
-            lt, text = items[i]
+        while i < len(items) and ((lt := items[i][0]) is None or lt <= t):
+            text = items[i][1]
             if lt is not None:
                 state.feed_job(job_id, [text], lt)
             i += 1

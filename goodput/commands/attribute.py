@@ -16,15 +16,15 @@ app = typer.Typer(help="Attribute a failure offline (post-mortems, tests).")
 
 
 def command(
-    recording: Path = typer.Option(None, "--recording", help="A recording directory."),
-    job_log: Path = typer.Option(None, "--job-log", help="The job's Slurm output."),
+    recording: Path | None = typer.Option(None, "--recording", help="A recording directory."),
+    job_log: Path | None = typer.Option(None, "--job-log", help="The job's Slurm output."),
     kernel_log: list[Path] = typer.Option(
         [], "--kernel-log", help="A node's kernel log, named <node>.log; repeatable."
     ),
-    job_id: str = typer.Option(
+    job_id: str | None = typer.Option(
         None, "--job-id", help="Which job (required when the recording holds several)."
     ),
-    gpus_per_node: int = typer.Option(
+    gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", help="Default: the recording's meta.json, else 8."
     ),
 ) -> None:
@@ -50,7 +50,11 @@ def command(
         meta = rec.read_meta(recording) if recording is not None else {}
         if recording is not None:
             job_id, why = rec.choose_job(recording, job_id)
-            ctx = rec.context(recording, job_id) if job_id else _empty(Context)
+            ctx = (
+                rec.context(recording, job_id)
+                if job_id
+                else Context(job_id=None, nodes=[], start=0.0, end=time.time())
+            )
             bundle = rec.collect(recording, ctx) if job_id else Bundle()
         else:
             why = "given with --job-id" if job_id else "none given: the logs are read as is"
@@ -81,7 +85,3 @@ def command(
         verdict += f" [evidence missing: {', '.join(missing)}]"
     typer.echo(verdict, err=True)
     typer.echo(json.dumps(doc, indent=2, sort_keys=True))
-
-
-def _empty(ctx_type: type) -> object:
-    return ctx_type(job_id=None, nodes=[], start=0.0, end=time.time())

@@ -25,20 +25,24 @@ def command(
         ..., "--metrics", help="GPU samples: CSV/Parquet (wide or long) or Prometheus JSON."
     ),
     out: Path = typer.Option(..., "--out", help="Recording directory to write (new or empty)."),
-    job_log: Path = typer.Option(
+    job_log: Path | None = typer.Option(
         None, "--job-log", help="The job's output, timestamped lines (.gz read as gzip)."
     ),
     kernel_log: list[str] = typer.Option(
         [], "--kernel-log", help="[NODE=]FILE: dmesg, dmesg -T or journalctl; repeatable."
     ),
-    slurm: Path = typer.Option(
+    slurm: Path | None = typer.Option(
         None, "--slurm", help="sacct/squeue --json, sacct -P, or key=value (scontrol show job)."
     ),
-    job_id: str = typer.Option(None, "--job-id", help="Slurm job id (default: from --slurm)."),
-    job_name: str = typer.Option(None, "--job-name", help="Job name (baselines are per name)."),
-    node: str = typer.Option(None, "--node", help="Node of files without a node column."),
-    gpu: int = typer.Option(None, "--gpu", help="GPU index of files without a GPU column."),
-    boot_time: str = typer.Option(
+    job_id: str | None = typer.Option(
+        None, "--job-id", help="Slurm job id (default: from --slurm)."
+    ),
+    job_name: str | None = typer.Option(
+        None, "--job-name", help="Job name (baselines are per name)."
+    ),
+    node: str | None = typer.Option(None, "--node", help="Node of files without a node column."),
+    gpu: int | None = typer.Option(None, "--gpu", help="GPU index of files without a GPU column."),
+    boot_time: str | None = typer.Option(
         None, "--boot-time", help="Unix s or ISO 8601: for dmesg lines in seconds since boot."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -113,7 +117,15 @@ def command(
     on = gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]
     per_node = gpu_df.groupby("node").gpu.nunique()
     steps = pd.Series(sorted(set(gpu_df.timestamp))).diff().dropna()
-    meta = {
+    entry: dict[str, Any] = {
+        "job_id": job_id,
+        "name": job_name or job.get("name") or job_id,
+        "nodes": job.get("nodes") or sorted(set(gpu_df.loc[gpu_df.job_id == job_id].node)),
+        "start": job.get("start", float(on.min()) if len(on) else None),
+        "end": job.get("end", float(on.max()) if len(on) else None),
+        **{k: job[k] for k in ("state", "exit_code", "restarts") if k in job},
+    }
+    meta: dict[str, Any] = {
         "scenario": None,
         "source": "import",
         "seed": None,
@@ -122,16 +134,7 @@ def command(
         "interval_s": round(float(steps.median()), 3) if len(steps) else None,
         "nodes": nodes,
         "gpus_per_node": int(per_node.max()),
-        "jobs": [
-            {
-                "job_id": job_id,
-                "name": job_name or job.get("name") or job_id,
-                "nodes": job.get("nodes") or sorted(set(gpu_df.loc[gpu_df.job_id == job_id].node)),
-                "start": job.get("start", float(on.min()) if len(on) else None),
-                "end": job.get("end", float(on.max()) if len(on) else None),
-                **{k: job[k] for k in ("state", "exit_code", "restarts") if k in job},
-            }
-        ],
+        "jobs": [entry],
     }
     write_recording(out, gpu_df, jobs, meta, logs)
     report["recording"] = {k: meta[k] for k in ("nodes", "gpus_per_node", "interval_s", "jobs")}
@@ -144,7 +147,7 @@ def command(
             typer.echo(f"  {note}")
     if "warning" in report:
         typer.echo(f"warning: {report['warning']}")
-    j = meta["jobs"][0]
+    j = entry
     typer.echo(
         f"wrote {out}: job {j['job_id']} ({j['name']}) on {', '.join(nodes)}, "
         f"{meta['gpus_per_node']} GPU(s) per node, every {meta['interval_s']} s"

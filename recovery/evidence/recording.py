@@ -158,7 +158,7 @@ def collect(directory: Path, ctx: Context) -> Bundle:
     logs = directory / "logs"
     lines: list[LogLine] = []
     seen: list[str] = []
-    paths = []
+    paths: list[tuple[Path, str, str | None]] = []
     if ctx.job_id:
         paths.append((logs / "jobs" / f"slurm-{validate.job_id(ctx.job_id)}.out", "job", None))
     paths += [(logs / "kernel" / f"{validate.node(n)}.log", "kernel", n) for n in ctx.nodes]

@@ -277,3 +277,22 @@ def test_written_recording_keeps_millisecond_timestamps(tmp_path):
         fh.readline()
         assert fh.readline().startswith("1795978878.334,h200a,0,5,")
     assert "no job metrics (no --job-log)" in r.output
+
+
+def test_parquet_long_table_imports(tmp_path):
+    real = pd.read_csv(DATA / "metrics.csv").head(40)
+    long = real.melt(
+        id_vars=["ts"],
+        value_vars=["DCGM_FI_DEV_GPU_UTIL", "gpm_sm_active"],
+        var_name="field",
+        value_name="value",
+    )
+    long.insert(1, "hostname", "h200a")
+    long.insert(2, "gpu_index", 0)
+    long.to_parquet(tmp_path / "s.parquet")
+    out = tmp_path / "rec"
+    r = _import("--metrics", str(tmp_path / "s.parquet"), "--job-id", "8", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    gpu = pd.read_csv(out / "gpu_metrics.csv.gz")
+    assert len(gpu) == 40
+    assert gpu.DCGM_FI_PROF_SM_ACTIVE.tolist() == pytest.approx((real.gpm_sm_active / 100).tolist())

@@ -79,8 +79,7 @@ def test_a_blind_run_says_why(tmp_path):
     d = job["detectors"]
     assert job["baseline"]["fitted_at"] is None
     assert (
-        "none: the job was seen for 195 s, the first fit needs 300 s"
-        in (job["baseline"]["status"])
+        "none: the job was seen for 195 s, the first fit needs 300 s" in (job["baseline"]["status"])
     )
     assert not d["deviation"]["ran"] and d["deviation"]["why_not"] == "no baseline yet"
     assert d["peer"]["why_not"] == "2 GPU(s) at a time: peer comparison needs 3"
