@@ -24,8 +24,9 @@ from catalogue import names, recording
 from exporters import slurm_exporter
 from exporters.logmetrics.parser import LogState
 
-try:  # the shared log-time parser (catalogue/logtime.py), once it has landed
-    from catalogue import logtime as _shared  # type: ignore[attr-defined]
+try:  # the shared log-time parser (catalogue/logtime.py), once it has landed; the fallback
+    # below it (four forms) goes away then
+    from catalogue import logtime as _shared  # type: ignore[attr-defined,unused-ignore]
 except ImportError:  # pragma: no cover - depends on the merge order
     _shared = None
 
@@ -42,11 +43,14 @@ _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) +(\d+) (\d\d):(\d\d):(\d\d)")
 _MON = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 
 
-def line_time(text: str, year: int, boot_time: float | None = None) -> tuple[float | None, str]:
-    """(unix time or None, kind) of a log line: iso | ctime (dmesg -T) | monotonic | syslog."""
-    if _shared is not None and hasattr(_shared, "parse"):
-        t = _shared.parse(text, year=year, boot_time=boot_time)
-        return (t, "shared") if t is not None else (None, "")
+def line_time(text: str, ref: float, boot_time: float | None = None) -> tuple[float | None, str]:
+    """(unix time or None, form) of a log line: iso | ctime (dmesg -T) | monotonic | syslog
+    (| glog | mmdd | embedded with the shared parser). `ref`: a time near the log, for stamps
+    without a year. A stamp without a zone is UTC."""
+    if _shared is not None:
+        stamp = _shared.parse(text, ref, boot_time)
+        return (None, "") if stamp is None else (stamp.time, stamp.form)
+    year = time.gmtime(ref).tm_year
     head = text[:200]
     if m := _ISO.search(head):
         y, mo, d, h, mi, s, frac, tz = m.groups()
@@ -72,12 +76,12 @@ def _iso(t: float) -> str:
 
 
 # --- job log -> job metrics -------------------------------------------------------------------
-def timed(lines: Iterable[str], year: int) -> list[tuple[float | None, str]]:
+def timed(lines: Iterable[str], ref: float) -> list[tuple[float | None, str]]:
     """Each line with its time (its own timestamp, else the previous line's)."""
     out: list[tuple[float | None, str]] = []
     last: float | None = None
     for line in lines:
-        t, _ = line_time(line, year)
+        t, _ = line_time(line, ref)
         last = t if t is not None else last
         out.append((last, line))
     return out
@@ -93,8 +97,7 @@ def job_metrics(
     if not names.valid_job_id(job_id):
         raise ImportFailure(f"--job-id {job_id!r}: want a Slurm job id (123 or 123_4)")
     grid = sorted(set(float(t) for t in times))
-    year = time.gmtime(grid[-1] if grid else time.time()).tm_year
-    items = timed(lines, year)
+    items = timed(lines, grid[-1] if grid else time.time())
     stamped = sum(1 for t, _ in items if t is not None)
     if items and not stamped:
         raise ImportFailure(
@@ -139,7 +142,7 @@ def _row(t: float, job_id: str, job: Any) -> dict[str, Any]:
 
 # --- kernel logs ------------------------------------------------------------------------------
 def kernel_lines(
-    lines: Iterable[str], where: str, year: int, boot_time: float | None = None
+    lines: Iterable[str], where: str, ref: float, boot_time: float | None = None
 ) -> tuple[list[str], dict[str, int]]:
     """Kernel lines, each led by its ISO UTC time; (lines, count per timestamp kind)."""
     out: list[str] = []
@@ -150,7 +153,7 @@ def kernel_lines(
             continue
         if line.lstrip().startswith("{"):  # journalctl -o json
             line = _journal_json(line, where, n)
-        t, kind = line_time(line, year, boot_time)
+        t, kind = line_time(line, ref, boot_time)
         if kind == "monotonic" and t is None:
             raise ImportFailure(
                 f"{where}:{n}: time since boot ({line[:40]!r}); pass --boot-time "
@@ -297,7 +300,7 @@ def _when(text: str, where: str, key: str) -> float | None:
         return float(text)
     except ValueError:
         pass
-    t, kind = line_time(text, time.gmtime().tm_year)
+    t, kind = line_time(text, time.time())
     if t is None or kind != "iso":
         raise ImportFailure(f"{where}: {key}={text!r}: want unix seconds or ISO 8601")
     return t

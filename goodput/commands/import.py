@@ -103,10 +103,10 @@ def command(
                 f"patterns: {stats['patterns']}",
                 f"{stats['rows']} job-metric samples derived (production log parser)",
             ]
-        year = time.gmtime(times[-1] if times else time.time()).tm_year
+        ref = times[-1] if times else time.time()
         for spec in kernel_log:
             k_node, path = _kernel_spec(spec, nodes, importer)
-            klines, kinds = importer.kernel_lines(_lines(path), str(path), year, boot)
+            klines, kinds = importer.kernel_lines(_lines(path), str(path), ref, boot)
             logs[f"kernel/{k_node}.log"] = klines
             report["files"][str(path)] = [f"kernel log of {k_node}: {len(klines)} lines {kinds}"]
     except (samples.SampleError, importer.ImportFailure, OSError) as exc:
@@ -171,7 +171,7 @@ def _boot(text: str, importer: Any) -> float:
     try:
         return float(text)
     except ValueError:
-        t, kind = importer.line_time(text, time.gmtime().tm_year)
+        t, kind = importer.line_time(text, time.time())
         if t is None or kind != "iso":
             raise importer.ImportFailure(
                 f"--boot-time {text!r}: want unix seconds or ISO 8601"

@@ -168,20 +168,21 @@ def test_prometheus_json_with_job_series(tmp_path):
         samples.read(p)
 
 
+REF = 1795979000.0  # a time near the logs (for stamps without a year)
 XID = "NVRM: Xid (PCI:0000:2b:00): 79, pid=1234, GPU has fallen off the bus."
 
 
 def test_kernel_logs_get_a_time_in_front():
-    lines, kinds = importer.kernel_lines([f"[Sun Nov 29 19:01:37 2026] {XID}"], "k.log", 2026)
+    lines, kinds = importer.kernel_lines([f"[Sun Nov 29 19:01:37 2026] {XID}"], "k.log", REF)
     assert lines[0].startswith("2026-11-29T19:01:37.000Z [Sun") and kinds == {"ctime": 1}
-    lines, _ = importer.kernel_lines([f"[  100.250000] {XID}"], "k.log", 2026, 1795978000.0)
+    lines, _ = importer.kernel_lines([f"[  100.250000] {XID}"], "k.log", REF, 1795978000.0)
     assert lines[0].startswith("2026-11-29T18:48:20.250Z")
     with pytest.raises(importer.ImportFailure, match=r"k.log:1: time since boot.*--boot-time"):
-        importer.kernel_lines([f"[  100.250000] {XID}"], "k.log", 2026)
+        importer.kernel_lines([f"[  100.250000] {XID}"], "k.log", REF)
     rec = {"__REALTIME_TIMESTAMP": "1795978897728000", "MESSAGE": XID, "_HOSTNAME": "n1"}
-    lines, _ = importer.kernel_lines([json.dumps(rec)], "j.json", 2026)
+    lines, _ = importer.kernel_lines([json.dumps(rec)], "j.json", REF)
     assert lines == [f"2026-11-29T19:01:37.728Z {XID}"]
-    lines, kinds = importer.kernel_lines([f"Nov 29 19:01:37 n1 kernel: {XID}"], "s.log", 2026)
+    lines, kinds = importer.kernel_lines([f"Nov 29 19:01:37 n1 kernel: {XID}"], "s.log", REF)
     assert lines[0].startswith("2026-11-29T19:01:37.000Z Nov 29") and kinds == {"syslog": 1}
 
 
