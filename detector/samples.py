@@ -131,10 +131,15 @@ def normalise(
         notes.append(f"columns ignored (not a known metric): {ignored[:12]}")
     if not metrics:
         raise SampleError(
-            f"{where}: no metric column; want dcgm-exporter names (DCGM_FI_*) or one of "
-            f"{sorted(c.fields)[:10]}... (catalogue/columns.yaml)"
+            f"{where}: no metric column; have {list(df.columns)[:12]}; accepted: dcgm-exporter "
+            "names (DCGM_FI_*), or NVML / nvidia-smi names such as utilization.gpu, power.draw, "
+            "gpm_sm_active (all in catalogue/columns.yaml)"
         )
     gpu_df = pd.concat([out, pd.DataFrame(metrics, index=out.index)[sorted(metrics)]], axis=1)
+    dup = gpu_df.duplicated(["timestamp", "node", "gpu"], keep="last")
+    if dup.any():
+        notes.append(f"{int(dup.sum())} rows repeat a (time, node, GPU): the last one kept")
+        gpu_df = gpu_df[~dup]
     gpu_df = gpu_df.sort_values(["timestamp", "node", "gpu"], kind="stable").reset_index(drop=True)
     jobs = None
     if long_jobs is not None:
@@ -188,7 +193,7 @@ def _nodes(df: pd.DataFrame, where: str, node: str | None, notes: list[str]) -> 
         if node is None:
             raise SampleError(
                 f"{where}: no node column (accepted: {columns().accepted('node')}); "
-                "pass --node NAME for a one-node file"
+                "for a one-node file pass --node NAME to goodput import"
             )
         notes.append(f"no node column: every row is node {node!r} (--node)")
         return np.full(len(df), node, dtype=object)

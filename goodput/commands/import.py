@@ -150,7 +150,8 @@ def command(
     j = entry
     typer.echo(
         f"wrote {out}: job {j['job_id']} ({j['name']}) on {', '.join(nodes)}, "
-        f"{meta['gpus_per_node']} GPU(s) per node, every {meta['interval_s']} s"
+        f"{meta['gpus_per_node']} GPU(s) per node, "
+        + (f"every {meta['interval_s']} s" if meta["interval_s"] else "one instant")
         + (f", Slurm {j['state']} exit {j.get('exit_code')}" if "state" in j else "")
     )
 

@@ -127,3 +127,20 @@ def test_choose_job_never_reads_truth(tmp_path):
         assert "pick one with --job-id" in str(exc)
     else:
         raise AssertionError("several jobs must not be resolved from truth.json")
+
+
+def test_meta_gpus_per_node_reaches_the_attribution(tmp_path, monkeypatch):
+    from recovery import attribution
+
+    seen = []
+    real = attribution.attribute
+
+    def spy(bundle, ctx, **kw):
+        seen.append(kw["gpus_per_node"])
+        return real(bundle, ctx, **kw)
+
+    monkeypatch.setattr(attribution, "attribute", spy)
+    d = _two_jobs(tmp_path / "rec")
+    assert _attr("--recording", d, "--job-id", "12").exit_code == 0
+    assert _attr("--recording", d, "--job-id", "12", "--gpus-per-node", "2").exit_code == 0
+    assert seen == [4, 2]  # meta.json's 4, then the option's 2 (the old default was always 8)

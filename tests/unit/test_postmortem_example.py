@@ -61,3 +61,12 @@ def test_the_readme_shows_the_same_three_commands():
     page = [cmd for cmd, _ in _steps(PAGE.read_text())]
     assert [ln[2:] for ln in section.splitlines() if ln.startswith("$ ")] == page
     assert "docs/postmortem.md" in section
+
+
+def test_the_pages_error_example_is_what_import_says(tmp_path, monkeypatch):
+    block = re.search(r"```text\n\$ (.*?)\n(.*?)\n```", PAGE.read_text(), re.S)
+    assert block, "docs/postmortem.md has no error example"
+    monkeypatch.chdir(tmp_path)
+    Path("dcgm.csv").write_text("ts,gpu,DCGM_FI_DEV_GPU_UTIL\n1,0,99\n")
+    r = CliRunner().invoke(app, shlex.split(block.group(1))[1:])
+    assert r.exit_code == 2 and r.stderr.strip() == block.group(2)

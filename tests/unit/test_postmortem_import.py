@@ -75,7 +75,7 @@ def test_errors_name_the_file_the_column_and_what_is_accepted(tmp_path):
     bad.write_text("ts,gpu,DCGM_FI_DEV_GPU_UTIL\n1,0,99\n")
     r = _import("--metrics", str(bad), "--job-id", "1", "--out", str(tmp_path / "o"))
     assert r.exit_code == 2 and "no node column (accepted: node, Hostname, hostname" in r.output
-    assert "--node NAME" in r.output
+    assert "pass --node NAME to goodput import" in r.output
     bad.write_text("ts,host,gpu,DCGM_FI_DEV_GPU_UTIL\nyesterday,n1,0,99\n")
     r = _import("--metrics", str(bad), "--job-id", "1", "--out", str(tmp_path / "o"))
     assert r.exit_code == 2 and "column 'timestamp': cannot read 'yesterday'" in r.output
@@ -297,3 +297,10 @@ def test_parquet_long_table_imports(tmp_path):
     gpu = pd.read_csv(out / "gpu_metrics.csv.gz")
     assert len(gpu) == 40
     assert gpu.DCGM_FI_PROF_SM_ACTIVE.tolist() == pytest.approx((real.gpm_sm_active / 100).tolist())
+
+
+def test_repeated_samples_keep_the_last_and_say_so():
+    df = pd.DataFrame({"ts": [1, 1, 2], "host": "n1", "gpu": 0, "DCGM_FI_DEV_GPU_UTIL": [5, 6, 7]})
+    got = samples.normalise(df, "dup.csv", job_id="1")
+    assert got.gpu.DCGM_FI_DEV_GPU_UTIL.tolist() == [6.0, 7.0]
+    assert "1 rows repeat a (time, node, GPU): the last one kept" in got.notes
