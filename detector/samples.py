@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from catalogue import names
+from catalogue import names, recording
 from catalogue.columns import clean, columns
 from detector.frame import FrameError
 
 IDS = ("timestamp", "node", "gpu", "job_id")
-JOB_PREFIX = "goodput_job_"
+JOB_COLUMNS = frozenset(recording.JOB_METRICS)  # job_metrics.csv.gz columns, per job
 _DIGITS = re.compile(r"(\d+)\s*$")
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 
@@ -95,7 +95,7 @@ def normalise(
     df = df.rename(columns=rename)
     long_jobs = None
     if "name" in df.columns and "value" in df.columns:  # long -> wide
-        is_job = df["name"].astype(str).str.startswith(JOB_PREFIX)
+        is_job = df["name"].astype(str).isin(JOB_COLUMNS)
         if is_job.any() and "timestamp" in df.columns and "job_id" in df.columns:
             long_jobs = _pivot(df[is_job], ["timestamp", "job_id"])
         df = _pivot(df[~is_job], [k for k in (*IDS, "uuid") if k in df.columns])
@@ -116,7 +116,7 @@ def normalise(
         if col in IDS or col == "uuid":
             continue
         target = c.field(col)
-        if col.startswith(JOB_PREFIX):
+        if col in JOB_COLUMNS:
             jobcols[col] = _values(df[col], where, col)
         elif target is None:
             ignored.append(col)
