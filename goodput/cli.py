@@ -54,7 +54,7 @@ def stack_status() -> None:
 for _name, _path in COMMANDS.items():
     _module = importlib.import_module(_path)
     if hasattr(_module, "command"):
-        app.command(_name)(_module.command)
+        app.command(_name, short_help=_module.app.info.help)(_module.command)
     else:
         app.add_typer(_module.app, name=_name)
 
