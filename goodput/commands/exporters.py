@@ -46,15 +46,10 @@ def logs(
         shipper = LokiShipper(loki_url).start()
     try:
         serve(
-            log_dir,
-            port,
-            host,
-            interval,
-            from_end,
-            _stop_event(),
+            log_dir, port, host, interval, from_end, _stop_event(),
             on_lines=shipper.on_lines if shipper else None,
             extra_collectors=(shipper,) if shipper else (),
-        )
+        )  # fmt: skip
     finally:
         if shipper is not None:
             shipper.close()
