@@ -51,6 +51,7 @@ class JobSeen:
     hardware: bool = False  # an XID or error-counter field present
     peaks: dict[str, Peak] = field(default_factory=dict)
     combined: Peak = field(default_factory=Peak)
+    first_fit: float | None = None  # when the job first had a baseline (fitted or loaded)
 
 
 class Coverage:
@@ -59,7 +60,7 @@ class Coverage:
     def __init__(self) -> None:
         self.jobs: dict[str, JobSeen] = {}
 
-    def observe(self, sub: Frame, now: float, res: Result) -> None:
+    def observe(self, sub: Frame, now: float, res: Result, engine: Engine) -> None:
         codes, uniq = sub.job_codes
         prog = np.isfinite(sub.col(F.ITER_SECONDS)) | np.isfinite(sub.col(F.STALL_SECONDS))
         hw = np.isfinite(sub.cols(HARDWARE_FIELDS)).any(axis=1)
@@ -69,6 +70,9 @@ class Coverage:
             rows = np.flatnonzero(codes == k)
             seen = self.jobs.setdefault(job, JobSeen(now, now))
             seen.last = now
+            info = engine.jobs.get(job)
+            if seen.first_fit is None and info is not None and info.fitted_at is not None:
+                seen.first_fit = info.fitted_at
             seen.nodes.update(sub.node[rows])
             seen.gpus.update(zip(sub.node[rows], sub.gpu[rows].tolist(), strict=True))
             seen.most_gpus = max(seen.most_gpus, len(rows))
@@ -90,8 +94,12 @@ class Coverage:
         for r in res.missing.itertuples() if len(res.missing) else ():
             if r.job_id in self.jobs:
                 _raise(self.jobs[r.job_id].peaks, "missing", 2.0, now, r.node, int(r.gpu))
-        comb = res.jobs[res.jobs.detector == "combined"]
-        for job, score in zip(comb.job_id, comb.score, strict=True):
+        combined = res.jobs["detector"].to_numpy() == "combined"
+        ids, scores = (
+            res.jobs["job_id"].to_numpy()[combined],
+            res.jobs["score"].to_numpy()[combined],
+        )
+        for job, score in zip(ids, scores, strict=True):
             got = self.jobs.get(job)
             if got is not None and score > got.combined.score:
                 got.combined = Peak(float(score), now)
@@ -107,8 +115,13 @@ class Coverage:
         span = seen.last - seen.first
         if loaded:
             base = "loaded from the state directory"
-        elif fitted is not None:
-            base = f"fitted {fitted - seen.first:.0f} s after the job was first seen"
+        elif fitted is not None and seen.first_fit is not None:
+            base = (
+                f"first fitted {seen.first_fit - seen.first:.0f} s after the job was first seen "
+                "(the baseline detectors were blind before)"
+            )
+            if fitted > seen.first_fit:
+                base += f", last refit {fitted - seen.first:.0f} s after"
         else:
             base = (
                 f"none: the job was seen for {span:.0f} s, the first fit needs "
@@ -150,6 +163,7 @@ class Coverage:
             dets["missing"] = {"ran": True, "why_not": None, "peak": seen.peaks["missing"].doc()}
         return {
             "name": info.name if info else job,
+            "first_fit": seen.first_fit,
             "first_seen": seen.first,
             "last_seen": seen.last,
             "nodes": sorted(seen.nodes),

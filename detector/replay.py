@@ -212,7 +212,7 @@ def replay(
     count = 0
     best: dict[str, list[tuple[float, int, dict[str, Any]]]] = {}
     for sub, now, res in steps(frame, got.names, engine):
-        cov.observe(sub, now, res)
+        cov.observe(sub, now, res, engine)
         for det in detections(res, engine.det, min_score):
             out.write(json.dumps(det) + "\n")
             count += 1

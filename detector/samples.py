@@ -87,11 +87,13 @@ def normalise(
     df = df.rename(columns={col: clean(col) for col in df.columns})
     rename: dict[str, str] = {}
     for col in df.columns:
-        role = c.role(col) or c.long_role(col)
-        if role is not None and role not in rename.values():
-            rename[col] = role
-            if col != role:
-                notes.append(f"column {col!r} read as {role}")
+        role = c.role(col)
+        long = c.long_role(col) if role is None else None
+        if (role or long) is not None and (role or long) not in rename.values():
+            rename[col] = str(role or long)
+            if col != rename[col]:
+                what = role or f"the metric {long}s"
+                notes.append(f"column {col!r} read as {what}")
     df = df.rename(columns=rename)
     long_jobs = None
     if "name" in df.columns and "value" in df.columns:  # long -> wide

@@ -91,7 +91,8 @@ def test_a_blind_run_says_why(tmp_path):
 def test_a_seeing_run_has_its_fit_time_and_peaks(tmp_path):
     rec = _recording(tmp_path / "rec", nodes=2, gpus=4, steps=100)
     job = _summary(tmp_path, rec)["jobs"]["100"]
-    assert job["baseline"]["fitted_at"] >= T0 + 300
+    assert job["baseline"]["fitted_at"] >= job["first_fit"] >= T0 + 300
+    assert job["baseline"]["status"].startswith("first fitted 300 s after the job was first seen")
     d = job["detectors"]
     assert d["deviation"]["ran"] and d["peer"]["ran"] and d["shift"]["ran"]
     peak = d["peer"]["peak"]
