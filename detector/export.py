@@ -204,6 +204,41 @@ def export_recording(
     return meta
 
 
+def write_recording(
+    out: str | Path,
+    gpu: Any,
+    jobs: Any | None,
+    meta: dict[str, Any],
+    logs: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """Write a recording from tables: `gpu` (timestamp, node, gpu, job_id, DCGM_FI_*), `jobs`
+    (timestamp, job_id, goodput_job_*) or None, `meta` (format and interval added when
+    missing), `logs` relative path under logs/ -> lines. Returns the meta written."""
+    import pandas as pd
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    g = gpu.copy()
+    g["timestamp"] = g["timestamp"].map(lambda t: f"{float(t):.3f}")
+    g.to_csv(out / "gpu_metrics.csv.gz", index=False, float_format="%.10g", na_rep="")
+    if jobs is not None and len(jobs):
+        j = pd.DataFrame(jobs).reindex(columns=["timestamp", "job_id", *JOB_METRICS])
+        j["timestamp"] = j["timestamp"].map(lambda t: f"{float(t):.3f}")
+        for c in (
+            "goodput_job_last_progress_timestamp_seconds",
+            "goodput_job_last_checkpoint_timestamp_seconds",
+        ):
+            j[c] = j[c].map(lambda t: "" if pd.isna(t) else f"{float(t):.3f}")
+        j.to_csv(out / "job_metrics.csv.gz", index=False, float_format="%.10g", na_rep="")
+    for rel, lines in (logs or {}).items():
+        path = out / "logs" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{ln}\n" for ln in lines))
+    meta = {"format": FORMAT, **meta}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
 def _cell(v: float | None) -> str:
     return "" if v is None else _num(v)
 
