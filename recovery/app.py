@@ -212,6 +212,26 @@ def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry)
         return
     actions.start(engine, settings)
     registry.register(accounting.AccountingCollector(engine))
+    _start_node_checks(engine, settings, registry)
+
+
+def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
+    """A node's way back to service (checks after Goodput's drains) and node history metrics."""
+    from recovery import actions, node_checks, node_history
+
+    def current() -> Any:
+        cfg = actions.config(settings)
+        return cfg.policy, cfg.scheduler
+
+    node_checks.start(
+        engine,
+        current,
+        paused=lambda: actions.is_paused(engine),
+        history=lambda now: node_history.events(engine, now - node_history.WEEK_S),
+    )
+    registry.register(
+        node_history.NodeHistoryCollector(engine, lambda: actions.config(settings).policy)
+    )
 
 
 def create_app(settings: Settings | None = None, start_worker: bool = True) -> FastAPI:
