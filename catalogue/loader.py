@@ -62,6 +62,8 @@ class Pattern:
     description: str = ""
     gate: re.Pattern[str] | None = None  # all regexes as one alternation, for a cheap first pass
     ignore_case: bool = False  # regexes run on the lower-cased line (write them in lower case)
+    alert: bool = False  # GoodputJobLogFault fires on it (alertmanager/alerts.yaml lists it)
+    sources: tuple[str, ...] = ()  # where the example lines come from
 
 
 def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
@@ -207,6 +209,11 @@ def _need(entry: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
     return value
 
 
+def _flag(entry: dict[str, Any], key: str, where: str) -> bool:
+    """An optional boolean key (false when absent)."""
+    return bool(_need(entry, key, bool, where)) if key in entry else False
+
+
 def _str_map(data: dict[str, Any], key: str, where: str) -> dict[str, str]:
     value = _need(data, key, dict, where)
     for k, v in value.items():
@@ -327,6 +334,9 @@ def _load_patterns(
         keywords = _as_list(entry.get("keywords"), where)
         if not all(isinstance(k, str) and k for k in keywords):
             raise CatalogueError(f"{where}: keywords must be non-empty strings (quote 'a: b')")
+        sources = _as_list(entry.get("sources"), where)
+        if not all(isinstance(x, str) and x for x in sources):
+            raise CatalogueError(f"{where}: sources must be non-empty strings")
         patterns.append(
             Pattern(
                 id=pid,
@@ -340,9 +350,9 @@ def _load_patterns(
                 outcome=outcome,
                 description=str(entry.get("description", "")),
                 gate=_gate(regexes),
-                ignore_case=_need(entry, "ignore_case", bool, where)
-                if "ignore_case" in entry
-                else False,
+                ignore_case=_flag(entry, "ignore_case", where),
+                alert=_flag(entry, "alert", where),
+                sources=tuple(sources),
             )
         )
         examples.append(

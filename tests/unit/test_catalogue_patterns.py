@@ -47,7 +47,7 @@ VARIANTS = [
     ("job", "  rank      : 11 (local_rank: 3)", "elastic_child_failed", {"rank": 11, "local_rank": 3}),
     ("job", "  exitcode  : 1 (pid: 77)", "elastic_child_failed", {"exitcode": 1, "pid": 77}),
     ("job", "srun: error: node4: tasks 8-15: Exited with exit code 1", "slurm_task_failed", {"node": "node4", "rank": 8, "exitcode": 1}),
-    ("job", "slurmstepd: error: *** JOB 4242 ON node2 CANCELLED AT 2025-01-01T00:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "slurm_job_cancelled", {"slurm_job_id": "4242", "node": "node2", "reason": "NODE FAILURE"}),
+    ("job", "slurmstepd: error: *** JOB 4242 ON node2 CANCELLED AT 2025-01-01T00:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "slurm_job_node_failure", {"slurm_job_id": "4242", "node": "node2"}),
     # divergence, progress, checkpoints
     ("job", " iteration     3000/  10000 | consumed samples:      1536000 | elapsed time per iteration (ms): 9876.5 | learning rate: 1.0E-04 | global batch size:   512 | lm loss: -nan | loss scale: 1.0 | number of skipped iterations:   1 | number of nan iterations:   1 |", "nan_loss", {}),
     ("job", "[2025-01-01 00:00:00] iteration      10/     100 | consumed samples:          80 | elapsed time per iteration (ms): 250.0 | global batch size:     8 | lm loss: 7.1E+00 | number of skipped iterations:   2 | number of nan iterations:   0 |",
