@@ -20,6 +20,15 @@ SOURCES = ("job", "kernel")
 PATTERN_SOURCES = (*SOURCES, "any")
 ROLES = ("initiating", "cascade", "info")
 SEVERITIES = ("critical", "warning", "info")
+XID_CLASSES = (
+    "hardware",
+    "degradation",
+    "application",
+    "consequence",
+    "driver",
+    "informational",
+    "recovery_action",
+)
 GROUP_TYPES = {"int": int, "float": float, "str": str}
 MAX_LINE_CHARS = 8192  # longer lines are matched on their first MAX_LINE_CHARS characters
 _ID = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
@@ -46,6 +55,9 @@ class XidInfo:
     outcome: str
     consequence: bool  # follows an earlier error (e.g. 43, 45): look for that one
     note: str = ""
+    mnemonic: str = ""  # NVIDIA's name for the code
+    cls: str = ""  # one of XID_CLASSES (`class` in xid.yaml)
+    source: str = ""  # where the entry comes from (a text of xid.yaml's `sources`)
 
 
 @dataclass(frozen=True)
@@ -260,8 +272,10 @@ def _load_outcomes(path: Path) -> tuple[dict[str, Outcome], dict[str, str], dict
 def _load_xids(
     path: Path, outcomes: dict[str, Outcome], actions: dict[str, str]
 ) -> dict[int, XidInfo]:
+    data = _read(path)
+    sources = _str_map(data, "sources", str(path))
     xids: dict[int, XidInfo] = {}
-    for i, entry in enumerate(_need(_read(path), "xids", list, str(path))):
+    for i, entry in enumerate(_need(data, "xids", list, str(path))):
         where = f"{path.name}: xids[{i}]"
         code = _need(entry, "code", int, where)
         where = f"{path.name}: XID {code}"
@@ -276,7 +290,14 @@ def _load_xids(
             outcome=_need(entry, "outcome", str, where),
             consequence=_need(entry, "consequence", bool, where),
             note=str(entry.get("note", "")),
+            mnemonic=_need(entry, "mnemonic", str, where),
+            cls=_need(entry, "class", str, where),
+            source=sources.get(_need(entry, "source", str, where), ""),
         )
+        if info.cls not in XID_CLASSES:
+            raise CatalogueError(f"{where}: class must be one of {XID_CLASSES}")
+        if not info.source:
+            raise CatalogueError(f"{where}: source {entry['source']!r} is not under `sources`")
         if info.severity not in SEVERITIES:
             raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
         if info.job_action not in actions:
