@@ -75,6 +75,7 @@ class Pattern:
     gate: re.Pattern[str] | None = None  # all regexes as one alternation, for a cheap first pass
     ignore_case: bool = False  # regexes run on the lower-cased line (write them in lower case)
     alert: bool = False  # GoodputJobLogFault fires on it (alertmanager/alerts.yaml lists it)
+    fallback: bool = False  # reported only when no other initiating/cascade pattern matched
     sources: tuple[str, ...] = ()  # where the example lines come from
 
 
@@ -128,6 +129,7 @@ class Catalogue:
         self.group_types = group_types
         self.rank_hints = rank_hints
         self._by_source = {s: tuple(p for p in patterns if p.source in (s, "any")) for s in SOURCES}
+        self._fallback = {p.id: p.fallback for p in patterns}
         # Each distinct keyword is looked for once per line (a C substring search: cheaper
         # than any regex); a pattern runs its regexes only when one of its keywords is present.
         self._keywords = tuple(
@@ -183,6 +185,9 @@ class Catalogue:
             if p.exclusive:
                 taken.add(p.exclusive)
             out.append(Match(p.id, p.symptom, p.role, source, p.outcome, groups))
+        if any(self._fallback.get(m.pattern) for m in out):  # a generic shape steps aside
+            specific = any(m.role != "info" and not self._fallback[m.pattern] for m in out)
+            out = [m for m in out if not (specific and self._fallback[m.pattern])]
         return out
 
     def _typed(self, raw: dict[str, str | None]) -> dict[str, Any]:
@@ -373,6 +378,7 @@ def _load_patterns(
                 gate=_gate(regexes),
                 ignore_case=_flag(entry, "ignore_case", where),
                 alert=_flag(entry, "alert", where),
+                fallback=_flag(entry, "fallback", where),
                 sources=tuple(sources),
             )
         )

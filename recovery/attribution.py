@@ -35,7 +35,6 @@ SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
 PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
 RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
-BENIGN = frozenset({"xid_ignored"})  # symptoms that alone say nothing is wrong
 
 
 class RuleError(ValueError):
@@ -111,10 +110,10 @@ _XID_KIND = {
 }
 
 
-def _xid_symptom(code: int) -> tuple[str, str, str]:
+def _xid_symptom(code: int) -> tuple[str, str, str] | None:
     """(symptom, role, outcome hint) of an XID by the catalogue's table. A code the table does
     not know is `xid_unknown` and one that needs a person `xid_other` (both initiating: never
-    healthy); one NVIDIA says to ignore (job action none) is a cascade."""
+    healthy); one NVIDIA says to ignore (job action none) is no symptom (None)."""
     info = catalogue.xid_info(code)
     if info is None:
         return "xid_unknown", "initiating", ""
@@ -123,7 +122,7 @@ def _xid_symptom(code: int) -> tuple[str, str, str]:
     if info.outcome in _XID_KIND:
         return _XID_KIND[info.outcome], "initiating", info.outcome
     if info.job_action == "none":
-        return "xid_ignored", "cascade", ""
+        return None
     return "xid_other", "initiating", ""
 
 
@@ -150,7 +149,10 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool]:
             continue
         symptom, role, outcome = m.symptom, m.role, m.outcome
         if symptom == "xid" and "xid" in m.groups:
-            symptom, role, outcome = _xid_symptom(int(m.groups["xid"]))
+            kind = _xid_symptom(int(m.groups["xid"]))
+            if kind is None:
+                continue
+            symptom, role, outcome = kind
         ov = overrides.get(m.pattern, {})
         hits.append(
             (symptom, ov.get("role", role), ov.get("outcome", outcome), m.groups, m.pattern)
@@ -255,8 +257,9 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                 prev = 0
                 for t, v in s.points:
                     code = int(v)
-                    if code and code != prev:
-                        sid, role, outcome = _xid_symptom(code)
+                    xk = _xid_symptom(code) if code and code != prev else None
+                    if xk is not None:
+                        sid, role, outcome = xk
                         out.append(
                             Sym(
                                 sid,
@@ -747,7 +750,7 @@ def _no_rule_verdict(
 
     if not (bundle.lines or bundle.series or bundle.slurm.job or syms):
         return unknown(f"no evidence: {job} is in none of the sources ({summary}).", "no_evidence")
-    seen = ", ".join(sorted({s.id for s in syms if s.id not in BENIGN}))
+    seen = ", ".join(sorted({s.id for s in syms}))
     if seen:
         why = f"Only consequences seen ({seen}); nothing says what caused them."
         return unknown(why, "cascades")

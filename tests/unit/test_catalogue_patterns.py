@@ -113,11 +113,21 @@ def test_exclusive_patterns_report_only_the_most_specific():
 
 
 def test_source_filters_patterns():
+    hung = "kernel: INFO: task python:4242 blocked for more than 120 seconds."
+    assert [m.pattern for m in match_line(hung, "job")] == []
+    assert [m.pattern for m in match_line(hung, "kernel")] == ["kernel_hung_task"]
+    # an XID is the node's, but platforms forward it into the job's log too (source: any)
     xid = "NVRM: Xid (PCI:0000:2b:00): 48, pid=1, name=python, DBE"
-    assert [m.pattern for m in match_line(xid, "job")] == []
-    assert [m.pattern for m in match_line(xid, "kernel")] == ["nvrm_xid"]
+    assert [m.pattern for m in match_line(xid, "job")] == ["nvrm_xid"]
     with pytest.raises(ValueError, match="source"):
         match_line(xid, "stdout")
+
+
+def test_a_fallback_pattern_steps_aside_for_a_specific_one():
+    crash = "UnboundLocalError: cannot access local variable 'grad_norm' where it is not associated"
+    assert [m.pattern for m in match_line(crash, "job")] == ["python_code_error"]
+    nan = "AssertionError: Rank 3: found NaN in local grad norm in backwards pass."
+    assert [m.pattern for m in match_line(nan, "job")] == ["nan_loss"]
 
 
 def test_huge_and_garbage_lines_are_safe():
