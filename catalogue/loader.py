@@ -120,6 +120,7 @@ class Catalogue:
         patterns: tuple[Pattern, ...],
         group_types: dict[str, type],
         rank_hints: tuple[re.Pattern[str], ...],
+        xid_unlisted: XidInfo | None = None,
     ) -> None:
         self.outcomes = outcomes
         self.categories = categories
@@ -128,6 +129,7 @@ class Catalogue:
         self.patterns = patterns
         self.group_types = group_types
         self.rank_hints = rank_hints
+        self.xid_unlisted = xid_unlisted  # what an XID the table does not list means
         self._by_source = {s: tuple(p for p in patterns if p.source in (s, "any")) for s in SOURCES}
         self._fallback = {p.id: p.fallback for p in patterns}
         # Each distinct keyword is looked for once per line (a C substring search: cheaper
@@ -274,43 +276,58 @@ def _load_outcomes(path: Path) -> tuple[dict[str, Outcome], dict[str, str], dict
     return outcomes, categories, actions
 
 
+def _xid(
+    entry: Any,
+    code: int,
+    where: str,
+    sources: dict[str, str],
+    outcomes: dict[str, Outcome],
+    actions: dict[str, str],
+) -> XidInfo:
+    info = XidInfo(
+        code=code,
+        name=_need(entry, "name", str, where),
+        severity=_need(entry, "severity", str, where),
+        nvidia_action=_need(entry, "nvidia_action", str, where),
+        job_action=_need(entry, "job_action", str, where),
+        outcome=_need(entry, "outcome", str, where),
+        consequence=_need(entry, "consequence", bool, where),
+        note=str(entry.get("note", "")),
+        mnemonic=_need(entry, "mnemonic", str, where),
+        cls=_need(entry, "class", str, where),
+        source=sources.get(_need(entry, "source", str, where), ""),
+    )
+    if info.cls not in XID_CLASSES:
+        raise CatalogueError(f"{where}: class must be one of {XID_CLASSES}")
+    if not info.source:
+        raise CatalogueError(f"{where}: source {entry['source']!r} is not under `sources`")
+    if info.severity not in SEVERITIES:
+        raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
+    if info.job_action not in actions:
+        raise CatalogueError(f"{where}: unknown job_action {info.job_action!r}")
+    if info.outcome not in outcomes:
+        raise CatalogueError(f"{where}: unknown outcome {info.outcome!r}")
+    return info
+
+
 def _load_xids(
     path: Path, outcomes: dict[str, Outcome], actions: dict[str, str]
-) -> dict[int, XidInfo]:
+) -> tuple[dict[int, XidInfo], XidInfo]:
+    """The XID table and the entry for a code the table does not list (`unlisted`)."""
     data = _read(path)
     sources = _str_map(data, "sources", str(path))
     xids: dict[int, XidInfo] = {}
     for i, entry in enumerate(_need(data, "xids", list, str(path))):
-        where = f"{path.name}: xids[{i}]"
-        code = _need(entry, "code", int, where)
+        code = _need(entry, "code", int, f"{path.name}: xids[{i}]")
         where = f"{path.name}: XID {code}"
         if code in xids:
             raise CatalogueError(f"{where}: listed twice")
-        info = XidInfo(
-            code=code,
-            name=_need(entry, "name", str, where),
-            severity=_need(entry, "severity", str, where),
-            nvidia_action=_need(entry, "nvidia_action", str, where),
-            job_action=_need(entry, "job_action", str, where),
-            outcome=_need(entry, "outcome", str, where),
-            consequence=_need(entry, "consequence", bool, where),
-            note=str(entry.get("note", "")),
-            mnemonic=_need(entry, "mnemonic", str, where),
-            cls=_need(entry, "class", str, where),
-            source=sources.get(_need(entry, "source", str, where), ""),
-        )
-        if info.cls not in XID_CLASSES:
-            raise CatalogueError(f"{where}: class must be one of {XID_CLASSES}")
-        if not info.source:
-            raise CatalogueError(f"{where}: source {entry['source']!r} is not under `sources`")
-        if info.severity not in SEVERITIES:
-            raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
-        if info.job_action not in actions:
-            raise CatalogueError(f"{where}: unknown job_action {info.job_action!r}")
-        if info.outcome not in outcomes:
-            raise CatalogueError(f"{where}: unknown outcome {info.outcome!r}")
-        xids[code] = info
-    return xids
+        xids[code] = _xid(entry, code, where, sources, outcomes, actions)
+    where = f"{path.name}: unlisted"
+    unlisted = _xid(_need(data, "unlisted", dict, str(path)), 0, where, sources, outcomes, actions)
+    if unlisted.outcome == "healthy":
+        raise CatalogueError(f"{where}: an XID the table does not know is never healthy")
+    return xids, unlisted
 
 
 def _load_patterns(
@@ -410,9 +427,9 @@ def load(directory: str | os.PathLike[str] | None = None) -> Catalogue:
     """Load and validate the catalogue from `directory` (default: this package's YAML files)."""
     base = Path(directory) if directory else HERE
     outcomes, categories, actions = _load_outcomes(base / "outcomes.yaml")
-    xids = _load_xids(base / "xid.yaml", outcomes, actions)
+    xids, unlisted = _load_xids(base / "xid.yaml", outcomes, actions)
     patterns, group_types, hints = _load_patterns(base / "patterns.yaml", outcomes)
-    return Catalogue(outcomes, categories, actions, xids, patterns, group_types, hints)
+    return Catalogue(outcomes, categories, actions, xids, patterns, group_types, hints, unlisted)
 
 
 @lru_cache(maxsize=1)

@@ -53,6 +53,12 @@ def test_packaged_catalogue_loads(copy):
         ("xid.yaml", "consequence: true,", "consequence: maybe,", "wrong type"),
         ("xid.yaml", "class: application,", "class: metal,", "class must be one of"),
         ("xid.yaml", "source: goe_r620,", "source: a_blog,", "is not under `sources`"),
+        (
+            "xid.yaml",
+            "outcome: unknown, consequence: false, source: catalog,\n",
+            "outcome: healthy, consequence: false, source: catalog,\n",
+            "never healthy",
+        ),
         ("outcomes.yaml", "category: workload", "category: people", "unknown category"),
         ("outcomes.yaml", "categories:", "categories: [\n", "invalid YAML"),
     ],
@@ -78,3 +84,5 @@ def test_xid_table_covers_nvidias_catalog():
     for code in (119, 120, 136, 140, 143, *range(144, 151), 155, 158):
         assert xids[code].outcome == "gpu_hardware_fault", code
     assert xids[121].cls == "informational" and xids[154].cls == "recovery_action"
+    unlisted = load().xid_unlisted
+    assert unlisted is not None and unlisted.outcome != "healthy" and unlisted.job_action != "none"
