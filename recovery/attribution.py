@@ -115,8 +115,11 @@ def _xid_symptom(code: int) -> tuple[str, str, str] | None:
     not know is `xid_unknown` and one that needs a person `xid_other` (both initiating: never
     healthy); one NVIDIA says to ignore (job action none) is no symptom (None)."""
     info = catalogue.xid_info(code)
-    if info is None:
-        return "xid_unknown", "initiating", ""
+    if info is None:  # the catalogue's `unlisted` entry says what it means; never healthy
+        unlisted = catalogue.loader.default().xid_unlisted
+        if unlisted is None or unlisted.outcome not in _XID_KIND:
+            return "xid_unknown", "initiating", ""
+        return _XID_KIND[unlisted.outcome], "initiating", unlisted.outcome
     if info.consequence:
         return "xid_cascade", "cascade", ""
     if info.outcome in _XID_KIND:
