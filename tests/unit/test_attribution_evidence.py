@@ -1,6 +1,7 @@
 """Attribution on real log lines (sources in catalogue/patterns.yaml): the signatures it used to
 miss, no verdict without evidence, Slurm states as symptoms, a stable cause key, and only the
-job's current run as evidence. Each test failed on the code before issue #16 / #19 item 4."""
+job's current run as evidence. Each defect of issue #16 / #19 item 4 has a case here that
+failed on the code before; the other cases pin the decisions made with them."""
 
 # ruff: noqa: E501  (real log lines are long)
 from __future__ import annotations
@@ -67,10 +68,10 @@ def test_an_xid_the_table_does_not_know_is_never_healthy(code):
             "E1119 08:26:02.715000 28705 site-packages/torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: -11) local_rank: 0 (pid: 28773) of binary: /app/anaconda3/envs/py312/bin/python3.12",
             "workload_crash",
         ),
-        # NVIDIA/nccl#1504
+        # NVIDIA/nccl#1504: SIGABRT is how the NCCL watchdog ends every rank (a consequence)
         (
             "E1106 04:43:02.651000 26021 site-packages/torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -6) local_rank: 3 (pid: 26026) of binary: /root/miniconda3/envs/pippy/bin/python",
-            "workload_crash",
+            "unknown",
         ),
         # lzhxmu/CPPO#6: SIGKILL is a consequence (OOM killer, the agent, Slurm): not a crash
         ("  exitcode  : -9 (pid: 14750)", "unknown"),
@@ -153,6 +154,21 @@ def test_a_loss_printed_in_upper_case_is_progress_and_nan_is_divergence():
     assert progress == ["generic_progress"]
     assert _run(_line("Epoch 1 | Step 120 | Loss: 2.3456"))["outcome"] == "healthy"
     assert _run(_line("Epoch 1 | Step 121 | LOSS nan"))["outcome"] == "workload_divergence"
+
+
+def test_aborts_after_a_collective_timeout_are_its_consequence():
+    """huggingface/picotron_tutorial#6: a watchdog timeout, then every rank exits -6 (SIGABRT):
+    the aborts follow the timeout; an abort well before it is still a crash."""
+    timeout = _line(
+        "[2026-05-01 11:02:35] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+    )
+    abort = _line("  exitcode  : -6 (pid: 3438)")
+    abort.time = timeout.time + 5  # the elastic summary, read with the time of the line before
+    assert _run(timeout, abort)["outcome"] == "unknown"
+    early = _line(
+        "[2026-05-01 10:50:00] terminate called after throwing an instance of 'c10::Error'"
+    )
+    assert _run(early, timeout)["outcome"] == "workload_crash"
 
 
 # ---------------------------------------------------------------- overrides keyed by pattern id

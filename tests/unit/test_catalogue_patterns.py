@@ -42,7 +42,7 @@ VARIANTS = [
     ("job", "  traceback : Signal 11 (SIGSEGV) received by PID 99", "segfault", {"pid": 99}),
     ("job", "/var/spool/slurmd/job01/slurm_script: line 9: 4242 Segmentation fault      (core dumped) python train.py", "segfault", {}),
     ("kernel", "node3 kernel: pt_main_thread[77]: segfault at 8 ip 00007f sp 00007f error 4 in libtorch.so", "segfault", {"pid": 77, "process": "pt_main_thread"}),
-    ("job", "  traceback : Signal 6 (SIGABRT) received by PID 2385923", "sigabrt", {"pid": 2385923}),
+    ("job", "  traceback : Signal 6 (SIGABRT) received by PID 2385923", "elastic_exit_sigabrt", {"pid": 2385923}),
     ("job", "  traceback : Signal 9 (SIGKILL) received by PID 5", "signal_received", {"signal": 9, "detail": "SIGKILL"}),
     ("job", "  rank      : 11 (local_rank: 3)", "elastic_child_failed", {"rank": 11, "local_rank": 3}),
     ("job", "  exitcode  : 1 (pid: 77)", "elastic_child_failed", {"exitcode": 1, "pid": 77}),
