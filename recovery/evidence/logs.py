@@ -22,7 +22,7 @@ from recovery.settings import Settings
 
 MAX_BYTES = 32 << 20  # read at most the last 32 MiB of a file
 MAX_LINES = 500_000
-SLACK_S = 120.0  # after the window's end (lines written late), and before a run's first line
+SLACK_S = 120.0
 
 _ISO = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})?"
@@ -63,8 +63,7 @@ def read_lines(
     start: float | None = None,
     end: float | None = None,
 ) -> list[LogLine]:
-    """Lines of one log file with their times, kept when inside [start, end + slack]: the
-    look-back is the operator's (`GOODPUT_RECEIVER_LOOKBACK_S`), nothing older counts."""
+    """Lines of one log file with their times, kept when inside [start, end + slack]."""
     size = path.stat().st_size
     with path.open("rb") as f:
         skip = max(0, size - MAX_BYTES)
@@ -84,6 +83,7 @@ def read_lines(
         if t is not None:
             last = t
         t = last
+        # the look-back is the operator's (GOODPUT_RECEIVER_LOOKBACK_S): no slack before start
         if t is not None and start is not None and t < start:
             continue
         if t is not None and end is not None and t > end + SLACK_S:
