@@ -63,7 +63,7 @@ def read_lines(
     start: float | None = None,
     end: float | None = None,
 ) -> list[LogLine]:
-    """Lines of one log file with their times, kept when inside [start, end + slack]."""
+    """Lines of one log file with their times, kept when inside [start-slack, end+slack]."""
     size = path.stat().st_size
     with path.open("rb") as f:
         skip = max(0, size - MAX_BYTES)
