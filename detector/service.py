@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from catalogue import promql
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.frame import JOB_RE, NODE_RE, Frame, FrameError
@@ -45,8 +46,7 @@ def fetch(
 ) -> tuple[Frame, dict[str, str]]:
     """Query Prometheus (fixed query count) and build this instant's frame + job names."""
     now = time.time() if now is None else now
-    names_re = "|".join(F.DCGM_FIELDS)
-    dcgm = client.query(f'{{__name__=~"{names_re}"}}')
+    dcgm = client.query(promql.selector(__name__=F.DCGM_FIELDS))
     info = client.query(NODE_INFO)
     progress = client.query(f"max by (job_id) ({F.LAST_PROGRESS})")
     iters = client.query(f"max by (job_id) ({F.ITER_SECONDS})")
