@@ -74,6 +74,9 @@ class Pattern:
     description: str = ""
     gate: re.Pattern[str] | None = None  # all regexes as one alternation, for a cheap first pass
     ignore_case: bool = False  # regexes run on the lower-cased line (write them in lower case)
+    alert: bool = False  # GoodputJobLogFault fires on it (alertmanager/alerts.yaml lists it)
+    fallback: bool = False  # reported only when no other initiating/cascade pattern matched
+    sources: tuple[str, ...] = ()  # where the example lines come from
 
 
 def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
@@ -128,6 +131,7 @@ class Catalogue:
         self.rank_hints = rank_hints
         self.xid_unlisted = xid_unlisted  # what an XID the table does not list means
         self._by_source = {s: tuple(p for p in patterns if p.source in (s, "any")) for s in SOURCES}
+        self._fallback = {p.id: p.fallback for p in patterns}
         # Each distinct keyword is looked for once per line (a C substring search: cheaper
         # than any regex); a pattern runs its regexes only when one of its keywords is present.
         self._keywords = tuple(
@@ -183,6 +187,9 @@ class Catalogue:
             if p.exclusive:
                 taken.add(p.exclusive)
             out.append(Match(p.id, p.symptom, p.role, source, p.outcome, groups))
+        if any(self._fallback.get(m.pattern) for m in out):  # a generic shape steps aside
+            specific = any(m.role != "info" and not self._fallback[m.pattern] for m in out)
+            out = [m for m in out if not (specific and self._fallback[m.pattern])]
         return out
 
     def _typed(self, raw: dict[str, str | None]) -> dict[str, Any]:
@@ -219,6 +226,11 @@ def _need(entry: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise CatalogueError(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
     return value
+
+
+def _flag(entry: dict[str, Any], key: str, where: str) -> bool:
+    """An optional boolean key (false when absent)."""
+    return bool(_need(entry, key, bool, where)) if key in entry else False
 
 
 def _str_map(data: dict[str, Any], key: str, where: str) -> dict[str, str]:
@@ -365,6 +377,9 @@ def _load_patterns(
         keywords = _as_list(entry.get("keywords"), where)
         if not all(isinstance(k, str) and k for k in keywords):
             raise CatalogueError(f"{where}: keywords must be non-empty strings (quote 'a: b')")
+        sources = _as_list(entry.get("sources"), where)
+        if not all(isinstance(x, str) and x for x in sources):
+            raise CatalogueError(f"{where}: sources must be non-empty strings")
         patterns.append(
             Pattern(
                 id=pid,
@@ -378,9 +393,10 @@ def _load_patterns(
                 outcome=outcome,
                 description=str(entry.get("description", "")),
                 gate=_gate(regexes),
-                ignore_case=_need(entry, "ignore_case", bool, where)
-                if "ignore_case" in entry
-                else False,
+                ignore_case=_flag(entry, "ignore_case", where),
+                alert=_flag(entry, "alert", where),
+                fallback=_flag(entry, "fallback", where),
+                sources=tuple(sources),
             )
         )
         examples.append(

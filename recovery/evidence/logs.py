@@ -73,7 +73,8 @@ def read_lines(
         if t is not None:
             last = t
         t = last
-        if t is not None and start is not None and t < start - SLACK_S:
+        # the look-back is the operator's (GOODPUT_RECEIVER_LOOKBACK_S): no slack before start
+        if t is not None and start is not None and t < start:
             continue
         if t is not None and end is not None and t > end + SLACK_S:
             continue

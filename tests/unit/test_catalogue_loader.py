@@ -44,6 +44,24 @@ def test_packaged_catalogue_loads(copy):
         ("patterns.yaml", "'nvrm: gpu at'", "nvrm: gpu at", "keywords must be"),
         (
             "patterns.yaml",
+            "    alert: true\n",
+            "    alert: yes please\n",
+            "'alert' has the wrong type",
+        ),
+        (
+            "patterns.yaml",
+            "    fallback: true\n",
+            "    fallback: 1\n",
+            "'fallback' has the wrong type",
+        ),
+        (
+            "patterns.yaml",
+            "    sources:\n      - https://",
+            "    sources:\n      - ''\n      - https://",
+            "sources must be",
+        ),
+        (
+            "patterns.yaml",
             "- 'NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.'",
             "- 'NVRM: GPU fine'",
             "does not match its example",
