@@ -13,61 +13,26 @@ Errors raise `ImportFailure` with the file, the line or field, and what would be
 
 from __future__ import annotations
 
-import calendar
 import json
 import re
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from catalogue import names, recording
+from catalogue import logtime, names, recording
 from exporters import slurm_exporter
 from exporters.logmetrics.parser import LogState
-
-try:  # the shared log-time parser (catalogue/logtime.py), once it has landed; the fallback
-    # below it (four forms) goes away then
-    from catalogue import logtime as _shared  # type: ignore[attr-defined,unused-ignore]
-except ImportError:  # pragma: no cover - depends on the merge order
-    _shared = None
 
 
 class ImportFailure(ValueError):
     """Input that cannot become part of a recording; the message says what is accepted."""
 
 
-# --- line times: a thin call site for catalogue/logtime.py ----------------------------------
-_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s?(Z|[+-]\d\d:?\d\d)?")
-_CTIME = re.compile(r"\[\s*[A-Z][a-z]{2} ([A-Z][a-z]{2}) +(\d+) (\d\d):(\d\d):(\d\d) (\d{4})\]")
-_MONO = re.compile(r"^\s*(?:<\d+>)?\[\s*(\d+\.\d+)\]")
-_SYSLOG = re.compile(r"^([A-Z][a-z]{2}) +(\d+) (\d\d):(\d\d):(\d\d)")
-_MON = {m: i for i, m in enumerate(calendar.month_abbr) if m}
-
-
 def line_time(text: str, ref: float, boot_time: float | None = None) -> tuple[float | None, str]:
-    """(unix time or None, form) of a log line: iso | ctime (dmesg -T) | monotonic | syslog
-    (| glog | mmdd | embedded with the shared parser). `ref`: a time near the log, for stamps
-    without a year. A stamp without a zone is UTC."""
-    if _shared is not None:
-        stamp = _shared.parse(text, ref, boot_time)
-        return (None, "") if stamp is None else (stamp.time, stamp.form)
-    year = time.gmtime(ref).tm_year
-    head = text[:200]
-    if m := _ISO.search(head):
-        y, mo, d, h, mi, s, frac, tz = m.groups()
-        t = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s)))
-        if tz and tz != "Z":
-            digits = tz[1:].replace(":", "")
-            t -= (1 if tz[0] == "+" else -1) * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-        return t + float(frac or 0), "iso"
-    if (m := _CTIME.search(head)) and m.group(1) in _MON:
-        mon, d, h, mi, s, y = m.groups()
-        return float(calendar.timegm((int(y), _MON[mon], int(d), int(h), int(mi), int(s)))), "ctime"
-    if m := _MONO.match(head):
-        return (boot_time + float(m.group(1)) if boot_time is not None else None), "monotonic"
-    if (m := _SYSLOG.match(head)) and m.group(1) in _MON:
-        mon, d, h, mi, s = m.groups()
-        return float(calendar.timegm((year, _MON[mon], int(d), int(h), int(mi), int(s)))), "syslog"
-    return None, ""
+    """(unix time or None, form) of a log line, by the shared parser (catalogue/logtime.py).
+    `ref`: a time near the log, for stamps without a year."""
+    stamp = logtime.parse(text, ref, boot_time)
+    return (None, "") if stamp is None else (stamp.time, stamp.form)
 
 
 def _iso(t: float) -> str:
