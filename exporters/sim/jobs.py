@@ -67,6 +67,7 @@ class Job:
     ckpt_iter: int = 0
     last_ckpt_t: float = 0.0
     last_progress_t: float = 0.0
+    last_pause_t: float = 0.0  # start-up or a checkpoint began (the log says so)
     step_s: float = 0.0
     loss_logged: float = float("nan")
     ever_nodes: list[str] = field(default_factory=list)
@@ -107,6 +108,7 @@ class Job:
         self.stall, self.stuck, self.slow, self.slow_host = None, set(), 1.0, None
         self.nan, self.oom_gpu, self.events, self.thermal_gpus = False, None, [], set()
         self.pid = 20000 + (int(self.job_id.split("_")[0]) * 37 + self.restarts * 101) % 40000
+        self.last_pause_t = now  # the header's start-up lines open a pause
         sink.job(
             self.job_id,
             logs.job_header(now, self.job_id, self.name, self.nodes, self.gpus_per_node, self.pid),
@@ -185,6 +187,7 @@ class Job:
         if self.train_s >= self.next_ckpt:
             self.next_ckpt += self.checkpoint_every_s
             self.phase, self.phase_end = "ckpt", now + self.checkpoint_s
+            self.last_pause_t = now
             sink.job(self.job_id, logs.checkpoint_start(now, int(self.iteration), self.name))
         elif self.train_s >= self.next_eval:
             self.next_eval += self.eval_every_s

@@ -49,7 +49,7 @@ def test_query_count_does_not_grow_with_jobs(tmp_path):
         stub = StubProm(jobs)
         assert make(tmp_path, stub).cycle(now=1000.0)
         counts.append(stub.calls)
-    assert counts[0] == counts[1] == 4
+    assert counts[0] == counts[1] == 5
 
 
 def test_scores_exposed_and_joined_by_node(tmp_path):
