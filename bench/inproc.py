@@ -232,8 +232,18 @@ class Harness:
         df.insert(0, "timestamp", now)
         df.insert(1, "node", [g.node_name for g in gpus])
         df.insert(2, "gpu", [str(g.index) for g in gpus])
-        # hpc_job, else the node's one job (the rules' join on goodput_slurm_job_node_info)
-        df.insert(3, "job_id", [g.job_id or node_job.get(g.node_name, "") for g in gpus])
+        # hpc_job, else the node's one job (the rules' join on goodput_slurm_job_node_info),
+        # only on nodes where no GPU carries hpc_job (job mapping off): with mapping on, an
+        # unlabelled GPU is one the job does not use (a 1-GPU job leaves 7 idle)
+        mapped = {g.node_name for g in gpus if g.job_id}
+        df.insert(
+            3,
+            "job_id",
+            [
+                g.job_id or ("" if g.node_name in mapped else node_job.get(g.node_name, ""))
+                for g in gpus
+            ],
+        )
         return df
 
     def _feed_logs(self, now: float) -> None:

@@ -59,12 +59,15 @@ def fetch(
             node_jobs.setdefault(node, set()).add(job)
             names[job] = labels.get("job_name") or job
     rows: dict[tuple[str, str, str], dict[str, float | str]] = {}
+    mapped = {lab.get("Hostname") or lab.get("hostname") for lab, _ in dcgm if lab.get("hpc_job")}
     for labels, value in dcgm:
         host = labels.get("Hostname") or labels.get("hostname") or ""
         node = (host_map or {}).get(host, host)
         gpu = labels.get("gpu", "")
         job = labels.get("hpc_job") or ""
-        if not job and len(node_jobs.get(node, ())) == 1:  # join by node when unambiguous
+        # join by node when unambiguous and the node has no job mapping (with mapping on, an
+        # unlabelled GPU is one no job uses: a 1-GPU job leaves the node's others idle)
+        if not job and host not in mapped and len(node_jobs.get(node, ())) == 1:
             job = next(iter(node_jobs[node]))
         if not (NODE_RE.match(node) and gpu.isdigit()) or (job and not JOB_RE.match(job)):
             continue  # invalid labels never reach the engine
