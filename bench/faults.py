@@ -47,16 +47,25 @@ TARGETS = {
 
 # Why the figures fall short where they do (mechanisms, checked against the committed results).
 NOTES = [
-    "- **Hangs with no GPU signature** (dataloader_stall: every rank idle): the only signal is "
-    "the job's own progress. The detector's progress score reaches 1.0 after 180 s without "
-    "progress (`Progress.min_stall_s`, sized against checkpoint and eval gaps) and the tuned "
-    "GoodputJobHung fires at 0.75 for 10 s, hence ~140 s and the p95 miss. Its other condition, "
-    "no_progress (10 x step time, at least 180 s), is raw PromQL, which this in-process "
-    "benchmark cannot evaluate.",
-    "- **Host straggler on a one-node job**: attribution blames a node by comparing it with its "
-    "peers in the same job; a one-node job has none, so the diagnosis is `unknown` "
-    "(hold_for_person, after the receiver's rechecks). Two- and three-node jobs are diagnosed "
+    "- **Hangs with no GPU signature** (dataloader_stall: every rank idle, memory held): the "
+    "physics priors (catalogue/priors.yaml) score an idle GPU with memory held while the job "
+    "logs no progress and no pause (checkpoint save/load, start-up) is open at stall / "
+    "max(15 s, 2 x the job's p99 progress gap); GoodputJobAnomaly fires at 1.25 for 10 s, "
+    "hence ~30 s. Jobs whose logs never announce a pause keep the progress detector's 180 s "
+    "allowance (a silent checkpoint looks exactly like a host-side hang).",
+    "- **One-GPU and one-node hangs** (cold-start rows): detected in 20-30 s, but attribution "
+    "says `unknown` (hold_for_person): its hang rules want an idle GPU that worked before beside "
+    "busy peers (gpu_stuck) or several GPUs all idle (job_idle); one GPU spinning, or a rank "
+    "stuck from the job's start, match neither (recovery/rules: the attribution's to add).",
+    "- **Host straggler on a one-node or one-GPU job**: detected (step time against the job's "
+    "own history, 20 s), but attribution blames a node by comparing it with peers; the one "
+    "node has none, so the diagnosis is `unknown`. Two- and three-node jobs are diagnosed "
     "`straggler` on the right node.",
+    "- **A job that never reaches its first iteration** (real-signal row): the never_started "
+    "prior allows 600 s of start-up (first_iteration_s), sized for large jobs' NCCL init and "
+    "data loading, so it is not caught within the 10-minute run; a straggler from a never-seen "
+    "job's first iteration has no reference at all (caught when a stored baseline of the same "
+    "job name exists: the restart row).",
     "- **False incidents**: showing <= 0.02 per 1,000 GPU-hours needs ~150,000 healthy "
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "
