@@ -372,8 +372,8 @@ class Progress(_PerJob):
     progress gap seen while healthy (checkpoints, evals). Stall score = stall / allowance, with
     allowance = max(`stall_factor` x step, 1.5 x longest healthy gap, `min_stall_s`) (or
     `unfitted_stall_s` before a baseline exists); slowdown score = robust z of log step time /
-    z_crit(p), 0 for the job's usual pause length (p99 fitted; `unknown_pause_s` before one was
-    seen) + max(`after_pause_s`, 20 steps)
+    z_crit(p), 0 for 1.5 x the job's usual pause length (p99 fitted; `unknown_pause_s` before
+    one was seen) + max(`after_pause_s`, 30 steps)
     after a pause began (the first steps after a checkpoint or a restart run slow). Catches
     hangs that GPU metrics disguise (spin-wait at 100 % util).
 
@@ -461,7 +461,7 @@ class Progress(_PerJob):
                 # ~18 % for ~10 iterations on an H200; not a straggler
                 since = frame.col(F.SINCE_PAUSE)[known]
                 usual = np.where(self.pause_[c] > 0, self.pause_[c], self.unknown_pause_s)
-                settle = usual + np.fmax(self.after_pause_s, 20.0 * self.step_[c])
+                settle = 1.5 * usual + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
                 settling = since <= settle
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return np.nan_to_num(stall / allow), slow

@@ -378,8 +378,9 @@ def _idle(util: list[Series], rule: dict[str, Any]) -> list[Sym]:
 
 def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
     """A node whose GPUs sit below `ratio` × the other nodes' median for min_s; else one GPU
-    below `ratio` × both the job's other GPUs and its own node's others (one slow GPU among
-    eight moves its node's average by ~5 %: it is named by itself)."""
+    below `ratio` × both the job's other GPUs and its own node's others, yet above a quarter of
+    them (slowed, not stuck: an idle GPU is a hang's) -- one slow GPU among eight moves its
+    node's average by ~5 %, so it is named by itself."""
     per_node: dict[str, list[Series]] = {}
     for s in series:
         if s.node:
@@ -439,7 +440,8 @@ def _gpu_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
         for t in times:
             if t in d:
                 ref = min(job[t], node[(s.node, t)])
-                flags.append((t, 1.0 if ref > 0.2 and d[t] < ref * rule["ratio"] else 0.0))
+                slow = ref * 0.25 <= d[t] < ref * rule["ratio"]  # slowed, not stopped (stuck)
+                flags.append((t, 1.0 if ref > 0.2 and slow else 0.0))
         start, dur = _run_len(flags, lambda v: v > 0)
         if dur >= rule.get("min_s", 60):
             detail = f"{rule['metric']} below {rule['ratio']:.0%} of the job's other GPUs"
