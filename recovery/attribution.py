@@ -298,12 +298,16 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                 if len(vals) < 6:
                     continue
                 early = statistics.median(vals[: len(vals) // 3])
-                for t, v in s.points[len(vals) // 3 :]:
-                    if early > 0 and v >= early * rule["ratio"]:
-                        out.append(
-                            _sym(rule, s, t, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
-                        )
-                        break
+                if early <= 0:
+                    continue
+                # it must last `min_s`: the first steps after a checkpoint save run ~18 % slow
+                limit = early * rule["ratio"]
+                start, dur = _run_len(s.points[len(vals) // 3 :], lambda v, lim=limit: v >= lim)
+                if start is not None and dur >= rule.get("min_s", 0):
+                    v = dict(s.points)[start]
+                    out.append(
+                        _sym(rule, s, start, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
+                    )
         elif kind == "peer_low":
             out += _peer_low(_by_name(series, metric), rule)
     return out
