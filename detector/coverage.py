@@ -124,8 +124,9 @@ class Coverage:
                 base += f", last refit {fitted - seen.first:.0f} s after"
         else:
             base = (
-                f"none: the job was seen for {span:.0f} s, the first fit needs "
-                f"{cfg.fit_after_s:g} s (the first {cfg.warmup_s:g} s are warm-up); "
+                f"none: the job was seen for {span:.0f} s; the first fit needs "
+                f"{cfg.fit_rows} calm rows over {cfg.fit_cycles} cycles after the "
+                f"{cfg.warmup_s:g} s warm-up (or {cfg.fit_after_s:g} s); "
                 "--state-dir starts from a saved one"
             )
         peers = engine.det.get("peer")

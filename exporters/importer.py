@@ -97,6 +97,7 @@ def _row(t: float, job_id: str, job: Any) -> dict[str, Any]:
         job.nan_iterations,
         job.skipped_iterations,
         job.last_checkpoint,
+        job.last_pause,
     )
     return {
         "timestamp": t,

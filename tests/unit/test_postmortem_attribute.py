@@ -84,7 +84,7 @@ def test_one_job_is_picked_and_said(tmp_path):
     assert "GPUs per node: 1 (meta.json)" in r.stderr
     assert "slurm: ok: meta.json: job 4242 COMPLETED, exit code 0" in r.stderr
     assert (
-        "prometheus: ok: gpu_metrics.csv.gz: 13 metric(s) of job 4242; job_metrics.csv.gz: 8"
+        "prometheus: ok: gpu_metrics.csv.gz: 13 metric(s) of job 4242; job_metrics.csv.gz: 9"
         in (r.stderr)
     )
     doc = json.loads(r.stdout)
