@@ -11,6 +11,7 @@ STATE=${GOODPUT_STACK_DIR:-/tmp/goodput-stack}
 NODES=${GOODPUT_NODES:-4}
 WITH_POSTGRES=${GOODPUT_WITH_POSTGRES:-1}
 PROM_PORT=${GOODPUT_PROMETHEUS_PORT:-19090}
+SHARDS=${GOODPUT_DETECTOR_SHARDS:-1}
 AM_PORT=${GOODPUT_ALERTMANAGER_PORT:-19093}
 MARIADB_PORT=13306
 PG_PORT=${GOODPUT_POSTGRES_PORT:-15432}
@@ -181,7 +182,7 @@ start_prometheus() {
   mkdir -p "$d/data" "$d/targets"
   need_port "$PROM_PORT" prometheus
   sed -e "s#@ALERTMANAGER@#127.0.0.1:$AM_PORT#" -e "s#@RULES@#$REPO/alertmanager/rules#" \
-      -e "s#@TARGETS@#$d/targets#" "$REPO/compose/local/prometheus.yml" > "$d/prometheus.yml"
+      -e "s#@TARGETS@#$d/targets#" -e "s#\"@SHARDS@\"#$SHARDS#" "$REPO/compose/local/prometheus.yml" > "$d/prometheus.yml"
   # default scrape targets for the simulated dcgm nodes; Goodput services add theirs here too
   [ -f "$d/targets/dcgm.json" ] || python3 - "$NODES" > "$d/targets/dcgm.json" <<'PY'
 import json, sys

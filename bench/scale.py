@@ -1,0 +1,355 @@
+"""Scale benchmark: the detector service's whole cycle at 1k, 10k and 100k GPUs, in process,
+from Prometheus answers in the shape the real Prometheus gives for the service's queries.
+
+The cluster: 8 GPUs per node, 16 per job (two nodes), dcgm-exporter's label set (`gpu`, `UUID`,
+`pci_bus_id`, `device`, `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, `hpc_job`, plus the
+scrape's `instance`, `job`, `goodput_shard`) and the 23 DCGM fields the engine reads, healthy
+H200-like values (`detector.synthetic.HEALTHY`). The answers are served over HTTP by a separate
+process, so a cycle pays for the transfer as it would from Prometheus: query + decode + frame +
+score + render /metrics. Beside it, on the same answers: one bare `orjson.loads` (the limit)
+and one bare numpy pass (z against per-job mean/sd, max over the 12 gauges); and for scale,
+the bare parse of the raw `{__name__=~...}` answer with all labels that the service used to
+ask for. 100,000 GPUs run as 10 shards (each shard's answer holds what `goodput_shard="K"`
+selects), one after the other, each its own service.
+
+    python -m bench.scale [--sizes 1000,10000,100000] [--shards 10] [--cycles 6] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import numpy as np
+import orjson
+
+from detector import fields as F
+from detector.baselines import BaselineStore
+from detector.service import KEY, NODE_INFO, Service, ServiceConfig, Shard, fetch, queries
+from detector.synthetic import HEALTHY
+
+PORT = 19395
+FLOATS = {"DCGM_FI_DEV_POWER_USAGE"} | {n for n in F.DCGM_FIELDS if n.startswith("DCGM_FI_PROF")}
+
+
+@dataclass
+class Cluster:
+    node: list[str]
+    gpu: list[int]
+    job: list[str]  # "" = idle
+    values: np.ndarray  # (gpus, len(F.DCGM_FIELDS))
+
+    @staticmethod
+    def make(gpus: int, idle: float = 0.0, seed: int = 0) -> Cluster:
+        """`gpus` GPUs, 8 per node, 16 per job; the last `idle` share runs no job."""
+        rng = np.random.default_rng(seed)
+        busy = int(round(gpus * (1 - idle)))
+        node = [f"node{i // 8 + 1}" for i in range(gpus)]
+        job = [str(100000 + i // 16) if i < busy else "" for i in range(gpus)]
+        values = np.zeros((gpus, len(F.DCGM_FIELDS)))
+        for i, name in enumerate(F.DCGM_FIELDS):
+            if name in HEALTHY:
+                mu, sd = HEALTHY[name]
+                col = rng.normal(mu, sd, gpus)
+                values[:, i] = col if name in FLOATS else np.round(np.minimum(col, 1e9))
+        values[:, F.DCGM_FIELDS.index(F.UTIL)] = np.minimum(values[:, 0], 100)
+        return Cluster(node, [i % 8 for i in range(gpus)], job, values)
+
+    def rows(self, shard: Shard | None) -> np.ndarray:
+        """The GPUs a shard's selector returns: its jobs' and every GPU without a job."""
+        if shard is None:
+            return np.arange(len(self.node))
+        owned = {j: shard.owns(j) for j in set(self.job) if j}
+        return np.array([i for i, j in enumerate(self.job) if not j or owned[j]], dtype=int)
+
+
+def _doc(result: list) -> bytes:
+    return orjson.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+
+def _num(v: float, name: str) -> str:
+    return repr(float(v)) if name in FLOATS else str(int(v))
+
+
+def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -> dict[str, bytes]:
+    """query -> the answer Prometheus gives to it (the service's fixed set). `hpc_job=False`:
+    dcgm-exporter without job mapping (jobs known only from the Slurm exporter's node info)."""
+    idx = c.rows(shard)
+    out = {}
+    for q, expr in queries(shard).items():
+        if q in F.DCGM_FIELDS:
+            col = F.DCGM_FIELDS.index(q)
+            out[expr] = _doc(
+                [
+                    {
+                        "metric": {KEY: f"{c.node[i]},,{c.gpu[i]},{c.job[i] if hpc_job else ''}"},
+                        "value": [now, _num(c.values[i, col], q)],
+                    }
+                    for i in idx.tolist()
+                ]
+            )
+            continue
+        pairs = sorted({(c.job[i], c.node[i]) for i in idx.tolist() if c.job[i]})
+        if q == NODE_INFO:
+            res = [
+                {
+                    "metric": {
+                        "__name__": NODE_INFO,
+                        "job_id": j,
+                        "job_name": f"train-{j}",
+                        "node": n,
+                        "instance": "127.0.0.1:19410",
+                        "job": "goodput-slurm-exporter",
+                    },
+                    "value": [now, "1"],
+                }
+                for j, n in pairs
+            ]
+        else:
+            val = now - 1.0 if q == F.LAST_PROGRESS else 0.5
+            res = [
+                {"metric": {"job_id": j}, "value": [now, repr(val)]}
+                for j in sorted({j for j, _ in pairs})
+            ]
+        out[expr] = _doc(res)
+    return out
+
+
+def raw_answer(c: Cluster, now: float) -> bytes:
+    """The answer to `{__name__=~"<23 fields>"}` with every label (what the service asked for
+    before it aggregated): for the bare-parse comparison."""
+    res = []
+    for col, name in enumerate(F.DCGM_FIELDS):
+        for i in range(len(c.node)):
+            g = c.gpu[i]
+            m = {
+                "__name__": name,
+                "gpu": str(g),
+                "UUID": f"GPU-{hashlib.md5(f'{c.node[i]}/{g}'.encode()).hexdigest()[:32]}",
+                "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
+                "device": f"nvidia{g}",
+                "modelName": "NVIDIA H200",
+                "Hostname": c.node[i],
+                "DCGM_FI_DRIVER_VERSION": "550.90.07",
+                "instance": f"{c.node[i]}:9400",
+                "job": "dcgm",
+            }
+            if c.job[i]:
+                m["hpc_job"] = c.job[i]
+            res.append({"metric": m, "value": [now, _num(c.values[i, col], name)]})
+    return _doc(res)
+
+
+def serve_answers(directory: str, port: int) -> None:
+    """A separate process that answers /api/v1/query from recorded answers (by query)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    root = Path(directory)
+
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            n = int(self.headers.get("Content-Length") or 0)
+            expr = parse_qs(self.rfile.read(n).decode()).get("query", [""])[0]
+            path = root / (hashlib.sha256(expr.encode()).hexdigest() + ".json")
+            body = path.read_bytes() if path.exists() else _doc([])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+
+
+def _write(directory: Path, recorded: dict[str, bytes]) -> None:
+    for f in directory.glob("*.json"):
+        f.unlink()
+    for expr, body in recorded.items():
+        (directory / (hashlib.sha256(expr.encode()).hexdigest() + ".json")).write_bytes(body)
+
+
+def _best(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _bare_numpy(frame, n: int) -> float:
+    x = frame.cols(F.GAUGE_NAMES)
+    codes, uniq = frame.job_codes
+    rng = np.random.default_rng(0)
+    mu = rng.normal(size=(len(uniq), x.shape[1]))
+    sd = np.ones((len(uniq), x.shape[1]))
+    return _best(lambda: np.abs((x - mu[codes]) / sd[codes]).max(axis=1), n)
+
+
+def _fitted(svc: Service, now: float) -> None:
+    """Every job fitted and past warm-up, as in steady state (so cycles also learn)."""
+    frame, _ = fetch(svc.client, None, now, svc.cfg.shard)
+    for name, det in svc.engine.det.items():
+        if name not in ("hardware", "multivariate"):
+            det.fit(frame)
+    for info in svc.engine.jobs.values():
+        info.first_seen, info.fitted_at = now - svc.engine.cfg.warmup_s - 1.0, now
+
+
+def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: int) -> dict:
+    """One service (one shard) over its recorded answers: timings, sizes, the two limits."""
+    now = 1.8e9
+    recorded = answers(c, shard, now)
+    _write(work, recorded)
+    svc = Service(
+        ServiceConfig(prometheus_url=f"http://127.0.0.1:{port}", shard=shard),
+        store=BaselineStore(work / "baselines"),
+    )
+    runs = []
+    for k in range(cycles + 1):  # the first cycle creates every job: reported apart
+        assert svc.cycle(now=now + 5.0 * k), "a cycle failed"
+        runs.append({"total": svc.scores.cycle_seconds, **svc.scores.phases})
+        if k == 0:
+            _fitted(svc, now)
+    steady = runs[1:]
+    text = svc.exposition()
+    bodies = list(recorded.values())
+    bare = _best(lambda: [orjson.loads(b) for b in bodies], max(3, cycles // 2))
+    fr, _ = fetch(svc.client, None, now, shard)
+    numpy_s = _bare_numpy(fr, 20)
+
+    def stat(key: str, how=min) -> float:
+        return round(how(r[key] for r in steady), 4)
+
+    lines = [ln for ln in text.decode().splitlines() if ln and not ln.startswith("#")]
+    return {
+        "shard": f"{shard.index}/{shard.count}" if shard else "all",
+        "gpus": len(fr),
+        "jobs": len(set(fr.job) - {""}),
+        "queries": len(recorded),
+        "answer_bytes": sum(map(len, bodies)),
+        "answer_series": sum(b.count(b'"value"') for b in bodies),
+        "first_cycle_s": round(runs[0]["total"], 4),
+        "cycle_s_min": stat("total"),
+        "cycle_s_median": stat("total", statistics.median),
+        "fetch_s_min": stat("fetch"),
+        "score_s_min": stat("score"),
+        "render_s_min": stat("render"),
+        "bare_orjson_parse_s": round(bare, 4),
+        "bare_numpy_pass_s": round(numpy_s, 5),
+        "cycle_vs_bare_parse": round(stat("total") / bare, 2),
+        "engine_vs_bare_numpy": round(stat("score") / numpy_s, 1),
+        "metrics_series": len(lines),
+        "metrics_bytes": len(text),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--shards", type=int, default=10, help="shards for sizes above 10,000")
+    ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    work = Path(tempfile.mkdtemp(prefix="goodput-scale-"))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from bench.scale import serve_answers; serve_answers({str(work)!r}, {PORT})",
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    rows = []
+    try:
+        _wait(PORT)
+        for n in sizes:
+            c = Cluster.make(n)
+            shards = [None] if n <= 10_000 else [Shard(k, args.shards) for k in range(args.shards)]
+            per = [run_shard(c, s, args.cycles, work, PORT) for s in shards]
+            now = 1.8e9
+            raw = raw_answer(c, now) if n <= 10_000 else b""
+            raw_parse = _best(lambda b=raw: orjson.loads(b), 3) if raw else None
+            rows.append(
+                {
+                    "gpus": n,
+                    "shards": len(shards),
+                    "worst_shard": max(per, key=lambda r: r["cycle_s_min"]),
+                    "per_shard": per,
+                    "raw_answer_bytes": len(raw) or None,
+                    "raw_answer_bare_orjson_parse_s": round(raw_parse, 4) if raw_parse else None,
+                }
+            )
+            print(json.dumps(rows[-1]["worst_shard"]), flush=True)
+    finally:
+        server.terminate()
+        server.wait()
+    doc = {
+        "machine": {
+            "platform": platform.platform(),
+            "cores_visible": os.cpu_count(),
+            "python": platform.python_version(),
+            "note": "2 cores shared with other agents' work; best of the steady cycles",
+        },
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": "generated Prometheus answers in dcgm-exporter's label shape (bench/scale.py)",
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "scale.md").write_text(markdown(doc))
+    return doc
+
+
+def _wait(port: int) -> None:
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"answer server on {port} did not start")
+
+
+def markdown(doc: dict) -> str:
+    head = (
+        "| GPUs | shards | GPUs per shard | cycle s (min / median) | fetch | score | render "
+        "| bare orjson parse s | cycle / parse | engine / bare numpy | answer MB | /metrics "
+        "series |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    body = ""
+    for r in doc["rows"]:
+        w = r["worst_shard"]
+        body += (
+            f"| {r['gpus']:,} | {r['shards']} | {w['gpus']:,} | {w['cycle_s_min']} / "
+            f"{w['cycle_s_median']} | {w['fetch_s_min']} | {w['score_s_min']} | "
+            f"{w['render_s_min']} | {w['bare_orjson_parse_s']} | {w['cycle_vs_bare_parse']} | "
+            f"{w['engine_vs_bare_numpy']} | {w['answer_bytes'] / 1e6:.1f} | "
+            f"{w['metrics_series']:,} |\n"
+        )
+    return (
+        "# Scale benchmark (detector service, in process)\n\n"
+        f"{doc['data']}; answers served over HTTP by a separate process. Sharded rows show "
+        "the slowest shard.\n\n" + head + body + f"\nMachine: {doc['machine']}; measured "
+        f"{doc['measured']}.\n\nRerun: `goodput bench scale`.\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
