@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from bench.online_alerts import OnlineAlerts
+from detector import exposition
 from detector import fields as F
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
@@ -253,16 +254,14 @@ class Harness:
 
     def _scores(self, res: Any, now: float) -> dict[str, pd.DataFrame]:
         f = res.frame
-        on = np.flatnonzero(f.job != "")
-        n_det = len(res.detectors)
+        on, combined, _ = exposition.gpu_combined(res)  # one series per GPU, as exposed
         gpu = pd.DataFrame(
             {
                 "timestamp": now,
-                "job_id": np.repeat(f.job[on], n_det),
-                "node": np.repeat(f.node[on], n_det),
-                "gpu": np.repeat(f.gpu[on].astype(str), n_det),
-                "detector": np.tile(np.array(res.detectors, dtype=object), len(on)),
-                "goodput_gpu_anomaly_score": res.gpu[on].reshape(-1),
+                "job_id": f.job[on],
+                "node": f.node[on],
+                "gpu": f.gpu[on].astype(str),
+                "goodput_gpu_anomaly_score": combined,
             }
         )
         jobs = res.jobs.rename(columns={"score": "goodput_job_anomaly_score"})
@@ -530,7 +529,7 @@ class Harness:
                 add(
                     gs[gs["job_id"] == ctx.job_id],
                     "goodput_gpu_anomaly_score",
-                    ["node", "gpu", "detector"],
+                    ["node", "gpu"],
                 )
         elif ctx.nodes and not dcgm.empty:
             for m in prom_evidence.DCGM_FIELDS:

@@ -55,22 +55,29 @@ def _lines(name: str, labels: list[str], values: np.ndarray) -> str:
     return family(name, HELP[name]) + body
 
 
+def gpu_combined(res: Result) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(frame rows on a job, their combined score = max over detectors, the index of the
+    detector that drives it): what `goodput_gpu_anomaly_score` exposes, for every reader."""
+    on = np.flatnonzero(res.frame.job != "")
+    scores = res.gpu[on] if len(on) else np.zeros((0, len(res.detectors)))
+    if not scores.shape[1]:
+        return on, np.zeros(len(on)), np.zeros(len(on), dtype=np.int64)
+    return on, scores.max(axis=1), scores.argmax(axis=1)
+
+
 def render(res: Result, gpu_level: float) -> bytes:
     """The cycle's score families as exposition text."""
     f = res.frame
-    on = np.flatnonzero(f.job != "")
-    scores = res.gpu[on] if len(on) else np.zeros((0, len(res.detectors)))
+    on, combined, drive = gpu_combined(res)
     parts = []
     gpu_labels = [
         f'job_id="{j}",node="{n}",gpu="{g}"'
         for j, n, g in zip(f.job[on].tolist(), f.node[on].tolist(), f.gpu[on].tolist(), strict=True)
     ]
-    combined = scores.max(axis=1) if scores.shape[1] else np.zeros(len(on))
     parts.append(_lines(GPU, gpu_labels, combined))
     over = np.flatnonzero(combined >= gpu_level)
     if len(over):
-        drive = scores[over].argmax(axis=1)
-        names = [res.detectors[d] for d in drive.tolist()]
+        names = [res.detectors[d] for d in drive[over].tolist()]
         labels = [
             f'{gpu_labels[i]},detector="{d}"' for i, d in zip(over.tolist(), names, strict=True)
         ]
@@ -86,7 +93,7 @@ def render(res: Result, gpu_level: float) -> bytes:
             jobs["score"].to_numpy(dtype=float),
         )
     )
-    parts.append(_node_detectors(res, on, scores))
+    parts.append(_node_detectors(res, on, res.gpu[on]))
     nodes = res.nodes
     parts.append(
         _lines(
