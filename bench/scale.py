@@ -63,7 +63,8 @@ class Cluster:
                 mu, sd = HEALTHY[name]
                 col = rng.normal(mu, sd, gpus)
                 values[:, i] = col if name in FLOATS else np.round(np.minimum(col, 1e9))
-        values[:, F.DCGM_FIELDS.index(F.UTIL)] = np.minimum(values[:, 0], 100)
+        u = F.DCGM_FIELDS.index(F.UTIL)
+        values[:, u] = np.minimum(values[:, u], 100)
         return Cluster(node, [i % 8 for i in range(gpus)], job, values)
 
     def rows(self, shard: Shard | None) -> np.ndarray:
@@ -126,28 +127,59 @@ def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -
     return out
 
 
+def _dcgm_labels(c: Cluster, i: int) -> dict[str, str]:
+    """dcgm-exporter's label set for GPU `i` (`hpc_job` only while a job runs there)."""
+    g = c.gpu[i]
+    m = {
+        "gpu": str(g),
+        "UUID": f"GPU-{hashlib.md5(f'{c.node[i]}/{g}'.encode()).hexdigest()[:32]}",
+        "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
+        "device": f"nvidia{g}",
+        "modelName": "NVIDIA H200",
+        "Hostname": c.node[i],
+        "DCGM_FI_DRIVER_VERSION": "550.90.07",
+    }
+    if c.job[i]:
+        m["hpc_job"] = c.job[i]
+    return m
+
+
+def dcgm_text(c: Cluster) -> bytes:
+    """The cluster as dcgm-exporter's /metrics text (one body for all nodes: tests, bench)."""
+    labels = [
+        ",".join(f'{k}="{v}"' for k, v in _dcgm_labels(c, i).items()) for i in range(len(c.node))
+    ]
+    out = []
+    for col, name in enumerate(F.DCGM_FIELDS):
+        out.append(f"# TYPE {name} gauge\n")
+        out += [f"{name}{{{lab}}} {_num(c.values[i, col], name)}\n" for i, lab in enumerate(labels)]
+    return "".join(out).encode()
+
+
+def slurm_text(c: Cluster) -> bytes:
+    """The Slurm exporter's job -> node join for the cluster's jobs."""
+    pairs = sorted({(j, n) for j, n in zip(c.job, c.node, strict=True) if j})
+    lines = [f'{NODE_INFO}{{job_id="{j}",job_name="train-{j}",node="{n}"}} 1\n' for j, n in pairs]
+    return (f"# TYPE {NODE_INFO} gauge\n" + "".join(lines)).encode()
+
+
 def raw_answer(c: Cluster, now: float) -> bytes:
     """The answer to `{__name__=~"<23 fields>"}` with every label (what the service asked for
     before it aggregated): for the bare-parse comparison."""
-    res = []
-    for col, name in enumerate(F.DCGM_FIELDS):
-        for i in range(len(c.node)):
-            g = c.gpu[i]
-            m = {
+    labels = [_dcgm_labels(c, i) for i in range(len(c.node))]
+    res = [
+        {
+            "metric": {
                 "__name__": name,
-                "gpu": str(g),
-                "UUID": f"GPU-{hashlib.md5(f'{c.node[i]}/{g}'.encode()).hexdigest()[:32]}",
-                "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
-                "device": f"nvidia{g}",
-                "modelName": "NVIDIA H200",
-                "Hostname": c.node[i],
-                "DCGM_FI_DRIVER_VERSION": "550.90.07",
+                **labels[i],
                 "instance": f"{c.node[i]}:9400",
                 "job": "dcgm",
-            }
-            if c.job[i]:
-                m["hpc_job"] = c.job[i]
-            res.append({"metric": m, "value": [now, _num(c.values[i, col], name)]})
+            },
+            "value": [now, _num(c.values[i, col], name)],
+        }
+        for col, name in enumerate(F.DCGM_FIELDS)
+        for i in range(len(c.node))
+    ]
     return _doc(res)
 
 
