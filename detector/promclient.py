@@ -37,14 +37,12 @@ def decode(body: bytes, status: int = 200) -> list[dict[str, Any]]:
     return result
 
 
-def column(result: list[dict[str, Any]], label: str) -> tuple[list[str], np.ndarray]:
-    """(value of `label` per series, float64 sample values): malformed series become
-    label "" and NaN (callers drop label "")."""
+def column(result: list[dict[str, Any]], label: str) -> tuple[list[Any], np.ndarray]:
+    """(value of `label` per series, float64 sample values). A malformed series gets label
+    "" and NaN; a label value may still be any JSON value: callers check the distinct ones."""
     try:
         keys = [s["metric"].get(label, "") for s in result]
-        vals = np.array([s["value"][1] for s in result], dtype=np.float64)
-        if all(isinstance(k, str) for k in keys):
-            return keys, vals
+        return keys, np.array([s["value"][1] for s in result], dtype=np.float64)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         pass
     keys, out = [], np.full(len(result), np.nan)  # slow path, only for a damaged answer
@@ -52,7 +50,7 @@ def column(result: list[dict[str, Any]], label: str) -> tuple[list[str], np.ndar
         try:
             k = s["metric"].get(label, "")
             out[i] = float(s["value"][1])
-            keys.append(k if isinstance(k, str) else "")
+            keys.append(k)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
             keys.append("")
     return keys, out
@@ -67,13 +65,14 @@ class PromClient:
     def raw(self, expr: str) -> list[dict[str, Any]]:
         """Instant query (POSTed: selectors can be long), decoded: the `result` list."""
         try:
-            r = self.session.post(
+            with self.session.post(
                 f"{self.url}/api/v1/query",
                 data={"query": expr},
                 timeout=self.timeout,
                 headers={"Accept-Encoding": "identity"},  # loopback/LAN: gzip costs more CPU
-            )
-            body, status = r.content, r.status_code
+                stream=True,
+            ) as r:
+                body, status = r.raw.read(decode_content=True), r.status_code
         except requests.RequestException as exc:
             raise PromError(f"query failed: {exc}") from exc
         return decode(body, status)

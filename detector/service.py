@@ -12,13 +12,16 @@ scores are withdrawn (stale), `goodput_detector_query_errors_total` rises, the l
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,13 +102,9 @@ def fetch(
     """Query Prometheus (fixed query count) and build this instant's frame + job names."""
     now = time.time() if now is None else now
     qs = queries(shard)
-    keys: list[str] = []
-    parts, counts = [], []
+    rows = _Rows()
     for name in F.DCGM_FIELDS:
-        k, v = column(client.raw(qs[name]), KEY)
-        keys += k
-        parts.append(v)
-        counts.append(len(k))
+        rows.add(F.ALL_FIELDS.index(name), *column(client.raw(qs[name]), KEY))
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in client.query(qs[NODE_INFO]):
@@ -115,12 +114,8 @@ def fetch(
             names[j] = labels.get("job_name") or j
     progress = _per_job(client, qs[F.LAST_PROGRESS])
     iters = _per_job(client, qs[F.ITER_SECONDS])
-    codes, uniq = pd.factorize(np.array(keys, dtype=object))
-    cols = np.repeat([F.ALL_FIELDS.index(n) for n in F.DCGM_FIELDS], counts)
-    values = np.full((len(uniq), len(F.ALL_FIELDS)), np.nan)
-    if len(keys):
-        values[codes, cols] = np.concatenate(parts)
-    node, gpu, job = _labels(uniq, host_map, node_jobs)
+    values = rows.values()
+    node, gpu, job = _labels(np.array(rows.keys, dtype=object), host_map, node_jobs)
     ok = node != ""
     jcodes, juniq = pd.factorize(job)
     last = np.array([progress.get(j, np.nan) for j in juniq], dtype=float)[jcodes]
@@ -134,6 +129,38 @@ def fetch(
     return frame, names
 
 
+class _Rows:
+    """One row per distinct key over the fields' answers. Prometheus answers every field in
+    the same series order, so a field whose keys equal the last one's reuses its codes (one
+    list comparison); any other order is indexed."""
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self.index = pd.Index([], dtype=object)
+        self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._last: tuple[list[Any], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
+
+    def add(self, col: int, keys: list[Any], vals: np.ndarray) -> None:
+        if keys == self._last[0]:
+            codes = self._last[1]
+        else:
+            codes = self.index.get_indexer(keys) if len(self.index) else np.full(len(keys), -1)
+            new = np.flatnonzero(codes < 0)
+            if len(new):
+                inv, fresh = pd.factorize(np.array(keys, dtype=object)[new])
+                codes[new] = len(self.keys) + inv
+                self.keys += fresh.tolist()
+                self.index = pd.Index(self.keys, dtype=object)
+            self._last = (keys, codes)
+        self.parts.append((col, codes, vals))
+
+    def values(self) -> np.ndarray:
+        out = np.full((len(self.keys), len(F.ALL_FIELDS)), np.nan)
+        for col, codes, vals in self.parts:
+            out[codes, col] = vals
+        return out
+
+
 def _labels(
     keys: np.ndarray, host_map: dict[str, str] | None, node_jobs: dict[str, set[str]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -141,7 +168,10 @@ def _labels(
     "" (dropped: invalid labels never reach the engine). A row without `hpc_job` takes its
     node's job when the node runs exactly one."""
     blank = ["", "", "", ""]
-    split = [p if len(p) == 4 else blank for p in (k.split(",") for k in keys.tolist())]
+    split = [
+        p if len(p) == 4 else blank
+        for p in (k.split(",") if isinstance(k, str) else blank for k in keys.tolist())
+    ]
     host = np.array([p[0] or p[1] for p in split], dtype=object)
     gpu_s = np.array([p[2] for p in split], dtype=object)
     job = np.array([p[3] for p in split], dtype=object)
@@ -159,6 +189,20 @@ def _labels(
     jvalid = np.array([j == "" or JOB_RE.match(j) is not None for j in juniq] + [False])
     ok = valid[hcodes] & (gpu >= 0) & jvalid[jcodes]
     return np.where(ok, node, ""), np.where(ok, gpu, 0), np.where(ok, job, "")
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: decoding an answer allocates millions of objects
+    (none in a cycle: reference counting frees them), and the collections those allocations
+    trigger cost 5-10x the decoding itself (bench/results/scale.md)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Scores(Collector):
@@ -233,6 +277,10 @@ class Service:
 
     def cycle(self, now: float | None = None) -> bool:
         """One query-score-publish cycle; never raises on bad input or a down Prometheus."""
+        with no_gc():
+            return self._cycle(now)
+
+    def _cycle(self, now: float | None) -> bool:
         t0 = time.perf_counter()
         try:
             frame, names = fetch(self.client, self.cfg.host_map, now, self.cfg.shard)
