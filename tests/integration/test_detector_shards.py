@@ -165,3 +165,16 @@ def test_replicas_score_disjoint_jobs_whose_union_is_all(prom, tmp_path):
     whole = Service(ServiceConfig(prometheus_url=url), store=BaselineStore(tmp_path))
     assert whole.cycle()
     assert set(whole.engine.jobs) == jobs
+
+
+def test_prometheus_answers_every_field_in_one_series_order(prom):
+    """The fetch's fast path (one list comparison per field instead of indexing) holds."""
+    url, _ = prom
+    from detector.service import KEY, queries
+
+    qs = queries(Shard(0, SHARDS))
+    orders = [
+        [s["metric"][KEY] for s in _query(url, qs[f])]
+        for f in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS")
+    ]
+    assert orders[0] and orders[0] == orders[1] == orders[2]
