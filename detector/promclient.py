@@ -6,6 +6,8 @@ into a list and a float64 array, for the large per-GPU answers (no per-series di
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -57,10 +59,21 @@ def column(result: list[dict[str, Any]], label: str) -> tuple[list[Any], np.ndar
 
 
 class PromClient:
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, parallel: int = 4) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.session = requests.Session()
+        self.parallel = parallel
+        self._pool: ThreadPoolExecutor | None = None
+
+    def raw_many(self, exprs: list[str]) -> Iterator[list[dict[str, Any]]]:
+        """`raw` of each expression, in order, `parallel` in flight at once: Prometheus
+        evaluates and sends the next answers while this process decodes one."""
+        if self.parallel <= 1 or len(exprs) <= 1:
+            return map(self.raw, exprs)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="promclient")
+        return self._pool.map(self.raw, exprs)
 
     def raw(self, expr: str) -> list[dict[str, Any]]:
         """Instant query (POSTed: selectors can be long), decoded: the `result` list."""

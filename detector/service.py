@@ -103,8 +103,10 @@ def fetch(
     now = time.time() if now is None else now
     qs = queries(shard)
     rows = _Rows()
-    for name in F.DCGM_FIELDS:
-        rows.add(F.ALL_FIELDS.index(name), *column(client.raw(qs[name]), KEY))
+    for name, result in zip(
+        F.DCGM_FIELDS, client.raw_many([qs[n] for n in F.DCGM_FIELDS]), strict=True
+    ):
+        rows.add(F.ALL_FIELDS.index(name), *column(result, KEY))
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in client.query(qs[NODE_INFO]):
