@@ -1,10 +1,8 @@
 """Scale benchmark: the detector service's whole cycle at 1k, 10k and 100k GPUs, in process,
 from Prometheus answers in the shape the real Prometheus gives for the service's queries.
 
-The cluster: 8 GPUs per node, 16 per job (two nodes), dcgm-exporter's label set (`gpu`, `UUID`,
-`pci_bus_id`, `device`, `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, `hpc_job`, plus the
-scrape's `instance`, `job`, `goodput_shard`) and the 23 DCGM fields the engine reads, healthy
-H200-like values (`detector.synthetic.HEALTHY`). The answers are served over HTTP by a separate
+The cluster (bench/scale_data.py): 8 GPUs per node, 16 per job (two nodes), dcgm-exporter's
+label set and the 23 DCGM fields the engine reads. The answers are served over HTTP by a separate
 process, so a cycle pays for the transfer as it would from Prometheus: query + decode + frame +
 score + render /metrics. Beside it, on the same answers: one bare `orjson.loads` (the limit)
 and one bare numpy pass (z against per-job mean/sd, max over the 12 gauges); and for scale,
@@ -29,166 +27,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import numpy as np
 import orjson
 
+from bench.scale_data import Cluster, answers, raw_answer, vector_answer
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import (
-    KEY,
-    NODE_INFO,
-    Service,
-    ServiceConfig,
-    Shard,
-    fetch,
-    no_gc,
-    queries,
-)
-from detector.synthetic import HEALTHY
+from detector.service import Service, ServiceConfig, Shard, fetch, no_gc
 
 PORT = 19395
-FLOATS = {"DCGM_FI_DEV_POWER_USAGE"} | {n for n in F.DCGM_FIELDS if n.startswith("DCGM_FI_PROF")}
-
-
-@dataclass
-class Cluster:
-    node: list[str]
-    gpu: list[int]
-    job: list[str]  # "" = idle
-    values: np.ndarray  # (gpus, len(F.DCGM_FIELDS))
-
-    @staticmethod
-    def make(gpus: int, idle: float = 0.0, seed: int = 0) -> Cluster:
-        """`gpus` GPUs, 8 per node, 16 per job; the last `idle` share runs no job."""
-        rng = np.random.default_rng(seed)
-        busy = int(round(gpus * (1 - idle)))
-        node = [f"node{i // 8 + 1}" for i in range(gpus)]
-        job = [str(100000 + i // 16) if i < busy else "" for i in range(gpus)]
-        values = np.zeros((gpus, len(F.DCGM_FIELDS)))
-        for i, name in enumerate(F.DCGM_FIELDS):
-            if name in HEALTHY:
-                mu, sd = HEALTHY[name]
-                col = rng.normal(mu, sd, gpus)
-                values[:, i] = col if name in FLOATS else np.round(np.minimum(col, 1e9))
-        u = F.DCGM_FIELDS.index(F.UTIL)
-        values[:, u] = np.minimum(values[:, u], 100)
-        return Cluster(node, [i % 8 for i in range(gpus)], job, values)
-
-    def rows(self, shard: Shard | None) -> np.ndarray:
-        """The GPUs a shard's selector returns: its jobs' and every GPU without a job."""
-        if shard is None:
-            return np.arange(len(self.node))
-        owned = {j: shard.owns(j) for j in set(self.job) if j}
-        return np.array([i for i, j in enumerate(self.job) if not j or owned[j]], dtype=int)
-
-
-def _doc(result: list) -> bytes:
-    return orjson.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
-
-
-def _num(v: float, name: str) -> str:
-    return repr(float(v)) if name in FLOATS else str(int(v))
-
-
-def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -> dict[str, bytes]:
-    """query -> the answer Prometheus gives to it (the service's fixed set). `hpc_job=False`:
-    dcgm-exporter without job mapping (jobs known only from the Slurm exporter's node info)."""
-    idx = c.rows(shard)
-    out = {}
-    for q, expr in queries(shard).items():
-        if q in F.DCGM_FIELDS:
-            col = F.DCGM_FIELDS.index(q)
-            out[expr] = _doc(
-                [
-                    {
-                        "metric": {KEY: f"{c.node[i]},,{c.gpu[i]},{c.job[i] if hpc_job else ''}"},
-                        "value": [now, _num(c.values[i, col], q)],
-                    }
-                    for i in idx.tolist()
-                ]
-            )
-            continue
-        pairs = sorted({(c.job[i], c.node[i]) for i in idx.tolist() if c.job[i]})
-        if q == NODE_INFO:
-            res = [
-                {
-                    "metric": {
-                        "__name__": NODE_INFO,
-                        "job_id": j,
-                        "job_name": f"train-{j}",
-                        "node": n,
-                        "instance": "127.0.0.1:19410",
-                        "job": "goodput-slurm-exporter",
-                    },
-                    "value": [now, "1"],
-                }
-                for j, n in pairs
-            ]
-        else:
-            val = now - 1.0 if q == F.LAST_PROGRESS else 0.5
-            res = [
-                {"metric": {"job_id": j}, "value": [now, repr(val)]}
-                for j in sorted({j for j, _ in pairs})
-            ]
-        out[expr] = _doc(res)
-    return out
-
-
-def _dcgm_labels(c: Cluster, i: int) -> dict[str, str]:
-    """dcgm-exporter's label set for GPU `i` (`hpc_job` only while a job runs there)."""
-    g = c.gpu[i]
-    m = {
-        "gpu": str(g),
-        "UUID": f"GPU-{hashlib.md5(f'{c.node[i]}/{g}'.encode()).hexdigest()[:32]}",
-        "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
-        "device": f"nvidia{g}",
-        "modelName": "NVIDIA H200",
-        "Hostname": c.node[i],
-        "DCGM_FI_DRIVER_VERSION": "550.90.07",
-    }
-    if c.job[i]:
-        m["hpc_job"] = c.job[i]
-    return m
-
-
-def dcgm_text(c: Cluster) -> bytes:
-    """The cluster as dcgm-exporter's /metrics text (one body for all nodes: tests, bench)."""
-    labels = [
-        ",".join(f'{k}="{v}"' for k, v in _dcgm_labels(c, i).items()) for i in range(len(c.node))
-    ]
-    out = []
-    for col, name in enumerate(F.DCGM_FIELDS):
-        out.append(f"# TYPE {name} gauge\n")
-        out += [f"{name}{{{lab}}} {_num(c.values[i, col], name)}\n" for i, lab in enumerate(labels)]
-    return "".join(out).encode()
-
-
-def slurm_text(c: Cluster) -> bytes:
-    """The Slurm exporter's job -> node join for the cluster's jobs."""
-    pairs = sorted({(j, n) for j, n in zip(c.job, c.node, strict=True) if j})
-    lines = [f'{NODE_INFO}{{job_id="{j}",job_name="train-{j}",node="{n}"}} 1\n' for j, n in pairs]
-    return (f"# TYPE {NODE_INFO} gauge\n" + "".join(lines)).encode()
-
-
-def raw_answer(c: Cluster, now: float) -> bytes:
-    """The answer to `{__name__=~"<23 fields>"}` with every label (what the service asked for
-    before it aggregated): for the bare-parse comparison."""
-    labels = [_dcgm_labels(c, i) for i in range(len(c.node))]
-    res = [
-        {
-            "metric": {"__name__": name}
-            | labels[i]
-            | {"instance": f"{c.node[i]}:9400", "job": "dcgm"},
-            "value": [now, _num(c.values[i, col], name)],
-        }
-        for col, name in enumerate(F.DCGM_FIELDS)
-        for i in range(len(c.node))
-    ]
-    return _doc(res)
 
 
 def serve_answers(directory: str, port: int) -> None:
@@ -208,7 +58,7 @@ def serve_answers(directory: str, port: int) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             expr = parse_qs(self.rfile.read(n).decode()).get("query", [""])[0]
             path = root / (hashlib.sha256(expr.encode()).hexdigest() + ".json")
-            body = path.read_bytes() if path.exists() else _doc([])
+            body = path.read_bytes() if path.exists() else vector_answer([])
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -384,6 +234,9 @@ def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
+    old = out / "scale.json"
+    if old.exists() and "live" in (prev := json.loads(old.read_text())):
+        doc["live"] = prev["live"]  # the live rows (bench/scale_live.py) are kept
     (out / "scale.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "scale.md").write_text(markdown(doc))
     shutil.rmtree(work, ignore_errors=True)
@@ -400,13 +253,14 @@ def _wait(port: int) -> None:
 
 
 def markdown(doc: dict) -> str:
+    """scale.md: the in-process rows, then the live rows when there are any."""
     head = (
         "| GPUs | shards | GPUs per shard | cycle s, wall min / median | cycle CPU s | fetch "
         "| score | render | bare orjson parse s | cycle / parse (wall; CPU) | engine / bare "
         "numpy | answer MB | /metrics series |\n" + "|---" * 13 + "|\n"
     )
     body = ""
-    for r in doc["rows"]:
+    for r in doc.get("rows", []):
         w = r["worst_shard"]
         body += (
             f"| {r['gpus']:,} | {r['shards']} | {w['gpus']:,} | {w['cycle_s_min']:.3f} / "
@@ -416,24 +270,60 @@ def markdown(doc: dict) -> str:
             f"{w['cycle_cpu_vs_bare_parse_cpu']} | {w['engine_vs_bare_numpy']} | "
             f"{w['answer_bytes'] / 1e6:.1f} | {w['metrics_series']:,} |\n"
         )
-    raw = [r for r in doc["rows"] if r.get("raw_answer_bytes")]
     note = "".join(
         f"- {r['gpus']:,} GPUs: the raw `{{__name__=~...}}` answer with every dcgm label (what "
         f"the service asked for before) is {r['raw_answer_bytes'] / 1e6:.1f} MB; its bare orjson "
         f"parse takes {r['raw_answer_bare_orjson_parse_s']} s.\n"
-        for r in raw
+        for r in doc.get("rows", [])
+        if r.get("raw_answer_bytes")
     )
+    text = "# Scale benchmark (detector service)\n\n"
+    if body:
+        text += (
+            "## In process\n\n"
+            f"{doc['data']}; answers served over HTTP by a separate process. Sharded rows "
+            "show the slowest shard (by median wall cycle). Ratios are medians of per-cycle "
+            "ratios, each bare run taken right after its cycle (same load).\n\n"
+            + head
+            + body
+            + "\n"
+            + note
+            + f"\nMachine: {doc['machine']}; measured {doc['measured']}.\n\n"
+        )
+    if doc.get("live"):
+        text += _live_markdown(doc["live"])
+    return text + "Rerun: `goodput bench scale` (in process) and `goodput bench scale --live`.\n"
+
+
+def _live_markdown(live: dict) -> str:
+    rows = ""
+    for r in live["rows"]:
+        for ph in r["phases"]:
+            per = ph["per_replica"]
+            rows += (
+                f"| {r['gpus']:,} | {r['targets_up']:.0f}/{r['nodes']} | {r['scrape_p99_s']} | "
+                f"{ph['replicas']} | {', '.join(str(int(p['gpus'])) for p in per)} | "
+                f"{', '.join(str(p['cycle_s_median']) for p in per)} | "
+                f"{max((p['cycle_s_max'] or 0) for p in per)} | "
+                f"{ph['prometheus_query_s_mean']} | {ph['prometheus_queries']} | "
+                f"{sum(int(p['errors'] or 0) for p in per)} |\n"
+            )
     return (
-        "# Scale benchmark (detector service, in process)\n\n"
-        f"{doc['data']}; answers served over HTTP by a separate process. Sharded rows show "
-        "the slowest shard (by median wall cycle). Ratios are medians of per-cycle ratios, each "
-        "bare run taken right after its cycle (same load).\n\n"
-        + head
-        + body
-        + "\n"
-        + note
-        + f"\nMachine: {doc['machine']}; measured {doc['measured']}.\n\n"
-        "Rerun: `goodput bench scale`.\n"
+        "## Live: simulator, real Prometheus, detector replicas\n\n"
+        "One simulator process serving every node's dcgm /metrics, a private real Prometheus "
+        f"scraping them every {live['interval_s']} s with the local stack's shard relabelling, "
+        "and the detector replicas as their own processes (`goodput detector serve`, 1 "
+        "unsharded, then N with `--shard K/N`), each phase "
+        f"{live['seconds']:g} s; cycle times are the replicas' own "
+        "`goodput_detector_cycle_seconds`, Prometheus' query time the mean of its "
+        "`/api/v1/query` request durations over the phase.\n\n"
+        "| GPUs | targets up | scrape p99 s | replicas | GPUs per replica | cycle s median "
+        "per replica | cycle s max | Prometheus query s mean | queries | errors |\n"
+        + "|---" * 10
+        + "|\n"
+        + rows
+        + f"\nMachine: {live['cores']} cores shared with other agents' work; measured "
+        f"{live['measured']}.\n\n"
     )
 
 

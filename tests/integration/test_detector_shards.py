@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from bench.scale import Cluster, dcgm_text, slurm_text
+from bench.scale_data import Cluster, dcgm_text, slurm_text
 from detector.baselines import BaselineStore
 from detector.service import Service, ServiceConfig, Shard, fetch
 from tests.conftest import wait_until

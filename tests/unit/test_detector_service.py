@@ -1,5 +1,5 @@
 """The service on recorded Prometheus answers (the shape the real Prometheus gives for its
-queries, bench/scale.py): fixed query count, join by node, bounded exposition, shards,
+queries, bench/scale_data.py): fixed query count, join by node, bounded exposition, shards,
 staleness on errors. The real Prometheus runs in tests/integration/test_detector_shards.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from bench.scale import Cluster, answers
+from bench.scale_data import Cluster, answers
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.promclient import PromClient, PromError, decode
