@@ -18,6 +18,7 @@ from detector import fields as F
 from detector.service import KEY, NODE_INFO, Shard, queries
 from detector.synthetic import HEALTHY
 
+MODEL = "NVIDIA H200"
 FLOATS = {"DCGM_FI_DEV_POWER_USAGE"} | {n for n in F.DCGM_FIELDS if n.startswith("DCGM_FI_PROF")}
 
 
@@ -72,7 +73,9 @@ def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -
             out[expr] = vector_answer(
                 [
                     {
-                        "metric": {KEY: f"{c.node[i]},,{c.gpu[i]},{c.job[i] if hpc_job else ''}"},
+                        "metric": {
+                            KEY: f"{c.node[i]},,{c.gpu[i]},{c.job[i] if hpc_job else ''},{MODEL}"
+                        },
                         "value": [now, _num(c.values[i, col], q)],
                     }
                     for i in idx.tolist()
@@ -113,7 +116,7 @@ def _dcgm_labels(c: Cluster, i: int) -> dict[str, str]:
         "UUID": f"GPU-{hashlib.md5(f'{c.node[i]}/{g}'.encode()).hexdigest()[:32]}",
         "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
         "device": f"nvidia{g}",
-        "modelName": "NVIDIA H200",
+        "modelName": MODEL,
         "Hostname": c.node[i],
         "DCGM_FI_DRIVER_VERSION": "550.90.07",
     }

@@ -45,6 +45,7 @@ class Frame:
     gpu: np.ndarray  # int64 (n,)
     values: np.ndarray  # float64 (n, len(fields))
     fields: tuple[str, ...] = F.ALL_FIELDS
+    model: np.ndarray | None = None  # object (n,): dcgm's modelName ("" unknown), for priors
 
     def __len__(self) -> int:
         return len(self.time)
@@ -75,7 +76,15 @@ class Frame:
             self.gpu[idx],
             self.values[idx],
             self.fields,
+            None if self.model is None else self.model[idx],
         )
+
+    @property
+    def models(self) -> np.ndarray:
+        """modelName per row ("" where unknown)."""
+        if self.model is None:
+            return np.full(len(self), "", dtype=object)
+        return self.model
 
     @staticmethod
     def from_columns(
@@ -85,6 +94,7 @@ class Frame:
         job: np.ndarray,
         values: np.ndarray,
         host_map: dict[str, str] | None = None,
+        model: np.ndarray | None = None,
     ) -> Frame:
         """Validated, sorted frame from columns (`values` follows `fields.ALL_FIELDS`): label
         values are checked once per distinct value, not per row."""
@@ -111,7 +121,12 @@ class Frame:
         rank = np.argsort(np.argsort(nuniq, kind="stable"))  # sort nodes by name, on codes
         order = np.lexsort((gpu, rank[ncodes] if n else ncodes, time))
         return Frame(
-            time[order], job[order], node[order], gpu.astype(np.int64)[order], values[order]
+            time[order],
+            job[order],
+            node[order],
+            gpu.astype(np.int64)[order],
+            values[order],
+            model=None if model is None else np.asarray(model, dtype=object)[order],
         )
 
     @staticmethod

@@ -39,7 +39,7 @@ from detector.thresholds import level
 
 log = logging.getLogger("goodput.detector")
 NODE_INFO = "goodput_slurm_job_node_info"
-KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job
+KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
 PHASES = ("fetch", "score", "render")
 
 
@@ -79,7 +79,7 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
     job_sel = f'{{goodput_shard="{shard.index}"}}' if shard else ""
     out = {
         name: f'max by ({KEY}) (label_join({name}{gpu_sel}, "{KEY}", ",", '
-        f'"Hostname", "hostname", "gpu", "hpc_job"))'
+        f'"Hostname", "hostname", "gpu", "hpc_job", "modelName"))'
         for name in F.DCGM_FIELDS
     }
     out[NODE_INFO] = f"{NODE_INFO}{job_sel}"
@@ -117,7 +117,7 @@ def fetch(
     progress = _per_job(client, qs[F.LAST_PROGRESS])
     iters = _per_job(client, qs[F.ITER_SECONDS])
     values = rows.values()
-    node, gpu, job = _labels(np.array(rows.keys, dtype=object), host_map, node_jobs)
+    node, gpu, job, model = _labels(np.array(rows.keys, dtype=object), host_map, node_jobs)
     ok = node != ""
     jcodes, juniq = pd.factorize(job)
     last = np.array([progress.get(j, np.nan) for j in juniq], dtype=float)[jcodes]
@@ -126,7 +126,7 @@ def fetch(
     values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(now - last, 0.0)
     n = int(ok.sum())
     frame = Frame.from_columns(
-        np.full(n, now), node[ok], gpu[ok].astype(float), job[ok], values[ok]
+        np.full(n, now), node[ok], gpu[ok].astype(float), job[ok], values[ok], model=model[ok]
     )
     return frame, names
 
@@ -165,21 +165,28 @@ class _Rows:
 
 def _labels(
     keys: np.ndarray, host_map: dict[str, str] | None, node_jobs: dict[str, set[str]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split the joined keys (one per GPU row) into node, gpu, job; an invalid row gets node
-    "" (dropped: invalid labels never reach the engine). A row without `hpc_job` takes its
-    node's job when the node runs exactly one."""
-    blank = ["", "", "", ""]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Split the joined keys (one per GPU row) into node, gpu, job, model; an invalid row gets
+    node "" (dropped: invalid labels never reach the engine). A row without `hpc_job` takes its
+    node's job when the node runs exactly one and has no job mapping (with mapping on, an
+    unlabelled GPU is one no job uses: a 1-GPU job leaves the node's other GPUs idle)."""
+    blank = ["", "", "", "", ""]
     split = [
-        p if len(p) == 4 else blank
-        for p in (k.split(",") if isinstance(k, str) else blank for k in keys.tolist())
+        p if len(p) == 5 else blank
+        for p in (k.split(",", 4) if isinstance(k, str) else blank for k in keys.tolist())
     ]
     host = np.array([p[0] or p[1] for p in split], dtype=object)
     gpu_s = np.array([p[2] for p in split], dtype=object)
     job = np.array([p[3] for p in split], dtype=object)
+    model = np.array([p[4][:128] for p in split], dtype=object)
     hcodes, huniq = pd.factorize(host)
+    mapped_hosts = np.zeros(len(huniq) + 1, dtype=bool)
+    mapped_hosts[hcodes[job != ""]] = True
     mapped = [(host_map or {}).get(h, h) for h in huniq.tolist()]
-    only = [next(iter(node_jobs[m])) if len(node_jobs.get(m, ())) == 1 else "" for m in mapped]
+    only = [
+        next(iter(node_jobs[m])) if len(node_jobs.get(m, ())) == 1 and not mapped_hosts[i] else ""
+        for i, m in enumerate(mapped)
+    ]
     valid = np.array([bool(m) and NODE_RE.match(m) is not None for m in mapped] + [False])
     node = np.array(mapped + [""], dtype=object)[hcodes]
     joined = np.array(only + [""], dtype=object)[hcodes]
@@ -190,7 +197,7 @@ def _labels(
     jcodes, juniq = pd.factorize(job)
     jvalid = np.array([j == "" or JOB_RE.match(j) is not None for j in juniq] + [False])
     ok = valid[hcodes] & (gpu >= 0) & jvalid[jcodes]
-    return np.where(ok, node, ""), np.where(ok, gpu, 0), np.where(ok, job, "")
+    return np.where(ok, node, ""), np.where(ok, gpu, 0), np.where(ok, job, ""), model
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from bench.scale_data import Cluster, answers
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.promclient import PromClient, PromError, decode
-from detector.service import KEY, Service, ServiceConfig, Shard, queries
+from detector.service import KEY, Service, ServiceConfig, Shard, fetch, queries
 from detector.thresholds import level
 
 
@@ -70,8 +70,8 @@ def test_scores_exposed_bounded_and_joined_by_node(tmp_path):
     the alert level, and only that GPU gets a driver series (naming the detector)."""
     rec = answers(cluster(3, slow=(0, 3)), None, 1000.0, hpc_job=False)
     bad = orjson.loads(rec[queries()["DCGM_FI_DEV_GPU_UTIL"]])
-    bad["data"]["result"].append({"metric": {KEY: 'node1",evil="x,,0,'}, "value": [0, "1"]})
-    bad["data"]["result"].append({"metric": {KEY: "node1,,9999,"}, "value": [0, "1"]})
+    bad["data"]["result"].append({"metric": {KEY: 'node1",evil="x,,0,,'}, "value": [0, "1"]})
+    bad["data"]["result"].append({"metric": {KEY: "node1,,9999,,"}, "value": [0, "1"]})
     rec[queries()["DCGM_FI_DEV_GPU_UTIL"]] = orjson.dumps(bad)
     svc = make(tmp_path, rec)
     for t in (1000.0, 1005.0, 1010.0, 1015.0):
@@ -94,6 +94,32 @@ def test_scores_exposed_bounded_and_joined_by_node(tmp_path):
     assert 'goodput_job_anomaly_score{job_id="100001",detector="combined"}' in text
     suspect = dict(series(text, "goodput_node_suspect_score"))
     assert suspect['goodput_node_suspect_score{job_id="100000",node="node1"}'] > 1.0
+
+
+def test_join_by_node_only_where_the_node_has_no_job_mapping(tmp_path):
+    """A 1-GPU job with hpc_job on its GPU: the node's 7 unlabelled GPUs stay idle (they were
+    its 'peers'); a node without any hpc_job still gets its one job by the Slurm join."""
+    c = Cluster.make(16, seed=2)
+    c.job = ["7"] + [""] * 7 + [""] * 8  # node1: job 7 on GPU 0 (mapped); node2: no mapping
+    rec = answers(c, None, 1000.0)
+    info = queries()["goodput_slurm_job_node_info"]
+    rows = [("7", "node1"), ("8", "node2")]
+    rec[info] = orjson.dumps(
+        {
+            "status": "success",
+            "data": {
+                "resultType": "vector",
+                "result": [
+                    {"metric": {"job_id": j, "node": n}, "value": [1000.0, "1"]} for j, n in rows
+                ],
+            },
+        }
+    )
+    frame, _ = fetch(Recorded(rec), now=1000.0)
+    got = {(n, int(g)): j for n, g, j in zip(frame.node, frame.gpu, frame.job, strict=True)}
+    assert got[("node1", 0)] == "7"
+    assert all(got[("node1", g)] == "" for g in range(1, 8))
+    assert all(got[("node2", g)] == "8" for g in range(8))
 
 
 def test_cardinality_per_1000_healthy_gpus(tmp_path):
