@@ -50,7 +50,7 @@ def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
 def vm(tmp_path_factory):
     if not shutil.which("victoria-metrics"):
         pytest.skip("victoria-metrics is not installed (apt-get install victoria-metrics)")
-    cluster = Cluster.make(8 * 12, idle=0.2, seed=5)  # 4 jobs of 16 GPUs + 32 idle GPUs
+    cluster = Cluster.make(8 * 12, idle=1 / 3, seed=5)  # 4 jobs of 16 GPUs + 32 idle GPUs
     cluster.values[3, F.DCGM_FIELDS.index(F.XID_FIELD)] = 79  # node1 GPU 3 fell off the bus
     body = dcgm_text(cluster)
     alerts: list[dict] = []
@@ -128,7 +128,8 @@ def test_detector_queries_and_shards_work_on_victoriametrics(vm, tmp_path):
     for k in range(2):
         frame, _ = fetch(Service(ServiceConfig(prometheus_url=url)).client, shard=Shard(k, 2))
         mine = set(frame.job) - {""}
-        assert all((frame.job == j).sum() == 16 for j in mine)
+        assert all((frame.job == j).sum() == cluster.job.count(j) == 16 for j in mine)
+        assert (frame.job == "").sum() == 32  # and every GPU without a job
         assert mine == {j for j, v in shard_of.items() if v == {str(k)}}
         seen.append(mine)
     assert not seen[0] & seen[1] and seen[0] | seen[1] == jobs
