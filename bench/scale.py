@@ -298,10 +298,13 @@ def markdown(doc: dict) -> str:
 def _live_markdown(live: dict) -> str:
     rows = ""
     for r in live["rows"]:
+        if r.get("failed"):
+            rows += f"| {r['gpus']:,} | failed: {r['failed']} |" + " |" * 9 + "\n"
         for ph in r["phases"]:
             per = ph["per_replica"]
             rows += (
                 f"| {r['gpus']:,} | {r['targets_up']:.0f}/{r['nodes']} | {r['scrape_p99_s']} | "
+                f"{r.get('sim_tick_s', '–')} | "
                 f"{ph['replicas']} | {', '.join(str(int(p['gpus'])) for p in per)} | "
                 f"{', '.join(str(p['cycle_s_median']) for p in per)} | "
                 f"{max((p['cycle_s_max'] or 0) for p in per)} | "
@@ -317,9 +320,9 @@ def _live_markdown(live: dict) -> str:
         f"{live['seconds']:g} s; cycle times are the replicas' own "
         "`goodput_detector_cycle_seconds`, Prometheus' query time the mean of its "
         "`/api/v1/query` request durations over the phase.\n\n"
-        "| GPUs | targets up | scrape p99 s | replicas | GPUs per replica | cycle s median "
-        "per replica | cycle s max | Prometheus query s mean | queries | errors |\n"
-        + "|---" * 10
+        "| GPUs | targets up | scrape p99 s | sim tick s | replicas | GPUs per replica | cycle s "
+        "median per replica | cycle s max | Prometheus query s mean | queries | errors |\n"
+        + "|---" * 11
         + "|\n"
         + rows
         + f"\nMachine: {live['cores']} cores shared with other agents' work; measured "

@@ -198,6 +198,8 @@ def run_size(nodes: int, shards: int, seconds: float) -> dict:
             for _, v in s["values"]
         ]
         up = _q('sum(up{job="dcgm"})')
+        sim_text = requests.get(f"http://127.0.0.1:{CONTROL_PORT}/metrics", timeout=10).text
+        tick = _metric(sim_text, "goodput_sim_tick_seconds")
     finally:
         for p in (prom, sim):
             if p is not None:
@@ -213,6 +215,7 @@ def run_size(nodes: int, shards: int, seconds: float) -> dict:
         "gpus": nodes * 8,
         "targets_up": float(up[0]["value"][1]) if up else 0.0,
         "scrape_p99_s": round(durs[int(0.99 * (len(durs) - 1))], 3) if durs else None,
+        "sim_tick_s": tick,
         "phases": phases,
     }
 
@@ -229,7 +232,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     rows = []
     for n in [int(x) for x in args.nodes.split(",") if x]:
-        rows.append(run_size(n, args.shards, args.seconds))
+        try:
+            rows.append(run_size(n, args.shards, args.seconds))
+        except (SystemExit, requests.RequestException) as exc:  # past the machine's ceiling
+            rows.append({"nodes": n, "gpus": n * 8, "failed": str(exc)[:200], "phases": []})
         print(json.dumps(rows[-1]), flush=True)
     live = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
