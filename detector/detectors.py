@@ -552,8 +552,11 @@ class HardwareEvents(Detector):
         out = []
         for i in range(len(rows)):
             a = int(c[i].argmax())
-            if xid[i] >= c[i, a]:
-                out.append(f"XID {int(sub.col(F.XID_FIELD)[i])}")
+            code = sub.col(F.XID_FIELD)[i]
+            if xid[i] >= c[i, a] and np.isfinite(code):
+                out.append(f"XID {int(code)}")
+            elif not c[i, a] > 0:
+                out.append("no XID and no error counter rise")
             else:
                 value = sub.col(_COUNTERS[a])[i]
                 out.append(f"{_COUNTERS[a]} rose to {value:g}")

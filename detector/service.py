@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from catalogue import promql
 from detector import exposition
 from detector import fields as F
 from detector.baselines import BaselineStore
@@ -75,16 +76,18 @@ class ServiceConfig:
 
 def queries(shard: Shard | None = None) -> dict[str, str]:
     """field -> PromQL, for this cycle's fixed set (the DCGM fields, node info, progress)."""
-    gpu_sel = f'{{goodput_shard=~"{shard.index}|"}}' if shard else ""  # "": GPUs with no job
-    job_sel = f'{{goodput_shard="{shard.index}"}}' if shard else ""
+    # a shard reads its jobs' GPUs and the GPUs with no job (no label: matched by "")
+    gpu_sel = {"goodput_shard": [str(shard.index), ""]} if shard else {}
+    job_sel = {"goodput_shard": str(shard.index)} if shard else {}
+    labels = ", ".join(promql.quote(n) for n in ("Hostname", "hostname", "gpu", "hpc_job"))
     out = {
-        name: f'max by ({KEY}) (label_join({name}{gpu_sel}, "{KEY}", ",", '
-        f'"Hostname", "hostname", "gpu", "hpc_job", "modelName"))'
+        name: f"max by ({KEY}) (label_join({promql.selector(name, **gpu_sel)}, "
+        f'"{KEY}", ",", {labels}, "modelName"))'
         for name in F.DCGM_FIELDS
     }
-    out[NODE_INFO] = f"{NODE_INFO}{job_sel}"
+    out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
     for name in (F.LAST_PROGRESS, F.ITER_SECONDS):
-        out[name] = f"max by (job_id) ({name}{job_sel})"
+        out[name] = f"max by (job_id) ({promql.selector(name, **job_sel)})"
     return out
 
 

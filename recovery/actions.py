@@ -436,6 +436,7 @@ def _diag_dict(d: Diagnosis) -> dict[str, Any]:
         "confidence": d.confidence,
         "affected_nodes": list(d.affected_nodes),
         "onset": d.onset,
+        "cause_key": d.cause_key,
     }
 
 
@@ -785,7 +786,7 @@ def _notify(
         "annotations": {
             "summary": text[:500],
             "description": text[:2000],
-            "runbook_url": "docs/operator-guide.md#recovery-actions",
+            "runbook_url": f"alertmanager/runbooks.md#{alertname.lower()}",
         },
         "startsAt": datetime.now(UTC).isoformat(),
     }

@@ -73,7 +73,7 @@ class LogState:
         for line in lines:
             for m in match_line(line, "kernel"):
                 self.pattern_matches[("", node, m.pattern)] += 1
-                if m.pattern == "nvrm_xid" and "xid" in m.groups:
+                if m.pattern.startswith("nvrm_xid") and "xid" in m.groups:  # nvrm_xid*
                     self.xids[(node, str(m.groups["xid"]))] += 1
 
     def forget_job(self, job_id: str) -> None:

@@ -159,7 +159,7 @@ def test_shard_spec_is_validated(bad):
 def test_sharded_queries_select_the_shard():
     qs = queries(Shard.parse("3/8"))
     for name in F.DCGM_FIELDS:  # its jobs' GPUs and GPUs with no job (label absent)
-        assert f'{name}{{goodput_shard=~"3|"}}' in qs[name]
+        assert f'{name}{{goodput_shard=~"|3"}}' in qs[name]
     assert qs["goodput_slurm_job_node_info"] == 'goodput_slurm_job_node_info{goodput_shard="3"}'
     assert all("goodput_shard" not in q for q in queries(None).values())
 
