@@ -154,8 +154,11 @@ class Frame:
         if F.LAST_PROGRESS in df.columns:  # derived: seconds since the job's last progress
             last = pd.to_numeric(df[F.LAST_PROGRESS], errors="coerce").to_numpy(dtype=float)
             values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(time - last, 0.0)
+        model = None
+        if "modelName" in df.columns:
+            model = df["modelName"].fillna("").astype(str).to_numpy(dtype=object)
         node = df["node"].astype(str).to_numpy(dtype=object)
-        return Frame.from_columns(time, node, gpu, job, values, host_map)
+        return Frame.from_columns(time, node, gpu, job, values, host_map, model=model)
 
     def instants(self) -> list[np.ndarray]:
         """Row indexes of each distinct time, in order (frames are sorted by time)."""

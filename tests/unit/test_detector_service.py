@@ -181,3 +181,9 @@ def test_two_shards_partition_the_jobs_and_restart_keeps_baselines(tmp_path):
         assert again.engine.jobs[job].loaded
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert seen[0] | seen[1] == set(c.job) - {""}
+
+
+def test_the_gpu_model_reaches_the_frame(tmp_path):
+    """modelName rides in the per-GPU key (the priors read it per model)."""
+    frame, _ = fetch(Recorded(answers(cluster(1), None, 1000.0)), now=1000.0)
+    assert set(frame.models) == {"NVIDIA H200"} and len(frame.take(np.arange(3)).models) == 3
