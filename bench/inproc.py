@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from bench.online_alerts import OnlineAlerts
+from detector import exposition
 from detector import fields as F
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
@@ -113,18 +114,17 @@ def _exporter_state(state: str, reason: str) -> str:
 
 
 def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
-    """An engine `Result` as the three score sources the alert conditions read."""
+    """An engine `Result` as the three score sources the alert conditions read (one combined
+    series per GPU, as the service exposes it)."""
     f = res.frame
-    on = np.flatnonzero(f.job != "")
-    n_det = len(res.detectors)
+    on, combined, _ = exposition.gpu_combined(res)
     gpu = pd.DataFrame(
         {
             "timestamp": now,
-            "job_id": np.repeat(f.job[on], n_det),
-            "node": np.repeat(f.node[on], n_det),
-            "gpu": np.repeat(f.gpu[on].astype(str), n_det),
-            "detector": np.tile(np.array(res.detectors, dtype=object), len(on)),
-            "goodput_gpu_anomaly_score": res.gpu[on].reshape(-1),
+            "job_id": f.job[on],
+            "node": f.node[on],
+            "gpu": f.gpu[on].astype(str),
+            "goodput_gpu_anomaly_score": combined,
         }
     )
     jobs = res.jobs.rename(columns={"score": "goodput_job_anomaly_score"})
@@ -544,7 +544,7 @@ class Harness:
                 add(
                     gs[gs["job_id"] == ctx.job_id],
                     "goodput_gpu_anomaly_score",
-                    ["node", "gpu", "detector"],
+                    ["node", "gpu"],
                 )
         elif ctx.nodes and not dcgm.empty:
             for m in prom_evidence.DCGM_FIELDS:

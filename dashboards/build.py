@@ -223,11 +223,25 @@ def job() -> d.Dashboard:
         .with_panel(
             ts(
                 "GPU anomaly score",
+                q(f"goodput_gpu_anomaly_score{{{JOB}, {NODE}}}", "{{node}}/{{gpu}}"),
+                w=8,
+            )
+        )
+        .with_panel(
+            ts(
+                "Node score by detector",
+                q(f"goodput_node_anomaly_score{{{JOB}, {NODE}}}", "{{node}} {{detector}}"),
+                w=12,
+            )
+        )
+        .with_panel(
+            ts(
+                "GPUs over their alert level, by the detector that drives them",
                 q(
-                    f"goodput_gpu_anomaly_score{{{JOB}, {NODE}}}",
+                    f"goodput_gpu_anomaly_driver_score{{{JOB}, {NODE}}}",
                     "{{node}}/{{gpu}} {{detector}}",
                 ),
-                w=8,
+                w=12,
             )
         )
         .with_row(d.Row("GPUs"))
@@ -429,7 +443,22 @@ def detector() -> d.Dashboard:
         .with_panel(st("Series scored", "sum(goodput_detector_series_scored)", w=6))
         .with_panel(st("Slurm readable", "max(goodput_slurm_up) or vector(0)", w=6))
         .with_panel(
-            ts("Detector cycle time", q("goodput_detector_cycle_seconds", "cycle"), unit="s")
+            ts(
+                "Detector cycle time, per replica",
+                q(
+                    "goodput_detector_cycle_seconds * on (instance) group_left (shard) "
+                    "goodput_detector_shard_info",
+                    "shard {{shard}}",
+                ),
+                unit="s",
+            )
+        )
+        .with_panel(
+            ts(
+                "Detector cycle phases (slowest replica)",
+                q("max by (phase) (goodput_detector_cycle_phase_seconds)", "{{phase}}"),
+                unit="s",
+            )
         )
         .with_panel(
             ts(

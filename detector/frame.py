@@ -87,6 +87,49 @@ class Frame:
         return self.model
 
     @staticmethod
+    def from_columns(
+        time: np.ndarray,
+        node: np.ndarray,
+        gpu: np.ndarray,
+        job: np.ndarray,
+        values: np.ndarray,
+        host_map: dict[str, str] | None = None,
+        model: np.ndarray | None = None,
+    ) -> Frame:
+        """Validated, sorted frame from columns (`values` follows `fields.ALL_FIELDS`): label
+        values are checked once per distinct value, not per row."""
+        n = len(time)
+        time = np.asarray(time, dtype=float)
+        if n and np.isnan(time).any():
+            raise FrameError("column 'timestamp' has non-numeric values (want unix seconds)")
+        ncodes, nuniq = pd.factorize(np.asarray(node, dtype=object))
+        nuniq = np.array([str(h) for h in nuniq], dtype=object)
+        if host_map:
+            nuniq = np.array([host_map.get(h, h) for h in nuniq], dtype=object)
+        bad = [h for h in nuniq if not NODE_RE.match(h)]
+        if bad:
+            raise FrameError(f"invalid node name(s): {bad[:5]}")
+        gpu = np.asarray(gpu, dtype=float)
+        if n and (np.isnan(gpu).any() or (gpu < 0).any() or (gpu > 999).any()):
+            raise FrameError("column 'gpu' must hold GPU indexes 0..999")
+        jcodes, juniq = pd.factorize(np.asarray(job, dtype=object))
+        bad = [j for j in juniq if j and not JOB_RE.match(j)]
+        if bad:
+            raise FrameError(f"invalid job_id value(s): {bad[:5]}")
+        node = nuniq[ncodes] if n else np.zeros(0, dtype=object)
+        job = np.asarray(juniq, dtype=object)[jcodes] if n else np.zeros(0, dtype=object)
+        rank = np.argsort(np.argsort(nuniq, kind="stable"))  # sort nodes by name, on codes
+        order = np.lexsort((gpu, rank[ncodes] if n else ncodes, time))
+        return Frame(
+            time[order],
+            job[order],
+            node[order],
+            gpu.astype(np.int64)[order],
+            values[order],
+            model=None if model is None else np.asarray(model, dtype=object)[order],
+        )
+
+    @staticmethod
     def from_dataframe(df: pd.DataFrame, host_map: dict[str, str] | None = None) -> Frame:
         """Wide table: a time column, node (Hostname/hostname), gpu, job (hpc_job/job_id),
         then metric columns named as dcgm-exporter / the log exporter name them."""
@@ -98,21 +141,10 @@ class Frame:
         time = pd.to_numeric(df["time"], errors="coerce").to_numpy(dtype=float)
         if n and np.isnan(time).any():
             raise FrameError("column 'timestamp' has non-numeric values (want unix seconds)")
-        node = df["node"].astype(str).to_numpy(dtype=object)
-        if host_map:
-            node = np.array([host_map.get(h, h) for h in node], dtype=object)
-        bad = [h for h in pd.unique(node) if not NODE_RE.match(h)]
-        if bad:
-            raise FrameError(f"invalid node name(s): {bad[:5]}")
-        gpu = pd.to_numeric(df["gpu"], errors="coerce")
-        if gpu.isna().any() or (gpu < 0).any() or (gpu > 999).any():
-            raise FrameError("column 'gpu' must hold GPU indexes 0..999")
+        gpu = pd.to_numeric(df["gpu"], errors="coerce").to_numpy(dtype=float)
         if "job_id" in df.columns:
             job = df["job_id"].fillna("").astype(str).str.replace(r"\.0$", "", regex=True)
             job = job.to_numpy(dtype=object)
-            bad = [j for j in pd.unique(job) if j and not JOB_RE.match(j)]
-            if bad:
-                raise FrameError(f"invalid job_id value(s): {bad[:5]}")
         else:
             job = np.full(n, "", dtype=object)
         for alias, name in F.ALIASES.items():
@@ -133,15 +165,8 @@ class Frame:
         model = None
         if "modelName" in df.columns:
             model = df["modelName"].fillna("").astype(str).to_numpy(dtype=object)
-        order = np.lexsort((gpu.to_numpy(), node, time))
-        return Frame(
-            time[order],
-            job[order],
-            node[order],
-            gpu.to_numpy(dtype=np.int64)[order],
-            values[order],
-            model=None if model is None else model[order],
-        )
+        node = df["node"].astype(str).to_numpy(dtype=object)
+        return Frame.from_columns(time, node, gpu, job, values, host_map, model=model)
 
     def instants(self) -> list[np.ndarray]:
         """Row indexes of each distinct time, in order (frames are sorted by time)."""

@@ -1,35 +1,68 @@
 """The detector service: every interval, a FIXED set of Prometheus queries (independent of the
-number of jobs), one engine step, and the scores on /metrics (127.0.0.1:19420 by default).
+number of jobs and GPUs), one engine step, and the scores on /metrics (127.0.0.1:19420).
 
-Queries per cycle: one for all DCGM fields (`{__name__=~"DCGM_FI_...|..."}`), one for the
-job -> node join (`goodput_slurm_job_node_info`), one each for the job's last progress,
-iteration seconds and last pause start. Prometheus down: the cycle's scores are withdrawn
-(they go stale), `goodput_detector_query_errors_total` rises, and the loop carries on.
+Queries per cycle: one per DCGM field the engine reads, aggregated by Prometheus down to one
+label (`max by` of node, gpu and job joined: the answer holds only what the engine reads),
+`goodput_slurm_job_node_info` (job -> node where dcgm has no `hpc_job`), and the jobs' last
+progress, iteration seconds and last pause (checkpoint save, start-up). With `--shard K/N` every query selects `goodput_shard="K"`,
+the label Prometheus computes at scrape time (hashmod of `hpc_job` / `job_id`), so a job's
+GPUs are always scored together and each replica's work is O(its GPUs). Prometheus down: the
+scores are withdrawn (stale), `goodput_detector_query_errors_total` rises, the loop goes on.
 """
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import logging
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import promql
+from detector import exposition
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.frame import JOB_RE, NODE_RE, Frame, FrameError
-from detector.pipeline import Config, Engine, Result
-from detector.promclient import PromClient, PromError
+from detector.pipeline import Config, Engine
+from detector.promclient import PromClient, PromError, column
+from detector.thresholds import level
 
 log = logging.getLogger("goodput.detector")
 NODE_INFO = "goodput_slurm_job_node_info"
+KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
+PHASES = ("fetch", "score", "render")
+PER_JOB = (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE)  # log-derived, one value per job
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This replica's share: jobs whose `goodput_shard` label is `index` (of `count`)."""
+
+    index: int
+    count: int
+
+    @staticmethod
+    def parse(text: str) -> Shard:
+        k, sep, n = text.partition("/")
+        if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n) <= 4096):
+            raise ValueError(f"shard {text!r}: want K/N with 0 <= K < N <= 4096")
+        return Shard(int(k), int(n))
+
+    def owns(self, job_id: str) -> bool:
+        """Prometheus' hashmod: md5 of the value, its low 8 bytes big-endian, mod N."""
+        digest = hashlib.md5(job_id.encode(), usedforsecurity=False).digest()
+        return int.from_bytes(digest[8:], "big") % self.count == self.index
 
 
 @dataclass
@@ -39,78 +72,187 @@ class ServiceConfig:
     port: int = 19420
     interval_s: float = 5.0
     host_map: dict[str, str] | None = None
+    shard: Shard | None = None
+
+
+def queries(shard: Shard | None = None) -> dict[str, str]:
+    """field -> PromQL, for this cycle's fixed set (the DCGM fields, node info, progress)."""
+    # a shard reads its jobs' GPUs and the GPUs with no job (no label: matched by "")
+    gpu_sel = {"goodput_shard": [str(shard.index), ""]} if shard else {}
+    job_sel = {"goodput_shard": str(shard.index)} if shard else {}
+    labels = ", ".join(promql.quote(n) for n in ("Hostname", "hostname", "gpu", "hpc_job"))
+    spelled = {name: [name] for name in F.DCGM_FIELDS}  # a field and its other names
+    for alias, name in F.ALIASES.items():
+        spelled[name].append(alias)
+    out = {
+        name: f"max by ({KEY}) (label_join({promql.selector(__name__=names, **gpu_sel)}, "
+        f'"{KEY}", ",", {labels}, "modelName"))'
+        for name, names in spelled.items()
+    }
+    out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
+    for name in PER_JOB:
+        out[name] = f"max by (job_id) ({promql.selector(name, **job_sel)})"
+    return out
+
+
+def _per_job(client: PromClient, expr: str) -> dict[str, float]:
+    jobs, vals = column(client.raw(expr), "job_id")
+    return dict(zip(jobs, vals.tolist(), strict=True))
 
 
 def fetch(
-    client: PromClient, host_map: dict[str, str] | None = None, now: float | None = None
+    client: PromClient,
+    host_map: dict[str, str] | None = None,
+    now: float | None = None,
+    shard: Shard | None = None,
 ) -> tuple[Frame, dict[str, str]]:
     """Query Prometheus (fixed query count) and build this instant's frame + job names."""
     now = time.time() if now is None else now
-    dcgm = client.query(promql.selector(__name__=(*F.DCGM_FIELDS, *F.ALIASES)))
-    info = client.query(NODE_INFO)
-    progress = client.query(f"max by (job_id) ({F.LAST_PROGRESS})")
-    iters = client.query(f"max by (job_id) ({F.ITER_SECONDS})")
-    pauses = client.query(f"max by (job_id) ({F.LAST_PAUSE})")
+    qs = queries(shard)
+    rows = _Rows()
+    for name, result in zip(
+        F.DCGM_FIELDS, client.raw_many([qs[n] for n in F.DCGM_FIELDS]), strict=True
+    ):
+        rows.add(F.ALL_FIELDS.index(name), *column(result, KEY))
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
-    for labels, _ in info:
-        job, node = labels.get("job_id", ""), labels.get("node", "")
-        if JOB_RE.match(job) and NODE_RE.match(node):
-            node_jobs.setdefault(node, set()).add(job)
-            names[job] = labels.get("job_name") or job
-    rows: dict[tuple[str, str, str], dict[str, float | str]] = {}
-    mapped = {lab.get("Hostname") or lab.get("hostname") for lab, _ in dcgm if lab.get("hpc_job")}
-    for labels, value in dcgm:
-        host = labels.get("Hostname") or labels.get("hostname") or ""
-        node = (host_map or {}).get(host, host)
-        gpu = labels.get("gpu", "")
-        job = labels.get("hpc_job") or ""
-        # join by node when unambiguous and the node has no job mapping (with mapping on, an
-        # unlabelled GPU is one no job uses: a 1-GPU job leaves the node's others idle)
-        if not job and host not in mapped and len(node_jobs.get(node, ())) == 1:
-            job = next(iter(node_jobs[node]))
-        if not (NODE_RE.match(node) and gpu.isdigit()) or (job and not JOB_RE.match(job)):
-            continue  # invalid labels never reach the engine
-        row = rows.setdefault(
-            (node, gpu, job),
-            {"time": now, "node": node, "gpu": gpu, "job_id": job, "modelName": ""},
-        )
-        row[labels["__name__"]] = value
-        row["modelName"] = labels.get("modelName", "")[:128] or row["modelName"]
-    prog = {lab.get("job_id"): v for lab, v in progress}
-    it = {lab.get("job_id"): v for lab, v in iters}
-    pause = {lab.get("job_id"): v for lab, v in pauses}
-    df = (
-        pd.DataFrame(list(rows.values()), columns=["time", "node", "gpu", "job_id"])
-        if not rows
-        else pd.DataFrame(list(rows.values()))
+    for labels, _ in client.query(qs[NODE_INFO]):
+        j, h = labels.get("job_id", ""), labels.get("node", "")
+        if JOB_RE.match(j) and NODE_RE.match(h):
+            node_jobs.setdefault(h, set()).add(j)
+            names[j] = labels.get("job_name") or j
+    per_job = {name: _per_job(client, qs[name]) for name in PER_JOB}
+    values = rows.values()
+    node, gpu, job, model = _labels(np.array(rows.keys, dtype=object), host_map, node_jobs)
+    ok = node != ""
+    jcodes, juniq = pd.factorize(job)
+
+    def by_job(name: str) -> np.ndarray:
+        return np.array([per_job[name].get(j, np.nan) for j in juniq], dtype=float)[jcodes]
+
+    last, pause = by_job(F.LAST_PROGRESS), by_job(F.LAST_PAUSE)
+    values[:, F.ALL_FIELDS.index(F.ITER_SECONDS)] = by_job(F.ITER_SECONDS)
+    values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(now - last, 0.0)
+    with np.errstate(invalid="ignore"):  # seconds since the job's last pause (save, start-up)
+        values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = np.where(pause <= now, now - pause, np.nan)
+    n = int(ok.sum())
+    frame = Frame.from_columns(
+        np.full(n, now), node[ok], gpu[ok].astype(float), job[ok], values[ok], model=model[ok]
     )
-    if len(df):
-        df[F.LAST_PROGRESS] = df["job_id"].map(prog).astype(float)
-        df[F.ITER_SECONDS] = df["job_id"].map(it).astype(float)
-        df[F.LAST_PAUSE] = df["job_id"].map(pause).astype(float)
-    return Frame.from_dataframe(df), names
+    return frame, names
+
+
+class _Rows:
+    """One row per distinct key over the fields' answers. Prometheus answers every field in
+    the same series order, so a field whose keys equal the last one's reuses its codes (one
+    list comparison); any other order is indexed."""
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self.index = pd.Index([], dtype=object)
+        self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._last: tuple[list[Any], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
+
+    def add(self, col: int, keys: list[Any], vals: np.ndarray) -> None:
+        if keys == self._last[0]:
+            codes = self._last[1]
+        else:
+            codes = self.index.get_indexer(keys) if len(self.index) else np.full(len(keys), -1)
+            new = np.flatnonzero(codes < 0)
+            if len(new):
+                inv, fresh = pd.factorize(np.array(keys, dtype=object)[new])
+                codes[new] = len(self.keys) + inv
+                self.keys += fresh.tolist()
+                self.index = pd.Index(self.keys, dtype=object)
+            self._last = (keys, codes)
+        self.parts.append((col, codes, vals))
+
+    def values(self) -> np.ndarray:
+        out = np.full((len(self.keys), len(F.ALL_FIELDS)), np.nan)
+        for col, codes, vals in self.parts:
+            out[codes, col] = vals
+        return out
+
+
+def _labels(
+    keys: np.ndarray, host_map: dict[str, str] | None, node_jobs: dict[str, set[str]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Split the joined keys (one per GPU row) into node, gpu, job, model; an invalid row gets
+    node "" (dropped: invalid labels never reach the engine). A row without `hpc_job` takes its
+    node's job when the node runs exactly one and has no job mapping (with mapping on, an
+    unlabelled GPU is one no job uses: a 1-GPU job leaves the node's other GPUs idle)."""
+    blank = ["", "", "", "", ""]
+    split = [
+        p if len(p) == 5 else blank
+        for p in (k.split(",", 4) if isinstance(k, str) else blank for k in keys.tolist())
+    ]
+    host = np.array([p[0] or p[1] for p in split], dtype=object)
+    gpu_s = np.array([p[2] for p in split], dtype=object)
+    job = np.array([p[3] for p in split], dtype=object)
+    model = np.array([p[4][:128] for p in split], dtype=object)
+    hcodes, huniq = pd.factorize(host)
+    mapped_hosts = np.zeros(len(huniq) + 1, dtype=bool)
+    mapped_hosts[hcodes[job != ""]] = True
+    mapped = [(host_map or {}).get(h, h) for h in huniq.tolist()]
+    only = [
+        next(iter(node_jobs[m])) if len(node_jobs.get(m, ())) == 1 and not mapped_hosts[i] else ""
+        for i, m in enumerate(mapped)
+    ]
+    valid = np.array([bool(m) and NODE_RE.match(m) is not None for m in mapped] + [False])
+    node = np.array(mapped + [""], dtype=object)[hcodes]
+    joined = np.array(only + [""], dtype=object)[hcodes]
+    job = np.where(job == "", joined, job)
+    gcodes, guniq = pd.factorize(gpu_s)
+    gnum = np.array([int(g) if g.isdigit() and len(g) <= 3 else -1 for g in guniq] + [-1])
+    gpu = gnum[gcodes]
+    jcodes, juniq = pd.factorize(job)
+    jvalid = np.array([j == "" or JOB_RE.match(j) is not None for j in juniq] + [False])
+    ok = valid[hcodes] & (gpu >= 0) & jvalid[jcodes]
+    return np.where(ok, node, ""), np.where(ok, gpu, 0), np.where(ok, job, ""), model
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: decoding an answer allocates millions of objects
+    (none in a cycle: reference counting frees them), and the collections those allocations
+    trigger cost 5-10x the decoding itself (bench/results/scale.md)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Scores(Collector):
-    """Exposes the latest cycle; `goodput_*` names as in docs/contracts.md."""
+    """The service's own health; the score families are rendered per cycle (exposition.py)."""
 
-    def __init__(self) -> None:
-        self.result: Result | None = None
+    def __init__(self, shard: Shard | None = None) -> None:
+        self.text = b""  # the cycle's score families; b"" = withdrawn
         self.cycle_seconds = 0.0
+        self.phases = dict.fromkeys(PHASES, 0.0)
         self.series = 0
         self.errors = 0
         self.last_cycle = 0.0
+        self.shard = shard
         self.lock = threading.Lock()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self.lock:
-            res = self.result
             yield GaugeMetricFamily(
                 "goodput_detector_cycle_seconds",
                 "Duration of the last detector cycle.",
                 self.cycle_seconds,
             )
+            phase = GaugeMetricFamily(
+                "goodput_detector_cycle_phase_seconds",
+                "The last cycle's time per phase (fetch: queries and frame; score; render).",
+                labels=["phase"],
+            )
+            for name, seconds in self.phases.items():
+                phase.add_metric([name], seconds)
+            yield phase
             yield GaugeMetricFamily(
                 "goodput_detector_series_scored",
                 "GPU series scored in the last cycle.",
@@ -124,36 +266,14 @@ class Scores(Collector):
                 "Unix time of the last successful cycle.",
                 self.last_cycle,
             )
-        if res is None:
-            return
-        gpu = GaugeMetricFamily(
-            "goodput_gpu_anomaly_score",
-            "Per-GPU anomaly score; 1.0 is the nominal alarm level (alert thresholds are tuned).",
-            labels=["job_id", "node", "gpu", "detector"],
-        )
-        f = res.frame
-        on_job = np.flatnonzero(f.job != "")
-        for d, name in enumerate(res.detectors):
-            col = res.gpu[:, d]
-            for i in on_job:
-                gpu.add_metric([f.job[i], f.node[i], str(f.gpu[i]), name], float(col[i]))
-        yield gpu
-        job = GaugeMetricFamily(
-            "goodput_job_anomaly_score",
-            "Per-job anomaly score (detector=combined is the max).",
-            labels=["job_id", "detector"],
-        )
-        for r in res.jobs.itertuples():
-            job.add_metric([r.job_id, r.detector], float(r.score))
-        yield job
-        node = GaugeMetricFamily(
-            "goodput_node_suspect_score",
-            "How strongly a node is suspected in a job; 1.0 = threshold.",
-            labels=["job_id", "node"],
-        )
-        for r in res.nodes.itertuples():
-            node.add_metric([r.job_id, r.node], float(r.score))
-        yield node
+            info = GaugeMetricFamily(
+                "goodput_detector_shard_info",
+                "This replica's shard (K of N); shard=all when it scores every job.",
+                labels=["shard", "shards"],
+            )
+            sh = self.shard
+            info.add_metric([str(sh.index), str(sh.count)] if sh else ["all", "1"], 1.0)
+            yield info
 
 
 class Service:
@@ -169,48 +289,89 @@ class Service:
         ecfg = engine_cfg or Config()
         ecfg.interval_s = cfg.interval_s
         self.engine = Engine(ecfg, store or BaselineStore())
-        self.scores = Scores()
+        self.scores = Scores(cfg.shard)
         self.registry = registry or CollectorRegistry()
         self.registry.register(self.scores)
+        self.gpu_level = level("gpu")
         self.stop = threading.Event()
 
     def cycle(self, now: float | None = None) -> bool:
         """One query-score-publish cycle; never raises on bad input or a down Prometheus."""
+        with no_gc():
+            return self._cycle(now)
+
+    def _cycle(self, now: float | None) -> bool:
         t0 = time.perf_counter()
         try:
-            frame, names = fetch(self.client, self.cfg.host_map, now)
+            frame, names = fetch(self.client, self.cfg.host_map, now, self.cfg.shard)
+            t1 = time.perf_counter()
             res = self.engine.step(
                 frame, float(frame.time[0]) if len(frame) else time.time(), names
             )
             self.engine.end_jobs(set(pd.unique(frame.job)) - {""})
+            t2 = time.perf_counter()
+            text = exposition.render(res, self.gpu_level)
         except (PromError, FrameError, ValueError, KeyError) as exc:
             log.warning("detector cycle failed: %s", exc)
             with self.scores.lock:
                 self.scores.errors += 1
-                self.scores.result = None  # scores go stale rather than lie
+                self.scores.text = b""  # scores go stale rather than lie
             return False
+        t3 = time.perf_counter()
         with self.scores.lock:
-            self.scores.result = res
+            self.scores.text = text
             self.scores.series = len(frame)
-            self.scores.cycle_seconds = time.perf_counter() - t0
+            self.scores.cycle_seconds = t3 - t0
+            self.scores.phases = {"fetch": t1 - t0, "score": t2 - t1, "render": t3 - t2}
             self.scores.last_cycle = time.time()
         return True
 
+    def exposition(self) -> bytes:
+        """What /metrics answers: the health families, then the cycle's scores."""
+        with self.scores.lock:
+            text = self.scores.text
+        return generate_latest(self.registry) + text
+
     def serve(self) -> None:
-        start_http_server(self.cfg.port, addr=self.cfg.host, registry=self.registry)
+        server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), _handler(self))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
         log.info(
-            "detector on %s:%d, Prometheus %s, every %.1fs",
+            "detector on %s:%d, Prometheus %s, every %.1fs, shard %s",
             self.cfg.host,
             self.cfg.port,
             self.cfg.prometheus_url,
             self.cfg.interval_s,
+            f"{self.cfg.shard.index}/{self.cfg.shard.count}" if self.cfg.shard else "all",
         )
-        while not self.stop.is_set():
-            started = time.monotonic()
-            try:
-                self.cycle()
-            except Exception:  # noqa: BLE001 - the loop must survive anything
-                log.exception("unexpected error in a detector cycle")
-                with self.scores.lock:
-                    self.scores.errors += 1
-            self.stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - started)))
+        try:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.cycle()
+                except Exception:  # noqa: BLE001 - the loop must survive anything
+                    log.exception("unexpected error in a detector cycle")
+                    with self.scores.lock:
+                        self.scores.errors += 1
+                self.stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - started)))
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def _handler(service: Service) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            body = service.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler

@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,17 @@ class Run:
         """GPU-hours of running jobs in the recording (rows with a job x interval)."""
         return float((self.frame.job != "").sum() * self.interval_s / 3600.0)
 
+    @cached_property
+    def gpu_combined(self) -> pd.DataFrame:
+        """The GPU score as the service exposes it: one series per GPU, the max over
+        detectors (detector/exposition.py); `gpus` keeps each detector for the plots."""
+        keys = ["timestamp", "job_id", "node", "gpu"]
+        if "detector" not in self.gpus.columns:
+            return self.gpus
+        return self.gpus.groupby(keys, sort=False)[GPU_SCORE].max().reset_index()
+
     def series(self, metric: str) -> pd.DataFrame:
-        return {JOB_SCORE: self.jobs, NODE_SCORE: self.nodes, GPU_SCORE: self.gpus}[metric]
+        return {JOB_SCORE: self.jobs, NODE_SCORE: self.nodes, GPU_SCORE: self.gpu_combined}[metric]
 
     def windows(self) -> pd.DataFrame:
         return fault_windows(self.meta, self.truth)

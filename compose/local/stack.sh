@@ -2,8 +2,10 @@
 # Goodput's local stack on loopback, without systemd or Docker:
 #   Prometheus, Alertmanager, MariaDB + slurmdbd, munged, slurmctld, four slurmd (node1..node4,
 #   8 fake GPUs each), and optionally PostgreSQL (for the receiver's PostgreSQL tests).
-# Usage: stack.sh start|stop|restart|status|env|install|install-test-tools
+# Usage: stack.sh start|stop|restart|status|env|install|install-test-tools|start-vm
 #   State lives under $GOODPUT_STACK_DIR.
+# GOODPUT_TSDB=victoriametrics: vmagent -> victoria-metrics -> vmalert -> Alertmanager in place of
+# Prometheus (own ports, so `start-vm` can also run the three beside a running default stack).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -12,7 +14,12 @@ STATE=${GOODPUT_STACK_DIR:-/tmp/goodput-stack}
 NODES=${GOODPUT_NODES:-4}
 WITH_POSTGRES=${GOODPUT_WITH_POSTGRES:-1}
 PROM_PORT=${GOODPUT_PROMETHEUS_PORT:-19090}
+SHARDS=${GOODPUT_DETECTOR_SHARDS:-1}
 AM_PORT=${GOODPUT_ALERTMANAGER_PORT:-19093}
+TSDB=${GOODPUT_TSDB:-prometheus}
+VM_PORT=${GOODPUT_VM_PORT:-19095}        # victoria-metrics: Prometheus-compatible query API
+VMAGENT_PORT=${GOODPUT_VMAGENT_PORT:-19096}
+VMALERT_PORT=${GOODPUT_VMALERT_PORT:-19097}
 MARIADB_PORT=13306
 PG_PORT=${GOODPUT_POSTGRES_PORT:-15432}
 SLURMCTLD_PORT=16817
@@ -61,6 +68,7 @@ TEST_PACKAGES=(chromium chromium-driver)
 install_missing() {
   local missing=()
   [ "$WITH_POSTGRES" = 1 ] && PACKAGES+=(postgresql)
+  [ "$TSDB" = victoriametrics ] && PACKAGES+=(victoria-metrics)
   [ "${WITH_TEST_TOOLS:-0}" = 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
   for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -205,20 +213,50 @@ start_prometheus() {
   local d=$STATE/prometheus
   mkdir -p "$d/data" "$d/targets"
   need_port "$PROM_PORT" prometheus
-  sed -e "s#@ALERTMANAGER@#127.0.0.1:$AM_PORT#" -e "s#@RULES@#$REPO/alertmanager/rules#" \
-      -e "s#@TARGETS@#$d/targets#" "$REPO/compose/local/prometheus.yml" > "$d/prometheus.yml"
-  # default scrape targets for the simulated dcgm nodes; Goodput services add theirs here too
-  [ -f "$d/targets/dcgm.json" ] || python3 - "$NODES" > "$d/targets/dcgm.json" <<'PY'
-import json, sys
-n = int(sys.argv[1])
-print(json.dumps([{"targets": [f"127.0.0.1:{19500 + i}" for i in range(1, n + 1)]}]))
-PY
+  render_scrape_config "$d/prometheus.yml"
+  default_targets
   launch prometheus prometheus --config.file="$d/prometheus.yml" --storage.tsdb.path="$d/data" \
     --web.listen-address=127.0.0.1:$PROM_PORT --web.enable-lifecycle --web.enable-admin-api \
     --web.external-url=http://127.0.0.1:$PROM_PORT
   wait_for 30 prometheus curl -sf "http://127.0.0.1:$PROM_PORT/-/ready"
   # an already running Prometheus picks up regenerated rules and targets
   curl -sf -X POST "http://127.0.0.1:$PROM_PORT/-/reload" >/dev/null || die "prometheus reload failed (rules invalid?)"
+}
+
+default_targets() { # scrape targets for the simulated dcgm nodes; Goodput services add theirs too
+  mkdir -p "$STATE/prometheus/targets"
+  [ -f "$STATE/prometheus/targets/dcgm.json" ] || python3 - "$NODES" > "$STATE/prometheus/targets/dcgm.json" <<'PY'
+import json, sys
+n = int(sys.argv[1])
+print(json.dumps([{"targets": [f"127.0.0.1:{19500 + i}" for i in range(1, n + 1)]}]))
+PY
+}
+
+render_scrape_config() { # out : the shipped scrape config with this stack's paths and ports
+  sed -e "s#@ALERTMANAGER@#127.0.0.1:$AM_PORT#" -e "s#@RULES@#$REPO/alertmanager/rules#" \
+      -e "s#@TARGETS@#$STATE/prometheus/targets#" -e "s#\"@SHARDS@\"#$SHARDS#" \
+      "$REPO/compose/local/prometheus.yml" > "$1"
+}
+
+start_victoriametrics() { # vmagent scrapes (same config), victoria-metrics stores, vmalert alerts
+  command -v victoria-metrics >/dev/null || die "victoria-metrics is not installed (apt-get install victoria-metrics)"
+  local d=$STATE/vm
+  mkdir -p "$d/data" "$d/vmagent" "$STATE/prometheus/targets" "$STATE/run" "$STATE/logs"
+  need_port "$VM_PORT" victoria-metrics; need_port "$VMAGENT_PORT" vmagent; need_port "$VMALERT_PORT" vmalert
+  render_scrape_config "$d/scrape.yml"; default_targets
+  launch victoria-metrics victoria-metrics -storageDataPath="$d/data" -retentionPeriod=7d \
+    -httpListenAddr=127.0.0.1:$VM_PORT -search.latencyOffset=1s -search.disableCache
+  wait_for 30 victoria-metrics curl -sf "http://127.0.0.1:$VM_PORT/health"
+  launch vmagent vmagent -promscrape.config="$d/scrape.yml" -remoteWrite.url="http://127.0.0.1:$VM_PORT/api/v1/write" \
+    -remoteWrite.tmpDataPath="$d/vmagent" -httpListenAddr=127.0.0.1:$VMAGENT_PORT -promscrape.configCheckInterval=5s \
+    -promscrape.config.strictParse=false
+  wait_for 30 vmagent curl -sf "http://127.0.0.1:$VMAGENT_PORT/health"
+  launch vmalert vmalert -rule="$REPO/alertmanager/rules/*.yml" -datasource.url="http://127.0.0.1:$VM_PORT" \
+    -remoteWrite.url="http://127.0.0.1:$VM_PORT" -remoteRead.url="http://127.0.0.1:$VM_PORT" \
+    -notifier.url="http://127.0.0.1:$AM_PORT" -evaluationInterval=1s -external.label=cluster=goodput-local \
+    -httpListenAddr=127.0.0.1:$VMALERT_PORT
+  wait_for 30 vmalert curl -sf "http://127.0.0.1:$VMALERT_PORT/health"
+  echo "http://127.0.0.1:$VM_PORT" > "$STATE/run/victoria-metrics.url"
 }
 
 start_alertmanager() {
@@ -252,10 +290,13 @@ start_postgres() {
 }
 
 write_env() {
+  local TSDB_URL=http://127.0.0.1:$PROM_PORT
+  [ "$TSDB" = victoriametrics ] && TSDB_URL=http://127.0.0.1:$VM_PORT
   cat > "$STATE/env" <<ENV
 export GOODPUT_STACK_DIR=$STATE
 export SLURM_CONF=$STATE/slurm/slurm.conf
-export GOODPUT_PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT
+export GOODPUT_PROMETHEUS_URL=$TSDB_URL
+export GOODPUT_TSDB=$TSDB
 export GOODPUT_ALERTMANAGER_URL=http://127.0.0.1:$AM_PORT
 export GOODPUT_RECEIVER_TOKEN_FILE=$STATE/alertmanager/secrets/receiver-token
 export GOODPUT_LOG_DIR=$STATE/logs/cluster
@@ -272,7 +313,13 @@ cmd_start() {
   mkdir -p "$STATE/run" "$STATE/logs/cluster/jobs" "$STATE/logs/cluster/kernel"
   write_slurm_conf; write_env
   local t0=$SECONDS
-  start_munge; start_mariadb; start_slurm; start_prometheus; start_alertmanager; start_postgres
+  start_munge; start_mariadb; start_slurm
+  case $TSDB in
+    prometheus) start_prometheus;;
+    victoriametrics) start_victoriametrics;;
+    *) die "GOODPUT_TSDB=$TSDB: want prometheus or victoriametrics";;
+  esac
+  start_alertmanager; start_postgres
   say "up in $((SECONDS - t0))s; state in $STATE; 'source $STATE/env' for SLURM_CONF and URLs"
 }
 
@@ -293,10 +340,10 @@ cmd_stop() {
     for _ in $(seq 50); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.1; done
   fi
   # goodput services first (their pidfiles are written by `goodput`), then the stack in reverse
-  local order=(alertmanager prometheus postgres)
+  local order=(alertmanager vmalert vmagent victoria-metrics prometheus postgres)
   for f in "$STATE"/run/*.pid; do
     [ -e "$f" ] || continue; n=$(basename "$f" .pid)
-    case " mariadb munged slurmdbd slurmctld postgres prometheus alertmanager " in *" $n "*) ;; *) [[ $n == slurmd-* ]] || order=("$n" "${order[@]}");; esac
+    case " mariadb munged slurmdbd slurmctld postgres prometheus alertmanager vmalert vmagent victoria-metrics " in *" $n "*) ;; *) [[ $n == slurmd-* ]] || order=("$n" "${order[@]}");; esac
   done
   for f in "$STATE"/run/slurmd-*.pid; do [ -e "$f" ] && order+=("$(basename "$f" .pid)"); done
   order+=(slurmctld slurmdbd mariadb munged)
@@ -332,5 +379,6 @@ case "${1:-}" in
   restart) cmd_stop; cmd_start;;
   install) install_missing;;                      # the stack's packages, nothing started
   install-test-tools) WITH_TEST_TOOLS=1 install_missing;;  # and what the tests drive (Chromium)
-  *) echo "usage: $0 start|stop|restart|status|env|install|install-test-tools" >&2; exit 2;;
+  start-vm) start_victoriametrics; say "victoria-metrics on http://127.0.0.1:$VM_PORT (vmagent :$VMAGENT_PORT, vmalert :$VMALERT_PORT)";;
+  *) echo "usage: $0 start|stop|restart|status|env|install|install-test-tools|start-vm" >&2; exit 2;;
 esac

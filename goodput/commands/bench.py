@@ -131,3 +131,41 @@ def e2e(
     typer.echo((out / "e2e.md").read_text())
     if report["summary"]["handled"] < len(faults):
         raise typer.Exit(1)
+
+
+@app.command("scale")
+def scale(
+    sizes: str = typer.Option(
+        "1000,10000,100000", "--sizes", help="comma-separated GPU counts (1,000..200,000)"
+    ),
+    shards: int = typer.Option(
+        10, "--shards", min=1, max=64, help="shards above 10,000 GPUs (--live: replicas)"
+    ),
+    cycles: int = typer.Option(6, "--cycles", min=2, max=50, help="timed cycles per service"),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="where scale.json/.md go"),
+    live: bool = typer.Option(
+        False,
+        "--live",
+        help="instead: the simulator, a real Prometheus and detector replicas (--sizes are "
+        "GPUs, 8 per node; run under the stack lock)",
+    ),
+) -> None:
+    """The detector service's whole cycle (query, decode, score, render /metrics) at 1k-100k
+    GPUs from Prometheus answers in dcgm-exporter's shape, beside a bare orjson parse and a
+    bare numpy pass of the same data; 100k GPUs as N shards. `--live`: the same service as
+    processes against the simulator scraped by a real Prometheus, 1 replica and N shards."""
+    from bench import scale as bench_scale
+    from bench import scale_live
+
+    try:
+        counts = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter("--sizes is a comma-separated list of GPU counts") from None
+    if not counts or not all(1000 <= n <= 200_000 for n in counts):
+        raise typer.BadParameter("--sizes: each between 1,000 and 200,000 GPUs")
+    if live:
+        nodes = ",".join(str(n // 8) for n in counts)
+        scale_live.main(["--nodes", nodes, "--shards", str(shards), "--out", str(out), "--keep"])
+    else:
+        bench_scale.run(counts, shards, cycles, out)
+    typer.echo((out / "scale.md").read_text())

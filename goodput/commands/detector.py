@@ -26,13 +26,22 @@ def serve(
         None, help="Baselines directory (default $GOODPUT_STACK_DIR/detector/baselines)."
     ),
     host_map: Path = typer.Option(None, help="JSON file {host label: Slurm node name}."),
+    shard: str = typer.Option(
+        None,
+        help="K/N: score only the jobs whose goodput_shard label is K (Prometheus' hashmod "
+        "of the job id, modulus N); one replica per K.",
+    ),
 ) -> None:
     """Query Prometheus every INTERVAL, score every running job, expose goodput_* scores."""
     from detector.baselines import BaselineStore
-    from detector.service import Service, ServiceConfig
+    from detector.service import Service, ServiceConfig, Shard
 
     if interval <= 0:
         raise typer.BadParameter("--interval must be positive")
+    try:
+        owned = Shard.parse(shard) if shard is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     mapping = None
     if host_map is not None:
         mapping = json.loads(host_map.read_text())
@@ -43,6 +52,11 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     url = prometheus_url or os.environ.get("GOODPUT_PROMETHEUS_URL", "http://127.0.0.1:19090")
     cfg = ServiceConfig(
-        prometheus_url=url, host=host, port=port, interval_s=interval, host_map=mapping
+        prometheus_url=url,
+        host=host,
+        port=port,
+        interval_s=interval,
+        host_map=mapping,
+        shard=owned,
     )
     Service(cfg, store=BaselineStore(state_dir)).serve()

@@ -30,6 +30,7 @@ NAME = r"(?:DCGM_(?:FI|EXP)_[A-Z0-9_]+|goodput_[a-z0-9_]+|goodput:[a-z0-9_:]+)"
 BUILTIN = {"up", "ALERTS", "ALERTS_FOR_STATE"}
 # the detector's derived frame columns, and newer dcgm-exporter spellings of emitted fields
 NOT_METRICS = {*F.DERIVED, *F.ALIASES}
+LABELS = {"goodput_shard"}  # label names that look like metric names (Prometheus' relabelling)
 
 # metric -> who is expected to emit it (remove an entry when its emitter lands)
 EXPECTED_PENDING: dict[str, str] = {}
@@ -99,7 +100,7 @@ def read_by() -> dict[str, set[str]]:
                 add(names_in(expr), f"dashboard {file}: {title}")
     own = {n for n, f in emitted_by_code().items() if f.startswith("detector/")}
     for path in _py("detector"):
-        found = set(re.findall(rf"[\"']({NAME})[\"'{{\[ ]", path.read_text())) - own
+        found = set(re.findall(rf"[\"']({NAME})[\"'{{\[ ]", path.read_text())) - own - LABELS
         add(found, f"detector {path.name}")
     for path in _py("recovery/evidence"):
         found = set(re.findall(rf"({NAME})", path.read_text()))

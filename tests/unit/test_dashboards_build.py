@@ -60,7 +60,8 @@ def test_job_drilldown_has_job_and_node_variables_and_a_loki_panel(models):
     logs = [p for p in build.panels(job) if p["type"] == "logs"]
     assert logs and logs[0]["datasource"]["uid"] == "goodput-loki"
     titles = {p.get("title") for p in build.panels(job)}
-    for needed in ("GPU anomaly score", "Node suspect score", "Loss", "Log pattern matches"):
+    scores = ("GPU anomaly score", "Node score by detector", "Node suspect score")
+    for needed in (*scores, "Loss", "Log pattern matches"):
         assert needed in titles
 
 

@@ -1,110 +1,189 @@
-"""The service against a stub Prometheus: fixed query count, join by node, staleness on errors."""
+"""The service on recorded Prometheus answers (the shape the real Prometheus gives for its
+queries, bench/scale_data.py): fixed query count, join by node, bounded exposition, shards,
+staleness on errors. The real Prometheus runs in tests/integration/test_detector_shards.py."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+import numpy as np
+import orjson
+import pytest
 
+from bench.scale_data import Cluster, answers
+from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.promclient import PromError
-from detector.service import Service, ServiceConfig
+from detector.promclient import PromClient, PromError, decode
+from detector.service import KEY, Service, ServiceConfig, Shard, fetch, queries
+from detector.thresholds import level
 
 
-class StubProm:
-    def __init__(self, jobs: int, down: bool = False):
-        self.jobs, self.down, self.calls = jobs, down, 0
+class Recorded(PromClient):
+    """Answers each query from recorded answer bytes (decoded as from the wire)."""
 
-    def query(self, expr):
+    def __init__(self, recorded: dict[str, bytes]):
+        super().__init__("http://127.0.0.1:9")
+        self.recorded, self.down, self.calls = recorded, False, 0
+
+    def raw(self, expr):
         self.calls += 1
         if self.down:
             raise PromError("connection refused")
-        if expr.startswith("{__name__"):
-            out = []
-            for j in range(self.jobs):
-                for g in range(8):
-                    base = {"Hostname": f"node{j + 1}", "gpu": str(g)}
-                    out.append(({**base, "__name__": "DCGM_FI_DEV_GPU_UTIL"}, 99.0))
-                    power = 125.0 if (j, g) == (0, 3) else 690.0
-                    out.append(({**base, "__name__": "DCGM_FI_DEV_POWER_USAGE"}, power))
-            out.append(
-                ({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "bad host!", "gpu": "0"}, 1.0)
+        return decode(
+            self.recorded.get(
+                expr, b'{"status":"success","data":{"resultType":"vector","result":[]}}'
             )
-            return out
-        if expr == "goodput_slurm_job_node_info":
-            return [
-                ({"job_id": str(100 + j), "job_name": f"train{j}", "node": f"node{j + 1}"}, 1.0)
-                for j in range(self.jobs)
-            ]
-        return []
+        )
 
 
-def make(tmp_path, stub):
-    svc = Service(ServiceConfig(), store=BaselineStore(tmp_path), registry=CollectorRegistry())
-    svc.client = stub
+def cluster(jobs: int, slow: tuple[int, int] | None = None) -> Cluster:
+    c = Cluster.make(16 * jobs, seed=1)
+    if slow is not None:  # one GPU at a quarter of its power: its peers see it
+        i = slow[0] * 8 + slow[1]
+        c.values[i, F.DCGM_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] = 125.0
+    return c
+
+
+def make(tmp_path, recorded, shard=None):
+    svc = Service(ServiceConfig(shard=shard), store=BaselineStore(tmp_path))
+    svc.client = Recorded(recorded)
     return svc
 
 
-def test_query_count_does_not_grow_with_jobs(tmp_path):
-    counts = []
-    for jobs in (1, 5):
-        stub = StubProm(jobs)
-        assert make(tmp_path, stub).cycle(now=1000.0)
-        counts.append(stub.calls)
-    assert counts[0] == counts[1] == 5
-
-
-def test_scores_exposed_and_joined_by_node(tmp_path):
-    svc = make(tmp_path, StubProm(3))
-    for t in (1000.0, 1005.0, 1010.0):
-        assert svc.cycle(now=t)
-    text = generate_latest(svc.registry).decode()
-    assert 'goodput_gpu_anomaly_score{detector="peer",gpu="3",job_id="100",node="node1"}' in text
-    assert 'goodput_job_anomaly_score{detector="combined",job_id="101"}' in text
-    assert "goodput_detector_series_scored 24.0" in text  # the invalid host label was dropped
-    peer = [
-        ln for ln in text.splitlines() if ln.startswith('goodput_node_suspect_score{job_id="100"')
+def series(text: str, name: str) -> list[tuple[str, float]]:
+    return [
+        (ln.split(" ")[0], float(ln.split(" ")[1]))
+        for ln in text.splitlines()
+        if ln.startswith(name + "{")
     ]
-    assert peer and float(peer[0].split()[-1]) > 1.0
+
+
+def test_query_count_does_not_grow_with_jobs_or_gpus(tmp_path):
+    counts = []
+    for jobs in (1, 20):
+        svc = make(tmp_path, answers(cluster(jobs), None, 1000.0))
+        assert svc.cycle(now=1000.0)
+        counts.append(svc.client.calls)
+    assert counts[0] == counts[1] == len(F.DCGM_FIELDS) + 4  # + node info, 3 per-job values
+
+
+def test_scores_exposed_bounded_and_joined_by_node(tmp_path):
+    """dcgm without hpc_job: jobs come from the node info; one slow GPU drives its score over
+    the alert level, and only that GPU gets a driver series (naming the detector)."""
+    rec = answers(cluster(3, slow=(0, 3)), None, 1000.0, hpc_job=False)
+    bad = orjson.loads(rec[queries()["DCGM_FI_DEV_GPU_UTIL"]])
+    bad["data"]["result"].append({"metric": {KEY: 'node1",evil="x,,0,,'}, "value": [0, "1"]})
+    bad["data"]["result"].append({"metric": {KEY: "node1,,9999,,"}, "value": [0, "1"]})
+    rec[queries()["DCGM_FI_DEV_GPU_UTIL"]] = orjson.dumps(bad)
+    svc = make(tmp_path, rec)
+    for t in (1000.0, 1005.0, 1010.0, 1015.0):
+        assert svc.cycle(now=t)
+    text = svc.exposition().decode()
+    assert "evil" not in text and 'gpu="9999"' not in text
+    assert "goodput_detector_series_scored 48.0" in text  # the invalid rows were dropped
+    gpu = dict(series(text, "goodput_gpu_anomaly_score"))
+    assert len(gpu) == 48  # one series per GPU
+    slow = 'goodput_gpu_anomaly_score{job_id="100000",node="node1",gpu="3"}'
+    assert gpu[slow] >= level("gpu")
+    driver = series(text, "goodput_gpu_anomaly_driver_score")
+    assert [d for d, _ in driver] == [
+        'goodput_gpu_anomaly_driver_score{job_id="100000",node="node1",gpu="3",detector="peer"}'
+    ]
+    assert driver[0][1] == gpu[slow]
+    nodes = dict(series(text, "goodput_node_anomaly_score"))
+    assert nodes['goodput_node_anomaly_score{job_id="100000",node="node1",detector="peer"}'] > 1
+    assert len(nodes) == 6 * 6  # 3 jobs x 2 nodes x 6 detectors
+    assert 'goodput_job_anomaly_score{job_id="100001",detector="combined"}' in text
+    suspect = dict(series(text, "goodput_node_suspect_score"))
+    assert suspect['goodput_node_suspect_score{job_id="100000",node="node1"}'] > 1.0
+
+
+def test_join_by_node_only_where_the_node_has_no_job_mapping(tmp_path):
+    """A 1-GPU job with hpc_job on its GPU: the node's 7 unlabelled GPUs stay idle (they were
+    its 'peers'); a node without any hpc_job still gets its one job by the Slurm join."""
+    c = Cluster.make(16, seed=2)
+    c.job = ["7"] + [""] * 7 + [""] * 8  # node1: job 7 on GPU 0 (mapped); node2: no mapping
+    rec = answers(c, None, 1000.0)
+    info = queries()["goodput_slurm_job_node_info"]
+    rows = [("7", "node1"), ("8", "node2")]
+    rec[info] = orjson.dumps(
+        {
+            "status": "success",
+            "data": {
+                "resultType": "vector",
+                "result": [
+                    {"metric": {"job_id": j, "node": n}, "value": [1000.0, "1"]} for j, n in rows
+                ],
+            },
+        }
+    )
+    frame, _ = fetch(Recorded(rec), now=1000.0)
+    got = {(n, int(g)): j for n, g, j in zip(frame.node, frame.gpu, frame.job, strict=True)}
+    assert got[("node1", 0)] == "7"
+    assert all(got[("node1", g)] == "" for g in range(1, 8))
+    assert all(got[("node2", g)] == "8" for g in range(8))
+
+
+def test_cardinality_per_1000_healthy_gpus(tmp_path):
+    """At most 2 series per GPU plus per-job and per-node series (docs/contracts.md)."""
+    svc = make(tmp_path, answers(Cluster.make(1000, idle=0.04), None, 1000.0))
+    for t in (1000.0, 1005.0):
+        assert svc.cycle(now=t)
+    text = svc.exposition().decode()
+    on_job = 960
+    assert len(series(text, "goodput_gpu_anomaly_score")) == on_job
+    assert len(series(text, "goodput_gpu_anomaly_driver_score")) == 0
+    per_node = len(series(text, "goodput_node_anomaly_score"))
+    per_job = len(series(text, "goodput_job_anomaly_score"))
+    assert per_node == 120 * 6 and per_job == 60 * 7  # 6 detectors (+ combined per job)
+    assert len(series(text, "goodput_node_suspect_score")) == 120
 
 
 def test_prometheus_down_goes_stale_and_counts_errors(tmp_path):
-    stub = StubProm(2)
-    svc = make(tmp_path, stub)
+    svc = make(tmp_path, answers(cluster(2), None, 1000.0))
     assert svc.cycle(now=1000.0)
-    stub.down = True
+    svc.client.down = True
     assert not svc.cycle(now=1005.0)
     assert not svc.cycle(now=1010.0)
-    text = generate_latest(svc.registry).decode()
+    text = svc.exposition().decode()
     assert "goodput_detector_query_errors_total 2.0" in text
     assert "goodput_gpu_anomaly_score{" not in text
-    stub.down = False
+    svc.client.down = False
     assert svc.cycle(now=1015.0)
 
 
-class OneGpuJob(StubProm):
-    """A 1-GPU job on node1 with dcgm's job mapping on: only GPU 0 carries hpc_job."""
-
-    def query(self, expr):
-        self.calls += 1
-        if expr.startswith("{__name__"):
-            out = []
-            for g in range(8):
-                lab = {"Hostname": "node1", "gpu": str(g), "modelName": "NVIDIA H200"}
-                if g == 0:
-                    lab["hpc_job"] = "100"
-                util = 99.0 if g == 0 else 0.0
-                out.append(({**lab, "__name__": "DCGM_FI_DEV_GPU_UTIL"}, util))
-            return out
-        if expr == "goodput_slurm_job_node_info":
-            return [({"job_id": "100", "job_name": "solo", "node": "node1"}, 1.0)]
-        return []
+@pytest.mark.parametrize("bad", ["", "1", "2/2", "-1/2", "a/b", "0/0", "0/5000", "1/2/3"])
+def test_shard_spec_is_validated(bad):
+    with pytest.raises(ValueError):
+        Shard.parse(bad)
 
 
-def test_a_nodes_unmapped_gpus_are_not_its_one_jobs_peers(tmp_path):
-    """With job mapping on, the node join must not hand a 1-GPU job the node's 7 idle GPUs
-    (they were its 'peers': the one busy GPU scored as an outlier). Fails on the old join."""
-    from detector.service import fetch
+def test_sharded_queries_select_the_shard():
+    qs = queries(Shard.parse("3/8"))
+    for name in F.DCGM_FIELDS:  # its jobs' GPUs and GPUs with no job (label absent)
+        assert 'goodput_shard=~"|3"}' in qs[name] and name in qs[name]
+    assert qs["goodput_slurm_job_node_info"] == 'goodput_slurm_job_node_info{goodput_shard="3"}'
+    assert all("goodput_shard" not in q for q in queries(None).values())
 
-    frame, _ = fetch(OneGpuJob(1), now=1000.0)
-    assert list(frame.job[frame.gpu == 0]) == ["100"]
-    assert set(frame.job[frame.gpu != 0]) == {""}
-    assert set(frame.models) == {"NVIDIA H200"}
+
+def test_two_shards_partition_the_jobs_and_restart_keeps_baselines(tmp_path):
+    c = cluster(12)
+    now = 1000.0
+    seen = []
+    for k in range(2):
+        shard = Shard(k, 2)
+        svc = make(tmp_path, answers(c, shard, now), shard)
+        assert svc.cycle(now=now)
+        seen.append(set(svc.engine.jobs))
+        job = sorted(svc.engine.jobs)[0]
+        svc.engine.jobs[job].rows = np.ones((4, len(F.ALL_FIELDS)), dtype=np.float32)
+        svc.engine.fit_job(job, now)  # saved under the job's name in the shared store
+        again = make(tmp_path, answers(c, shard, now), shard)  # the replica restarts
+        assert again.cycle(now=now + 5)
+        assert again.engine.jobs[job].loaded
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert seen[0] | seen[1] == set(c.job) - {""}
+
+
+def test_the_gpu_model_reaches_the_frame(tmp_path):
+    """modelName rides in the per-GPU key (the priors read it per model)."""
+    frame, _ = fetch(Recorded(answers(cluster(1), None, 1000.0)), now=1000.0)
+    assert set(frame.models) == {"NVIDIA H200"} and len(frame.take(np.arange(3)).models) == 3

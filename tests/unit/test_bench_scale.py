@@ -1,0 +1,31 @@
+"""`goodput bench scale` end to end at its smallest size (answers over HTTP from its own
+process), and its report with live rows, one of them past the machine's ceiling."""
+
+from __future__ import annotations
+
+import json
+
+from bench import scale
+from detector import fields as F
+
+
+def test_scale_bench_runs_the_whole_cycle_and_reports_it(tmp_path):
+    doc = scale.run([1000], shards=1, cycles=2, out=tmp_path)
+    row = doc["rows"][0]["worst_shard"]
+    assert row["gpus"] == 1000 and row["jobs"] == 63
+    assert row["queries"] == len(F.DCGM_FIELDS) + 4
+    # + the job -> node join (125 pairs) and three per-job answers (progress, step, pause; 63 jobs)
+    assert row["answer_series"] == 1000 * len(F.DCGM_FIELDS) + 125 + 3 * 63
+    assert 0 < row["bare_orjson_parse_s_min"] and 0 < row["cycle_s_min"]
+    assert row["metrics_series"] < 2.4 * 1000 + 20  # bounded: about 2.3 series per GPU
+    saved = json.loads((tmp_path / "scale.json").read_text())
+    assert saved["rows"][0]["gpus"] == 1000
+    live = {
+        "measured": "now",
+        "interval_s": 5,
+        "seconds": 20,
+        "cores": 2,
+        "rows": [{"nodes": 2000, "gpus": 16000, "failed": "simulator did not start", "phases": []}],
+    }
+    text = scale.markdown({**saved, "live": live})
+    assert "| 1,000 | 1 | 1,000 |" in text and "| 16,000 | failed: simulator did not start" in text
