@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery.scheduler.base import check_job, check_node, clean_reason
+from recovery.scheduler.base import JOB_RE, check_job, check_node, clean_reason
 
 OK, HELD = 0, 1  # Prolog exit codes: 0 run the job, 1 refuse (Slurm drains, requeues the job)
 GPU_INDEX = re.compile(r"\A[0-9]{1,4}(?:\.[0-9]{1,4})?\Z")  # `3`, or `3.1` for a MIG instance
@@ -65,7 +65,7 @@ def release(hold_dir: Path, node: str) -> bool:
 
 
 def held(hold_dir: Path, node: str) -> str | None:
-    """The hold reason for `node`, or None when Goodput does not hold it."""
+    """The hold reason for `node`, or None when Goodput does not hold it (OSError: unreadable)."""
     try:
         text = (Path(hold_dir) / check_node(node)).read_text(errors="replace")
     except FileNotFoundError:
@@ -88,7 +88,8 @@ def _edit_mapping(mapping_dir: Path, gpus: list[str] | None, job_id: str, add: b
             gpus = [p.name for p in mapping_dir.iterdir() if GPU_INDEX.match(p.name)]
         for gpu in gpus:
             path = mapping_dir / gpu
-            jobs = path.read_text().split() if path.exists() else []
+            text = path.read_text(errors="replace") if path.exists() else ""
+            jobs = [j for j in text.split() if JOB_RE.match(j)]  # a torn write heals here
             jobs = [j for j in jobs if j != job_id] + ([job_id] if add else [])
             if jobs:
                 _write_atomic(path, "".join(f"{j}\n" for j in jobs))
@@ -109,7 +110,11 @@ def prolog(env: Mapping[str, str], hold_dir: Path | None, mapping_dir: Path | No
     if isinstance(who, str):
         return Outcome(OK, who)  # never drain a node over our own inputs
     node, job_id = who
-    if hold_dir is not None and (reason := held(hold_dir, node)) is not None:
+    try:
+        reason = held(hold_dir, node) if hold_dir is not None else None
+    except OSError as e:  # a raise would exit 1: Slurm would drain the node over our own file
+        return Outcome(OK, f"job {job_id}: Goodput's hold not read ({e}); the job runs")
+    if reason is not None:
         return Outcome(HELD, f"{node} is held by Goodput ({reason}); job {job_id} refused")
     if mapping_dir is not None:
         try:
