@@ -69,7 +69,9 @@ def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: flo
     return last is None or now - last >= recheck_after_s
 
 
-def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float) -> Any:
+def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float, acting: bool) -> Any:
+    """The check already planned or running for this drain, if any; a plan made while not
+    acting (monitor, approve, paused) does not hold back a run once Goodput acts."""
     with engine.connect() as conn:
         row = conn.execute(
             select(checks)
@@ -77,7 +79,7 @@ def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float) -> An
             .order_by(checks.c.id.desc())
             .limit(1)
         ).first()
-    if row is None or row.state not in OPEN:
+    if row is None or row.state not in OPEN or (acting and row.state == "planned"):
         return None
     if row.state == "running" and now - row.started_at > limit_s + GRACE_S:
         return None  # the process that ran it died: run it again
@@ -122,11 +124,12 @@ def tick(
             continue
         level = node_health.check_level((events or {}).get(node.node, []), cfg, now)
         spec = cfg.checks[level]
-        if _open_row(engine, node, now, spec.timeout_s) is not None:
-            continue
         mode = policy.mode_for(node.partitions[0] if node.partitions else None)
+        acting = mode == "act" and not paused
+        if _open_row(engine, node, now, spec.timeout_s, acting) is not None:
+            continue
         base = {"node": node.node, "level": level, "drain_reason": node.reason, "mode": mode}
-        if mode != "act" or paused:
+        if not acting:
             with engine.begin() as conn:
                 conn.execute(checks.insert().values(**base, state="planned", started_at=now))
             _record(engine, "check_planned", {**base, "paused": paused})

@@ -135,3 +135,15 @@ def test_a_failed_node_is_checked_again_after_the_recheck_delay(world, tmp_path)
     flag.write_text("a technician replaced GPU 3")
     [again] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=finished + 601)
     assert again["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"
+
+
+def test_a_check_planned_while_paused_runs_once_the_pause_is_lifted(world):
+    # the planned row counted as an open check for ever: a node Goodput drained before the
+    # pause stayed drained after it, its check never run
+    sched, engine, st, holds = world
+    pol = _policy("act", passes=True)
+    [o] = node_checks.tick(engine, sched, pol, paused=True, hold_dir=holds)
+    assert o["state"] == "planned"
+    assert node_checks.tick(engine, sched, pol, paused=True, hold_dir=holds) == []  # once
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds)
+    assert o["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"
