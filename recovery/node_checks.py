@@ -163,8 +163,6 @@ def _run_one(
     try:
         if step.kind == "resume":
             detail = scheduler.resume(node.node).detail
-            if hold_dir is not None:
-                slurm_hooks.release(hold_dir, node.node)
         elif step.kind in ("keep_drained", "rma"):
             scheduler.relabel(node.node, step.reason)
             if step.kind == "rma" and cfg.rma_hook is not None:
@@ -172,6 +170,9 @@ def _run_one(
                 detail = f"{step.reason}; RMA hook exit {hook.exit_code}: {hook.output[-500:]}"
     except (SchedulerError, ValueError) as e:
         detail = f"{step.reason}; the scheduler refused: {e}"
+    finally:
+        if step.kind == "resume" and hold_dir is not None:  # passed: no hold, resumed or not
+            slurm_hooks.release(hold_dir, node.node)
     state = {"resume": "passed", "keep_drained": "failed", "rma": "rma"}.get(step.kind, "failed")
     with engine.begin() as conn:
         conn.execute(

@@ -5,6 +5,8 @@ RMA after repeated failures, every step audited."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import pytest
 from sqlalchemy import create_engine
@@ -147,3 +149,25 @@ def test_a_check_planned_while_paused_runs_once_the_pause_is_lifted(world):
     assert node_checks.tick(engine, sched, pol, paused=True, hold_dir=holds) == []  # once
     [o] = node_checks.tick(engine, sched, pol, hold_dir=holds)
     assert o["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"
+
+
+def test_a_person_draining_the_node_during_a_passed_check_gets_no_stale_hold(world):
+    # the check passes, but a person drained the node meanwhile: Goodput must not resume it,
+    # and the Prolog hold "checking" must go (it stayed, so the person's resume later had
+    # every job refused by the Prolog)
+    sched, engine, st, holds = world
+    cmd = {"argv": [PY, "-c", "import time; time.sleep(1.0)"]}
+    rts = {"enabled": True, "checks": {"quick": cmd, "deep": cmd}}
+    pol = parse_policy({"mode": "act", "return_to_service": rts}, env={})
+
+    def person() -> None:
+        time.sleep(0.3)
+        st["nodes"]["node2"].update(reason="bob: reseating GPU 3")
+
+    t = threading.Thread(target=person)
+    t.start()
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds)
+    t.join()
+    assert st["nodes"]["node2"]["state"] == "DRAINED"  # a person's drain is never resumed
+    assert "refused" in o["detail"]
+    assert slurm_hooks.held(holds, "node2") is None
