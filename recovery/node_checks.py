@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, func, select
+from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, select
 
 from recovery import audit, node_health, slurm_hooks
 from recovery.policy import Policy
@@ -42,7 +42,7 @@ checks = Table(
     Column("output", Text, nullable=False, default=""),
     Column("step", String(256), nullable=False, default=""),
 )
-RESULT_PREFIXES = (f"{REASON_PREFIX} failed", f"{REASON_PREFIX} rma")
+FAILED_PREFIX = f"{REASON_PREFIX} failed"  # a check verdict: failed, or failed N times: RMA
 OPEN = ("planned", "running")
 GRACE_S = 60.0  # beyond a check's own time limit before a `running` row counts as abandoned
 
@@ -52,21 +52,24 @@ def ensure(engine: Engine) -> None:
 
 
 def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: float) -> bool:
-    """Drained by Goodput and empty; a failed check's verdict only after `recheck_after_s`
-    (an RMA verdict never: that node waits for a person)."""
+    """Drained by Goodput and empty; after a failed check only once `recheck_after_s` passed,
+    and after an RMA verdict never (that node waits for a person)."""
     if not (node.drained_by_goodput and node.state.upper().startswith("DRAINED")):
         return False
-    if node.reason.startswith(RESULT_PREFIXES[1]):
-        return False
-    if not node.reason.startswith(RESULT_PREFIXES[0]):
+    if not node.reason.startswith(FAILED_PREFIX):
         return True
-    if recheck_after_s is None:
-        return False
     with engine.connect() as conn:
         last = conn.execute(
-            select(func.max(checks.c.finished_at)).where(checks.c.node == node.node)
-        ).scalar()
-    return last is None or now - last >= recheck_after_s
+            select(checks.c.state, checks.c.finished_at)
+            .where(checks.c.node == node.node, checks.c.finished_at.is_not(None))
+            .order_by(checks.c.id.desc())
+            .limit(1)
+        ).first()
+    if last is not None and last.state == "rma":
+        return False  # its reason reads "goodput: failed <level> N times: RMA"
+    if recheck_after_s is None:
+        return False
+    return last is None or now - last.finished_at >= recheck_after_s
 
 
 def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float, acting: bool) -> Any:

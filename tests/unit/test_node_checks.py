@@ -171,3 +171,18 @@ def test_a_person_draining_the_node_during_a_passed_check_gets_no_stale_hold(wor
     assert st["nodes"]["node2"]["state"] == "DRAINED"  # a person's drain is never resumed
     assert "refused" in o["detail"]
     assert slurm_hooks.held(holds, "node2") is None
+
+
+def test_an_rma_verdict_is_never_rechecked(world, tmp_path):
+    # the RMA reason reads "goodput: failed <level> N times: RMA", which the recheck took for
+    # a plain failure: every recheck_failed_after_s the check ran again, a pass resumed a node
+    # sent for RMA, and each new failure called the RMA hook (another ticket) again
+    sched, engine, st, holds = world
+    tickets = tmp_path / "tickets"
+    hook = {"argv": [PY, "-c", f"open({str(tickets)!r}, 'a').write('{{node}}\\n')"]}
+    pol = _policy("act", passes=False, rma_after=1, rma_hook=hook, recheck_failed_after_s=600)
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=1000.0)
+    assert o["state"] == "rma" and st["nodes"]["node2"]["reason"].endswith("RMA")
+    later = node_checks.rows(engine, "node2")[0]["finished_at"] + 601
+    assert node_checks.tick(engine, sched, pol, hold_dir=holds, now=later) == []
+    assert tickets.read_text() == "node2\n"
