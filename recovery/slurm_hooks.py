@@ -3,8 +3,10 @@
 Both run on the compute node at every job start and end (slurm.conf `Prolog=`, `Epilog=`), so
 they touch local files only — no call to slurmctld, Prometheus or the receiver that could hang
 slurmd — and their exit codes are chosen for what Slurm does with them: a Prolog that fails
-drains the node and requeues the job, so it fails only when the node is held; an Epilog that
-fails drains the node too, so bookkeeping never makes it fail.
+drains the node and requeues the job (held for a person unless slurm.conf has
+`SchedulerParameters=nohold_on_prolog_fail`, which a site using the hold must set), so it fails
+only when the node is held; an Epilog that fails drains the node too, so bookkeeping never
+makes it fail.
 
 - Holds: a file `<hold_dir>/<node>` (written by `hold`, on a directory the nodes share or one
   the site syncs) says "Goodput is checking this node; no new work". The reason is its text.
