@@ -136,7 +136,7 @@ def _yearless(
 
 
 def _wall(y: int, mo: int, d: int, h: int, mi: int, s: int, frac: str | None) -> float | None:
-    if not (1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1]):
+    if not (1 <= y <= 9999 and 1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1]):
         return None
     if h > 23 or mi > 59 or s > 60:
         return None

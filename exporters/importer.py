@@ -36,8 +36,8 @@ def line_time(text: str, ref: float, boot_time: float | None = None) -> tuple[fl
 
 
 def _iso(t: float) -> str:
-    ms = int(round((t % 1) * 1000))
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t))) + f".{ms:03d}Z"
+    whole, ms = divmod(int(round(t * 1000)), 1000)  # x.9996 s is the next second's .000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
 
 
 # --- job log -> job metrics -------------------------------------------------------------------
@@ -130,18 +130,25 @@ def kernel_lines(
     return out, kinds
 
 
+JOURNAL_MAX_S = 253402300800.0  # year 10000: beyond it no calendar (or gmtime) has a date
+
+
 def _journal_json(line: str, where: str, n: int) -> str:
     try:
         doc = json.loads(line)
         t = int(doc["__REALTIME_TIMESTAMP"]) / 1e6
         msg = doc.get("MESSAGE", "")
-    except (ValueError, KeyError, TypeError) as exc:
+        if not 0 <= t < JOURNAL_MAX_S:
+            raise ValueError(f"__REALTIME_TIMESTAMP {t:.0f} s is not a time")
+        if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
+            msg = bytes(msg).decode("utf-8", "replace")
+        if not isinstance(msg, str):
+            raise TypeError(f"MESSAGE is a {type(msg).__name__}")
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
         raise ImportFailure(
             f"{where}:{n}: not a journalctl -o json record (want __REALTIME_TIMESTAMP and "
             f"MESSAGE): {exc}"
         ) from None
-    if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
-        msg = bytes(msg).decode("utf-8", "replace")
     return f"{_iso(t)} {msg}"
 
 

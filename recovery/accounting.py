@@ -106,20 +106,21 @@ CAUSES = ("detection", "decision", "recovery", "redone_work")
 def lost_by_cause(row: Any) -> dict[str, float]:
     """GPU-seconds one incident cost, by cause: onset → alert (detection), alert → decision,
     decision → running again (recovery), and the work since the last checkpoint (redone_work).
-    Their sum is `gpu_hours_lost` × 3600; a stage whose end is unknown yet counts nothing."""
+    Each stage ends within [onset, running again] (a missing stage takes no time; a decision
+    after the job was back counts up to that moment), so their sum is `gpu_hours_lost` × 3600.
+    Nothing counts before the job runs again (its GPUs are known then)."""
     gpus = row.gpus or 0
-    spans = {
-        "detection": (row.onset, row.detected_at),
-        "decision": (row.detected_at, row.decided_at),
-        "recovery": (row.decided_at, row.running_again_at),
-        "redone_work": (row.checkpoint_at, row.onset),
-    }
     if row.running_again_at is None or row.onset is None:
-        return dict.fromkeys(CAUSES, 0.0)  # counted once the job runs again (its GPUs known)
-    return {
-        c: gpus * max(b - a, 0.0) if a is not None and b is not None else 0.0
-        for c, (a, b) in spans.items()
-    }
+        return dict.fromkeys(CAUSES, 0.0)
+    onset = row.onset
+    back = max(row.running_again_at, onset)
+    marks = [onset]
+    for t in (row.detected_at, row.decided_at):
+        marks.append(min(max(marks[-1] if t is None else t, marks[-1]), back))
+    marks.append(back)
+    redo = max(onset - row.checkpoint_at, 0.0) if row.checkpoint_at is not None else 0.0
+    spans = [b - a for a, b in zip(marks, marks[1:], strict=False)] + [redo]
+    return {c: gpus * span for c, span in zip(CAUSES, spans, strict=True)}
 
 
 def update_recoveries(engine: Engine, scheduler: Any) -> int:

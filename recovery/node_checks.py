@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, func, select
+from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, select
 
 from recovery import audit, node_health, slurm_hooks
 from recovery.policy import Policy
@@ -42,7 +42,7 @@ checks = Table(
     Column("output", Text, nullable=False, default=""),
     Column("step", String(256), nullable=False, default=""),
 )
-RESULT_PREFIXES = (f"{REASON_PREFIX} failed", f"{REASON_PREFIX} rma")
+FAILED_PREFIX = f"{REASON_PREFIX} failed"  # a check verdict: failed, or failed N times: RMA
 OPEN = ("planned", "running")
 GRACE_S = 60.0  # beyond a check's own time limit before a `running` row counts as abandoned
 
@@ -52,24 +52,29 @@ def ensure(engine: Engine) -> None:
 
 
 def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: float) -> bool:
-    """Drained by Goodput and empty; a failed check's verdict only after `recheck_after_s`
-    (an RMA verdict never: that node waits for a person)."""
+    """Drained by Goodput and empty; after a failed check only once `recheck_after_s` passed,
+    and after an RMA verdict never (that node waits for a person)."""
     if not (node.drained_by_goodput and node.state.upper().startswith("DRAINED")):
         return False
-    if node.reason.startswith(RESULT_PREFIXES[1]):
-        return False
-    if not node.reason.startswith(RESULT_PREFIXES[0]):
+    if not node.reason.startswith(FAILED_PREFIX):
         return True
-    if recheck_after_s is None:
-        return False
     with engine.connect() as conn:
         last = conn.execute(
-            select(func.max(checks.c.finished_at)).where(checks.c.node == node.node)
-        ).scalar()
-    return last is None or now - last >= recheck_after_s
+            select(checks.c.state, checks.c.finished_at)
+            .where(checks.c.node == node.node, checks.c.finished_at.is_not(None))
+            .order_by(checks.c.id.desc())
+            .limit(1)
+        ).first()
+    if last is not None and last.state == "rma":
+        return False  # its reason reads "goodput: failed <level> N times: RMA"
+    if recheck_after_s is None:
+        return False
+    return last is None or now - last.finished_at >= recheck_after_s
 
 
-def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float) -> Any:
+def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float, acting: bool) -> Any:
+    """The check already planned or running for this drain, if any; a plan made while not
+    acting (monitor, approve, paused) does not hold back a run once Goodput acts."""
     with engine.connect() as conn:
         row = conn.execute(
             select(checks)
@@ -77,7 +82,7 @@ def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float) -> An
             .order_by(checks.c.id.desc())
             .limit(1)
         ).first()
-    if row is None or row.state not in OPEN:
+    if row is None or row.state not in OPEN or (acting and row.state == "planned"):
         return None
     if row.state == "running" and now - row.started_at > limit_s + GRACE_S:
         return None  # the process that ran it died: run it again
@@ -122,11 +127,12 @@ def tick(
             continue
         level = node_health.check_level((events or {}).get(node.node, []), cfg, now)
         spec = cfg.checks[level]
-        if _open_row(engine, node, now, spec.timeout_s) is not None:
-            continue
         mode = policy.mode_for(node.partitions[0] if node.partitions else None)
+        acting = mode == "act" and not paused
+        if _open_row(engine, node, now, spec.timeout_s, acting) is not None:
+            continue
         base = {"node": node.node, "level": level, "drain_reason": node.reason, "mode": mode}
-        if mode != "act" or paused:
+        if not acting:
             with engine.begin() as conn:
                 conn.execute(checks.insert().values(**base, state="planned", started_at=now))
             _record(engine, "check_planned", {**base, "paused": paused})
@@ -160,8 +166,6 @@ def _run_one(
     try:
         if step.kind == "resume":
             detail = scheduler.resume(node.node).detail
-            if hold_dir is not None:
-                slurm_hooks.release(hold_dir, node.node)
         elif step.kind in ("keep_drained", "rma"):
             scheduler.relabel(node.node, step.reason)
             if step.kind == "rma" and cfg.rma_hook is not None:
@@ -169,6 +173,9 @@ def _run_one(
                 detail = f"{step.reason}; RMA hook exit {hook.exit_code}: {hook.output[-500:]}"
     except (SchedulerError, ValueError) as e:
         detail = f"{step.reason}; the scheduler refused: {e}"
+    finally:
+        if step.kind == "resume" and hold_dir is not None:  # passed: no hold, resumed or not
+            slurm_hooks.release(hold_dir, node.node)
     state = {"resume": "passed", "keep_drained": "failed", "rma": "rma"}.get(step.kind, "failed")
     with engine.begin() as conn:
         conn.execute(

@@ -9,12 +9,16 @@ After Goodput drains a node, a health check (policy: an argv per check level, e.
 
 Repeat-offender rules over the node's history (N incidents in a window, the same XID twice on
 one GPU, failures of jobs of several users) escalate: a deeper check, a hold for a person, or
-RMA. `run_check` is the one side effect here (argv only, bounded time and output).
+RMA. `run` is the one side effect here (argv only, bounded time and output).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -145,21 +149,54 @@ def run(
     node: str,
     level: str = "",
     reason: str = "",
-    runner: Callable[..., subprocess.CompletedProcess[bytes]] = subprocess.run,
     clock: Callable[[], float] = time.time,
 ) -> CheckResult:
-    """Run a check (or hook) for `node`: argv only, bounded time, output cut to its limit."""
+    """Run a check (or hook) for `node`: argv only, bounded time (the whole process group is
+    killed at the limit and once the check ends), output read within its bound."""
     argv, t0 = expand(cmd.argv, node, level, reason), clock()
     code: int | None
     try:
-        done = runner(argv, capture_output=True, timeout=cmd.timeout_s, check=False)
-        code, raw = done.returncode, (done.stdout or b"") + (done.stderr or b"")
-    except subprocess.TimeoutExpired as e:
-        code, raw = None, (e.stdout or b"") + f"\n[timed out after {cmd.timeout_s:g}s]".encode()
+        code, raw = _capture(argv, cmd.timeout_s, cmd.max_output_bytes)
+        if code is None:
+            raw += f"\n[timed out after {cmd.timeout_s:g}s]".encode()
     except OSError as e:
         code, raw = None, f"[could not run {argv[0]}: {e}]".encode()
-    text = raw[: cmd.max_output_bytes].decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace")
     return CheckResult(node, level, code == 0, code, text, t0, max(0.0, clock() - t0))
+
+
+def _capture(argv: list[str], timeout_s: float, limit: int) -> tuple[int | None, bytes]:
+    """(exit code or None on timeout, the first `limit` bytes of stdout and stderr)."""
+    kept = bytearray()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: what it starts goes with it
+    )
+    pipe = proc.stdout
+    assert pipe is not None  # noqa: S101 - stdout=PIPE
+
+    def drain() -> None:  # the reader closes the pipe: no fd is closed under it
+        try:
+            while chunk := os.read(pipe.fileno(), 65536):
+                if len(kept) < limit:
+                    kept.extend(chunk[: limit - len(kept)])
+        finally:
+            pipe.close()
+
+    reader = threading.Thread(target=drain, name="check-output", daemon=True)
+    reader.start()
+    try:
+        code: int | None = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    reader.join(5.0)  # a process outside the group may hold the pipe: the reader ends later
+    return code, bytes(kept)
 
 
 def after_check(

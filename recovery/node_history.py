@@ -71,13 +71,19 @@ def events(engine: Engine, since: float, node: str | None = None) -> dict[str, l
     return out
 
 
+def lookback_s(policy: Policy) -> float:
+    """How far back a node's history is read: a week, or the longest repeat-offender window."""
+    return max([WEEK_S, *(r.window_s for r in policy.return_to_service.repeat_offenders)])
+
+
 def summary(engine: Engine, policy: Policy, now: float | None = None) -> list[dict[str, Any]]:
-    """One row per node with history in the last week, most incidents first."""
+    """One row per node with history in the last week (or a rule's window), most incidents
+    first; the counts and MTBI are over the last week."""
     now = time.time() if now is None else now
     rules = policy.return_to_service.repeat_offenders
     rows = []
-    for node, evs in events(engine, now - WEEK_S).items():
-        incidents = [e for e in evs if e.kind == "incident"]
+    for node, evs in events(engine, now - lookback_s(policy)).items():
+        incidents = [e for e in evs if e.kind == "incident" and e.at >= now - WEEK_S]
         checks = [e for e in evs if e.kind.startswith("check_")]
         rows.append(
             {

@@ -3,8 +3,10 @@
 Both run on the compute node at every job start and end (slurm.conf `Prolog=`, `Epilog=`), so
 they touch local files only — no call to slurmctld, Prometheus or the receiver that could hang
 slurmd — and their exit codes are chosen for what Slurm does with them: a Prolog that fails
-drains the node and requeues the job, so it fails only when the node is held; an Epilog that
-fails drains the node too, so bookkeeping never makes it fail.
+drains the node and requeues the job (held for a person unless slurm.conf has
+`SchedulerParameters=nohold_on_prolog_fail`, which a site using the hold must set), so it fails
+only when the node is held; an Epilog that fails drains the node too, so bookkeeping never
+makes it fail.
 
 - Holds: a file `<hold_dir>/<node>` (written by `hold`, on a directory the nodes share or one
   the site syncs) says "Goodput is checking this node; no new work". The reason is its text.
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery.scheduler.base import check_job, check_node, clean_reason
+from recovery.scheduler.base import JOB_RE, check_job, check_node, clean_reason
 
 OK, HELD = 0, 1  # Prolog exit codes: 0 run the job, 1 refuse (Slurm drains, requeues the job)
 GPU_INDEX = re.compile(r"\A[0-9]{1,4}(?:\.[0-9]{1,4})?\Z")  # `3`, or `3.1` for a MIG instance
@@ -65,7 +67,7 @@ def release(hold_dir: Path, node: str) -> bool:
 
 
 def held(hold_dir: Path, node: str) -> str | None:
-    """The hold reason for `node`, or None when Goodput does not hold it."""
+    """The hold reason for `node`, or None when Goodput does not hold it (OSError: unreadable)."""
     try:
         text = (Path(hold_dir) / check_node(node)).read_text(errors="replace")
     except FileNotFoundError:
@@ -88,7 +90,8 @@ def _edit_mapping(mapping_dir: Path, gpus: list[str] | None, job_id: str, add: b
             gpus = [p.name for p in mapping_dir.iterdir() if GPU_INDEX.match(p.name)]
         for gpu in gpus:
             path = mapping_dir / gpu
-            jobs = path.read_text().split() if path.exists() else []
+            text = path.read_text(errors="replace") if path.exists() else ""
+            jobs = [j for j in text.split() if JOB_RE.match(j)]  # a torn write heals here
             jobs = [j for j in jobs if j != job_id] + ([job_id] if add else [])
             if jobs:
                 _write_atomic(path, "".join(f"{j}\n" for j in jobs))
@@ -109,7 +112,11 @@ def prolog(env: Mapping[str, str], hold_dir: Path | None, mapping_dir: Path | No
     if isinstance(who, str):
         return Outcome(OK, who)  # never drain a node over our own inputs
     node, job_id = who
-    if hold_dir is not None and (reason := held(hold_dir, node)) is not None:
+    try:
+        reason = held(hold_dir, node) if hold_dir is not None else None
+    except OSError as e:  # a raise would exit 1: Slurm would drain the node over our own file
+        return Outcome(OK, f"job {job_id}: Goodput's hold not read ({e}); the job runs")
+    if reason is not None:
         return Outcome(HELD, f"{node} is held by Goodput ({reason}); job {job_id} refused")
     if mapping_dir is not None:
         try:

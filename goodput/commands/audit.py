@@ -49,25 +49,32 @@ def export(
     who: str = typer.Option(os.environ.get("USER", "operator"), "--who"),
 ) -> None:
     """Every stored event, oldest first, as JSON lines (hashes included, so the copy verifies
-    with `verify --file`). The export is recorded in the log; only exported events may ever be
-    pruned. A file is written in full and fsynced before the export is recorded."""
+    with `verify --file`). An export to a file is written in full, fsynced and renamed, and only
+    then recorded in the log: only events a recorded export holds may ever be pruned. An export
+    to stdout is not recorded (a pipe or a terminal is no durable copy)."""
     from recovery import audit
 
     engine = _engine(db)
     if output == "-":
-        summary, where = audit.export(engine, sys.stdout), "stdout"
-    else:
-        path = Path(output)
-        tmp = path.with_name(path.name + ".partial")
-        with tmp.open("w") as fh:
-            summary = audit.export(engine, fh)
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-        where = str(path.resolve())
+        summary = audit.export(engine, sys.stdout)
+        if summary is not None:
+            typer.echo("stdout export not recorded: use -o FILE to allow pruning", err=True)
+        return
+    path = Path(output)
+    tmp = path.with_name(path.name + ".partial")
+    with tmp.open("w") as fh:
+        summary = audit.export(engine, fh)
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    fd = os.open(path.resolve().parent, os.O_RDONLY)  # the rename itself survives a crash
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    where = str(path.resolve())
     if summary is not None:
         audit.record_export(engine, summary, where, actor=who)
-        if output != "-":  # stdout carries the export alone
-            typer.echo(f"exported events {summary['first_seq']}..{summary['last_seq']} to {where}")
+        typer.echo(f"exported events {summary['first_seq']}..{summary['last_seq']} to {where}")
 
 
 @app.command("prune")

@@ -2,6 +2,7 @@
 
     Prolog=/usr/local/bin/goodput-prolog   # a two-line wrapper: exec goodput slurm prolog
     Epilog=/usr/local/bin/goodput-epilog
+    SchedulerParameters=nohold_on_prolog_fail,...  # else a refused job is requeued held
 
 `goodput slurm ...` takes a fast path in `goodput.cli.main` (only this module is imported), so a
 job start pays for one Python start-up, not for the whole command (`goodput/entry.py`).
@@ -37,7 +38,8 @@ def _finish(outcome: slurm_hooks.Outcome) -> None:
 
 @app.command("prolog")
 def prolog(hold_dir: Path | None = HOLD_DIR, mapping_dir: Path | None = MAPPING_DIR) -> None:
-    """Exit 1 (Slurm drains the node, requeues the job) when Goodput holds this node, else 0."""
+    """Exit 1 (Slurm drains the node, requeues the job) when Goodput holds this node, else 0.
+    Without `SchedulerParameters=nohold_on_prolog_fail` Slurm requeues the job held."""
     _finish(slurm_hooks.prolog(os.environ, hold_dir, mapping_dir))
 
 

@@ -1,5 +1,7 @@
 """Goodput's Prolog/Epilog in the local stack's real Slurm: a held node refuses the job (Slurm
-drains it and requeues the job elsewhere), and the per-GPU job mapping follows a job's life."""
+drains it and requeues the job, not held: the stack sets SchedulerParameters
+nohold_on_prolog_fail, without which Slurm requeues it held for a person), and the per-GPU job
+mapping follows a job's life."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _submit(*extra: str) -> str:
     ).strip()  # fmt: skip
 
 
-def test_a_held_node_refuses_the_job_and_slurm_runs_it_elsewhere(stack_dirs):
+def test_a_held_node_refuses_the_job_and_slurm_requeues_it_not_held(stack_dirs):
     hold_dir, _ = stack_dirs
     slurm_hooks.hold(hold_dir, NODE, "goodput: checking (test)")
     job = None
@@ -44,6 +46,9 @@ def test_a_held_node_refuses_the_job_and_slurm_runs_it_elsewhere(stack_dirs):
         assert "Prolog" in node.get("Reason", ""), node
         info = scontrol_show("job", job)
         assert info.get("JobState") != "RUNNING" or info.get("NodeList") != NODE, info
+        # a refused job must stay eligible to run elsewhere (slurm.conf(5): "requeued in a held
+        # state, unless nohold_on_prolog_fail is configured in SchedulerParameters")
+        assert info.get("Priority") != "0" and "held" not in info.get("Reason", "").lower(), info
     finally:
         slurm_hooks.release(hold_dir, NODE)
         if job:

@@ -87,7 +87,7 @@ def test_cli_audit_verify_detects_an_edited_row(api, tmp_path):
     ok = runner.invoke(cli, ["audit", "verify", "--db", db])
     assert ok.exit_code == 0 and "chain intact" in ok.output
     out = runner.invoke(cli, ["audit", "export", "--db", db])
-    lines = [json.loads(x) for x in out.output.splitlines()]
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert lines[0]["seq"] == 1 and lines[-1]["hash"]
     listed = runner.invoke(cli, ["actions", "list", "--db", db])
     assert "pending_approval" in listed.output

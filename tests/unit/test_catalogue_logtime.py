@@ -278,3 +278,13 @@ def test_an_embedded_time_far_before_the_line_before_is_not_trusted():
     assert logtime.trusted(path, previous=None) == utc("2023-01-01 00:00:00")
     own = parse("2023-01-01T00:00:00Z x", REF)  # a stamp at the start is always the line's
     assert logtime.trusted(own, previous=REF) == utc("2023-01-01 00:00:00")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0000-01-05T00:00:00 x", "valid_from 0000-01-05T00:00:00", "[Mon Jan  3 00:00:00 0000] x"],
+)
+def test_a_year_outside_the_calendar_is_no_stamp(text):
+    # calendar.monthrange(0, 1) raises: parse raised ValueError on these (the random-text
+    # test above never draws a valid year-0 date)
+    assert parse(text, REF) is None

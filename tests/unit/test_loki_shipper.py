@@ -385,3 +385,15 @@ def test_a_date_inside_a_line_is_its_time_only_when_plausible(loki, logs):
     s.send_once()
     times = [ts for _labels, ts, _line in loki.entries()]
     assert times == [int((NOW - 10) * 1e9), int((NOW - 10) * 1e9) + 1, int((NOW - 5) * 1e9)]
+
+
+def test_a_year_zero_date_in_a_line_loses_no_line(loki, logs):
+    # `0000-01-05T00:00:00` (a placeholder date a job prints) made the time parser raise; the
+    # round's lines were already read, so every line of that round never reached the spool
+    job = logs / "jobs" / "slurm-21.out"
+    write(job, f"{iso(NOW - 5)} before\nvalid_from 0000-01-05T00:00:00\n{iso(NOW - 4)} after\n")
+    s = shipper(loki.url, logs)
+    assert s.poll_once() == 3
+    s.send_once()
+    lines = [f"{iso(NOW - 5)} before", "valid_from 0000-01-05T00:00:00", f"{iso(NOW - 4)} after"]
+    assert sorted(loki.lines()) == sorted(lines)

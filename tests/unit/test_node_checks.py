@@ -5,6 +5,8 @@ RMA after repeated failures, every step audited."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import pytest
 from sqlalchemy import create_engine
@@ -135,3 +137,52 @@ def test_a_failed_node_is_checked_again_after_the_recheck_delay(world, tmp_path)
     flag.write_text("a technician replaced GPU 3")
     [again] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=finished + 601)
     assert again["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"
+
+
+def test_a_check_planned_while_paused_runs_once_the_pause_is_lifted(world):
+    # the planned row counted as an open check for ever: a node Goodput drained before the
+    # pause stayed drained after it, its check never run
+    sched, engine, st, holds = world
+    pol = _policy("act", passes=True)
+    [o] = node_checks.tick(engine, sched, pol, paused=True, hold_dir=holds)
+    assert o["state"] == "planned"
+    assert node_checks.tick(engine, sched, pol, paused=True, hold_dir=holds) == []  # once
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds)
+    assert o["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"
+
+
+def test_a_person_draining_the_node_during_a_passed_check_gets_no_stale_hold(world):
+    # the check passes, but a person drained the node meanwhile: Goodput must not resume it,
+    # and the Prolog hold "checking" must go (it stayed, so the person's resume later had
+    # every job refused by the Prolog)
+    sched, engine, st, holds = world
+    cmd = {"argv": [PY, "-c", "import time; time.sleep(1.0)"]}
+    rts = {"enabled": True, "checks": {"quick": cmd, "deep": cmd}}
+    pol = parse_policy({"mode": "act", "return_to_service": rts}, env={})
+
+    def person() -> None:
+        time.sleep(0.3)
+        st["nodes"]["node2"].update(reason="bob: reseating GPU 3")
+
+    t = threading.Thread(target=person)
+    t.start()
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds)
+    t.join()
+    assert st["nodes"]["node2"]["state"] == "DRAINED"  # a person's drain is never resumed
+    assert "refused" in o["detail"]
+    assert slurm_hooks.held(holds, "node2") is None
+
+
+def test_an_rma_verdict_is_never_rechecked(world, tmp_path):
+    # the RMA reason reads "goodput: failed <level> N times: RMA", which the recheck took for
+    # a plain failure: every recheck_failed_after_s the check ran again, a pass resumed a node
+    # sent for RMA, and each new failure called the RMA hook (another ticket) again
+    sched, engine, st, holds = world
+    tickets = tmp_path / "tickets"
+    hook = {"argv": [PY, "-c", f"open({str(tickets)!r}, 'a').write('{{node}}\\n')"]}
+    pol = _policy("act", passes=False, rma_after=1, rma_hook=hook, recheck_failed_after_s=600)
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=1000.0)
+    assert o["state"] == "rma" and st["nodes"]["node2"]["reason"].endswith("RMA")
+    later = node_checks.rows(engine, "node2")[0]["finished_at"] + 601
+    assert node_checks.tick(engine, sched, pol, hold_dir=holds, now=later) == []
+    assert tickets.read_text() == "node2\n"

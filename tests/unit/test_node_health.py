@@ -4,6 +4,8 @@ repeat-offender rules over a node's history."""
 from __future__ import annotations
 
 import sys
+import time
+import tracemalloc
 
 import pytest
 
@@ -111,3 +113,37 @@ def test_mtbi():
 def test_bad_policy_sections_are_errors_that_name_the_key(doc, needle):
     with pytest.raises(PolicyError, match=needle):
         parse_policy({"return_to_service": doc})
+
+
+def test_a_chatty_check_is_read_within_its_bound_not_into_memory():
+    # capture_output read all of it (here 64 MiB) into the receiver before cutting it
+
+    spew = "import sys\nfor _ in range(1024): sys.stdout.write('x' * 65536)"
+    tracemalloc.start()
+    r = nh.run(nh.Command(argv=(PY, "-c", spew), max_output_bytes=4096), "node1")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert r.passed and len(r.output) == 4096
+    assert peak < 8 * 2**20, f"{peak / 2**20:.0f} MiB held for a 4 KiB bound"
+
+
+def test_a_timed_out_check_leaves_no_process_behind(tmp_path):
+    # only the check's own process was killed at the limit: what it started (here a sleep; on
+    # a node a dcgmi diag still holding the GPUs) ran on after Goodput called the check over
+    pid_file = tmp_path / "child"
+    script = f"sleep 30 & echo $! > {pid_file}; wait"
+    r = nh.run(nh.Command(argv=("sh", "-c", script), timeout_s=0.5), "node1")
+    assert not r.passed and r.exit_code is None and "timed out" in r.output
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"the check's child {child} still runs"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended (its parent has not reaped it yet)

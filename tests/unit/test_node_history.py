@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from recovery import node_checks, node_history, store
+from recovery import node_checks, node_health, node_history, store
 from recovery.policy import load_policy
 
 NOW = 1_000_000.0
@@ -109,3 +109,19 @@ def test_the_nodes_command_shows_history_and_checks(tmp_path):
     assert "1.8 h" in out.output  # MTBI
     out = CliRunner().invoke(app, ["checks", "node1", *db])
     assert "goodput: failed deep" in out.output and "diag: FAIL" in out.output
+
+
+def test_a_rule_window_longer_than_a_week_sees_its_whole_window(tmp_path):
+    # repeat-offender windows are policy data up to a year; the summary read one week only, so
+    # "3 incidents in 30 days" never held for incidents spread over a month
+    rule = node_health.OffenderRule(
+        name="three-in-a-month", incidents=3, window_s=30 * 86400, then="hold_for_person"
+    )
+    rts = POLICY.return_to_service.model_copy(update={"repeat_offenders": (rule,)})
+    policy = POLICY.model_copy(update={"return_to_service": rts})
+    engine = _engine(tmp_path)
+    for days in (20, 10, 1):
+        _diagnose(engine, NOW - days * 86400, "gpu_hardware_fault", ["node4"], gpu="1")
+    [row] = node_history.summary(engine, policy, now=NOW)
+    assert [e["rule"] for e in row["escalations"]] == ["three-in-a-month"]
+    assert row["incidents_7d"] == 1  # the weekly count stays a week

@@ -199,3 +199,23 @@ def test_retention_is_policy_data():
     for bad in ({"payload_days": 0}, {"audit_days": -1}, {"keep": "forever"}):
         with pytest.raises(PolicyError):
             parse_policy({"retention": bad}, env={})
+
+
+def test_an_export_to_stdout_is_not_a_durable_copy(tmp_path, monkeypatch):
+    # `goodput audit export | head` or `> /dev/null` recorded an export, and the next prune
+    # deleted every old event that no file holds
+    db = f"sqlite:///{tmp_path}/cli.db"
+    engine = make_engine(db)
+    audit.ensure(engine)
+    _events(engine, 3, age_days=1000, now=time.time())
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("retention: {audit_days: 30, payload_days: 30}\n")
+    monkeypatch.setenv("GOODPUT_POLICY_FILE", str(policy))
+    runner = CliRunner()
+    r = runner.invoke(cli, ["audit", "export", "--db", db])
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 3
+    assert "not recorded" in r.stderr
+    with engine.connect() as conn:
+        assert conn.execute(select(audit.exports)).all() == []
+    r = runner.invoke(cli, ["audit", "prune", "--db", db])
+    assert "0 audit events" in r.output, r.output

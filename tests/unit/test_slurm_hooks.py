@@ -97,3 +97,26 @@ def test_the_command_exits_as_slurm_expects(tmp_path):
     assert run("prolog").returncode == 0
     assert run("release", "node3").returncode == 1
     assert run("hold", "bad/name").returncode == 2
+
+
+def test_an_unreadable_hold_never_fails_the_prolog(tmp_path):
+    # a Prolog that raises exits 1 and Slurm drains the node: a hold directory that is a file,
+    # or a hold entry that cannot be read (EISDIR here; EIO/ESTALE on a shared mount), must
+    # let the job run and say why, like every other fault in our own inputs
+    (tmp_path / "holds-file").write_text("not a directory")
+    out = hooks.prolog(ENV, tmp_path / "holds-file", None)
+    assert out.code == hooks.OK and "hold not read" in out.message
+    (tmp_path / "holds" / "node3").mkdir(parents=True)
+    out = hooks.prolog(ENV, tmp_path / "holds", None)
+    assert out.code == hooks.OK and "hold not read" in out.message
+
+
+def test_a_corrupt_mapping_file_never_fails_a_hook_and_heals(tmp_path):
+    m = tmp_path / "map"
+    m.mkdir()
+    (m / "0").write_bytes(b"\xff\xfe torn write\n17\n")
+    assert hooks.prolog(ENV, None, m).code == hooks.OK
+    assert (m / "0").read_text() == "17\n4242\n"  # the job is mapped; the garbage is gone
+    (m / "2").write_bytes(b"\x00\xff")
+    assert hooks.epilog(ENV, m).code == hooks.OK
+    assert (m / "0").read_text() == "17\n" and not (m / "2").exists()

@@ -1,0 +1,49 @@
+"""GPU-seconds lost by cause: the causes of one incident add up to its gpu_hours_lost, whatever
+stage is missing or out of order (rows as the receiver stores them, on a real SQLite table)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, select
+
+from recovery import accounting
+
+
+def _row(**values):
+    engine = create_engine("sqlite://")
+    accounting.ensure(engine)
+    base = {"incident_id": "1", "job_id": "42", "gpus": 8}
+    with engine.begin() as conn:
+        conn.execute(accounting.incidents.insert().values(**base, **values))
+    with engine.connect() as conn:
+        return conn.execute(select(accounting.incidents)).one()
+
+
+@pytest.mark.parametrize(
+    ("stages", "expected"),
+    [
+        # every stage in order: onset 100, alert 130, decision 150, running again 400
+        ({"detected_at": 130.0, "decided_at": 150.0},
+         {"detection": 30, "decision": 20, "recovery": 250, "redone_work": 60}),
+        # no decision (monitor mode; Slurm requeued the job itself): alert -> back is recovery
+        ({"detected_at": 130.0, "decided_at": None},
+         {"detection": 30, "decision": 0, "recovery": 270, "redone_work": 60}),
+        # the job ran again before Goodput decided: nothing counts past running again
+        ({"detected_at": 130.0, "decided_at": 900.0},
+         {"detection": 30, "decision": 270, "recovery": 0, "redone_work": 60}),
+        # the alert came after the job was back (a late alert)
+        ({"detected_at": 700.0, "decided_at": 800.0},
+         {"detection": 300, "decision": 0, "recovery": 0, "redone_work": 60}),
+    ],
+)  # fmt: skip
+def test_the_causes_add_up_to_the_lost_gpu_time(stages, expected):
+    row = _row(onset=100.0, running_again_at=400.0, checkpoint_at=40.0, **stages)
+    by_cause = accounting.lost_by_cause(row)
+    assert by_cause == {c: 8 * s for c, s in expected.items()}
+    hours = accounting.gpu_hours_lost(100.0, 400.0, 8, 40.0)
+    assert sum(by_cause.values()) == pytest.approx(hours * 3600)
+
+
+def test_nothing_counts_before_the_job_runs_again():
+    row = _row(onset=100.0, detected_at=130.0, decided_at=150.0)
+    assert set(accounting.lost_by_cause(row).values()) == {0.0}
