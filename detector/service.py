@@ -5,9 +5,10 @@ Queries per cycle: one per DCGM field the engine reads, aggregated by Prometheus
 label (`max by` of node, gpu and job joined: the answer holds only what the engine reads),
 `goodput_slurm_job_node_info` (job -> node where dcgm has no `hpc_job`), and the jobs' last
 progress, iteration seconds and last pause (checkpoint save, start-up). With `--shard K/N`
-every query selects `goodput_shard="K"`, the label Prometheus computes at scrape time
-(hashmod of `hpc_job` / `job_id`), so a job's GPUs are always scored together and each replica's work is O(its GPUs). Prometheus down: the
-scores are withdrawn (stale), `goodput_detector_query_errors_total` rises, the loop goes on.
+every query selects `goodput_shard="K"`, the label Prometheus computes at scrape time (hashmod
+of `hpc_job` / `job_id`), so a job's GPUs are always scored together and each replica's work is
+O(its GPUs). Prometheus down: the scores are withdrawn (stale),
+`goodput_detector_query_errors_total` rises, the loop goes on.
 """
 
 from __future__ import annotations
