@@ -79,7 +79,7 @@ class ServiceConfig:
 def queries(shard: Shard | None = None) -> dict[str, str]:
     """field -> PromQL, for this cycle's fixed set (the DCGM fields, node info, progress)."""
     # a shard reads its jobs' GPUs and the GPUs with no job (no label: matched by "")
-    gpu_sel = {"goodput_shard": [str(shard.index), ""]} if shard else {}
+    gpu_sel: dict[str, Any] = {"goodput_shard": [str(shard.index), ""]} if shard else {}
     job_sel = {"goodput_shard": str(shard.index)} if shard else {}
     labels = ", ".join(promql.quote(n) for n in ("Hostname", "hostname", "gpu", "hpc_job"))
     spelled = {name: [name] for name in F.DCGM_FIELDS}  # a field and its other names
