@@ -38,10 +38,20 @@ wait_for() { # seconds description command...
   die "$what did not become ready in ${t}s (logs: $STATE/logs/)"
 }
 
+close_inherited_fds() { # a daemon must not keep the caller's descriptors: a `flock` held by
+  # whoever started the stack would otherwise stay held for as long as the daemons live
+  local fd
+  for fd in /proc/$BASHPID/fd/*; do
+    fd=${fd##*/}
+    [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+  done
+  return 0
+}
+
 launch() { # name command... : runs in background, logs and pidfile under $STATE
   local name=$1; shift
   if alive "$STATE/run/$name.pid"; then say "$name already running (pid $(cat "$STATE/run/$name.pid"))"; return 0; fi
-  setsid "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null &
+  ( close_inherited_fds; exec setsid "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null ) &
   echo $! > "$STATE/run/$name.pid"
 }
 
