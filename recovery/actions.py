@@ -152,7 +152,8 @@ def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None
     """Flip the global pause switch (audited)."""
     ensure(engine)
     value = "on" if paused else "off"
-    with engine.begin() as conn:
+
+    def write(conn: Connection) -> None:
         done = conn.execute(
             update(switches)
             .where(switches.c.name == "pause")
@@ -165,6 +166,8 @@ def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None
                 )
             )
         audit.append(conn, "paused" if paused else "resumed", {"reason": reason[:500]}, actor=who)
+
+    outbox.write(engine, write)
 
 
 # ---- planning -------------------------------------------------------------------------------
@@ -309,13 +312,17 @@ def _claim(
 def _finish(
     engine: Engine, row: Any, state: str, type_: str, payload: dict[str, Any], **values: Any
 ) -> None:
-    with engine.begin() as conn:
+    """Record a step's outcome with its audit event (again after a lost audit-seq race)."""
+
+    def write(conn: Connection) -> None:
         conn.execute(
             update(actions_table)
             .where(actions_table.c.id == row.id)
             .values(state=state, updated_at=_now(), **values)
         )
         audit.append(conn, type_, payload, **_refs(row))
+
+    outbox.write(engine, write)
 
 
 def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
@@ -533,7 +540,8 @@ def _decide_pending(
     expire(engine)
     if not who or len(who) > 128:
         raise ActionError("who must be a non-empty name of at most 128 characters")
-    with engine.begin() as conn:
+
+    def write(conn: Connection) -> None:
         if budget is not None:
             planning.lock_budget(conn)
         row = conn.execute(select(actions_table).where(actions_table.c.id == action_id)).first()
@@ -553,13 +561,9 @@ def _decide_pending(
             .where(actions_table.c.id == action_id)
             .values(state=verdict, decided_by=who, updated_at=_now())
         )
-        audit.append(
-            conn,
-            verdict,
-            {"comment": comment[:1000]},
-            **_refs(row),
-            actor=who,
-        )
+        audit.append(conn, verdict, {"comment": comment[:1000]}, **_refs(row), actor=who)
+
+    outbox.write(engine, write)
 
 
 def expire(engine: Engine) -> int:
@@ -571,26 +575,18 @@ def expire(engine: Engine) -> int:
                 actions_table.c.state == "pending_approval", actions_table.c.expires_at < now
             )
         ).all()
-    n = 0
-    for r in rows:
-        with engine.begin() as conn:
-            done = conn.execute(
-                update(actions_table)
-                .where(
-                    actions_table.c.id == r.id,
-                    actions_table.c.state == "pending_approval",
-                )
-                .values(state="expired", updated_at=now)
-            ).rowcount
-            if done:
-                audit.append(
-                    conn,
-                    "expired",
-                    {"expires_at": r.expires_at},
-                    **_refs(r),
-                )
-                n += 1
-    return n
+
+    def write(conn: Connection, r: Any) -> int:
+        done = conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == r.id, actions_table.c.state == "pending_approval")
+            .values(state="expired", updated_at=now)
+        ).rowcount
+        if done:
+            audit.append(conn, "expired", {"expires_at": r.expires_at}, **_refs(r))
+        return int(done)
+
+    return sum(outbox.write(engine, write, r) for r in rows)
 
 
 def resume_node(
