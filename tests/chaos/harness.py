@@ -98,6 +98,7 @@ class Figures:
     incidents: int = 0
     posts: int = 0
     kills: int = 0
+    server_errors: int = 0
     deaths: Counter[str] = field(default_factory=Counter)  # failpoint (or "external") -> n
     started: float = field(default_factory=time.monotonic)
 
@@ -105,6 +106,7 @@ class Figures:
         return (
             f"chaos {name}: {self.incidents} incidents, {self.posts} alert posts, "
             f"{self.kills} kill -9 ({dict(sorted(self.deaths.items()))}), "
+            f"{self.server_errors} 5xx, "
             f"{time.monotonic() - self.started:.0f} s"
         )
 
@@ -152,6 +154,7 @@ class Chaos:
         self.killing = True
         self.plan: list[str] = []  # the failpoints still to be used, seeded order
         self.mode = "act"
+        self.states: dict[str, Any] = {}
         self._lock = threading.RLock()
 
     # ---- the receiver process -------------------------------------------------------------
@@ -223,6 +226,16 @@ class Chaos:
         self.fig.deaths[(self.crash_at or "external").split("@")[0]] += 1
         self.start(self._next_crash())
 
+    def kill_now(self, then: str | None = None) -> None:
+        """SIGKILL the receiver from outside now, and start it again (to die at `then`)."""
+        with self._lock:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+            self.fig.kills += 1
+            self.fig.deaths["external"] += 1
+            self.start(then)
+
     def schedule_kills(self, points: list[str], rounds: int) -> None:
         """A seeded order of failpoints: every one in `points` `rounds` times, plus outside
         kills at random moments."""
@@ -259,7 +272,7 @@ class Chaos:
 
     def fault(self, job: str, kind: str) -> Fault:
         """Write the fault's log line (as the job or the kernel would) and make its alert."""
-        s = self.sched.job_state(job)
+        s = self.states.get(job)
         assert s is not None and s.nodes, f"job {job} has no node"
         now = time.time()
         node = s.nodes[0]
@@ -291,7 +304,8 @@ class Chaos:
                 )
                 if r.status_code == 200:
                     return
-                assert r.status_code < 500 or r.status_code == 503, r.text
+                assert r.status_code >= 500, f"{r.status_code} {r.text[:300]}"
+                self.fig.server_errors += 1  # its store down: Alertmanager retries a 5xx
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
@@ -401,11 +415,19 @@ class Chaos:
         self.resolve(faults)
         return faults
 
-    def pick(self, kinds: list[str]) -> list[tuple[str, str]]:
+    def pick(self, kinds: list[str], live: bool = True) -> list[tuple[str, str]]:
         """Running jobs for the faults: an XID's node runs no other faulted job (its kernel
-        log would make theirs a GPU fault too)."""
-        states = {j: self.sched.job_state(j) for j in self.jobs}
-        running = [j for j, s in states.items() if s and s.state == "RUNNING" and s.nodes]
+        log would make theirs a GPU fault too). `live=False`: from the last states read
+        (Slurm is down), jobs without a fault yet."""
+        if live:
+            self.states = {j: self.sched.job_state(j) for j in self.jobs}
+        states = self.states
+        faulted = {f.job for f in self.faults}
+        running = [
+            j
+            for j, s in states.items()
+            if s and s.state == "RUNNING" and s.nodes and (live or j not in faulted)
+        ]
         self.rng.shuffle(running)
         out: list[tuple[str, str]] = []
         xid_nodes: set[str] = set()

@@ -5,7 +5,8 @@ without its action (lost), none with two (duplicated), none left half-way (stuck
 that nobody stopped, Slurm's restart counts equal to the requeues Goodput executed, and the
 audit chain verifies. Each test prints its figures (`-s` or the `-ra` summary shows them).
 
-Sizes: `GOODPUT_CHAOS_INCIDENTS` (default 200),
+Sizes: `GOODPUT_CHAOS_INCIDENTS` (default 200), `GOODPUT_CHAOS_KILLS_PER_POINT` (default 2:
+each failpoint twice, and as many kills from outside at random moments),
 `GOODPUT_CHAOS_SLURM_DOWN_S` (default 30: more than the Slurm adapter's whole retry budget,
 3 retries over 3.5 s, so every call inside the outage fails and is retried by the action's own
 backoff; 60 in a nightly run), `GOODPUT_CHAOS_SEED` (default 19).
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.timeout(900)
 SEED = int(os.environ.get("GOODPUT_CHAOS_SEED", "19"))
 INCIDENTS = int(os.environ.get("GOODPUT_CHAOS_INCIDENTS", "200"))
 SLURM_DOWN_S = float(os.environ.get("GOODPUT_CHAOS_SLURM_DOWN_S", "30"))
+KILLS_PER_POINT = int(os.environ.get("GOODPUT_CHAOS_KILLS_PER_POINT", "2"))
 # Every failpoint a webhook-to-Slurm run passes ("waiting" needs the scheduler down: below).
 KILL_POINTS = [p for p in POINTS if p != "waiting"]
 # One round: a GPU falling off the bus (drain and requeue excluding the node), a CUDA OOM
@@ -59,7 +61,7 @@ def _pid(stack: dict[str, str], name: str) -> int:
 def test_kill_9_at_seeded_points_over_200_incidents(chaos):
     chaos.env.pop("GOODPUT_PROMETHEUS_URL", None)  # its outage is a test of its own, below
     chaos.submit(14)
-    chaos.schedule_kills(KILL_POINTS, rounds=1)
+    chaos.schedule_kills(KILL_POINTS, rounds=KILLS_PER_POINT)
     chaos.start(chaos._next_crash())
     extra = 0
     while chaos.fig.incidents < INCIDENTS or (chaos.plan and extra < 5):
@@ -75,33 +77,48 @@ def test_kill_9_at_seeded_points_over_200_incidents(chaos):
 
 
 def test_slurmctld_down_mid_action(chaos, local_stack):
-    chaos.submit(6)
-    chaos.schedule_kills(["waiting"], rounds=1)
+    """slurmctld stops while actions run; alerts keep coming; the receiver is killed twice
+    during the outage, once where a plan waits for the scheduler. When Slurm is back every
+    action completes, and the faults diagnosed during the outage are acted on, not handed to
+    a person for want of Slurm's evidence."""
+    chaos.env.pop("GOODPUT_PROMETHEUS_URL", None)
+    chaos.submit(8)
     chaos.start()
-    chaos.round(["crash", "xid"])
-    chaos.person_repairs()
-    pid = _pid(local_stack, "slurmctld")
-    running = [j for j in chaos.jobs if chaos._running(j)][:4]
-    faults = [chaos.fault(j, k) for j, k in zip(running, ["crash", "xid", "crash", "oom"])]
-    os.kill(pid, signal.SIGTERM)  # mid-action: the alerts are arriving, nothing planned yet
-    t0 = time.monotonic()
-    for f in faults:
+    before = [chaos.fault(j, k) for j, k in chaos.pick(["crash", "xid", "crash"])]
+    for f in before:
         chaos.post([f.alert()])
-    chaos.proc.send_signal(signal.SIGKILL)  # and the receiver dies during the outage
-    chaos.wait(lambda: chaos.proc.poll() is not None, 10, "receiver dead")
-    chaos.crash_at = "external"
-    chaos.plan = ["waiting"]
-    chaos.supervise()
-    time.sleep(max(0.0, SLURM_DOWN_S - (time.monotonic() - t0)))
-    restore_stack({**os.environ, **local_stack})
-    chaos.wait(lambda: chaos.settled(faults), 120, "settled after slurmctld came back")
+    time.sleep(1.0)  # mid-action: diagnosed, planned or executing when slurmctld stops
+    t0 = time.monotonic()
+    os.kill(_pid(local_stack, "slurmctld"), signal.SIGTERM)
+    try:
+        during = [chaos.fault(j, k) for j, k in chaos.pick(["crash", "oom"], live=False)]
+        for f in during:  # diagnosed with Slurm unreachable: made again when it is back
+            chaos.post([f.alert()])
+        # A receiver that asks Slurm nothing while diagnosing plans at once, and waits:
+        chaos.env["GOODPUT_RECEIVER_SLURM"] = "0"
+        chaos.plan = []
+        chaos.kill_now("waiting@1")
+        late = [chaos.fault(j, "crash") for j, _ in chaos.pick(["crash"], live=False)]
+        for f in late:
+            chaos.post([f.alert()])
+        chaos.wait(lambda: chaos.proc.poll() is not None, 30, "death at the waiting plan")
+        chaos.supervise()
+        del chaos.env["GOODPUT_RECEIVER_SLURM"]
+        chaos.kill_now()  # back to the full receiver, still inside the outage
+        time.sleep(max(0.0, SLURM_DOWN_S - (time.monotonic() - t0)))
+    finally:
+        restore_stack({**os.environ, **local_stack})
+    down = time.monotonic() - t0
+    faults = before + during + late
+    chaos.wait(lambda: chaos.settled(faults), 180, "settled after slurmctld came back")
     chaos.resolve(faults)
-    _verdict(chaos, f"slurmctld down {SLURM_DOWN_S:.0f} s")
-    out = {f.job: chaos.sched.job_state(f.job) for f in faults}
+    _verdict(chaos, f"slurmctld down {down:.0f} s")
+    assert chaos.fig.deaths["waiting"] == 1
     acts = chaos.actions_by_incident()
-    kinds = sorted(r.kind for rows in acts.values() for r in rows if r.state == "executed")
-    assert "drain_and_requeue" in kinds and "stop" in kinds, kinds  # acted, not held for people
-    assert all(s is not None for s in out.values())
+    of = chaos.incident_of()
+    for f in during:
+        (row,) = acts[str(of[f.fingerprint][0])]
+        assert row.kind in ("requeue", "stop") and row.state == "executed", (row.kind, row.state)
 
 
 def test_prometheus_down(chaos, local_stack):
@@ -119,8 +136,7 @@ def test_postgres_restarted_under_the_receiver(chaos, local_stack):
     chaos.submit(4)
     chaos.start()
     chaos.round(["crash", "crash"])
-    running = [j for j in chaos.jobs if chaos._running(j)][:3]
-    faults = [chaos.fault(j, k) for j, k in zip(running, ["crash", "xid", "crash"])]
+    faults = [chaos.fault(j, k) for j, k in chaos.pick(["crash", "xid", "crash"])]
     stopper = threading.Timer(
         0.5, lambda: os.kill(_pid(local_stack, "postgres"), signal.SIGINT)
     )  # fast shutdown while the alerts are being stored and planned
@@ -140,8 +156,7 @@ def test_alertmanager_redelivers_the_same_alerts(chaos):
     chaos.submit(4)
     chaos.schedule_kills(["ingested"], rounds=2)
     chaos.start(chaos._next_crash())
-    running = [j for j in chaos.jobs if chaos._running(j)][:4]
-    faults = [chaos.fault(j, "crash") for j in running]
+    faults = [chaos.fault(j, k) for j, k in chaos.pick(["crash"] * 4)]
     docs = [f.alert() for f in faults]
     threads = [threading.Thread(target=chaos.post, args=(docs,)) for _ in range(5)]
     for t in threads:
