@@ -9,7 +9,8 @@ Sizes: `GOODPUT_CHAOS_INCIDENTS` (default 200), `GOODPUT_CHAOS_KILLS_PER_POINT` 
 each failpoint twice, and as many kills from outside at random moments),
 `GOODPUT_CHAOS_SLURM_DOWN_S` (default 30: more than the Slurm adapter's whole retry budget,
 3 retries over 3.5 s, so every call inside the outage fails and is retried by the action's own
-backoff; 60 in a nightly run), `GOODPUT_CHAOS_SEED` (default 19), `GOODPUT_CHAOS_POINTS` (a comma list: only these).
+backoff; 60 in a nightly run), `GOODPUT_CHAOS_SEED` (default 19), `GOODPUT_CHAOS_POINTS`
+(a comma list of failpoints: only these).
 """
 
 from __future__ import annotations
