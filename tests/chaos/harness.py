@@ -459,9 +459,15 @@ class Chaos:
             f.write_text("")
         for n in self.ours_drained():
             self.api("POST", f"/api/v1/nodes/{n}/resume", json={"who": "chaos-oncall"})
-        for j in self.jobs:
+        stopped = {
+            str(r.job_id)
+            for rows in self.actions_by_incident().values()
+            for r in rows
+            if r.kind == "stop" and r.state == "executed"
+        }
+        for j in self.jobs:  # only jobs Goodput stopped: any other hold is for check() to see
             s = self.sched.job_state(j)
-            if s and s.held:
+            if s and s.held and j in stopped:
                 subprocess.run(["scontrol", "release", j], env=self.env, timeout=30, check=False)
 
     # ---- the verdict -----------------------------------------------------------------------
