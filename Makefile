@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := dev,postgres,notebooks,dashboards,nvml
 
-.PHONY: setup stack stack-stop demo demo-stop test test-unit test-integration lint clean
+.PHONY: setup tools stack stack-stop demo demo-stop test test-unit test-integration lint clean
 
 $(BIN)/goodput: pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(BIN)/goodput: pyproject.toml
 	@touch $@
 
 setup: $(BIN)/goodput  ## Python environment (the stack installs its Debian packages itself)
+
+tools:  ## Debian packages the tests drive: the stack's (promtool, amtool, Slurm, …) and Chromium
+	bash compose/local/stack.sh install-test-tools
 
 stack: setup  ## start the local stack (real Prometheus, Alertmanager, Slurm)
 	$(BIN)/goodput stack up
@@ -32,11 +35,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check goodput catalogue exporters detector recovery bench dashboards tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
-test-unit: setup
+test-unit: setup tools
 	$(BIN)/pytest -m "not integration and not browser" -q
 
-test-integration: stack
+test-integration: tools stack
 	GOODPUT_KEEP_STACK=1 $(BIN)/pytest -m "integration or browser" -q
 
 test: lint  ## lint, types, unit tests, then integration tests against the real stack

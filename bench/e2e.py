@@ -50,6 +50,7 @@ def row(o: demo.Outcome) -> dict[str, Any]:
         "to_diagnosis_s": _since(o.onset, o.diagnosed),
         "to_action_s": _since(o.onset, o.acted),
         "to_running_again_s": _since(o.onset, o.recovered),
+        "to_node_back_s": _since(o.onset, o.back_in_service),
         "outcome": o.outcome,
         "culprits": o.culprits,
         "action": f"{o.action} ({o.action_state})",
@@ -60,7 +61,7 @@ def row(o: demo.Outcome) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     cols = ("fault", "to_alert_s", "to_diagnosis_s", "to_action_s", "to_running_again_s",
-            "outcome", "action", "handled")  # fmt: skip
+            "to_node_back_s", "outcome", "action", "handled")  # fmt: skip
     lines = [
         "# End-to-end benchmark (real stack, wall clock)",
         "",

@@ -17,6 +17,9 @@ API (the whole of it):
                                               # symptom, role, source, outcome, groups)
     load(directory) -> Catalogue              # the same methods on an explicit copy
 
+`catalogue.promql` (imported on its own) puts label values into PromQL and LogQL: `quote(v)`,
+`re2_escape(v)`, `any_of(values)`, `matcher(name, v | values)`, `selector(metric, **labels)`.
+
 `Match.groups` holds typed values the line carried: rank, local_rank, xid, pci, gpu_uuid,
 iteration, loss, step_ms, samples, exitcode, pid, node, ... (declared in patterns.yaml).
 

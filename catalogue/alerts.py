@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from catalogue import promql
+
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "alertmanager" / "alerts.yaml"
 PATH_ENV = "GOODPUT_ALERTS_FILE"  # points every consumer (detector, benchmark, notebooks) at a copy
 KINDS = ("threshold", "increase", "gone", "promql")
@@ -286,10 +288,10 @@ def _selector(metric: str, labels: tuple[tuple[str, str], ...], extra: str = "")
     for k, v in labels:
         for prefix in ("=~", "!~", "!="):
             if v.startswith(prefix):
-                parts.append(f'{k}{prefix}"{v[len(prefix) :]}"')
+                parts.append(f"{k}{prefix}{promql.quote(v[len(prefix) :])}")
                 break
         else:
-            parts.append(f'{k}="{v}"')
+            parts.append(f"{k}={promql.quote(v)}")
     if extra:
         parts.append(extra)
     return f"{metric}{{{', '.join(parts)}}}" if parts else metric

@@ -20,6 +20,15 @@ SOURCES = ("job", "kernel")
 PATTERN_SOURCES = (*SOURCES, "any")
 ROLES = ("initiating", "cascade", "info")
 SEVERITIES = ("critical", "warning", "info")
+XID_CLASSES = (
+    "hardware",
+    "degradation",
+    "application",
+    "consequence",
+    "driver",
+    "informational",
+    "recovery_action",
+)
 GROUP_TYPES = {"int": int, "float": float, "str": str}
 MAX_LINE_CHARS = 8192  # longer lines are matched on their first MAX_LINE_CHARS characters
 _ID = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
@@ -46,6 +55,9 @@ class XidInfo:
     outcome: str
     consequence: bool  # follows an earlier error (e.g. 43, 45): look for that one
     note: str = ""
+    mnemonic: str = ""  # NVIDIA's name for the code
+    cls: str = ""  # one of XID_CLASSES (`class` in xid.yaml)
+    source: str = ""  # where the entry comes from (a text of xid.yaml's `sources`)
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,9 @@ class Pattern:
     description: str = ""
     gate: re.Pattern[str] | None = None  # all regexes as one alternation, for a cheap first pass
     ignore_case: bool = False  # regexes run on the lower-cased line (write them in lower case)
+    alert: bool = False  # GoodputJobLogFault fires on it (alertmanager/alerts.yaml lists it)
+    fallback: bool = False  # reported only when no other initiating/cascade pattern matched
+    sources: tuple[str, ...] = ()  # where the example lines come from
 
 
 def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
@@ -105,6 +120,7 @@ class Catalogue:
         patterns: tuple[Pattern, ...],
         group_types: dict[str, type],
         rank_hints: tuple[re.Pattern[str], ...],
+        xid_unlisted: XidInfo | None = None,
     ) -> None:
         self.outcomes = outcomes
         self.categories = categories
@@ -113,7 +129,9 @@ class Catalogue:
         self.patterns = patterns
         self.group_types = group_types
         self.rank_hints = rank_hints
+        self.xid_unlisted = xid_unlisted  # what an XID the table does not list means
         self._by_source = {s: tuple(p for p in patterns if p.source in (s, "any")) for s in SOURCES}
+        self._fallback = {p.id: p.fallback for p in patterns}
         # Each distinct keyword is looked for once per line (a C substring search: cheaper
         # than any regex); a pattern runs its regexes only when one of its keywords is present.
         self._keywords = tuple(
@@ -169,6 +187,9 @@ class Catalogue:
             if p.exclusive:
                 taken.add(p.exclusive)
             out.append(Match(p.id, p.symptom, p.role, source, p.outcome, groups))
+        if any(self._fallback.get(m.pattern) for m in out):  # a generic shape steps aside
+            specific = any(m.role != "info" and not self._fallback[m.pattern] for m in out)
+            out = [m for m in out if not (specific and self._fallback[m.pattern])]
         return out
 
     def _typed(self, raw: dict[str, str | None]) -> dict[str, Any]:
@@ -205,6 +226,11 @@ def _need(entry: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise CatalogueError(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
     return value
+
+
+def _flag(entry: dict[str, Any], key: str, where: str) -> bool:
+    """An optional boolean key (false when absent)."""
+    return bool(_need(entry, key, bool, where)) if key in entry else False
 
 
 def _str_map(data: dict[str, Any], key: str, where: str) -> dict[str, str]:
@@ -250,34 +276,58 @@ def _load_outcomes(path: Path) -> tuple[dict[str, Outcome], dict[str, str], dict
     return outcomes, categories, actions
 
 
+def _xid(
+    entry: Any,
+    code: int,
+    where: str,
+    sources: dict[str, str],
+    outcomes: dict[str, Outcome],
+    actions: dict[str, str],
+) -> XidInfo:
+    info = XidInfo(
+        code=code,
+        name=_need(entry, "name", str, where),
+        severity=_need(entry, "severity", str, where),
+        nvidia_action=_need(entry, "nvidia_action", str, where),
+        job_action=_need(entry, "job_action", str, where),
+        outcome=_need(entry, "outcome", str, where),
+        consequence=_need(entry, "consequence", bool, where),
+        note=str(entry.get("note", "")),
+        mnemonic=_need(entry, "mnemonic", str, where),
+        cls=_need(entry, "class", str, where),
+        source=sources.get(_need(entry, "source", str, where), ""),
+    )
+    if info.cls not in XID_CLASSES:
+        raise CatalogueError(f"{where}: class must be one of {XID_CLASSES}")
+    if not info.source:
+        raise CatalogueError(f"{where}: source {entry['source']!r} is not under `sources`")
+    if info.severity not in SEVERITIES:
+        raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
+    if info.job_action not in actions:
+        raise CatalogueError(f"{where}: unknown job_action {info.job_action!r}")
+    if info.outcome not in outcomes:
+        raise CatalogueError(f"{where}: unknown outcome {info.outcome!r}")
+    return info
+
+
 def _load_xids(
     path: Path, outcomes: dict[str, Outcome], actions: dict[str, str]
-) -> dict[int, XidInfo]:
+) -> tuple[dict[int, XidInfo], XidInfo]:
+    """The XID table and the entry for a code the table does not list (`unlisted`)."""
+    data = _read(path)
+    sources = _str_map(data, "sources", str(path))
     xids: dict[int, XidInfo] = {}
-    for i, entry in enumerate(_need(_read(path), "xids", list, str(path))):
-        where = f"{path.name}: xids[{i}]"
-        code = _need(entry, "code", int, where)
+    for i, entry in enumerate(_need(data, "xids", list, str(path))):
+        code = _need(entry, "code", int, f"{path.name}: xids[{i}]")
         where = f"{path.name}: XID {code}"
         if code in xids:
             raise CatalogueError(f"{where}: listed twice")
-        info = XidInfo(
-            code=code,
-            name=_need(entry, "name", str, where),
-            severity=_need(entry, "severity", str, where),
-            nvidia_action=_need(entry, "nvidia_action", str, where),
-            job_action=_need(entry, "job_action", str, where),
-            outcome=_need(entry, "outcome", str, where),
-            consequence=_need(entry, "consequence", bool, where),
-            note=str(entry.get("note", "")),
-        )
-        if info.severity not in SEVERITIES:
-            raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
-        if info.job_action not in actions:
-            raise CatalogueError(f"{where}: unknown job_action {info.job_action!r}")
-        if info.outcome not in outcomes:
-            raise CatalogueError(f"{where}: unknown outcome {info.outcome!r}")
-        xids[code] = info
-    return xids
+        xids[code] = _xid(entry, code, where, sources, outcomes, actions)
+    where = f"{path.name}: unlisted"
+    unlisted = _xid(_need(data, "unlisted", dict, str(path)), 0, where, sources, outcomes, actions)
+    if unlisted.outcome == "healthy":
+        raise CatalogueError(f"{where}: an XID the table does not know is never healthy")
+    return xids, unlisted
 
 
 def _load_patterns(
@@ -327,6 +377,9 @@ def _load_patterns(
         keywords = _as_list(entry.get("keywords"), where)
         if not all(isinstance(k, str) and k for k in keywords):
             raise CatalogueError(f"{where}: keywords must be non-empty strings (quote 'a: b')")
+        sources = _as_list(entry.get("sources"), where)
+        if not all(isinstance(x, str) and x for x in sources):
+            raise CatalogueError(f"{where}: sources must be non-empty strings")
         patterns.append(
             Pattern(
                 id=pid,
@@ -340,9 +393,10 @@ def _load_patterns(
                 outcome=outcome,
                 description=str(entry.get("description", "")),
                 gate=_gate(regexes),
-                ignore_case=_need(entry, "ignore_case", bool, where)
-                if "ignore_case" in entry
-                else False,
+                ignore_case=_flag(entry, "ignore_case", where),
+                alert=_flag(entry, "alert", where),
+                fallback=_flag(entry, "fallback", where),
+                sources=tuple(sources),
             )
         )
         examples.append(
@@ -373,9 +427,9 @@ def load(directory: str | os.PathLike[str] | None = None) -> Catalogue:
     """Load and validate the catalogue from `directory` (default: this package's YAML files)."""
     base = Path(directory) if directory else HERE
     outcomes, categories, actions = _load_outcomes(base / "outcomes.yaml")
-    xids = _load_xids(base / "xid.yaml", outcomes, actions)
+    xids, unlisted = _load_xids(base / "xid.yaml", outcomes, actions)
     patterns, group_types, hints = _load_patterns(base / "patterns.yaml", outcomes)
-    return Catalogue(outcomes, categories, actions, xids, patterns, group_types, hints)
+    return Catalogue(outcomes, categories, actions, xids, patterns, group_types, hints, unlisted)
 
 
 @lru_cache(maxsize=1)

@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from catalogue import recording
+from catalogue import promql, recording
 from detector.frame import JOB_RE, NODE_RE
 
 FORMAT = recording.FORMAT
@@ -112,7 +112,9 @@ def export_recording(
     placed: dict[str, set[float]] = defaultdict(set)  # node -> times Slurm had the job there
     name = job_id
     for labels, values in prom.range(
-        f'max by (node, job_name) (goodput_slurm_job_node_info{{job_id="{job_id}"}})', *grid
+        "max by (node, job_name) "
+        f"({promql.selector('goodput_slurm_job_node_info', job_id=job_id)})",
+        *grid,
     ):
         node = labels.get("node", "")
         if NODE_RE.match(node):
@@ -120,7 +122,7 @@ def export_recording(
             name = labels.get("job_name") or name
     for host in HOST_LABELS:
         for labels, _ in prom.range(
-            f'count by ({host}) (DCGM_FI_DEV_GPU_TEMP{{hpc_job="{job_id}"}})', *grid
+            f"count by ({host}) ({promql.selector('DCGM_FI_DEV_GPU_TEMP', hpc_job=job_id)})", *grid
         ):
             if NODE_RE.match(labels.get(host, "")):
                 placed.setdefault(labels[host], set())
@@ -133,10 +135,8 @@ def export_recording(
 
     gpu_rows: dict[tuple[float, str, str], dict[str, Any]] = {}
     fields: set[str] = set()
-    # node names are [A-Za-z0-9._-] (validated): only the dot needs escaping, twice in PromQL
-    node_re = "|".join(n.replace(".", "\\\\.") for n in nodes)
     for host in HOST_LABELS:
-        expr = f'{{__name__=~"DCGM_FI_.+", {host}=~"{node_re}"}}'
+        expr = promql.selector("", '__name__=~"DCGM_FI_.+"', **{host: nodes})
         for labels, values in prom.range(expr, *grid):
             metric, node, gpu = labels.get("__name__", ""), labels.get(host, ""), labels.get("gpu")
             if node not in placed or gpu is None or not gpu.isdigit():
@@ -155,7 +155,9 @@ def export_recording(
 
     job_rows: dict[float, dict[str, float]] = defaultdict(dict)
     for metric in JOB_METRICS:
-        for _, values in prom.range(f'max by (job_id) ({metric}{{job_id="{job_id}"}})', *grid):
+        for _, values in prom.range(
+            f"max by (job_id) ({promql.selector(metric, job_id=job_id)})", *grid
+        ):
             for t, v in values:
                 job_rows[t][metric] = v
 
@@ -199,6 +201,41 @@ def export_recording(
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     if log_dir:
         _copy_logs(Path(log_dir), out / "logs", job_id, nodes)
+    return meta
+
+
+def write_recording(
+    out: str | Path,
+    gpu: Any,
+    jobs: Any | None,
+    meta: dict[str, Any],
+    logs: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """Write a recording from tables: `gpu` (timestamp, node, gpu, job_id, DCGM_FI_*), `jobs`
+    (timestamp, job_id, goodput_job_*) or None, `meta` (format and interval added when
+    missing), `logs` relative path under logs/ -> lines. Returns the meta written."""
+    import pandas as pd
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    g = gpu.copy()
+    g["timestamp"] = g["timestamp"].map(lambda t: f"{float(t):.3f}")
+    g.to_csv(out / "gpu_metrics.csv.gz", index=False, float_format="%.10g", na_rep="")
+    if jobs is not None and len(jobs):
+        j = pd.DataFrame(jobs).reindex(columns=["timestamp", "job_id", *JOB_METRICS])
+        j["timestamp"] = j["timestamp"].map(lambda t: f"{float(t):.3f}")
+        for c in (
+            "goodput_job_last_progress_timestamp_seconds",
+            "goodput_job_last_checkpoint_timestamp_seconds",
+        ):
+            j[c] = j[c].map(lambda t: "" if pd.isna(t) else f"{float(t):.3f}")
+        j.to_csv(out / "job_metrics.csv.gz", index=False, float_format="%.10g", na_rep="")
+    for rel, lines in (logs or {}).items():
+        path = out / "logs" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{ln}\n" for ln in lines))
+    meta = {"format": FORMAT, **meta}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
 

@@ -1,14 +1,17 @@
-"""Offline replay: the service's engine over a recording, detections as JSON lines.
+"""Offline replay: the service's engine over a recording, detections as JSON lines, and a
+report of what each detector could see per job (`coverage`).
 
-Inputs: a recording directory (docs/contracts.md), a wide CSV/Parquet with DCGM field names
-and a timestamp column (plus Hostname/hostname, gpu, hpc_job), or a Prometheus range-query
-JSON (`/api/v1/query_range` answer, or a list of such answers).
+Inputs: a recording directory (docs/contracts.md), or a CSV/Parquet/Prometheus JSON file of
+GPU samples with any column spelling of catalogue/columns.yaml (`detector.samples`).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -16,82 +19,94 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
+from detector import samples
+from detector.baselines import BaselineStore
+from detector.coverage import Coverage
 from detector.frame import Frame, FrameError, join_progress
 from detector.pipeline import Config, Engine, Result
 from detector.thresholds import ALERT_OF, level
 
+# (job log path, job_id, sample times) -> job_metrics rows: the log parser, passed in by the
+# caller (goodput replay) since the detector does not import the exporters.
+Derive = Callable[[Path, str, list[float]], list[dict[str, Any]]]
+
+
+@dataclass
+class Loaded:
+    frame: Frame
+    names: dict[str, str]  # job_id -> job name
+    interval: float | None
+    notes: list[str] = field(default_factory=list)  # what was read, derived or missing
+
 
 def load(path: str | Path) -> tuple[Frame, dict[str, str], float | None]:
     """(frame, job_id -> job name, sample interval) from any supported input."""
+    got = read(path)
+    return got.frame, got.names, got.interval
+
+
+def read(path: str | Path, derive: Derive | None = None) -> Loaded:
+    """Any supported input, with notes on what was read as what. A recording without
+    job_metrics.csv.gz gets its job metrics from logs/jobs/ through `derive` when given."""
     p = Path(path)
     if p.is_dir():
-        return _load_dir(p)
-    if not p.exists():
-        raise FrameError(f"{p}: no such file or directory")
-    name = p.name.lower()
-    if name.endswith(".json"):
-        return Frame.from_dataframe(_prom_json(json.loads(p.read_text()))), {}, None
-    if name.endswith(".parquet"):
-        return Frame.from_dataframe(pd.read_parquet(p)), {}, None
-    if name.endswith((".csv", ".csv.gz")):
-        return Frame.from_dataframe(pd.read_csv(p, dtype={"hpc_job": str, "job_id": str})), {}, None
-    raise FrameError(f"{p}: want a recording directory, .csv[.gz], .parquet or .json")
+        return _read_dir(p, derive)
+    got = samples.read(p)
+    gpu = join_progress(got.gpu, got.jobs) if got.jobs is not None else got.gpu
+    if got.jobs is None:
+        got.notes.append("no job metrics in the file: the progress detector has no input")
+    return Loaded(Frame.from_dataframe(gpu), {}, None, got.notes)
 
 
-def _load_dir(p: Path) -> tuple[Frame, dict[str, str], float | None]:
+def _read_dir(p: Path, derive: Derive | None) -> Loaded:
     meta_path = p / "meta.json"
-    meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    except ValueError as exc:
+        raise FrameError(f"{meta_path}: not JSON: {exc}") from None
     if meta and not str(meta.get("format", "")).startswith("goodput-recording/"):
         raise FrameError(f"{meta_path}: unknown format {meta.get('format')!r}")
     gpu_path = next(
         (q for q in (p / "gpu_metrics.csv.gz", p / "gpu_metrics.csv") if q.exists()), None
     )
     if gpu_path is None:
-        raise FrameError(f"{p}: no gpu_metrics.csv.gz")
+        raise FrameError(f"{p}: no gpu_metrics.csv.gz (is it a recording? see goodput import)")
     gpu = pd.read_csv(gpu_path, dtype={"job_id": str, "node": str})
+    notes = [f"metrics: {gpu_path.name} ({len(gpu)} rows)"]
     job_path = next(
         (q for q in (p / "job_metrics.csv.gz", p / "job_metrics.csv") if q.exists()), None
     )
     if job_path is not None:
         gpu = join_progress(gpu, pd.read_csv(job_path, dtype={"job_id": str}))
+        notes.append(f"job metrics: {job_path.name}")
+    else:
+        gpu = _derived(p, gpu, derive, notes)
     names = {str(j["job_id"]): str(j.get("name", j["job_id"])) for j in meta.get("jobs", [])}
     interval = meta.get("interval_s")
-    return Frame.from_dataframe(gpu), names, float(interval) if interval else None
+    return Loaded(Frame.from_dataframe(gpu), names, float(interval) if interval else None, notes)
 
 
-def _prom_json(doc: Any) -> pd.DataFrame:
-    docs = doc if isinstance(doc, list) else [doc]
-    gpu_rows: list[dict[str, Any]] = []
-    job_rows: list[dict[str, Any]] = []
-    for d in docs:
-        if not isinstance(d, dict) or d.get("status") != "success":
-            raise FrameError("not a Prometheus query_range answer (status != success)")
-        for series in d["data"]["result"]:
-            m = series["metric"]
-            name = m.get("__name__", "")
-            for t, v in series.get("values", [series.get("value")] if "value" in series else []):
-                if name.startswith("goodput_job_"):
-                    job_rows.append(
-                        {"time": float(t), "job_id": m.get("job_id", ""), name: float(v)}
-                    )
-                else:
-                    gpu_rows.append(
-                        {
-                            "time": float(t),
-                            "node": m.get("Hostname", m.get("hostname", "")),
-                            "gpu": m.get("gpu"),
-                            "job_id": m.get("hpc_job", ""),
-                            name: float(v),
-                        }
-                    )
-    if not gpu_rows:
-        raise FrameError("the Prometheus answer holds no DCGM series")
-    keys = ["time", "node", "gpu", "job_id"]
-    wide = pd.DataFrame(gpu_rows).groupby(keys, dropna=False).first().reset_index()
-    if job_rows:
-        jobs = pd.DataFrame(job_rows).groupby(["time", "job_id"]).first().reset_index()
-        wide = join_progress(wide, jobs)
-    return wide
+def _derived(p: Path, gpu: pd.DataFrame, derive: Derive | None, notes: list[str]):
+    jobs = sorted({str(j) for j in gpu.get("job_id", pd.Series(dtype=str)).dropna() if j})
+    rows: list[dict[str, Any]] = []
+    for job in jobs:
+        log = p / "logs" / "jobs" / f"slurm-{job}.out"
+        if not log.is_file():
+            notes.append(
+                f"job {job}: no job_metrics.csv.gz and no logs/jobs/{log.name}: "
+                "the progress detector has no input"
+            )
+        elif derive is None:
+            notes.append(f"job {job}: no job_metrics.csv.gz; logs/jobs/{log.name} not parsed")
+        else:
+            times = sorted(set(gpu.loc[gpu.job_id == job, "timestamp"].astype(float)))
+            got = derive(log, job, times)
+            rows += got
+            notes.append(
+                f"job {job}: no job_metrics.csv.gz: job metrics derived from "
+                f"logs/jobs/{log.name} ({len(got)} samples)"
+            )
+    return join_progress(gpu, pd.DataFrame(rows)) if rows else gpu
 
 
 def steps(
@@ -170,33 +185,54 @@ def detections(
 
 
 def replay(
-    src: str | Path, out: IO[str], min_score: float | None = None, cfg: Config | None = None
+    src: str | Path,
+    out: IO[str],
+    min_score: float | None = None,
+    cfg: Config | None = None,
+    store: BaselineStore | None = None,
+    derive: Derive | None = None,
+    top: int = 10,
 ) -> dict[str, Any]:
-    """Replay `src`, write detections to `out` (see `detections` for `min_score`)."""
-    frame, names, interval = load(src)
+    """Replay `src`, write detections to `out` (see `detections` for `min_score`); returns a
+    summary with, per job, what each detector could see (`detector.coverage`) and the `top`
+    detections. `store` loads baselines by job name and saves the ones fitted."""
+    if min_score is not None and not (math.isfinite(min_score) and min_score >= 0):
+        raise ValueError(f"min_score must be a number >= 0, not {min_score!r}")
+    got = read(src, derive)
+    frame = got.frame
     if cfg is None:
         cfg = Config()
-        if interval:
-            cfg.interval_s = interval
+        if got.interval:
+            cfg.interval_s = got.interval
         elif len(frame) > 1:
             diffs = np.diff(np.unique(frame.time))
             cfg.interval_s = float(np.median(diffs)) if len(diffs) else cfg.interval_s
-    engine = Engine(cfg)
+    engine = Engine(cfg, store=store)
+    cov = Coverage()
     count = 0
-    peak: dict[str, float] = {}
-    for _, _, res in steps(frame, names, engine):
-        comb = res.jobs[res.jobs.detector == "combined"]
-        for j, s in zip(comb.job_id, comb.score, strict=True):
-            peak[j] = max(peak.get(j, 0.0), float(s))
+    best: dict[str, list[tuple[float, int, dict[str, Any]]]] = {}
+    for sub, now, res in steps(frame, got.names, engine):
+        cov.observe(sub, now, res, engine)
         for det in detections(res, engine.det, min_score):
             out.write(json.dumps(det) + "\n")
             count += 1
+            heap = best.setdefault(str(det["job_id"]), [])
+            item = (float(det["score"]), -count, det)
+            (heapq.heappush if len(heap) < top else heapq.heappushpop)(heap, item)
+    jobs = cov.report(engine)
+    for job, doc in jobs.items():
+        doc["top_detections"] = [d for _, _, d in sorted(best.get(job, []), reverse=True)]
     return {
         "rows": len(frame),
         "instants": len(frame.instants()),
+        "interval_s": cfg.interval_s,
         "detections": count,
-        "peak_job_score": peak,
+        "min_score": min_score,
+        "peak_job_score": {j: d["peak"]["score"] for j, d in jobs.items()},
         "fields_present": _present(frame),
+        "inputs": got.notes,
+        "baseline_errors": list(store.errors) if store is not None else [],
+        "jobs": jobs,
     }
 
 

@@ -1,298 +1,346 @@
-"""Ship log lines to Loki's HTTP push API, and read them back with `query_range`.
+"""Ship job output and kernel logs to Loki, resuming where it left off and losing nothing.
 
-`LokiShipper` never blocks its caller: `push()` / `on_lines()` append to a bounded queue
-(when full the oldest lines are dropped and counted); a sender thread batches lines (by count,
-bytes and time), groups them into streams by labels, gzips the JSON body and POSTs it to
-`/loki/api/v1/push`. 2xx is success (Loki answers 204). 429, 5xx and connection errors are
-retried with exponential backoff and jitter, then the batch is dropped and counted. 400 means
-Loki refused some entries (too old, bad labels) but stored the good ones: the batch is not
-resent (no loop) and the refusal is counted and logged. Other 4xx drop the batch.
+`LokiShipper(url, log_dir, state_dir)` follows `<log_dir>/jobs/slurm-<job_id>.out` and
+`<log_dir>/kernel/<node>.log` (the log-metrics exporter's layout) and labels lines by the
+contract in `catalogue/logstreams.py`. Each line keeps the time it carries
+(`catalogue/logtime.py`); a line without one (a traceback, a wrapped message) takes the
+previous line's time plus 1 ns per line, and the first lines of a file without any take the
+time they were read. A monotonic kernel stamp uses the node's boot time when given
+(`boot_times`), else a boot time learned from when the lines were read.
 
-Labels: `job_id`, `node`, `rank`, `stream` (`stdout` for Slurm job output, `kernel` for
-kernel logs); a label without a valid value is left out. `on_lines(kind, key, lines)` is the
-log-metrics exporter's hook. Tested against a local server that implements Loki's documented
-request and response shapes (no Loki server could be installed here).
+Read lines go to a spool on disk (`<state_dir>/spool`, one JSON file per batch, at most
+`spool_max_bytes`; when it is full the shipper stops reading, so the log files hold the rest)
+and only then is the read position saved (`<state_dir>/positions.json`: path -> device, inode,
+offset), so a restart resumes and a rotated or truncated file is read from its start. A batch
+leaves the spool when Loki took it: 429, 5xx, timeouts and connection errors keep it and back
+off (honouring `Retry-After`); a 400 drops the entries Loki's answer names (counted by reason)
+and sends the rest once more (Loki keeps one copy of a repeated entry); a 413 splits the batch.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import random
 import re
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from catalogue import names
+from catalogue import logstreams, logtime
+from exporters.logmetrics.exporter import JOB_FILE, KERNEL_FILE
+from exporters.logmetrics.tailer import DirectoryFollower
+from exporters.lokiapi import Entry, labels_key, push_body, refused, retry_after
+from exporters.lokispool import Spool, write_atomic
 
 log = logging.getLogger(__name__)
-LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-JOB_ID = names.JOB_ID
-NODE = names.NODE
-RANK_HINTS = (  # where a job line says which rank wrote it (the catalogue's rank_hints, simplified)
-    re.compile(r"^\[rank(\d+)\]"),
-    re.compile(r"^\s{0,4}(\d{1,5}): "),
-)
-
-
-class LokiError(RuntimeError):
-    """Loki refused a request or answered something unreadable."""
-
-
-@dataclass
-class ShipperStats:
-    sent_lines: int = 0
-    dropped_lines: int = 0  # queue full: oldest dropped
-    failed_lines: int = 0  # retries exhausted or refused batch
-    rejected_batches: int = 0  # 400: Loki kept what it could
-    retries: int = 0
-    errors: dict[str, int] = field(default_factory=dict)  # status code or "connection" -> n
-
-
-def _labels(kind: str, key: str, line: str) -> dict[str, str]:
-    if kind == "kernel":
-        return {"node": key, "stream": "kernel"} if NODE.match(key) else {"stream": "kernel"}
-    labels = {"job_id": key, "stream": "stdout"} if JOB_ID.match(key) else {"stream": "stdout"}
-    for rx in RANK_HINTS:
-        m = rx.search(line)
-        if m:
-            labels["rank"] = m.group(1)
-            break
-    return labels
+LABEL_NAME = re.compile(r"\A[a-zA-Z_][a-zA-Z0-9_]*\Z")
+FUTURE_S = 600.0  # a line stamped further ahead than this (a wrong zone) takes the read time
+SAME_S = 1.0  # a stamp this close before the previous line's keeps file order (+1 ns)
+RETRY = {408, 429} | set(range(500, 600))
 
 
 class LokiShipper(Collector):
-    """Batching, retrying, non-blocking Loki client. `start()`, then `push()`, then `close()`."""
+    """`start()` a thread that follows, spools and pushes; or call `poll_once()` and
+    `send_once()` yourself; `close()` flushes what it can within its timeout."""
 
     def __init__(
         self,
         url: str,
+        log_dir: Path,
+        state_dir: Path,
         static_labels: dict[str, str] | None = None,
-        queue_max: int = 100_000,
+        boot_times: dict[str, float] | None = None,
+        tenant: str | None = None,
         batch_max_lines: int = 2000,
         batch_max_bytes: int = 1 << 20,
-        flush_interval: float = 1.0,
-        max_retries: int = 5,
+        spool_max_bytes: int = 256 << 20,
+        interval: float = 1.0,
         backoff_base: float = 0.5,
-        backoff_max: float = 30.0,
+        backoff_max: float = 60.0,
+        retry_after_max: float = 600.0,
         timeout: float = 10.0,
-        tenant: str | None = None,
         session: requests.Session | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = url.rstrip("/") + "/loki/api/v1/push"
         self.static_labels = dict(static_labels or {})
-        for name in self.static_labels:
-            if not LABEL_NAME.match(name):
-                raise ValueError(f"invalid Loki label name {name!r}")
-        self.batch_max_lines = batch_max_lines
-        self.batch_max_bytes = batch_max_bytes
-        self.flush_interval = flush_interval
-        self.max_retries = max_retries
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.timeout = timeout
+        for name, value in self.static_labels.items():
+            if not LABEL_NAME.match(name) or name in (logstreams.SOURCE, "job_id", "node"):
+                raise ValueError(f"invalid or reserved Loki label name {name!r}")
+            if not value:
+                raise ValueError(f"empty value for Loki label {name!r}")
+        self.log_dir, self.state_dir = Path(log_dir), Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.spool = Spool(self.state_dir / "spool", spool_max_bytes)
+        self.positions_path = self.state_dir / "positions.json"
+        self.boot_times = dict(boot_times or {})
+        self.batch_max_lines, self.batch_max_bytes = batch_max_lines, batch_max_bytes
+        self.interval, self.timeout, self.clock = interval, timeout, clock
+        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.retry_after_max = retry_after_max
         self.headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if tenant:
             self.headers["X-Scope-OrgID"] = tenant
         self.session = session or requests.Session()
-        self.stats = ShipperStats()
-        self._queue: deque[tuple[int, str, str, str]] = deque()  # (ts_ns, kind, key, line)
-        self._queue_max = queue_max
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._last_ns: dict[Path, int] = {}
+        resume = self._load_positions()
+        self.followers = (
+            ("job", DirectoryFollower(self.log_dir / "jobs", "slurm-*.out", resume=resume)),
+            ("kernel", DirectoryFollower(self.log_dir / "kernel", "*.log", resume=resume)),
+        )
+        self._clocks: dict[str, logtime.BootClock] = {}
+        self.sent = 0
+        self.refused: Counter[str] = Counter()  # reason -> lines
+        self.errors: Counter[str] = Counter()  # HTTP status or "connection" -> pushes
+        self.times: Counter[str] = Counter()  # line | previous | read_time -> lines
+        self.failures = 0  # consecutive failed pushes (backoff exponent)
+        self.next_try = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ producer side
-    def push(self, kind: str, key: str, line: str, ts_ns: int | None = None) -> None:
-        """Queue one line (kind "job" with key = job id, or "kernel" with key = node)."""
-        self._enqueue([(ts_ns or time.time_ns(), kind, key, line)])
+    # ------------------------------------------------------------------ reading
+    def poll_once(self) -> int:
+        """Read new lines into the spool, then save the positions; 0 while the spool is full."""
+        if self.spool.full():
+            return 0
+        batch: list[Entry] = []
+        read_at = self.clock()
+        for kind, follower in self.followers:
+            rx = JOB_FILE if kind == "job" else KERNEL_FILE
+            for path, lines in follower.poll():
+                m = rx.match(path.name)
+                if m is not None:
+                    batch += self.stamp(kind, m.group(1), path, lines, read_at)
+        for chunk in _chunks(batch, self.batch_max_lines, self.batch_max_bytes):
+            self.spool.append(chunk)
+        self._save_positions()
+        return len(batch)
 
-    def on_lines(self, kind: str, key: str, lines: list[str]) -> None:
-        """The log-metrics exporter's hook: queue a batch of lines read just now."""
-        now = time.time_ns()
-        self._enqueue([(now + i, kind, key, line) for i, line in enumerate(lines)])
+    def stamp(
+        self, kind: str, key: str, path: Path, lines: list[str], read_at: float
+    ) -> list[Entry]:
+        """Entries for lines of one file read at `read_at`, each with its own time."""
+        labels = labels_key({**self.static_labels, **logstreams.stream_labels(kind, key)})
+        boot = self.boot_times.get(key) if kind == logstreams.KERNEL else None
+        stamps = [logtime.parse(line, read_at, boot) for line in lines]
+        mono = [
+            (i, s.monotonic)
+            for i, s in enumerate(stamps)
+            if s is not None and s.time is None and s.monotonic is not None
+        ]
+        placed: dict[int, float] = {}
+        if mono:
+            clock = self._clocks.setdefault(key, logtime.BootClock())
+            walls = clock.place([m for _i, m in mono], read_at)
+            placed = {i: t for (i, _m), t in zip(mono, walls, strict=True)}
+        out: list[Entry] = []
+        last = self._last_ns.get(path)
+        for i, line in enumerate(lines):
+            s = stamps[i]
+            t = placed.get(i, logtime.trusted(s, None if last is None else last / 1e9))
+            if t is not None and t <= read_at + FUTURE_S:
+                ts, source = int(round(t * 1e9)), "line"
+                if last is not None and last - SAME_S * 1e9 < ts <= last:
+                    ts = last + 1
+            elif last is not None:
+                ts, source = last + 1, "previous"
+            else:
+                ts, source = int(read_at * 1e9), "read_time"
+            self.times[source] += 1
+            last = ts
+            out.append((labels, ts, line))
+        if last is not None:
+            self._last_ns[path] = last
+        return out
 
-    def _enqueue(self, items: list[tuple[int, str, str, str]]) -> None:
-        with self._lock:
-            self._queue.extend(items)
-            over = len(self._queue) - self._queue_max
-            for _ in range(max(0, over)):
-                self._queue.popleft()
-            if over > 0:
-                self.stats.dropped_lines += over
-            full = len(self._queue) >= self.batch_max_lines
-        if full:
-            self._wake.set()
+    def _load_positions(self) -> dict[Path, tuple[tuple[int, int], int]]:
+        try:
+            data = json.loads(self.positions_path.read_text())
+            out = {}
+            for p, (d, i, o, last) in data.items():
+                out[Path(p)] = ((int(d), int(i)), int(o))
+                if last is not None:
+                    self._last_ns[Path(p)] = int(last)
+            return out
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError, AttributeError):
+            log.warning("unreadable %s: reading every file from its start", self.positions_path)
+            return {}
 
-    # ------------------------------------------------------------------ sender side
+    def _save_positions(self) -> None:
+        now: dict[str, Any] = {}
+        for _kind, follower in self.followers:
+            for path, f in follower.followers.items():
+                pos = f.position()
+                if pos is not None:
+                    now[str(path)] = [*pos[0], pos[1], self._last_ns.get(path)]
+            for path, (ident, offset) in follower.resume.items():  # not reopened yet
+                if path.exists():
+                    now.setdefault(str(path), [*ident, offset, self._last_ns.get(path)])
+        write_atomic(self.positions_path, json.dumps(now, sort_keys=True).encode())
+
+    # ------------------------------------------------------------------ sending
+    def send_once(self) -> int:
+        """Push spooled batches, oldest first, until the spool is empty or a push fails;
+        returns the batches left."""
+        while self.clock() >= self.next_try:
+            files = self.spool.files()
+            if not files:
+                return 0
+            if not self._push(files[0]):
+                break
+        return len(self.spool.files())
+
+    def _push(self, path: Path) -> bool:
+        """One push of one spooled batch; False when it must wait (backoff)."""
+        try:
+            entries, resent = self.spool.read(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # set aside, never stuck on it
+            log.error("unreadable spool file %s set aside: %s", path, exc)
+            path.rename(path.with_suffix(".bad"))
+            self.refused["unreadable_spool"] += 1
+            return True
+        try:
+            r = self.session.post(
+                self.url, data=push_body(entries), headers=self.headers, timeout=self.timeout
+            )
+        except requests.RequestException as exc:
+            return self._failed("connection", str(exc), None)
+        if 200 <= r.status_code < 300:
+            self.sent += len(entries)
+            self.failures = 0
+            path.unlink()
+            return True
+        if r.status_code == 400:
+            self._refused(path, entries, resent, r.text)
+            return True
+        if r.status_code == 413 and len(entries) > 1:
+            self.errors["413"] += 1
+            half, seq = len(entries) // 2, int(path.stem)
+            path.unlink()
+            self.spool.append(entries[half:], resent, seq=seq)
+            self.spool.append(entries[:half], resent, seq=seq - 1)
+            return True
+        if r.status_code == 413:
+            self.errors["413"] += 1
+            self.refused["too_large"] += 1
+            path.unlink()
+            return True
+        return self._failed(str(r.status_code), r.text, r.headers.get("Retry-After"))
+
+    def _refused(self, path: Path, entries: list[Entry], resent: bool, body: str) -> None:
+        self.errors["400"] += 1
+        gone = refused(body, entries)
+        self.refused.update(gone.values())
+        rest = [e for i, e in enumerate(entries) if i not in gone]
+        log.warning("Loki refused %d of %d lines: %s", len(gone), len(entries), body[:300])
+        path.unlink()
+        if rest and (gone or not resent):
+            self.spool.append(rest, resent=True, seq=int(path.stem))
+        elif rest:  # refused again, for reasons the answer does not name
+            self.refused["unknown"] += len(rest)
+
+    def _failed(self, code: str, text: str, after: str | None) -> bool:
+        self.errors[code] += 1
+        self.failures += 1
+        wait = retry_after(after, self.clock())
+        if wait is None:
+            wait = min(self.backoff_max, self.backoff_base * 2 ** (self.failures - 1))
+            wait *= 0.5 + random.random() / 2
+        else:
+            wait = min(wait, self.retry_after_max)
+        self.next_try = self.clock() + wait
+        log.warning("Loki push: %s: %s (next try in %.1f s)", code, text.strip()[:300], wait)
+        return False
+
+    # ------------------------------------------------------------------ running
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.poll_once()
+                self.send_once()
+            except Exception:  # keep shipping whatever one bad round did
+                log.exception("Loki shipper round failed")
+            stop.wait(self.interval)
+
     def start(self) -> LokiShipper:
-        self._thread = threading.Thread(target=self._run, name="loki-shipper", daemon=True)
+        self._thread = threading.Thread(
+            target=self.run, args=(self._stop,), name="loki-shipper", daemon=True
+        )
         self._thread.start()
         return self
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued (within `timeout`), then stop the sender."""
+        """Stop the thread, read what is left and push it until `timeout` (the spool keeps
+        the rest for the next start)."""
         self._stop.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self.flush_interval)
-            self._wake.clear()
-            while True:
-                batch = self._take()
-                if not batch:
-                    break
-                self.send(batch)
-                if not self._stop.is_set() and len(batch) < self.batch_max_lines:
-                    break
-            if self._stop.is_set() and not self._queue:
-                return
-
-    def _take(self) -> list[tuple[int, str, str, str]]:
-        batch: list[tuple[int, str, str, str]] = []
-        size = 0
-        with self._lock:
-            while self._queue and len(batch) < self.batch_max_lines:
-                item = self._queue[0]
-                size += len(item[3]) + 64
-                if batch and size > self.batch_max_bytes:
-                    break
-                batch.append(self._queue.popleft())
-        return batch
-
-    def body(self, batch: list[tuple[int, str, str, str]]) -> bytes:
-        streams: dict[tuple[tuple[str, str], ...], list[list[str]]] = {}
-        for ts, kind, key, line in batch:
-            labels = {**self.static_labels, **_labels(kind, key, line)}
-            streams.setdefault(tuple(sorted(labels.items())), []).append([str(ts), line])
-        payload = {
-            "streams": [
-                {"stream": dict(k), "values": sorted(v, key=lambda e: int(e[0]))}
-                for k, v in streams.items()
-            ]
-        }
-        return gzip.compress(json.dumps(payload).encode(), compresslevel=5)
-
-    def send(self, batch: list[tuple[int, str, str, str]]) -> bool:
-        """POST one batch with retries; True when Loki took it (fully or, on 400, partly)."""
-        data = self.body(batch)
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self.stats.retries += 1
-                delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
-                # while shutting down the wait returns at once: close() bounds the time
-                self._stop.wait(delay * (0.5 + random.random() / 2))
-            try:
-                r = self.session.post(
-                    self.url, data=data, headers=self.headers, timeout=self.timeout
-                )
-            except requests.RequestException as exc:
-                self._error("connection", str(exc))
-                continue
-            if 200 <= r.status_code < 300:
-                self.stats.sent_lines += len(batch)
-                return True
-            self._error(str(r.status_code), r.text)
-            if r.status_code == 400:  # partial accept: the good entries are stored
-                self.stats.rejected_batches += 1
-                return True
-            if r.status_code != 429 and r.status_code < 500:
+        deadline = time.monotonic() + timeout
+        self.poll_once()
+        while self.spool.files() and time.monotonic() < deadline:
+            if self.send_once() and self.clock() < self.next_try:
                 break
-        self.stats.failed_lines += len(batch)
-        return False
-
-    def _error(self, code: str, text: str) -> None:
-        self.stats.errors[code] = self.stats.errors.get(code, 0) + 1
-        log.warning("Loki push: %s: %s", code, text.strip()[:300])
 
     def collect(self) -> Iterator:
-        s = self.stats
         lines = CounterMetricFamily(
             "goodput_loki_lines", "Log lines by outcome of the push.", labels=["result"]
         )
-        lines.add_metric(["sent"], s.sent_lines)
-        lines.add_metric(["dropped_queue_full"], s.dropped_lines)
-        lines.add_metric(["failed"], s.failed_lines)
+        lines.add_metric(["sent"], self.sent)
+        lines.add_metric(["refused"], sum(self.refused.values()))
+        refusals = CounterMetricFamily(
+            "goodput_loki_refused_lines", "Lines Loki refused, by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(self.refused.items()):
+            refusals.add_metric([reason], n)
         errors = CounterMetricFamily(
             "goodput_loki_push_errors", "Failed pushes by status code.", labels=["code"]
         )
-        for code, n in sorted(s.errors.items()):
+        for code, n in sorted(self.errors.items()):
             errors.add_metric([code], n)
-        queued = GaugeMetricFamily("goodput_loki_queue_lines", "Lines waiting to be pushed.")
-        queued.add_metric([], len(self._queue))
-        yield from (lines, errors, queued)
-
-
-# ---------------------------------------------------------------------- reading back
-
-
-@dataclass(frozen=True)
-class LogLine:
-    ts_ns: int
-    labels: dict[str, str]
-    line: str
-
-
-def query_range(
-    url: str,
-    query: str,
-    start: float | None = None,
-    end: float | None = None,
-    limit: int = 100,
-    direction: str = "backward",
-    timeout: float = 10.0,
-    session: requests.Session | None = None,
-    tenant: str | None = None,
-) -> list[LogLine]:
-    """Lines matching a LogQL log query (e.g. `{job_id="42"} |= "NCCL"`), newest first by
-    default. `start`/`end` are unix seconds (default: the last hour)."""
-    if direction not in ("backward", "forward"):
-        raise ValueError("direction is 'backward' or 'forward'")
-    end = time.time() if end is None else end
-    start = end - 3600 if start is None else start
-    params: dict[str, Any] = {
-        "query": query,
-        "start": str(int(start * 1e9)),
-        "end": str(int(end * 1e9)),
-        "limit": int(limit),
-        "direction": direction,
-    }
-    headers = {"X-Scope-OrgID": tenant} if tenant else {}
-    http = session or requests
-    try:
-        r = http.get(
-            url.rstrip("/") + "/loki/api/v1/query_range",
-            params=params,
-            headers=headers,
-            timeout=timeout,
+        times = CounterMetricFamily(
+            "goodput_loki_line_times",
+            "Where each shipped line's time came from.",
+            labels=["source"],
         )
-    except requests.RequestException as exc:
-        raise LokiError(f"Loki unreachable: {exc}") from None
-    if r.status_code != 200:
-        raise LokiError(f"Loki query failed ({r.status_code}): {r.text.strip()[:300]}")
+        for source in ("line", "previous", "read_time"):
+            times.add_metric([source], self.times[source])
+        spooled = GaugeMetricFamily("goodput_loki_spool_bytes", "Bytes waiting in the spool.")
+        spooled.add_metric([], self.spool.bytes())
+        full = GaugeMetricFamily("goodput_loki_spool_full", "1 while reading waits for Loki.")
+        full.add_metric([], float(self.spool.full()))
+        yield from (lines, refusals, errors, times, spooled, full)
+
+
+def host_boot_time(stat: Path = Path("/proc/stat")) -> float | None:
+    """This machine's boot time (`btime` in /proc/stat), for kernel logs read on the node."""
     try:
-        data = r.json()["data"]
-        if data["resultType"] != "streams":
-            raise LokiError(f"not a log query (result type {data['resultType']!r})")
-        out = [
-            LogLine(int(ts), dict(s["stream"]), str(line))
-            for s in data["result"]
-            for ts, line in s["values"]
-        ]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise LokiError(f"unreadable Loki answer: {exc}") from None
-    out.sort(key=lambda e: e.ts_ns, reverse=direction == "backward")
-    return out[:limit]
+        for line in stat.read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _chunks(entries: list[Entry], max_lines: int, max_bytes: int) -> Iterator[list[Entry]]:
+    chunk: list[Entry] = []
+    size = 0
+    for e in entries:
+        n = len(e[2]) + 64
+        if chunk and (len(chunk) >= max_lines or size + n > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(e)
+        size += n
+    if chunk:
+        yield chunk

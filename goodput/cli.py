@@ -12,7 +12,8 @@ app = typer.Typer(help="Goodput keeps GPU training jobs running.", no_args_is_he
 stack_app = typer.Typer(help="The local stack: Prometheus, Alertmanager, Slurm (real daemons).")
 app.add_typer(stack_app, name="stack")
 
-# Sub-command modules in goodput/commands/, each with a typer `app`; name -> module.
+# Sub-command modules in goodput/commands/; name -> module. A module with a `command` function
+# is one command (its usage line shows its own arguments); otherwise its typer `app` is a group.
 COMMANDS: dict[str, str] = {
     "actions": "goodput.commands.actions",
     "audit": "goodput.commands.audit",
@@ -27,6 +28,9 @@ COMMANDS: dict[str, str] = {
     "attribute": "goodput.commands.attribute",
     "bench": "goodput.commands.bench",
     "export-recording": "goodput.commands.export",
+    "slurm": "goodput.commands.slurm",
+    "nodes": "goodput.commands.nodes",
+    "import": "goodput.commands.import",
 }
 
 
@@ -48,8 +52,12 @@ def stack_status() -> None:
     raise typer.Exit(stack.run_stack("status"))
 
 
-for _name, _module in COMMANDS.items():
-    app.add_typer(importlib.import_module(_module).app, name=_name)
+for _name, _path in COMMANDS.items():
+    _module = importlib.import_module(_path)
+    if hasattr(_module, "command"):
+        app.command(_name, short_help=_module.app.info.help)(_module.command)
+    else:
+        app.add_typer(_module.app, name=_name)
 
 
 if __name__ == "__main__":

@@ -36,10 +36,11 @@ class Fault:
     gpu: int | None
     expect_action: str
     note: str
+    repair: bool = False  # after the drain: check fails, the GPU is replaced, check passes
 
 
 FAULTS = (
-    Fault("xid79_off_bus", "gpt-a", 3, "drain_and_requeue", "a GPU falls off the bus"),
+    Fault("xid79_off_bus", "gpt-a", 3, "drain_and_requeue", "a GPU falls off the bus", True),
     Fault("spin_hang", "gpt-b", 5, "requeue", "a rank hangs in a collective"),
     Fault("cuda_oom", "gpt-c", 0, "stop", "the job runs out of GPU memory"),
     Fault("thermal_straggler", "gpt-b", 2, "drain_and_requeue", "one GPU throttles and drags"),
@@ -63,6 +64,7 @@ class Outcome:
     action: str = "-"
     action_state: str = "-"
     result: str = "-"
+    back_in_service: float | None = None  # the drained node passed its check and was resumed
 
 
 def goodput_argv(*args: str) -> list[str]:
@@ -93,6 +95,8 @@ def start_services(db_url: str) -> None:
             "GOODPUT_POLICY_FILE": str(DEMO_POLICY),
             "GOODPUT_RECEIVER_DB_URL": db_url,
             "GOODPUT_SCHEDULER": "slurm",
+            # the return-to-service check in the demo policy runs `goodput sim check NODE`
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
     )
 
@@ -158,6 +162,14 @@ class Slurm:
                 ["scancel", f"--name={name}"], env=self.env, capture_output=True, timeout=30
             )
 
+    def reason(self, node: str) -> str:
+        """The node's drain reason ('' when it is not drained)."""
+        for line in self.run("sinfo", "-h", "-N", "-n", node, "-o", "%N|%T|%E").splitlines():
+            name, state, reason = (line.split("|", 2) + ["", ""])[:3]
+            if name == node and "drain" in state.lower():
+                return reason.strip()
+        return ""
+
     def resume_drained(self) -> list[str]:
         """Return nodes Goodput drained in an earlier demo to service (only `goodput:` ones)."""
         resumed = []
@@ -195,6 +207,17 @@ class Receiver:
             if str(action.get("incident_id")) == str(incident_id):
                 return action if action["created_at"] >= since else None
         return None
+
+
+def ettr(prometheus_url: str) -> dict[str, float]:
+    """ETTR over the last hour from Prometheus' recording rules: 'cluster' and each job id."""
+    out: dict[str, float] = {}
+    for rule, key in (("goodput:cluster_ettr:1h", None), ("goodput:job_ettr:1h", "job_id")):
+        r = requests.get(f"{prometheus_url}/api/v1/query", params={"query": rule}, timeout=5)
+        for sample in r.json().get("data", {}).get("result", []):
+            name = sample["metric"].get(key, "") if key else "cluster"
+            out[name] = float(sample["value"][1])
+    return out
 
 
 def archive_logs(log_dir: Path, archive: Path) -> None:
@@ -287,7 +310,26 @@ def follow(
     else:
         out.result = out.action_state
     say(f"  result: {out.result}")
+    if fault.repair and out.action_state == "executed" and out.culprits:
+        back_to_service(out, out.culprits[0], slurm, say)
     return out
+
+
+def back_to_service(out: Outcome, node: str, slurm: Slurm, say: Callable[[str], None]) -> None:
+    """Follow the drained node: its health check fails while the GPU is broken, a technician
+    replaces it (the simulator's repair), the next check passes and Goodput resumes it."""
+    failed = wait(lambda: (r := slurm.reason(node)).startswith("goodput: failed") and r, 60)
+    if not failed:
+        say(f"  [yellow]{node}: no health check verdict within 60 s[/]")
+        return
+    say(f"  {node}: health check [bold]failed[/] → stays drained ({failed})")
+    requests.post(f"{SIM_URL}/api/v1/nodes/{node}/repair", timeout=10).raise_for_status()
+    say(f"  {node}: a technician replaces GPU {out.fault.gpu} (simulator: repair)")
+    if wait(lambda: slurm.reason(node) == "", 90):
+        out.back_in_service = time.time()
+        say(f"  {node}: health check [bold green]passed[/] → back in service")
+    else:
+        say(f"  [yellow]{node}: not back in service within 90 s[/]")
 
 
 def run(

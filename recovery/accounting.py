@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, select, update
 
+from catalogue import promql
 from recovery.scheduler.base import JOB_RE
 
 metadata = MetaData()
@@ -38,6 +39,9 @@ def ensure(engine: Engine) -> None:
     metadata.create_all(engine)
 
 
+CHECKPOINT = "goodput_job_last_checkpoint_timestamp_seconds"
+
+
 def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
     if not prom_url or not job_id or not JOB_RE.match(job_id):
         return None
@@ -45,9 +49,7 @@ def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
         r = requests.get(
             f"{prom_url.rstrip('/')}/api/v1/query",
             timeout=3,
-            params={
-                "query": f'max(goodput_job_last_checkpoint_timestamp_seconds{{job_id="{job_id}"}})'
-            },
+            params={"query": "max(" + promql.selector(CHECKPOINT, job_id=job_id) + ")"},
         )
         result = r.json()["data"]["result"]
         return float(result[0]["value"][1]) if result else None
@@ -98,6 +100,28 @@ def gpu_hours_lost(
     return gpus * (idle + redo) / 3600.0
 
 
+CAUSES = ("detection", "decision", "recovery", "redone_work")
+
+
+def lost_by_cause(row: Any) -> dict[str, float]:
+    """GPU-seconds one incident cost, by cause: onset → alert (detection), alert → decision,
+    decision → running again (recovery), and the work since the last checkpoint (redone_work).
+    Their sum is `gpu_hours_lost` × 3600; a stage whose end is unknown yet counts nothing."""
+    gpus = row.gpus or 0
+    spans = {
+        "detection": (row.onset, row.detected_at),
+        "decision": (row.detected_at, row.decided_at),
+        "recovery": (row.decided_at, row.running_again_at),
+        "redone_work": (row.checkpoint_at, row.onset),
+    }
+    if row.running_again_at is None or row.onset is None:
+        return dict.fromkeys(CAUSES, 0.0)  # counted once the job runs again (its GPUs known)
+    return {
+        c: gpus * max(b - a, 0.0) if a is not None and b is not None else 0.0
+        for c, (a, b) in spans.items()
+    }
+
+
 def update_recoveries(engine: Engine, scheduler: Any) -> int:
     """Fill in `running_again_at` for jobs that run again after their incident's onset."""
     with engine.connect() as conn:
@@ -143,7 +167,9 @@ def get(engine: Engine, incident_id: str) -> dict[str, Any] | None:
 
 class AccountingCollector(Collector):
     """`goodput_actions_total{action,result}`, `goodput_actions_pending`,
-    `goodput_incident_time_to_recover_seconds` (summary), `goodput_gpu_hours_lost_total`."""
+    `goodput_incident_time_to_recover_seconds` (summary), `goodput_gpu_hours_lost_total`,
+    `goodput_gpu_seconds_lost_total{cause}` and `goodput_job_gpu_seconds_lost_total{job_id,cause}`
+    (the numerator of ETTR; the recording rules `goodput:*_ettr:*` divide)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -161,6 +187,16 @@ class AccountingCollector(Collector):
             "goodput_incident_time_to_recover_seconds", "Fault onset to the job running again."
         )
         lost = CounterMetricFamily("goodput_gpu_hours_lost", "GPU-hours lost to incidents.")
+        by_cause = CounterMetricFamily(
+            "goodput_gpu_seconds_lost",
+            "GPU-seconds lost to incidents by cause (detection, decision, recovery, redone_work).",
+            labels=["cause"],
+        )
+        by_job = CounterMetricFamily(
+            "goodput_job_gpu_seconds_lost",
+            "GPU-seconds a job lost to incidents, by cause.",
+            labels=["job_id", "cause"],
+        )
         try:
             c = counts(self.engine)
             with self.engine.connect() as conn:
@@ -176,4 +212,15 @@ class AccountingCollector(Collector):
         done = [r for r in rows if r.running_again_at is not None and r.onset is not None]
         recover.add_metric([], len(done), float(sum(r.running_again_at - r.onset for r in done)))
         lost.add_metric([], float(sum(r.gpu_hours_lost or 0.0 for r in rows)))
-        yield from (total, pending, recover, lost)
+        cluster: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
+        jobs: dict[tuple[str, str], float] = {}
+        for r in rows:
+            for cause, gpu_s in lost_by_cause(r).items():
+                cluster[cause] += gpu_s
+                if r.job_id:
+                    jobs[(r.job_id, cause)] = jobs.get((r.job_id, cause), 0.0) + gpu_s
+        for cause, gpu_s in cluster.items():
+            by_cause.add_metric([cause], gpu_s)
+        for (job_id, cause), gpu_s in sorted(jobs.items()):
+            by_job.add_metric([job_id, cause], gpu_s)
+        yield from (total, pending, recover, lost, by_cause, by_job)

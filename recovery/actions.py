@@ -666,7 +666,7 @@ def _notify(
         "annotations": {
             "summary": text[:500],
             "description": text[:2000],
-            "runbook_url": "docs/operator-guide.md#recovery-actions",
+            "runbook_url": f"alertmanager/runbooks.md#{alertname.lower()}",
         },
         "startsAt": datetime.now(UTC).isoformat(),
     }

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from recovery import actions, audit
+from recovery import actions, audit, validate
 from recovery.policy import PolicyError
 from recovery.scheduler.base import JOB_RE, NODE_RE
 
@@ -20,8 +20,8 @@ router = APIRouter(prefix="/api/v1", tags=["actions"])
 
 class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    who: str = Field(min_length=1, max_length=128)
-    comment: str = Field(default="", max_length=1000)
+    who: validate.Text = Field(min_length=1, max_length=128)
+    comment: validate.Text = Field(default="", max_length=1000)
 
 
 def _ctx(request: Request) -> tuple[Any, Any]:
@@ -108,9 +108,9 @@ def audit_query(
     job_id: str | None = Query(None, max_length=32),
     incident_id: str | None = Query(None, max_length=64),
     type: str | None = Query(None, max_length=40),  # noqa: A002 - API name
-    since: float | None = None,
-    until: float | None = None,
-    cursor: int = Query(0, ge=0),
+    since: float | None = Query(None, allow_inf_nan=False),
+    until: float | None = Query(None, allow_inf_nan=False),
+    cursor: int = Query(0, ge=0, le=validate.DB_INT_MAX),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Audit events, oldest first, filtered; pass `next_cursor` back as `cursor`."""

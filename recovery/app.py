@@ -11,13 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recovery import incidents, validate
+from recovery import incidents, retention, validate
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
 from recovery.store import make_engine
@@ -34,6 +33,33 @@ log = logging.getLogger("goodput.receiver")
 
 MAX_ALERTS = 1000
 MAX_LABELS = 64
+MAX_ANNOTATION = 8192
+MAX_TRUNCATED = 1_000_000  # alerts Alertmanager left out (its max_alerts); more is not real
+LabelMap = dict[str, str]
+DbId = Annotated[int, Path(ge=0, le=validate.DB_INT_MAX)]  # larger ids: 422, not an overflow
+
+
+def _label_map(value: LabelMap, strict: bool) -> LabelMap:
+    """Label names checked; values strict (labels) or bounded text (annotations)."""
+    for k, v in value.items():
+        validate.label_name(k)
+        if strict:
+            validate.label_value(k, v)
+        elif len(validate.text(v, f"annotation {k}")) > MAX_ANNOTATION:
+            raise ValueError(f"annotation {k} is longer than {MAX_ANNOTATION} characters")
+    return value
+
+
+def json_media_type(header: str | None) -> bool:
+    """True for `application/json` with optional parameters (a charset must be UTF-8)."""
+    media, *params = (header or "").split(";")
+    if media.strip().lower() != "application/json":
+        return False
+    for p in params:
+        key, _, value = p.partition("=")
+        if key.strip().lower() == "charset" and value.strip().strip('"').lower() != "utf-8":
+            return False
+    return True
 
 
 class AlertIn(BaseModel):
@@ -51,22 +77,16 @@ class AlertIn(BaseModel):
 
     @field_validator("labels", "annotations")
     @classmethod
-    def _labels(cls, value: dict[str, str], info: Any) -> dict[str, str]:
+    def _labels(cls, value: LabelMap, info: Any) -> LabelMap:
         strict = info.field_name == "labels"
-        for k, v in value.items():
-            validate.label_name(k)
-            if strict:
-                validate.label_value(k, v)
-            elif len(v) > 8192:
-                raise ValueError(f"annotation {k} is longer than 8192 characters")
         if strict and "alertname" not in value:
             raise ValueError("labels must include alertname")
-        return value
+        return _label_map(value, strict)
 
     @field_validator("startsAt", "endsAt")
     @classmethod
-    def _time(cls, value: str) -> str:
-        validate.timestamp(value)
+    def _time(cls, value: str, info: Any) -> str:
+        validate.timestamp(value, unset_ok=info.field_name == "endsAt")
         return value
 
     @field_validator("fingerprint")
@@ -82,16 +102,21 @@ class WebhookIn(BaseModel):
 
     version: Literal["4"]
     groupKey: str = Field(default="", max_length=4096)  # noqa: N815
-    truncatedAlerts: int = Field(default=0, ge=0)  # noqa: N815
+    truncatedAlerts: int = Field(default=0, ge=0, le=MAX_TRUNCATED)  # noqa: N815
     status: Literal["firing", "resolved"]
     receiver: str = Field(default="", max_length=256)
-    groupLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)  # noqa: N815
-    commonLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)  # noqa: N815
-    commonAnnotations: dict[str, str] = Field(  # noqa: N815
+    groupLabels: LabelMap = Field(default_factory=dict, max_length=MAX_LABELS)  # noqa: N815
+    commonLabels: LabelMap = Field(default_factory=dict, max_length=MAX_LABELS)  # noqa: N815
+    commonAnnotations: LabelMap = Field(  # noqa: N815
         default_factory=dict, max_length=MAX_LABELS
     )
     externalURL: str = Field(default="", max_length=2048)  # noqa: N815
     alerts: list[AlertIn] = Field(min_length=1, max_length=MAX_ALERTS)
+
+    @field_validator("groupLabels", "commonLabels", "commonAnnotations")
+    @classmethod
+    def _maps(cls, value: LabelMap, info: Any) -> LabelMap:
+        return _label_map(value, strict=info.field_name != "commonAnnotations")
 
 
 class Accepted(BaseModel):
@@ -113,9 +138,9 @@ def _error(status: int, message: str, detail: list[str] | None = None) -> JSONRe
 def _validation_detail(errors: list[Any]) -> list[str]:
     out = []
     for err in errors[:20]:
-        loc = ".".join(str(p) for p in err.get("loc", ()))
+        loc = ".".join(str(p)[:64] for p in err.get("loc", ()))
         msg = str(err.get("msg", "invalid"))[:300]
-        out.append(f"{loc}: {msg}" if loc else msg)
+        out.append(validate.scrub(f"{loc}: {msg}" if loc else msg))
     return out
 
 
@@ -158,7 +183,7 @@ class Auth:
 async def _read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise HTTPException(400, "invalid Content-Length")
         if int(declared) > limit:
             raise HTTPException(413, f"payload larger than {limit} bytes")
@@ -187,6 +212,26 @@ def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry)
         return
     actions.start(engine, settings)
     registry.register(accounting.AccountingCollector(engine))
+    _start_node_checks(engine, settings, registry)
+
+
+def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
+    """A node's way back to service (checks after Goodput's drains) and node history metrics."""
+    from recovery import actions, node_checks, node_history
+
+    def current() -> Any:
+        cfg = actions.config(settings)
+        return cfg.policy, cfg.scheduler
+
+    node_checks.start(
+        engine,
+        current,
+        paused=lambda: actions.is_paused(engine),
+        history=lambda now: node_history.events(engine, now - node_history.WEEK_S),
+    )
+    registry.register(
+        node_history.NodeHistoryCollector(engine, lambda: actions.config(settings).policy)
+    )
 
 
 def create_app(settings: Settings | None = None, start_worker: bool = True) -> FastAPI:
@@ -199,7 +244,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker = None
+        worker = pruner = None
         if start_worker:
             from recovery.worker import DiagnosisWorker
 
@@ -207,11 +252,14 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
             worker.start()
             app.state.worker = worker
             _start_actions(engine, settings, registry)
+            pruner = retention.Pruner(engine, settings).start()
         try:
             yield
         finally:
             if worker is not None:
                 worker.stop()
+            if pruner is not None:
+                pruner.stop()
 
     app = FastAPI(
         title="Goodput recovery receiver",
@@ -267,14 +315,14 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     )
     async def post_alerts(request: Request) -> Any:
         """Accept Alertmanager's v4 webhook; the payload is durable before the 200."""
-        ctype = request.headers.get("content-type", "application/json")
-        if "json" not in ctype.lower():
-            return _error(415, "content type must be application/json")
+        if not json_media_type(request.headers.get("content-type")):
+            return _error(415, "content type must be application/json (charset UTF-8)")
         raw = await _read_limited(request, settings.max_body_bytes)
         try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            return _error(400, f"body is not valid JSON: {str(exc)[:200]}")
+            doc = validate.json_document(raw)
+        except ValueError as exc:
+            metrics.alerts_received.labels(status="rejected").inc()
+            return _error(400, str(exc))
         try:
             payload = WebhookIn.model_validate(doc)
         except ValidationError as exc:
@@ -287,7 +335,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
             engine,
             settings,
             [a.model_dump() for a in payload.alerts],
-            raw=raw.decode("utf-8", "replace"),
+            raw=raw.decode("utf-8"),
             group_key=payload.groupKey,
             status=payload.status,
         )
@@ -313,7 +361,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
         )
 
     @app.get("/api/v1/incidents/{incident_id}", dependencies=[Depends(auth)], tags=["incidents"])
-    def get_incident(incident_id: int) -> dict[str, Any]:
+    def get_incident(incident_id: DbId) -> dict[str, Any]:
         """One incident with its alerts and its latest diagnosis."""
         found = incidents.get_incident(engine, incident_id)
         if found is None:

@@ -1,19 +1,21 @@
 """The attribution engine: evidence → symptoms → refined symptoms → outcome, rules as data.
 
 Stages (rules in `recovery/rules/*.yaml`, log patterns from `catalogue`):
-1. extract — log lines through the catalogue (plus local signatures), metric conditions over
-   series, scheduler facts → `Sym`s with a time, node, role and outcome hint;
+1. extract — log lines and Slurm node reasons through the catalogue (its patterns are the
+   one home of every signature), metric conditions over series, scheduler facts → `Sym`s with
+   a time, node, role and outcome hint; nothing from before the job's current run counts;
 2. refine — order by time; an outcome rule whose symptoms are present marks the symptoms it
    `explains` (seen at or after its first one) as cascade; cascades never become the root
    while an initiating symptom remains;
 3. choose — the outcome whose earliest initiating symptom comes first (rule order breaks
-   ties), its culprit nodes, and a confidence with the basis it was computed on.
+   ties), its culprit nodes, and a confidence with the basis it was computed on. With no rule,
+   `healthy` only when the sources that answered show a running, progressing job; otherwise
+   `unknown` with the reason.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -30,6 +32,9 @@ from recovery.evidence import Bundle, Context, LogLine, Series
 
 RULES_DIR = Path(__file__).resolve().parent / "rules"
 SOURCES = ("prometheus", "log", "slurm")
+PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
+PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
+RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
 
 
 class RuleError(ValueError):
@@ -74,11 +79,15 @@ def load_rules(directory: str | None = None) -> Rules:
                 raise RuleError(f"{path.name}: {key} must be a list of mappings")
             merged[key] += items
         tolerance = float(data.get("tolerance_s", tolerance))
+    known = {p.id for p in catalogue.load_patterns()}
     for r in merged["log"]:
-        if "regex" in r:
-            r["_rx"] = re.compile(r["regex"])
-            if "symptom" not in r:
-                raise RuleError(f"log signature {r['regex']!r} needs a symptom")
+        if "regex" in r or "pattern" not in r:
+            raise RuleError(
+                f"log rule {r}: an override names a catalogue `pattern` id "
+                "(signatures live in catalogue/patterns.yaml)"
+            )
+        if r["pattern"] not in known:
+            raise RuleError(f"log rule: unknown catalogue pattern {r['pattern']!r}")
     for r in merged["outcomes"]:
         if r.get("outcome") not in CATEGORY:
             raise RuleError(f"unknown outcome {r.get('outcome')!r}")
@@ -94,18 +103,30 @@ def load_rules(directory: str | None = None) -> Rules:
 # ------------------------------------------------------------------------ stage 1: extract
 
 
-def _xid_symptom(code: int) -> tuple[str, str, str]:
+_XID_KIND = {
+    "gpu_hardware_fault": "xid_fatal",
+    "workload_crash": "xid_app",
+    "gpu_degradation": "xid_degradation",
+}
+
+
+def _xid_symptom(code: int) -> tuple[str, str, str] | None:
+    """(symptom, role, outcome hint) of an XID by the catalogue's table. A code the table does
+    not know is `xid_unknown` and one that needs a person `xid_other` (both initiating: never
+    healthy); one NVIDIA says to ignore (job action none) is no symptom (None)."""
     info = catalogue.xid_info(code)
-    if info is None:
-        return "xid_other", "initiating", ""
+    if info is None:  # the catalogue's `unlisted` entry says what it means; never healthy
+        unlisted = catalogue.loader.default().xid_unlisted
+        if unlisted is None or unlisted.outcome not in _XID_KIND:
+            return "xid_unknown", "initiating", ""
+        return _XID_KIND[unlisted.outcome], "initiating", unlisted.outcome
     if info.consequence:
         return "xid_cascade", "cascade", ""
-    kind = {
-        "gpu_hardware_fault": "xid_fatal",
-        "workload_crash": "xid_app",
-        "gpu_degradation": "xid_degradation",
-    }.get(info.outcome, "xid_other")
-    return kind, "initiating", info.outcome
+    if info.outcome in _XID_KIND:
+        return _XID_KIND[info.outcome], "initiating", info.outcome
+    if info.job_action == "none":
+        return None
+    return "xid_other", "initiating", ""
 
 
 def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
@@ -116,37 +137,43 @@ def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
     return None
 
 
-def _log_symptoms(
-    lines: list[LogLine], ctx: Context, rules: Rules, gpn: int, job_nodes: list[str]
-) -> list[Sym]:
-    overrides = {r["symptom"]: r for r in rules.log if "regex" not in r}
-    local = [r for r in rules.log if "regex" in r]
-    out: list[Sym] = []
-    for ln in lines:
-        source = "kernel" if ln.kind == "kernel" else "job"
-        hits: list[tuple[str, str, str, dict[str, Any], str]] = []
-        matches = catalogue.match_line(ln.text, source)
-        line_rank = next((m.groups["rank"] for m in matches if "rank" in m.groups), None)
-        for m in matches:
-            if m.role == "info":
+Hit = tuple[str, str, str, dict[str, Any], str]  # symptom, role, outcome, groups, pattern
+
+
+def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool]:
+    """Catalogue matches of one line as symptoms (XIDs classified, overrides applied), and
+    whether the line shows progress."""
+    overrides = {r["pattern"]: r for r in rules.log}
+    hits: list[Hit] = []
+    progress = False
+    for m in catalogue.match_line(text, source):
+        if m.role == "info":
+            progress = progress or m.symptom in PROGRESS
+            continue
+        symptom, role, outcome = m.symptom, m.role, m.outcome
+        if symptom == "xid" and "xid" in m.groups:
+            kind = _xid_symptom(int(m.groups["xid"]))
+            if kind is None:
                 continue
-            hits.append((m.symptom, m.role, m.outcome, m.groups, m.pattern))
-        for r in local:
-            if r.get("source", "any") in (source, "any") and r["_rx"].search(ln.text):
-                hits.append(
-                    (
-                        r["symptom"],
-                        r.get("role", "initiating"),
-                        r.get("outcome", ""),
-                        {"rank": line_rank} if line_rank is not None else {},
-                        "rules:" + r["symptom"],
-                    )
-                )
+            symptom, role, outcome = kind
+        ov = overrides.get(m.pattern, {})
+        hits.append(
+            (symptom, ov.get("role", role), ov.get("outcome", outcome), m.groups, m.pattern)
+        )
+    return hits, progress
+
+
+def _log_symptoms(
+    lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str]
+) -> tuple[list[Sym], list[LogLine]]:
+    """Symptoms of the log lines, and the lines that show the job progressing."""
+    out: list[Sym] = []
+    progress: list[LogLine] = []
+    for ln in lines:
+        hits, progressing = _hits(ln.text, "kernel" if ln.kind == "kernel" else "job", rules)
+        if progressing:
+            progress.append(ln)
         for symptom, role, outcome, groups, pattern in hits:
-            if symptom == "xid" and "xid" in groups:
-                symptom, role, outcome = _xid_symptom(int(groups["xid"]))
-            ov = overrides.get(symptom, {})
-            role, outcome = ov.get("role", role), ov.get("outcome", outcome)
             node = ln.node
             g = groups.get("node")
             if node is None and isinstance(g, str) and validate.NODE.fullmatch(g):
@@ -173,7 +200,7 @@ def _log_symptoms(
                     },
                 )
             )
-    return out
+    return out, progress
 
 
 def _ev(s: Series, t: float | None, excerpt: str) -> dict[str, Any]:
@@ -233,8 +260,9 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                 prev = 0
                 for t, v in s.points:
                     code = int(v)
-                    if code and code != prev:
-                        sid, role, outcome = _xid_symptom(code)
+                    xk = _xid_symptom(code) if code and code != prev else None
+                    if xk is not None:
+                        sid, role, outcome = xk
                         out.append(
                             Sym(
                                 sid,
@@ -298,12 +326,16 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                 if len(vals) < 6:
                     continue
                 early = statistics.median(vals[: len(vals) // 3])
-                for t, v in s.points[len(vals) // 3 :]:
-                    if early > 0 and v >= early * rule["ratio"]:
-                        out.append(
-                            _sym(rule, s, t, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
-                        )
-                        break
+                if early <= 0:
+                    continue
+                # it must last `min_s`: the first steps after a checkpoint save run ~18 % slow
+                limit = early * rule["ratio"]
+                start, dur = _run_len(s.points[len(vals) // 3 :], lambda v, lim=limit: v >= lim)
+                if start is not None and dur >= rule.get("min_s", 0):
+                    v = dict(s.points)[start]
+                    out.append(
+                        _sym(rule, s, start, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
+                    )
         elif kind == "peer_low":
             out += _peer_low(_by_name(series, metric), rule)
     return out
@@ -377,14 +409,17 @@ def _idle(util: list[Series], rule: dict[str, Any]) -> list[Sym]:
 
 
 def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    """A node whose GPUs sit below `ratio` × the other nodes' median for min_s."""
+    """A node whose GPUs sit below `ratio` × the other nodes' median for min_s; else one GPU
+    below `ratio` × both the job's other GPUs and its own node's others, yet above a quarter of
+    them (slowed, not stuck: an idle GPU is a hang's) -- one slow GPU among eight moves its
+    node's average by ~5 %, so it is named by itself."""
     per_node: dict[str, list[Series]] = {}
     for s in series:
         if s.node:
             per_node.setdefault(s.node, []).append(s)
+    out = _gpu_low(series, rule)
     if len(per_node) < 2:
-        return []
-    out = []
+        return out
     times = sorted({t for s in series for t, _ in s.points})
     node_vals = {n: [dict(s.points) for s in g] for n, g in per_node.items()}
 
@@ -412,6 +447,37 @@ def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
                 )
             )
             out[-1].gpu = None
+    slow_nodes = {s.node for s in out if s.gpu is None}
+    return [s for s in out if s.gpu is None or s.node not in slow_nodes]
+
+
+def _gpu_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    gpus = [s for s in series if s.node]
+    if len(gpus) < 3:
+        return []
+    vals = [dict(s.points) for s in gpus]
+    times = sorted({t for s in gpus for t, _ in s.points})
+    job = {t: statistics.median(d[t] for d in vals if t in d) for t in times}
+    node = {
+        (n, t): statistics.median(
+            d[t] for d, g in zip(vals, gpus, strict=True) if t in d and g.node == n
+        )
+        for n in {g.node for g in gpus}
+        for t in times
+        if any(t in d for d, g in zip(vals, gpus, strict=True) if g.node == n)
+    }
+    out = []
+    for s, d in zip(gpus, vals, strict=True):
+        flags = []
+        for t in times:
+            if t in d:
+                ref = min(job[t], node[(s.node, t)])
+                slow = ref * 0.25 <= d[t] < ref * rule["ratio"]  # slowed, not stopped (stuck)
+                flags.append((t, 1.0 if ref > 0.2 and slow else 0.0))
+        start, dur = _run_len(flags, lambda v: v > 0)
+        if dur >= rule.get("min_s", 60):
+            detail = f"{rule['metric']} below {rule['ratio']:.0%} of the job's other GPUs"
+            out.append(_sym(rule, s, start, f"{detail} for {dur:.0f} s"))
     return out
 
 
@@ -465,18 +531,19 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
                         f"JobState={state} ExitCode={job.get('exit_code')}",
                     )
                 )
-        if job and "exit_code" in rule and job.get("exit_code") in rule["exit_code"]:
-            out.append(
-                _slurm_sym(
-                    rule,
-                    "cascade",
-                    None,
-                    None,
-                    f"exit code {job.get('exit_code')}",
-                    job.get("argv", ""),
-                    f"ExitCode={job.get('exit_code')}",
+        for key, word in (("exit_code", "exit code"), ("signal", "signal")):
+            if job and key in rule and job.get(key) in rule[key]:
+                out.append(
+                    _slurm_sym(
+                        rule,
+                        "cascade",
+                        None,
+                        None,
+                        f"{word} {job.get(key)}",
+                        job.get("argv", ""),
+                        f"ExitCode={job.get('exit_code')}:{job.get('signal') or 0}",
+                    )
                 )
-            )
         if "node_state" in rule:
             for node, facts in nodes.items():
                 state = facts.get("state", "").lower()
@@ -492,20 +559,59 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
                             f"State={state} Reason={facts.get('reason', '')}",
                         )
                     )
+    for node, facts in nodes.items():  # a reason a health check wrote (NHC: check_hw_ib: ...)
+        reason = str(facts.get("reason") or "")
+        hits = _hits(reason, "kernel", rules)[0] if reason else []
+        for symptom, role, outcome, _, pattern in hits:
+            out.append(
+                _slurm_sym(
+                    {"id": symptom, "role": role, "outcome": outcome},
+                    role,
+                    t,
+                    node,
+                    f"{pattern}: node {node} reason {reason[:160]}",
+                    bundle.slurm.query or "sinfo",
+                    f"Reason={reason[:280]}",
+                )
+            )
     return out
 
 
-def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> list[Sym]:
+@dataclass
+class Extracted:
+    symptoms: list[Sym]
+    progress: list[str]  # what shows the job working (progress lines, an advancing metric)
+    dropped: int  # symptoms from before the job's current run
+
+
+def run_start(bundle: Bundle) -> float | None:
+    """When the job's current run started (Slurm's StartTime), if a source said."""
+    t = bundle.slurm.job.get("start_time")
+    return float(t) if isinstance(t, int | float) and t > 0 else None
+
+
+def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> Extracted:
     # ranks map to the job's own node list from Slurm; without it a rank-only line stays
     # unplaced (the context's nodes are alert nodes too, and would blame the wrong node)
     job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if names.valid_node(n)]
-    syms = _log_symptoms(bundle.lines, ctx, rules, gpn, job_nodes)
+    syms, lines = _log_symptoms(bundle.lines, rules, gpn, job_nodes)
     syms += _metric_symptoms(bundle.series, rules)
     syms += _slurm_symptoms(bundle, ctx, rules)
+    # a line or sample from before the current run (an earlier run's XID, a requeue ago) is
+    # neither the onset nor the culprit of this one
+    since = run_start(bundle)
+    kept = [s for s in syms if since is None or s.time is None or s.time >= since]
     first: dict[tuple[str, str | None, str | None, str], Sym] = {}
-    for sym in sorted(syms, key=_key):  # one symptom per (id, node, gpu, source): the earliest
+    for sym in sorted(kept, key=_key):  # one symptom per (id, node, gpu, source): the earliest
         first.setdefault((sym.id, sym.node, sym.gpu, sym.source), sym)
-    return list(first.values())
+    lines = [ln for ln in lines if since is None or ln.time is None or ln.time >= since]
+    progress = [f"{ln.path}:{ln.line or ''} {ln.text.strip()[:120]}" for ln in lines[-3:]]
+    progress += [
+        f"{s.name} advanced to {s.points[-1][1]:g}"
+        for s in bundle.series
+        if s.name in PROGRESS_METRICS and len(s.points) > 1 and s.points[-1][1] > s.points[0][1]
+    ]
+    return Extracted(list(first.values()), progress, len(syms) - len(kept))
 
 
 # ---------------------------------------------------------------- stages 2 and 3
@@ -517,6 +623,8 @@ def _key(s: Sym) -> float:
 
 def _triggers(rule: dict[str, Any], syms: list[Sym]) -> list[Sym]:
     ids = set(rule.get("symptoms", []))
+    if any(s.id in rule.get("unless", ()) for s in syms):
+        return []
     any_role = bool(rule.get("any_role"))  # the fallback rule: cascades count too
     return [
         s
@@ -614,7 +722,8 @@ def attribute(
 ) -> dict[str, Any]:
     """Run the three stages over `bundle`; returns a schema-valid diagnosis dict."""
     rules = rules or load_rules()
-    syms = refine(extract(bundle, ctx, rules, gpus_per_node), rules)
+    found = extract(bundle, ctx, rules, gpus_per_node)
+    syms = refine(found.symptoms, rules)
     rule, trig, cands = choose(syms, rules)
     common = dict(
         incident_id=incident_id,
@@ -624,16 +733,7 @@ def attribute(
         symptoms=[_sym_doc(s) for s in syms[:200]],
     )
     if rule is None:
-        outcome = "unknown" if ctx.alerts else "healthy"
-        return _diagnosis(
-            common,
-            outcome,
-            root_cause="No failure signature found in the evidence."
-            if outcome == "unknown"
-            else "No fault: the evidence shows a healthy job.",
-            confidence=0.3 if outcome == "unknown" else 0.6,
-            confidence_basis="no initiating symptom matched any rule",
-        )
+        return _diagnosis(common, **_no_rule_verdict(bundle, ctx, syms, found))
     outcome = rule["outcome"]
     culprit = _culprit(rule, trig, syms)
     trig_nodes = set(culprit)
@@ -648,16 +748,77 @@ def attribute(
     root = f"{outcome.replace('_', ' ')}{where}: {first.detail[:160]}"
     evidence = [s.evidence for s in sorted(trig, key=_key)[:20]]
     evidence += [s.evidence for s in syms if s not in trig][:30]
+    initiating = sorted({s.id for s in trig if s.role == "initiating"} or {s.id for s in trig})
     return _diagnosis(
         common,
         outcome,
         root_cause=root.replace("\n", " "),
+        cause_key=cause_key(outcome, initiating, culprit),
         affected_nodes=culprit,
         affected_gpus=[{"node": n, "gpu": g} for n, g in gpus],
         evidence=evidence,
         confidence=conf,
         confidence_basis=basis,
         onset=min(onset_times) if onset_times else None,
+    )
+
+
+def cause_key(outcome: str, symptom_ids: list[str], nodes: list[str]) -> str:
+    """A key that names the cause, not the occurrence: the outcome, the initiating symptom ids
+    and the culprit nodes (no times, no line text), so the same fault seen again matches."""
+    key = f"{outcome}:{'+'.join(sorted(set(symptom_ids))) or '-'}"
+    return f"{key}@{','.join(sorted(set(nodes)))}" if nodes else key
+
+
+def _no_rule_verdict(
+    bundle: Bundle, ctx: Context, syms: list[Sym], found: Extracted
+) -> dict[str, Any]:
+    """No rule matched: `healthy` only on evidence of a running, progressing job."""
+    job = f"job {ctx.job_id}" if ctx.job_id else "the job"
+    answered = {r.connector: r.status for r in bundle.reports}
+    summary = ", ".join(f"{c} {st}" for c, st in sorted(answered.items())) or "no source"
+    state = str(bundle.slurm.job.get("state") or "").upper()
+    exit_code = bundle.slurm.job.get("exit_code")
+
+    def unknown(why: str, key: str) -> dict[str, Any]:
+        return dict(
+            outcome="unknown",
+            root_cause=why,
+            cause_key=f"unknown:{key}",
+            confidence=0.3,
+            confidence_basis=f"no initiating symptom matched any rule; sources: {summary}",
+        )
+
+    if not (bundle.lines or bundle.series or bundle.slurm.job or syms):
+        return unknown(f"no evidence: {job} is in none of the sources ({summary}).", "no_evidence")
+    seen = ", ".join(sorted({s.id for s in syms}))
+    if seen:
+        why = f"Only consequences seen ({seen}); nothing says what caused them."
+        return unknown(why, "cascades")
+    if ctx.alerts:
+        return unknown("No failure signature found in the evidence.", "no_signature")
+    if state == "COMPLETED" and exit_code in (0, None):
+        return dict(
+            outcome="healthy",
+            root_cause=f"No fault: Slurm reports {job} COMPLETED with exit code 0.",
+            cause_key="healthy",
+            confidence=0.6,
+            confidence_basis=f"Slurm state COMPLETED, no symptom; sources: {summary}",
+        )
+    if state and not any(state.startswith(w) for w in RUNNING):
+        return unknown(f"No fault signature, but Slurm reports {job} {state}.", "not_running")
+    if not found.progress:
+        return unknown(
+            f"No fault signature, and nothing shows {job} making progress ({summary}).",
+            "no_progress",
+        )
+    shown = "; ".join(found.progress[-2:])
+    return dict(
+        outcome="healthy",
+        root_cause=f"No fault: {job} is {'running and ' if state else ''}progressing.",
+        cause_key="healthy",
+        confidence=0.6,
+        confidence_basis=f"no symptom; progress: {shown}"[:500],
     )
 
 

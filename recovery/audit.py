@@ -3,6 +3,13 @@
 Each row's `hash` is sha256 over the previous row's hash and the row's canonical content, so
 editing, deleting or reordering any row breaks `verify()` from that row on. `seq` is unique and
 contiguous; concurrent writers that race for the same `seq` retry.
+
+Rows leave the table only after an export: `export()` writes the chain as JSON lines and,
+once the copy is durable, `record_export()` records it (table `goodput_audit_exports` and an
+`exported` event); `prune()` deletes the
+oldest rows up to the last export (never the newest row) and keeps the last deleted row's
+(seq, hash) as the chain's anchor, so `verify()` starts there; the export file verifies alone
+(`verify_lines`) and its last hash is the anchor's or a later row's prev_hash.
 """
 
 from __future__ import annotations
@@ -10,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from sqlalchemy import (
     Column,
@@ -25,9 +32,15 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    delete,
+    func,
+    insert,
     select,
+    update,
 )
 from sqlalchemy.exc import IntegrityError
+
+from recovery import store, validate
 
 metadata = MetaData()
 audit = Table(
@@ -47,6 +60,28 @@ audit = Table(
 Index("ix_audit_job", audit.c.job_id, audit.c.seq)
 Index("ix_audit_incident", audit.c.incident_id, audit.c.seq)
 Index("ix_audit_type", audit.c.type, audit.c.seq)
+Index("ix_audit_ts", audit.c.ts)
+exports = Table(
+    "goodput_audit_exports",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("first_seq", Integer, nullable=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+    Column("rows", Integer, nullable=False),
+    Column("sha256", String(64), nullable=False),  # of the file's bytes
+    Column("destination", Text, nullable=False),
+    Column("actor", String(128), nullable=False),
+)
+anchor = Table(  # one row (id 1) once anything was pruned: the last deleted row
+    "goodput_audit_anchor",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", Integer, nullable=False),
+    Column("hash", String(64), nullable=False),
+    Column("ts", Float, nullable=False),
+)
 
 GENESIS = "0" * 64
 TYPES = (
@@ -67,6 +102,13 @@ TYPES = (
     "resumed",
     "notified",
     "recovered",
+    "check_planned",
+    "check_started",
+    "check_passed",
+    "check_failed",
+    "check_rma",
+    "exported",
+    "pruned",
 )
 
 
@@ -137,8 +179,8 @@ def record(engine: Engine, type_: str, payload: dict[str, Any], **kw: Any) -> in
 
 def _decode(r: Any) -> dict[str, Any]:
     d = dict(r._mapping)
-    d["payload"] = json.loads(d["payload"])
-    return d
+    d["payload"] = store.loads(d["payload"])
+    return validate.scrub(d)
 
 
 def query(
@@ -190,10 +232,12 @@ def iter_all(engine: Engine, batch: int = 500) -> Iterator[dict[str, Any]]:
         cursor = rows[-1].seq
 
 
-def verify(engine: Engine) -> Verification:
-    """Recompute the chain; the first row that does not fit is reported."""
-    prev, expected, n = GENESIS, 1, 0
-    for row in iter_all(engine):
+def check_chain(
+    rows: Iterable[dict[str, Any]], prev: str = GENESIS, expected: int = 1
+) -> Verification:
+    """The chain check itself: contiguous seqs from `expected`, each hash over `prev`."""
+    n = 0
+    for row in rows:
         n += 1
         if row["seq"] != expected:
             return Verification(False, n, row["seq"], f"seq gap: expected {expected}")
@@ -203,3 +247,105 @@ def verify(engine: Engine) -> Verification:
             return Verification(False, n, row["seq"], "content does not match its hash")
         prev, expected = row["hash"], expected + 1
     return Verification(True, n)
+
+
+def verify(engine: Engine) -> Verification:
+    """Recompute the chain from genesis, or from the anchor left by `prune`."""
+    with engine.connect() as conn:
+        a = conn.execute(select(anchor.c.seq, anchor.c.hash)).first()
+        exported = conn.execute(select(func.max(exports.c.last_seq))).scalar()
+    if a is None:
+        return check_chain(iter_all(engine))
+    if exported is None or a.seq > exported:
+        return Verification(False, 0, a.seq, "rows were pruned past the last export")
+    return check_chain(iter_all(engine), a.hash, a.seq + 1)
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps({**row, "payload": json.loads(row["payload"])}, sort_keys=True) + "\n"
+
+
+def verify_lines(lines: Iterable[str]) -> Verification:
+    """Check an export file's chain on its own (from its first row's seq and prev_hash)."""
+    rows = []
+    for text in lines:
+        if text.strip():
+            row = json.loads(text)
+            row["payload"] = json.dumps(row["payload"], sort_keys=True, separators=(",", ":"))
+            rows.append(row)
+    if not rows:
+        return Verification(True, 0)
+    return check_chain(rows, rows[0]["prev_hash"], rows[0]["seq"])
+
+
+def export(engine: Engine, out: TextIO) -> dict[str, Any] | None:
+    """Write every stored event to `out` (JSON lines, oldest first); its summary, or None
+    when the log is empty. Make `out` durable, then `record_export` the summary."""
+    digest, first, last, n = hashlib.sha256(), None, None, 0
+    for row in iter_all(engine):
+        line = _line(row)
+        out.write(line)
+        digest.update(line.encode())
+        first = row["seq"] if first is None else first
+        last, n = row, n + 1
+    out.flush()
+    if last is None or first is None:
+        return None
+    return {
+        "first_seq": first,
+        "last_seq": last["seq"],
+        "last_hash": last["hash"],
+        "rows": n,
+        "sha256": digest.hexdigest(),
+    }
+
+
+def record_export(
+    engine: Engine, summary: dict[str, Any], destination: str, actor: str = "goodput"
+) -> dict[str, Any]:
+    """Record a durable export (table and `exported` event): its events may now be pruned."""
+    rec = {**summary, "ts": round(time.time(), 6), "destination": destination[:1000]}
+    for attempt in range(20):
+        try:
+            with engine.begin() as conn:
+                conn.execute(insert(exports).values(**rec, actor=actor[:128]))
+                append(conn, "exported", rec, actor=actor)
+            return rec
+        except IntegrityError:
+            time.sleep(0.01 * (attempt + 1))
+    raise RuntimeError("could not record the export: persistent seq conflicts")
+
+
+def prune(engine: Engine, older_than_days: float, now: float | None = None) -> int:
+    """Delete events older than `older_than_days` that an export holds; returns how many.
+
+    Only a prefix goes (every row up to the cut is older and exported) and never the newest
+    row, so the next `append` still chains on; the anchor keeps the last deleted (seq, hash).
+    """
+    now = time.time() if now is None else now
+    cutoff = now - older_than_days * 86400.0
+    for attempt in range(20):
+        try:
+            with engine.begin() as conn:
+                return _prune(conn, cutoff, now)
+        except IntegrityError:
+            time.sleep(0.01 * (attempt + 1))
+    raise RuntimeError("could not prune the audit log: persistent seq conflicts")
+
+
+def _prune(conn: Connection, cutoff: float, now: float) -> int:
+    exported = conn.execute(select(func.max(exports.c.last_seq))).scalar()
+    newest = conn.execute(select(func.max(audit.c.seq))).scalar()
+    if exported is None or newest is None:
+        return 0
+    young = conn.execute(select(func.min(audit.c.seq)).where(audit.c.ts >= cutoff)).scalar()
+    upto = min(int(exported), int(newest) - 1, int(young) - 1 if young is not None else newest)
+    row = conn.execute(select(audit.c.hash).where(audit.c.seq == upto)).first()
+    if row is None:
+        return 0  # nothing stored at or before the cut (already pruned)
+    n = int(conn.execute(delete(audit).where(audit.c.seq <= upto)).rowcount or 0)
+    values = {"seq": upto, "hash": row.hash, "ts": now}
+    if conn.execute(update(anchor).where(anchor.c.id == 1).values(**values)).rowcount == 0:
+        conn.execute(insert(anchor).values(id=1, **values))
+    append(conn, "pruned", {"up_to_seq": upto, "rows": n, "anchor_hash": row.hash}, ts=now)
+    return n

@@ -59,6 +59,7 @@ class Diagnosis:
     affected_nodes: tuple[str, ...] = ()
     confidence: float = 0.0
     onset: float | None = None
+    key: str = ""  # the diagnosis' cause_key (attribution's stable key), when it has one
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
@@ -97,11 +98,14 @@ class Diagnosis:
             affected_nodes=tuple(dict.fromkeys(nodes)),
             confidence=conf,
             onset=float(onset) if isinstance(onset, int | float) else None,
+            key=str(d.get("cause_key") or "")[:500],
         )
 
     @property
     def cause_key(self) -> str:
-        return f"{self.outcome}:{self.root_cause}"
+        """What repeats when the same fault comes back: attribution's `cause_key` (outcome,
+        initiating symptoms, culprit), else the outcome and root cause."""
+        return self.key or f"{self.outcome}:{self.root_cause}"
 
 
 @dataclass(frozen=True)

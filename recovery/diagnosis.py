@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import catalogue
+
 SCHEMA_VERSION: Literal["1"] = "1"
 
 Outcome = Literal[
@@ -35,22 +37,9 @@ Source = Literal["prometheus", "log", "slurm"]
 
 OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
 
-#: The category each outcome belongs to.
-CATEGORY: dict[str, str] = {
-    "gpu_hardware_fault": "infrastructure",
-    "gpu_degradation": "infrastructure",
-    "network_fault": "infrastructure",
-    "node_lost": "infrastructure",
-    "filesystem": "infrastructure",
-    "straggler": "infrastructure",
-    "workload_crash": "workload",
-    "workload_oom": "workload",
-    "workload_divergence": "workload",
-    "workload_hang": "workload",
-    "scheduler_event": "workload",
-    "unknown": "unknown",
-    "healthy": "unknown",
-}
+#: The category each outcome belongs to: the catalogue's (catalogue/outcomes.yaml), one list;
+#: a test fails when `Outcome` above and the catalogue drift apart.
+CATEGORY: dict[str, str] = {o.id: o.category for o in catalogue.outcomes().values()}
 
 
 class _Model(BaseModel):
@@ -103,6 +92,12 @@ class Diagnosis(_Model):
     outcome: Outcome
     category: Category
     root_cause: str = Field(description="one sentence")
+    cause_key: str = Field(
+        default="",
+        description="the cause without the occurrence: outcome, initiating symptom ids and "
+        "culprit nodes (e.g. gpu_hardware_fault:xid_fatal@node2); equal for the same fault "
+        "seen again, so retry budgets and the sticky-cause rule can count it",
+    )
     affected_nodes: list[str] = []
     affected_gpus: list[GpuRef] = []
     symptoms: list[Symptom] = []

@@ -25,7 +25,15 @@ from sqlalchemy.exc import IntegrityError
 
 from recovery import failpoints, validate
 from recovery.settings import Settings
-from recovery.store import alerts, diagnoses, dumps, incident_alerts, incidents, loads, payloads
+from recovery.store import (
+    alerts,
+    diagnoses,
+    dumps,
+    incident_alerts,
+    incidents,
+    loads,
+    store_payload,
+)
 
 log = logging.getLogger("goodput.receiver.incidents")
 NodeJobs = Callable[[str], list[str]]
@@ -70,11 +78,7 @@ def ingest(
     result = IngestResult()
     touched: set[int] = set()
     with _LOCK, engine.begin() as conn:
-        conn.execute(
-            insert(payloads).values(
-                received_at=now, group_key=group_key[:4096], status=status, body=raw
-            )
-        )
+        store_payload(conn, raw, group_key=group_key, status=status, now=now)
         for doc in alert_docs:
             alert_id, is_new, changed = _upsert_alert(conn, doc, now)
             result.new += int(is_new)

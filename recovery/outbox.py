@@ -150,6 +150,7 @@ def diag_dict(d: Diagnosis) -> dict[str, Any]:
         "confidence": d.confidence,
         "affected_nodes": list(d.affected_nodes),
         "onset": d.onset,
+        "cause_key": d.cause_key,
     }
 
 

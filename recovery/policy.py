@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from recovery.diagnosis import OUTCOMES  # one list of outcomes: the diagnosis schema
+from recovery.node_health import ReturnToService
 
 ACTIONS = (
     "drain",
@@ -71,6 +72,12 @@ class BlastRadius(_Frozen):
     max_drains_per_hour: int = Field(default=4, ge=0, le=100000)
     max_partition_unavailable_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     min_healthy_nodes: int = Field(default=1, ge=0, le=100000)
+
+
+class Retention(_Frozen):
+    payload_days: float = Field(default=30.0, gt=0, le=3650)
+    audit_days: float = Field(default=365.0, gt=0, le=36500)
+    prune_every_s: float = Field(default=3600.0, ge=10, le=86400)
 
 
 class DirectiveBounds(_Frozen):
@@ -131,6 +138,8 @@ class Policy(_Frozen):
     retry: Retry = Retry()
     blast_radius: BlastRadius = BlastRadius()
     directives: DirectiveBounds = DirectiveBounds()
+    return_to_service: ReturnToService = ReturnToService()
+    retention: Retention = Retention()
     job_mode: Mode | None = None
 
     @field_validator("actions")

@@ -1,12 +1,18 @@
 """The receiver's durable store: SQLAlchemy Core tables on SQLite (WAL) or PostgreSQL.
 
-`make_engine(url)` returns a ready engine with the receiver's tables created. Other recovery
-modules may define their own tables on their own `MetaData`; the engine is shared. Times are
-stored as float unix seconds (portable across both databases); JSON as text.
+`make_engine(url)` returns a ready engine with the receiver's tables created (and columns
+added since a database was made: `add_missing_columns`). Other recovery modules may define
+their own tables on their own `MetaData`; the engine is shared. Times are stored as float unix
+seconds (portable across both databases); JSON as text.
+
+Webhook bodies are kept once per distinct body (`store_payload`: a redelivery counts
+`deliveries` and moves `last_seen`) and pruned after the policy's `retention.payload_days`
+(`prune_payloads`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -24,13 +30,22 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     create_engine,
+    delete,
     event,
+    func,
+    inspect,
+    text,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.schema import CreateIndex
+
+from recovery import validate
 
 metadata = MetaData()
 
-# Every accepted webhook body, verbatim (the durable record before the 200).
+# Every distinct accepted webhook body, verbatim (the durable record before the 200); a
+# redelivery of the same bytes counts in `deliveries` and moves `last_seen`.
 payloads = Table(
     "receiver_payloads",
     metadata,
@@ -39,7 +54,12 @@ payloads = Table(
     Column("group_key", Text, nullable=False, default=""),
     Column("status", String(16), nullable=False),
     Column("body", Text, nullable=False),
+    Column("digest", String(64), nullable=True),  # sha256 of the body; NULL on older rows
+    Column("deliveries", Integer, nullable=True),
+    Column("last_seen", Float, nullable=True),
 )
+Index("uq_payload_digest", payloads.c.digest, unique=True)
+Index("ix_payload_seen", payloads.c.last_seen)
 
 # One row per alert instance: (fingerprint, starts_at) is Alertmanager's identity.
 alerts = Table(
@@ -136,7 +156,53 @@ def make_engine(url: str, create: bool = True) -> Engine:
         engine = create_engine(url, pool_pre_ping=True, future=True)
     if create:
         metadata.create_all(engine)
+        add_missing_columns(engine, metadata)
     return engine
+
+
+def add_missing_columns(engine: Engine, meta: MetaData) -> None:
+    """Add the nullable columns (and indexes) a table gained since the database was made."""
+    with engine.begin() as conn:
+        seen = inspect(conn)
+        for table in meta.sorted_tables:
+            have = {c["name"] for c in seen.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have and col.nullable:
+                    kind = col.type.compile(dialect=engine.dialect)
+                    ine = "IF NOT EXISTS " if engine.dialect.name == "postgresql" else ""
+                    add = f'ALTER TABLE {table.name} ADD COLUMN {ine}"{col.name}" {kind}'
+                    conn.execute(text(add))  # IF NOT EXISTS: replicas may start together
+            for index in table.indexes:
+                conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def store_payload(conn: Connection, body: str, *, group_key: str, status: str, now: float) -> None:
+    """Keep `body` once: a new body is inserted, a redelivered one counted (race-free upsert)."""
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    dialect = sqlite if conn.dialect.name == "sqlite" else postgresql
+    stmt = dialect.insert(payloads).values(
+        received_at=now,
+        group_key=group_key[:4096],
+        status=status,
+        body=body,
+        digest=digest,
+        deliveries=1,
+        last_seen=now,
+    )
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[payloads.c.digest],
+            set_={"deliveries": payloads.c.deliveries + 1, "last_seen": now},
+        )
+    )
+
+
+def prune_payloads(engine: Engine, older_than_days: float, now: float) -> int:
+    """Delete stored bodies last seen more than `older_than_days` ago; returns how many."""
+    cutoff = now - older_than_days * 86400.0
+    seen = func.coalesce(payloads.c.last_seen, payloads.c.received_at)
+    with engine.begin() as conn:
+        return int(conn.execute(delete(payloads).where(seen < cutoff)).rowcount or 0)
 
 
 def dumps(value: Any) -> str:
@@ -144,8 +210,11 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | None) -> Any:
-    """A stored JSON body; None when empty or unreadable (a bad row never breaks a page or API)."""
+    """A stored JSON body; None when empty or unreadable (a bad row never breaks a page or API).
+
+    Lone surrogates (stored before the edge refused them) come back as U+FFFD.
+    """
     try:
-        return json.loads(text) if text else None
+        return validate.scrub(json.loads(text)) if text else None
     except (ValueError, RecursionError):
         return None

@@ -21,6 +21,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
+def strict_ci() -> bool:
+    """Under CI=true a test that skips (a missing tool, a missing package) is a failure."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _fail_skip(report) -> None:
+    if strict_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which counts as a failure: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
 def _ready(url: str) -> bool:
     try:
         return requests.get(f"{url}/-/ready", timeout=1).status_code == 200

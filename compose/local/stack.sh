@@ -2,7 +2,8 @@
 # Goodput's local stack on loopback, without systemd or Docker:
 #   Prometheus, Alertmanager, MariaDB + slurmdbd, munged, slurmctld, four slurmd (node1..node4,
 #   8 fake GPUs each), and optionally PostgreSQL (for the receiver's PostgreSQL tests).
-# Usage: stack.sh start|stop|status|env        State lives under $GOODPUT_STACK_DIR.
+# Usage: stack.sh start|stop|restart|status|env|install|install-test-tools
+#   State lives under $GOODPUT_STACK_DIR.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,20 +39,12 @@ wait_for() { # seconds description command...
   die "$what did not become ready in ${t}s (logs: $STATE/logs/)"
 }
 
-close_inherited_fds() { # a daemon must not keep the caller's descriptors: a `flock` held by
-  # whoever started the stack would otherwise stay held for as long as the daemons live
-  local fd
-  for fd in /proc/$BASHPID/fd/*; do
-    fd=${fd##*/}
-    [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
-  done
-  return 0
-}
-
 launch() { # name command... : runs in background, logs and pidfile under $STATE
   local name=$1; shift
   if alive "$STATE/run/$name.pid"; then say "$name already running (pid $(cat "$STATE/run/$name.pid"))"; return 0; fi
-  ( close_inherited_fds; exec setsid "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null ) &
+  # fds 3-9 closed: a daemon must not inherit a caller's lock (e.g. `flock LOCK stack.sh start`
+  # would otherwise stay locked for the daemon's whole life)
+  setsid "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   echo $! > "$STATE/run/$name.pid"
 }
 
@@ -62,9 +55,13 @@ need_port() { # port name : fail clearly when someone else holds our port
   return 0
 }
 
+# what the tests drive besides the stack: the console's browser test runs Debian's Chromium
+TEST_PACKAGES=(chromium chromium-driver)
+
 install_missing() {
   local missing=()
   [ "$WITH_POSTGRES" = 1 ] && PACKAGES+=(postgresql)
+  [ "${WITH_TEST_TOOLS:-0}" = 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
   for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
@@ -72,11 +69,23 @@ install_missing() {
   export DEBIAN_FRONTEND=noninteractive
   # keep package scripts from starting system services: we start our own, on loopback
   [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; }
-  apt-get update -qq >/dev/null || die "apt-get update failed"
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+  apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null || die "apt-get update failed"
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
 }
 
 short_host() { hostname -s; }
+
+write_hook() { # path "sub-command args" : one of Goodput's Slurm hooks (goodput slurm ...);
+  # without the project's venv the job just runs
+  mkdir -p "$(dirname "$1")"
+  cat > "$1" <<HOOK
+#!/bin/sh
+py=$REPO/.venv/bin/python
+[ -x "\$py" ] || exit 0
+exec "\$py" -m goodput.entry slurm $2
+HOOK
+  chmod +x "$1"
+}
 
 write_slurm_conf() {
   local host; host=$(short_host)
@@ -112,6 +121,8 @@ MinJobAge=300
 SlurmdParameters=config_overrides
 MailProg=/bin/true
 JobCompType=jobcomp/none
+Prolog=$d/hooks/prolog
+Epilog=$d/hooks/epilog
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$SLURMDBD_PORT
@@ -122,6 +133,10 @@ GresTypes=gpu
 NodeName=node[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((SLURMD_BASE + 1))-$last] CPUs=16 RealMemory=64000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+  # Prolog/Epilog: Goodput's node holds, and dcgm-exporter's per-GPU job mapping (hpc_job)
+  mkdir -p "$STATE/holds" "$STATE/hpc-jobs"
+  write_hook "$d/hooks/prolog" "prolog --hold-dir $STATE/holds --mapping-dir $STATE/hpc-jobs"
+  write_hook "$d/hooks/epilog" "epilog --mapping-dir $STATE/hpc-jobs"
   cat > "$d/gres.conf" <<CONF
 AutoDetect=off
 NodeName=node[1-$NODES] Name=gpu File=$d/dev/gpu[0-7]
@@ -244,6 +259,8 @@ export GOODPUT_PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT
 export GOODPUT_ALERTMANAGER_URL=http://127.0.0.1:$AM_PORT
 export GOODPUT_RECEIVER_TOKEN_FILE=$STATE/alertmanager/secrets/receiver-token
 export GOODPUT_LOG_DIR=$STATE/logs/cluster
+export GOODPUT_HOLD_DIR=$STATE/holds
+export DCGM_HPC_JOB_MAPPING_DIR=$STATE/hpc-jobs
 ENV
   [ "$WITH_POSTGRES" = 1 ] && echo "export GOODPUT_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:$PG_PORT/goodput" >> "$STATE/env"
   return 0
@@ -313,5 +330,7 @@ cmd_status() {
 case "${1:-}" in
   start) cmd_start;; stop) cmd_stop;; status) cmd_status;; env) cat "$STATE/env";;
   restart) cmd_stop; cmd_start;;
-  *) echo "usage: $0 start|stop|restart|status|env" >&2; exit 2;;
+  install) install_missing;;                      # the stack's packages, nothing started
+  install-test-tools) WITH_TEST_TOOLS=1 install_missing;;  # and what the tests drive (Chromium)
+  *) echo "usage: $0 start|stop|restart|status|env|install|install-test-tools" >&2; exit 2;;
 esac

@@ -5,7 +5,9 @@ its end first), copy-truncation (the file shrinks: read again from the start), p
 (held until their newline arrives, or emitted when the file goes away), binary garbage
 (decoded with replacement characters, NULs dropped) and huge lines (cut at `max_line_bytes`;
 the rest of that line is skipped and counted). `DirectoryFollower` keeps one `Follower` per file
-matching a glob and drops those whose file is gone.
+matching a glob and drops those whose file is gone. `resume` starts a follower where an earlier
+run left off (`position()`: the file's (device, inode) and the offset of the first unread
+line), when it is still the same file and not shorter than that.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Follower:
     max_line_bytes: int = MAX_LINE_BYTES
     max_read_bytes: int = 8 * READ_CHUNK  # per poll, so one busy file cannot starve the others
     stats: TailStats = field(default_factory=TailStats)
+    resume: tuple[tuple[int, int], int] | None = None
     _fh: object = None
     _ino: tuple[int, int] | None = None
     _pos: int = 0
@@ -80,7 +83,10 @@ class Follower:
                 return out
             self._ino = ident
             self._pos = st.st_size if (self.from_end and self.stats.bytes == 0) else 0
+            if self.resume and self.resume[0] == ident and self.resume[1] <= st.st_size:
+                self._pos = self.resume[1]
             self.from_end = False
+            self.resume = None
         elif st is not None and st.st_size < self._pos:
             # copy-truncate: whatever partial line we held is all we will see of it
             out.extend(self._flush_partial())
@@ -88,6 +94,12 @@ class Follower:
             self.stats.truncations += 1
         out.extend(self._read_all())
         return out
+
+    def position(self) -> tuple[tuple[int, int], int] | None:
+        """(device, inode) and offset of the first line not yet returned, or None."""
+        if self._ino is None:
+            return None
+        return self._ino, self._pos - len(self._partial)
 
     def close(self) -> list[str]:
         """Read what is left, emit any partial line, and close."""
@@ -165,8 +177,15 @@ class Follower:
 class DirectoryFollower:
     """One `Follower` per file in `directory` matching `pattern`; rescans on every poll."""
 
-    def __init__(self, directory: Path, pattern: str, from_end: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        pattern: str,
+        from_end: bool = False,
+        resume: dict[Path, tuple[tuple[int, int], int]] | None = None,
+    ) -> None:
         self.directory = Path(directory)
+        self.resume = dict(resume or {})
         self.pattern = pattern
         self.from_end = from_end
         self.followers: dict[Path, Follower] = {}
@@ -180,7 +199,9 @@ class DirectoryFollower:
         except OSError:
             present = set()
         for path in present - self.followers.keys():
-            self.followers[path] = Follower(path, from_end=self.from_end)
+            self.followers[path] = Follower(
+                path, from_end=self.from_end, resume=self.resume.pop(path, None)
+            )
         out = []
         self.dropped = []
         for path, follower in list(self.followers.items()):

@@ -1,4 +1,8 @@
-"""`goodput attribute`: run the attribution engine offline on files and print the diagnosis."""
+"""`goodput attribute`: run the attribution engine offline on files and print the diagnosis.
+
+stdout: the diagnosis JSON (docs/contracts.md); stderr: which job was chosen and why, and what
+each source held, so a verdict is never read without knowing what it was drawn from.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +12,76 @@ from pathlib import Path
 
 import typer
 
-from recovery import attribution
-from recovery.evidence import Bundle, Context
-from recovery.evidence import recording as rec
-
-app = typer.Typer(
-    help="Attribute a failure offline (post-mortems, tests).", invoke_without_command=True
-)
+app = typer.Typer(help="Attribute a failure offline (post-mortems, tests).")
 
 
-@app.callback()
-def attribute(
-    job_log: Path | None = typer.Option(None, "--job-log", help="the job's Slurm output"),
+def command(
+    recording: Path | None = typer.Option(None, "--recording", help="A recording directory."),
+    job_log: Path | None = typer.Option(None, "--job-log", help="The job's Slurm output."),
     kernel_log: list[Path] = typer.Option(
-        [], "--kernel-log", help="a node's kernel log (named <node>.log); repeatable"
+        [], "--kernel-log", help="A node's kernel log, named <node>.log; repeatable."
     ),
-    recording: Path | None = typer.Option(None, "--recording", help="a recording directory"),
     job_id: str | None = typer.Option(
-        None, "--job-id", help="which job (default: the faulty one in truth.json, else the first)"
+        None, "--job-id", help="Which job (required when the recording holds several)."
     ),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="Default: the recording's meta.json, else 8."
+    ),
 ) -> None:
-    """Print the diagnosis JSON for the given evidence."""
-    for p in [job_log, recording, *kernel_log]:
-        if p is not None and not p.exists():
-            raise typer.BadParameter(f"{p} does not exist")
+    """Print the diagnosis JSON for the given evidence; say on stderr what it was drawn from."""
+    from recovery import attribution
+    from recovery.evidence import Bundle, Context
+    from recovery.evidence import recording as rec
+
+    def fail(msg: str) -> typer.Exit:
+        typer.echo(f"attribute: {msg}", err=True)
+        return typer.Exit(2)
+
+    if recording is None and job_log is None and not kernel_log:
+        raise fail("no evidence: give --recording DIR, --job-log FILE or --kernel-log FILE")
+    for p in [job_log, *kernel_log]:
+        if p is not None and not p.is_file():
+            raise fail(f"{p}: no such file")
+    if recording is not None and not recording.is_dir():
+        raise fail(f"--recording {recording}: not a directory")
+    if gpus_per_node is not None and not 1 <= gpus_per_node <= 1024:
+        raise fail("--gpus-per-node must be between 1 and 1024")
     try:
+        meta = rec.read_meta(recording) if recording is not None else {}
         if recording is not None:
-            ctx = rec.context(recording, job_id)
-            bundle = rec.collect(recording, ctx)
+            job_id, why = rec.choose_job(recording, job_id)
+            ctx = (
+                rec.context(recording, job_id)
+                if job_id
+                else Context(job_id=None, nodes=[], start=0.0, end=time.time())
+            )
+            bundle = rec.collect(recording, ctx) if job_id else Bundle()
         else:
+            why = "given with --job-id" if job_id else "none given: the logs are read as is"
+            if job_id is None and job_log is not None and job_log.name.startswith("slurm-"):
+                job_id = job_log.name.removeprefix("slurm-").removesuffix(".out")
+                why = f"from the job log's name ({job_log.name})"
             ctx = Context(job_id=job_id, nodes=[], start=0.0, end=time.time())
             bundle = Bundle()
         if job_log is not None or kernel_log:
             bundle.extend(rec.collect_files(ctx, job_log, kernel_log))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    doc = attribution.attribute(bundle, ctx, gpus_per_node=gpus_per_node)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    gpn, gpn_from = gpus_per_node, "--gpus-per-node"
+    if gpn is None:
+        meta_gpn = meta.get("gpus_per_node")
+        gpn, gpn_from = (int(meta_gpn), "meta.json") if meta_gpn else (8, "default")
+    missing = [r.connector for r in bundle.reports if r.status != "ok"]
+    if not bundle.series or not bundle.lines:
+        # a post-mortem on partial evidence: no rule matching is not proof of health
+        ctx.alerts = [{"labels": {"alertname": "offline-attribution"}, "annotations": {}}]
+    doc = attribution.attribute(bundle, ctx, gpus_per_node=gpn)
+    typer.echo(f"job: {ctx.job_id or 'none'} ({why})", err=True)
+    typer.echo(f"GPUs per node: {gpn} ({gpn_from})", err=True)
+    for r in bundle.reports:
+        typer.echo(f"{r.connector}: {r.status}{': ' + r.reason if r.reason else ''}", err=True)
+    verdict = f"verdict: {doc['outcome']} ({doc['confidence']:.2f}): {doc['root_cause']}"
+    if doc["outcome"] == "unknown" and missing:
+        verdict += f" [evidence missing: {', '.join(missing)}]"
+    typer.echo(verdict, err=True)
     typer.echo(json.dumps(doc, indent=2, sort_keys=True))

@@ -1,8 +1,10 @@
-"""`goodput audit`: verify the hash chain, export the log as JSON lines."""
+"""`goodput audit`: verify the hash chain, export it (recorded), apply retention."""
 
 from __future__ import annotations
 
-import json
+import os
+import sys
+from pathlib import Path
 
 import typer
 
@@ -21,11 +23,18 @@ def _engine(db: str | None):
 
 
 @app.command("verify")
-def verify(db: str = DB) -> None:
+def verify(
+    db: str = DB,
+    file: Path | None = typer.Option(None, "--file", help="check an export file instead"),
+) -> None:
     """Recompute the hash chain; exit 1 at the first row that does not fit."""
     from recovery import audit
 
-    v = audit.verify(_engine(db))
+    if file is not None:
+        with file.open() as fh:
+            v = audit.verify_lines(fh)
+    else:
+        v = audit.verify(_engine(db))
     if v.ok:
         typer.echo(f"ok: {v.rows} events, chain intact")
         return
@@ -36,11 +45,36 @@ def verify(db: str = DB) -> None:
 @app.command("export")
 def export(
     db: str = DB,
-    output: typer.FileTextWrite = typer.Option("-", "--output", "-o"),
+    output: str = typer.Option("-", "--output", "-o", help="JSON-lines file (default stdout)"),
+    who: str = typer.Option(os.environ.get("USER", "operator"), "--who"),
 ) -> None:
-    """Every event, oldest first, as JSON lines (hashes included, so a copy can be verified)."""
+    """Every stored event, oldest first, as JSON lines (hashes included, so the copy verifies
+    with `verify --file`). The export is recorded in the log; only exported events may ever be
+    pruned. A file is written in full and fsynced before the export is recorded."""
     from recovery import audit
 
-    for row in audit.iter_all(_engine(db)):
-        row["payload"] = json.loads(row["payload"])
-        output.write(json.dumps(row, sort_keys=True, default=str) + "\n")
+    engine = _engine(db)
+    if output == "-":
+        summary, where = audit.export(engine, sys.stdout), "stdout"
+    else:
+        path = Path(output)
+        tmp = path.with_name(path.name + ".partial")
+        with tmp.open("w") as fh:
+            summary = audit.export(engine, fh)
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+        where = str(path.resolve())
+    if summary is not None:
+        audit.record_export(engine, summary, where, actor=who)
+        if output != "-":  # stdout carries the export alone
+            typer.echo(f"exported events {summary['first_seq']}..{summary['last_seq']} to {where}")
+
+
+@app.command("prune")
+def prune(db: str = DB) -> None:
+    """Apply the policy's retention now: old webhook bodies, exported old audit events."""
+    from recovery import retention
+    from recovery.settings import Settings
+
+    deleted = retention.apply(_engine(db), retention.rules_for(Settings.from_env()))
+    typer.echo(f"pruned {deleted['payloads']} webhook bodies, {deleted['audit']} audit events")

@@ -62,6 +62,22 @@ def demo(ctx: typer.Context) -> None:
         console.print(f"[bold red]demo failed:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(summary(results))
+    for r in results:
+        if r.back_in_service:
+            console.print(
+                f"{r.culprits[0]} failed its health check while GPU {r.fault.gpu} was broken, "
+                f"passed it after the repair, and was back in service "
+                f"{r.back_in_service - r.onset:.0f} s after the fault."
+            )
+    try:
+        jobs = {r.job_id: r.fault.job for r in results}
+        e = loop.ettr(stack.stack_env().get("GOODPUT_PROMETHEUS_URL", "http://127.0.0.1:19090"))
+        per_job = ", ".join(
+            f"{jobs.get(j, j)} {v:.1%}" for j, v in sorted(e.items()) if j != "cluster"
+        )
+        console.print(f"ETTR, last hour: cluster {e.get('cluster', float('nan')):.1%} ({per_job})")
+    except (OSError, ValueError, KeyError) as exc:
+        console.print(f"[yellow]ETTR not available: {exc}[/]")
     handled = sum(
         r.action == r.fault.expect_action and r.action_state == "executed" for r in results
     )

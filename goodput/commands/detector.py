@@ -1,11 +1,10 @@
-"""`goodput detector serve` (the scoring service) and the replay command's implementation."""
+"""`goodput detector serve`: the scoring service."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
 import typer
@@ -47,24 +46,3 @@ def serve(
         prometheus_url=url, host=host, port=port, interval_s=interval, host_map=mapping
     )
     Service(cfg, store=BaselineStore(state_dir)).serve()
-
-
-def replay_cmd(
-    recording: Path = typer.Argument(..., help="Recording dir, CSV/Parquet, or Prometheus JSON."),
-    out: Path = typer.Option(Path("detections.jsonl"), "--out", help="JSON lines output."),
-    min_score: float = typer.Option(
-        None, help="Write scores at or above this (default: each score's alert level)."
-    ),
-) -> None:
-    """Run the detectors over a recording; write detections as JSON lines."""
-    from detector.frame import FrameError
-    from detector.replay import replay
-
-    try:
-        with open(out, "w") as fh:
-            summary = replay(recording, fh, min_score=min_score)
-    except (FrameError, OSError, ValueError) as exc:
-        typer.echo(f"replay: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    json.dump(summary, sys.stdout, indent=1)
-    sys.stdout.write("\n")

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(
-    help="Export a job's metrics (and logs) from Prometheus as a recording.",
-    invoke_without_command=True,
-)
+app = typer.Typer(help="Export a job's metrics (and logs) from Prometheus as a recording.")
 
 
 def _time(text: str) -> float:
@@ -30,8 +27,7 @@ def _time(text: str) -> float:
     return dt.timestamp()
 
 
-@app.callback()
-def export_recording(
+def command(
     job_id: str = typer.Option(..., "--job-id", help="Slurm job id."),
     start: str = typer.Option(..., "--start", help="Unix seconds or ISO 8601 with a zone."),
     end: str = typer.Option(..., "--end", help="Unix seconds or ISO 8601 with a zone."),

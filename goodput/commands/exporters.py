@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -34,20 +36,32 @@ def logs(
     host: str = typer.Option("127.0.0.1"),
     interval: float = typer.Option(0.5, help="seconds between polls of the files"),
     from_end: bool = typer.Option(False, help="skip what the files already hold"),
-    loki_url: str = typer.Option("", help="also ship job log lines to this Loki"),
+    loki_url: str = typer.Option("", help="also ship the job and kernel logs to this Loki"),
+    loki_state_dir: Path = typer.Option(
+        None, help="Loki shipper's read positions and spool (default: $GOODPUT_STATE_DIR/loki)"
+    ),
 ) -> None:
     """Follow job output and kernel logs; expose progress and error-pattern metrics."""
-    from exporters.logmetrics.exporter import serve
+    from exporters.logmetrics.exporter import default_log_dir, serve
 
     shipper = None
     if loki_url:
-        from exporters.loki import LokiShipper
+        from exporters.loki import LokiShipper, host_boot_time
 
-        shipper = LokiShipper(loki_url).start()
+        boot = host_boot_time()  # this host's kernel log (if it is one of them) gets its boot time
+        host = socket.gethostname().split(".")[0]
+        state = (
+            loki_state_dir
+            or Path(os.environ.get("GOODPUT_STATE_DIR", "~/.local/state/goodput")).expanduser()
+            / "loki"
+        )
+        shipper = LokiShipper(
+            loki_url, log_dir or default_log_dir(), state,
+            boot_times={host: boot} if boot is not None else None,
+        ).start()  # fmt: skip
     try:
         serve(
             log_dir, port, host, interval, from_end, _stop_event(),
-            on_lines=shipper.on_lines if shipper else None,
             extra_collectors=(shipper,) if shipper else (),
         )  # fmt: skip
     finally:

@@ -185,3 +185,24 @@ def job_cmd(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+@app.command("check")
+def check_cmd(node: str = typer.Argument(..., help="the node to check")) -> None:
+    """A node health check on simulated GPUs (the local stack's `dcgmi diag`): exit 1 while an
+    injected fault that blames NODE is active (until `POST /api/v1/nodes/NODE/repair`), 0 when
+    it passes, 3 when the simulator cannot be asked."""
+    import requests
+
+    try:
+        faults = requests.get(f"{_url()}/api/v1/faults", timeout=5).json()
+    except (requests.RequestException, ValueError) as e:
+        typer.echo(f"check {node}: the simulator did not answer ({type(e).__name__})", err=True)
+        raise typer.Exit(3) from None
+    bad = [f for f in faults if f.get("active") and node in (f.get("nodes") or [])]
+    for f in bad:
+        gpus = [g["gpu"] for g in f.get("gpus", []) if g.get("node") == node]
+        typer.echo(f"{node}: FAIL {f.get('kind')} on GPU {gpus} ({f.get('root_cause', '')})")
+    if not bad:
+        typer.echo(f"{node}: PASS (no active fault)")
+    raise typer.Exit(1 if bad else 0)

@@ -14,6 +14,8 @@ from typing import Any
 import requests
 from markupsafe import Markup, escape
 
+from catalogue import promql
+
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 640, 220, 48, 110, 14, 28
 MAX_SERIES, MAX_POINTS = 12, 400
 
@@ -78,7 +80,7 @@ def series_from_prometheus(
     timeout_s: float = 2.0,
 ) -> tuple[dict[str, Any] | None, str]:
     """The key metric per node around `onset`; (plot or None, a note for the page)."""
-    expr = str(spec["expr"]).replace("{job_id}", job_id)
+    expr = str(spec["expr"]).replace("{job_id}", promql.quote(job_id))
     end = min(onset + after_s, time.time())
     start = onset - before_s
     if end <= start:

@@ -172,7 +172,7 @@ def _error(request: Request, status: int, message: str) -> HTMLResponse:
 
 async def _form(request: Request) -> dict[str, str] | None:
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
         return None
     try:
         form = await request.form(max_files=0, max_fields=20)
@@ -287,8 +287,8 @@ def _filters(request: Request) -> tuple[dict[str, Any], list[str]]:
             except ValueError:
                 what = "node name" if key == "node" else "job id"
                 problems.append(f"{key} is not a valid {what}")
-    page = q.get("page", "1")
-    f["page"] = int(page) if page.isdigit() and 0 < len(page) < 7 else 1
+    page = validate.db_int(q.get("page", "1")) or 1
+    f["page"] = min(page, 999_999)
     return f, problems
 
 
@@ -354,10 +354,11 @@ def _plot_for(
 def incident_page(request: Request, incident_id: str) -> Response:
     if not _can_read(request):
         return _login_redirect(request)
-    if not incident_id.isdigit() or len(incident_id) > 12:
+    number = validate.db_int(incident_id)
+    if number is None:
         return _error(request, 404, "no such incident")
     settings, engine = _settings(request), _engine(request)
-    inc = queries.incident_detail(engine, int(incident_id))
+    inc = queries.incident_detail(engine, number)
     if inc is None:
         return _error(request, 404, f"incident {incident_id} not found")
     diag = inc["diagnosis"]
@@ -372,7 +373,7 @@ def incident_page(request: Request, incident_id: str) -> Response:
         (s for s in (diag or {}).get("symptoms") or [] if isinstance(s, dict)),
         key=lambda s: (s.get("first_seen") is None, s.get("first_seen") or 0),
     )
-    events = actions_port.incident_events(engine, int(incident_id))
+    events = actions_port.incident_events(engine, number)
     the_plot, plot_note = _plot_for(settings, inc, diag)
     onset = (diag or {}).get("onset")
     return render(
@@ -385,7 +386,7 @@ def incident_page(request: Request, incident_id: str) -> Response:
         symptoms=symptoms,
         timeline=_timeline(symptoms),
         events=events,
-        plan=actions_port.incident_action(engine, int(incident_id)),
+        plan=actions_port.incident_action(engine, number),
         plot_svg=plot.svg(the_plot, onset if isinstance(onset, int | float) else None)
         if the_plot
         else None,
@@ -499,13 +500,13 @@ def audit_page(request: Request) -> Response:
     if f["job"] and not validate.JOB_ID.fullmatch(f["job"]):
         problems.append("job is not a valid job id")
         f["job"] = ""
-    if f["incident"] and not (f["incident"].isdigit() and len(f["incident"]) < 13):
+    if f["incident"] and validate.db_int(f["incident"]) is None:
         problems.append("incident must be a number")
         f["incident"] = ""
     if f["type"] and f["type"] not in audit.TYPES:
         problems.append("unknown event type")
         f["type"] = ""
-    cursor = int(f["cursor"]) if f["cursor"].isdigit() and len(f["cursor"]) < 13 else 0
+    cursor = validate.db_int(f["cursor"]) or 0
     events, nxt = audit.query(
         engine,
         job_id=f["job"] or None,

@@ -2,20 +2,21 @@
 
 Files live at `<log_dir>/jobs/slurm-<job_id>.out` and `<log_dir>/kernel/<node>.log`; paths
 are built only from validated ids. Each line gets a time: its own timestamp when it carries
-one (ISO 8601, `[YYYY-mm-dd HH:MM:SS]`, PyTorch's `E0321 02:07:08.408`, syslog's
-`May 18 19:02:39`), else the previous line's. Only the tail of a big file is read.
+one (`catalogue/logtime.py`: ISO, `dmesg -T`, journald, syslog, PyTorch/glog, ...; a monotonic
+`dmesg` stamp is placed by the file's mtime, when its last line was written), else the previous
+line's. Only the tail of a big file is read. Loki streams follow `catalogue/logstreams.py`.
 """
 
 from __future__ import annotations
 
 import calendar
-import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import requests
 
+from catalogue import logstreams, logtime
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report
 from recovery.settings import Settings
@@ -24,35 +25,24 @@ MAX_BYTES = 32 << 20  # read at most the last 32 MiB of a file
 MAX_LINES = 500_000
 SLACK_S = 120.0
 
-_ISO = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})?"
-)
-_TORCH = re.compile(r"\[[EWIF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(\.\d+)?")
-_SYSLOG = re.compile(r"^([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d{2}):(\d{2}):(\d{2})")
-_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
-
 
 def line_time(text: str, year: int) -> float | None:
-    """The timestamp a log line carries (UTC unless it says otherwise), or None."""
-    m = _ISO.search(text[:200])
-    if m:
-        y, mo, d, h, mi, s, frac, tz = m.groups()
-        t = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s)))
-        if tz and tz not in ("Z",):
-            sign = 1 if tz[0] == "+" else -1
-            digits = tz[1:].replace(":", "")
-            t -= sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
-        return t + (float(frac) if frac else 0.0)
-    m = _TORCH.search(text[:200])
-    if m:
-        mo, d, h, mi, s, frac = m.groups()
-        t = calendar.timegm((year, int(mo), int(d), int(h), int(mi), int(s)))
-        return t + (float(frac[:10]) if frac else 0.0)
-    m = _SYSLOG.match(text)
-    if m and m.group(1) in _MONTHS:
-        mon, d, h, mi, s = m.groups()
-        return float(calendar.timegm((year, _MONTHS[mon], int(d), int(h), int(mi), int(s))))
-    return None
+    """The timestamp a log line carries, a stamp without a year taken in `year`, or None."""
+    return logtime.line_time(text, ref=calendar.timegm((year, 12, 31, 23, 59, 59)))
+
+
+def _times(lines: list[str], ref: float, mtime: float) -> list[float | None]:
+    """Each line's own time; monotonic stamps placed so the last was written at `mtime`."""
+    stamps = [logtime.parse(raw, ref) for raw in lines]
+    mono = [(i, s.monotonic) for i, s in enumerate(stamps) if s and s.monotonic is not None]
+    walls = logtime.BootClock().place([m for _i, m in mono], mtime)
+    placed = {i: t for (i, _m), t in zip(mono, walls, strict=True)}
+    out: list[float | None] = []
+    previous: float | None = None
+    for i, s in enumerate(stamps):
+        out.append(placed.get(i, logtime.trusted(s, previous)))
+        previous = out[-1] if out[-1] is not None else previous
+    return out
 
 
 def read_lines(
@@ -64,7 +54,8 @@ def read_lines(
     end: float | None = None,
 ) -> list[LogLine]:
     """Lines of one log file with their times, kept when inside [start-slack, end+slack]."""
-    size = path.stat().st_size
+    st = path.stat()
+    size, mtime = st.st_size, st.st_mtime
     with path.open("rb") as f:
         skip = max(0, size - MAX_BYTES)
         f.seek(skip)
@@ -75,15 +66,15 @@ def read_lines(
         cut = text.find("\n") + 1
         text = text[cut:]
         first_line = 0  # unknown: we started mid-file
-    year = time.gmtime(end if end else time.time()).tm_year
+    raws = text.splitlines()[-MAX_LINES:]
     out: list[LogLine] = []
     last: float | None = None
-    for i, raw in enumerate(text.splitlines()[-MAX_LINES:]):
-        t = line_time(raw, year)
+    for i, (raw, t) in enumerate(zip(raws, _times(raws, end or time.time(), mtime), strict=True)):
         if t is not None:
             last = t
         t = last
-        if t is not None and start is not None and t < start - SLACK_S:
+        # the look-back is the operator's (GOODPUT_RECEIVER_LOOKBACK_S): no slack before start
+        if t is not None and start is not None and t < start:
             continue
         if t is not None and end is not None and t > end + SLACK_S:
             continue
@@ -145,17 +136,18 @@ def loki_queries(ctx: Context) -> list[tuple[str, str, str | None]]:
     """(LogQL, kind, node): the job's stream and each node's kernel stream."""
     out: list[tuple[str, str, str | None]] = []
     if ctx.job_id:
-        out.append((f'{{job_id="{validate.job_id(ctx.job_id)}"}}', "job", None))
+        out.append((logstreams.job_selector(validate.job_id(ctx.job_id)), "job", None))
     for n in ctx.nodes:
-        out.append((f'{{node="{validate.node(n)}", source="kernel"}}', "kernel", n))
+        out.append((logstreams.kernel_selector(validate.node(n)), "kernel", n))
     return out
 
 
 def collect_loki(ctx: Context, settings: Settings, limit: int = 5000) -> Bundle:
-    """Lines from Loki's query_range API (streams labelled by the Loki shipper)."""
+    """Lines from Loki's query_range API, and a report of what each stream gave."""
     if not settings.loki_url:
         return Bundle(reports=[Report("loki", "error", "Loki is not configured")])
     lines: list[LogLine] = []
+    counts: list[str] = []
     for query, kind, node in loki_queries(ctx):
         resp = requests.get(
             f"{settings.loki_url.rstrip('/')}/loki/api/v1/query_range",
@@ -168,22 +160,25 @@ def collect_loki(ctx: Context, settings: Settings, limit: int = 5000) -> Bundle:
             },
             timeout=settings.http_timeout_s,
         )
-        resp.raise_for_status()
-        for stream in resp.json().get("data", {}).get("result", []):
-            labels = stream.get("stream", {})
+        if resp.status_code != 200:
+            reason = f"{query}: Loki answered {resp.status_code}: {resp.text.strip()[:200]}"
+            return Bundle(lines=lines, reports=[Report("loki", "error", reason)])
+        got = logstreams.parse_streams(resp.json())
+        full = " (limit reached)" if len(got) >= limit else ""
+        counts.append(f"{len(got)} {kind} lines{full}" + (f" ({node})" if node else ""))
+        for labels, ts, text in got:
             n = labels.get("node") or node
-            n = n if isinstance(n, str) and validate.NODE.fullmatch(n) else node
-            for ts, text in stream.get("values", []):
-                lines.append(
-                    LogLine(
-                        path=f"loki:{query}",
-                        line=None,
-                        text=str(text)[:8192],
-                        time=int(ts) / 1e9,
-                        node=n,
-                        job_id=ctx.job_id,
-                        kind=kind,
-                    )
+            n = n if validate.NODE.fullmatch(n or "") else node
+            lines.append(
+                LogLine(
+                    path=f"loki:{query}",
+                    line=None,
+                    text=text[:8192],
+                    time=ts / 1e9,
+                    node=n,
+                    job_id=ctx.job_id,
+                    kind=kind,
                 )
+            )
     status = "ok" if lines else "empty"
-    return Bundle(lines=lines, reports=[Report("loki", status, "" if lines else "no lines")])
+    return Bundle(lines=lines, reports=[Report("loki", status, ", ".join(counts) or "no streams")])

@@ -7,10 +7,9 @@ and the log-derived job metrics. The first transport error ends the collection w
 
 from __future__ import annotations
 
-import re
-
 import requests
 
+from catalogue import promql
 from recovery import validate
 from recovery.evidence import Bundle, Context, Report, Series
 from recovery.settings import Settings
@@ -38,28 +37,25 @@ JOB_METRICS = (
 )
 PRESENCE = "DCGM_FI_DEV_GPU_UTIL"
 DETECTOR_METRICS = ("goodput_node_suspect_score", "goodput_gpu_anomaly_score")
-
-
-def _node_regex(nodes: list[str]) -> str:
-    return "|".join(re.escape(validate.node(n)) for n in nodes)
+HOSTS = ("Hostname", "hostname")  # dcgm-exporter's host label, old and new spelling
 
 
 def queries(ctx: Context) -> list[str]:
-    """The PromQL expressions for `ctx` (ids validated, regexes escaped)."""
+    """The PromQL expressions for `ctx` (ids validated, then quoted by `catalogue.promql`)."""
+    sel = promql.selector
     out: list[str] = []
     if ctx.job_id:
         j = validate.job_id(ctx.job_id)
-        out += [f'{m}{{hpc_job="{j}"}}' for m in DCGM_FIELDS]
-        out += [f'{m}{{job_id="{j}"}}' for m in JOB_METRICS + DETECTOR_METRICS]
-    elif ctx.nodes:
-        rx = _node_regex(ctx.nodes)
+        out += [sel(m, hpc_job=j) for m in DCGM_FIELDS]
+        out += [sel(m, job_id=j) for m in JOB_METRICS + DETECTOR_METRICS]
+    nodes = [validate.node(n) for n in ctx.nodes]
+    if nodes and not ctx.job_id:
         for m in DCGM_FIELDS:
-            out += [f'{m}{{Hostname=~"{rx}"}}', f'{m}{{hostname=~"{rx}"}}']
-    if ctx.nodes:
-        rx = _node_regex(ctx.nodes)
-        out.append(f'goodput_node_xid_errors_total{{node=~"{rx}"}}')
+            out += [sel(m, Hostname=nodes), sel(m, hostname=nodes)]
+    if nodes:
+        out.append(sel("goodput_node_xid_errors_total", node=nodes))
         # one series per (node, gpu) whatever job runs there: hpc_job changes split series
-        out += [f'max by ({h}, gpu) ({PRESENCE}{{{h}=~"{rx}"}})' for h in ("Hostname", "hostname")]
+        out += [f"max by ({h}, gpu) ({sel(PRESENCE, **{h: nodes})})" for h in HOSTS]
     return out
 
 

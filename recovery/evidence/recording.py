@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery import validate
-from recovery.evidence import Bundle, Context, Report, Series, SlurmFacts
+from recovery.evidence import Bundle, Context, LogLine, Report, Series, SlurmFacts
 from recovery.evidence.logs import read_lines
 
 _ID_COLS = {"timestamp", "node", "gpu", "job_id"}
@@ -40,6 +40,8 @@ def _rows(path: Path) -> Any:
 
 
 PRESENCE = "DCGM_FI_DEV_GPU_UTIL"
+GPU_FILES = ("gpu_metrics.csv.gz", "gpu_metrics.csv")
+JOB_FILES = ("job_metrics.csv.gz", "job_metrics.csv")
 
 
 def _series(path: Path, job_id: str | None, nodes: set[str]) -> list[Series]:
@@ -81,17 +83,51 @@ def _series(path: Path, job_id: str | None, nodes: set[str]) -> list[Series]:
     ]
 
 
+def jobs_in(directory: Path) -> list[dict[str, Any]]:
+    """The recording's jobs: meta.json's list, else the job ids its GPU rows carry."""
+    jobs = [j for j in read_meta(directory).get("jobs", []) if isinstance(j, dict)]
+    if jobs:
+        return jobs
+    for name in GPU_FILES:
+        if (directory / name).is_file():
+            ids = sorted({r.get("job_id") or "" for r in _rows(directory / name)} - {""})
+            return [{"job_id": j} for j in ids]
+    return []
+
+
+def choose_job(directory: Path, job_id: str | None) -> tuple[str | None, str]:
+    """(job id, why it was chosen). Never guessed from ground truth: several jobs and no
+    `job_id` is a ValueError listing them."""
+    jobs = jobs_in(directory)
+    ids = [str(j.get("job_id")) for j in jobs]
+    listing = ", ".join(f"{j.get('job_id')} ({j.get('name') or '?'})" for j in jobs)
+    if job_id is not None:
+        if ids and job_id not in ids:
+            raise ValueError(f"job {job_id} is not in {directory.name}; its jobs: {listing}")
+        return job_id, "given with --job-id"
+    if len(ids) == 1:
+        return ids[0], f"the only job in {directory.name}"
+    if not ids:
+        return None, f"{directory.name} names no job"
+    raise ValueError(f"{directory.name} holds {len(ids)} jobs; pick one with --job-id: {listing}")
+
+
 def context(directory: Path, job_id: str | None = None) -> Context:
-    """The incident context a recording implies: the faulty (or first) job, its nodes, window."""
+    """The incident context for `job_id` in a recording: its nodes and the window. Without a
+    job id (notebooks on simulated recordings) the faulty job of truth.json, else the first;
+    `goodput attribute` never relies on that: it asks `choose_job` first."""
     meta = read_meta(directory)
-    truth = read_truth(directory)
-    jobs = meta.get("jobs", [])
     if job_id is None:
+        truth = read_truth(directory)
         job_id = next((str(f["job_id"]) for f in truth if f.get("job_id")), None)
-    if job_id is None and jobs:
-        job_id = str(jobs[0]["job_id"])
-    job: dict[str, Any] = next((j for j in jobs if str(j.get("job_id")) == job_id), {})
+        if job_id is None and meta.get("jobs"):
+            job_id = str(meta["jobs"][0]["job_id"])
+    job: dict[str, Any] = next(
+        (j for j in meta.get("jobs", []) if str(j.get("job_id")) == job_id), {}
+    )
     nodes = [n for n in job.get("nodes", []) if validate.NODE.fullmatch(n)]
+    if not nodes and job_id is not None:
+        nodes = sorted(n for n in meta.get("nodes", []) if validate.NODE.fullmatch(str(n)))
     start = float(meta.get("start", job.get("start", 0)) or 0)
     end = float(meta.get("end", job.get("end", start)) or start)
     return Context(job_id=job_id, nodes=nodes, start=start, end=end, job_name=job.get("name"))
@@ -101,34 +137,43 @@ def collect(directory: Path, ctx: Context) -> Bundle:
     """Metrics and logs of the recording for `ctx`."""
     bundle = Bundle()
     series: list[Series] = []
-    for name in ("gpu_metrics.csv.gz", "gpu_metrics.csv"):
-        if (directory / name).is_file():
-            series += _series(directory / name, ctx.job_id, set(ctx.nodes))
-            break
-    for name in ("job_metrics.csv.gz", "job_metrics.csv"):
-        if (directory / name).is_file() and ctx.job_id:
-            series += _series(directory / name, ctx.job_id, set())
-            break
-    bundle.series = series
-    bundle.reports.append(
-        Report(
-            "prometheus",
-            "ok" if series else "empty",
-            f"recording {directory.name}" if series else "no metrics",
+    held: list[str] = []
+    for group in (GPU_FILES, JOB_FILES):
+        path = next((directory / n for n in group if (directory / n).is_file()), None)
+        if path is None:
+            held.append(f"{group[0]}: absent")
+            continue
+        if group[0].startswith("job") and not ctx.job_id:
+            continue
+        got = _series(path, ctx.job_id, set(ctx.nodes) if group[0].startswith("gpu") else set())
+        series += got
+        names = {x.name for x in got if x.name != "node_presence"}
+        held.append(
+            f"{path.name}: {len(names)} metric(s) of job {ctx.job_id}"
+            if names
+            else f"{path.name}: no rows of job {ctx.job_id}"
         )
-    )
+    bundle.series = series
+    bundle.reports.append(Report("prometheus", "ok" if series else "empty", "; ".join(held)))
     logs = directory / "logs"
-    lines = []
+    lines: list[LogLine] = []
+    seen: list[str] = []
+    paths: list[tuple[Path, str, str | None]] = []
     if ctx.job_id:
-        p = logs / "jobs" / f"slurm-{validate.job_id(ctx.job_id)}.out"
+        paths.append((logs / "jobs" / f"slurm-{validate.job_id(ctx.job_id)}.out", "job", None))
+    paths += [(logs / "kernel" / f"{validate.node(n)}.log", "kernel", n) for n in ctx.nodes]
+    for p, kind, node in paths:
+        rel = p.relative_to(directory)
         if p.is_file():
-            lines += read_lines(p, "job", None, ctx.job_id, None, None)
-    for n in ctx.nodes:
-        p = logs / "kernel" / f"{validate.node(n)}.log"
-        if p.is_file():
-            lines += read_lines(p, "kernel", n, ctx.job_id, None, None)
+            got_lines = read_lines(p, kind, node, ctx.job_id, None, None)
+            lines += got_lines
+            seen.append(f"{rel}: {len(got_lines)} lines")
+        else:
+            seen.append(f"{rel}: absent")
     bundle.lines = lines
-    bundle.reports.append(Report("logs", "ok" if lines else "empty", "" if lines else "no logs"))
+    bundle.reports.append(
+        Report("logs", "ok" if lines else "empty", "; ".join(seen) or "no job and no nodes")
+    )
     job = next(
         (j for j in read_meta(directory).get("jobs", []) if str(j.get("job_id")) == ctx.job_id),
         None,
@@ -146,9 +191,10 @@ def collect(directory: Path, ctx: Context) -> Bundle:
             },
             query="meta.json",
         )
-        bundle.reports.append(Report("slurm", "ok", "from the recording's meta.json"))
+        state = f"{job['state']}, exit code {job.get('exit_code')}"
+        bundle.reports.append(Report("slurm", "ok", f"meta.json: job {ctx.job_id} {state}"))
     else:
-        bundle.reports.append(Report("slurm", "empty", "offline: no scheduler facts"))
+        bundle.reports.append(Report("slurm", "empty", "meta.json: no job state (absent)"))
     return bundle
 
 

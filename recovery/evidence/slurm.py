@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from typing import Any
 
 from catalogue import names
@@ -50,6 +51,15 @@ def _exit(value: str) -> tuple[int | None, int | None]:
         return None, None
 
 
+def slurm_time(value: str | None) -> float | None:
+    """Slurm's `2026-11-29T20:41:12` (the controller's local time, like this host's) → unix
+    seconds; `Unknown`, `None` or junk → None."""
+    try:
+        return time.mktime(time.strptime(str(value or ""), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
 def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
     """The job as scontrol (or, once forgotten, sacct) describes it."""
     validate.job_id(job_id)
@@ -68,6 +78,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "nodes": expand_hostlist(kv.get("NodeList", "")),
             "comment": kv.get("Comment", ""),
             "start": kv.get("StartTime"),
+            "start_time": slurm_time(kv.get("StartTime")),  # the current run's start
             "end": kv.get("EndTime"),
             "argv": f"scontrol show job -o {job_id}",
         }
@@ -91,6 +102,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "nodes": expand_hostlist(parts[4]),
             "comment": parts[7],
             "start": parts[5],
+            "start_time": slurm_time(parts[5]),
             "end": parts[6],
             "argv": f"sacct -j {job_id} -X -n -P -o {fields}",
         }

@@ -157,6 +157,19 @@ class Scheduler(ABC):
         self._await(lambda: bool((s := self.node_state(node)) and s.drained), f"{node} drained")
         return OpResult(True, f"{node} drained")
 
+    def relabel(self, node: str, reason: str) -> OpResult:
+        """Change the reason of a node Goodput drained (a check's verdict); never a person's."""
+        check_node(node)
+        before = self.node_state(node)
+        if before is None:
+            raise SchedulerError(f"node {node} is unknown to the scheduler")
+        if not before.drained_by_goodput:
+            raise GuardRefused(f"{node} is not drained by Goodput ({before.reason!r}); not changed")
+        reason = clean_reason(reason)
+        self._drain(node, reason)
+        self._await(lambda: bool((s := self.node_state(node)) and s.reason == reason), "reason")
+        return OpResult(True, f"{node}: {reason}")
+
     def resume(self, node: str) -> OpResult:
         """Return a node Goodput drained to service; never one a person drained."""
         check_node(node)

@@ -45,8 +45,9 @@ NCCL = (
 )
 
 
-def test_new_signature_is_one_yaml_rule():
-    """recovery/rules/signatures.yaml: 'uncorrectable NVLink error' → gpu_hardware_fault."""
+def test_signatures_live_in_the_catalogue():
+    """catalogue/patterns.yaml's cuda_nvlink_uncorrectable: 'uncorrectable NVLink error' →
+    gpu_hardware_fault on the rank's node (it used to be a second copy in the rules)."""
     doc = _run(
         _line(
             "[rank9]: RuntimeError: CUDA error: uncorrectable NVLink error detected "
@@ -57,16 +58,23 @@ def test_new_signature_is_one_yaml_rule():
     )
     assert doc["outcome"] == "gpu_hardware_fault" and doc["affected_nodes"] == ["node2"]
     assert any(s["id"] == "nvlink_fatal" and s["role"] == "initiating" for s in doc["symptoms"])
+    assert not (ROOT / "recovery" / "rules" / "signatures.yaml").exists()
 
 
-def test_rules_without_the_signature_do_not_know_it(tmp_path):
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ("{symptom: nvlink_fatal, regex: 'NVLink'}", "signatures live in catalogue/patterns.yaml"),
+        ("{symptom: cuda_error, role: cascade}", "names a catalogue `pattern` id"),
+        ("{pattern: no_such_pattern, role: cascade}", "unknown catalogue pattern"),
+    ],
+)
+def test_log_rules_only_override_catalogue_patterns(tmp_path, entry, message):
     for f in (ROOT / "recovery" / "rules").glob("*.yaml"):
-        if f.name != "signatures.yaml":
-            (tmp_path / f.name).write_text(f.read_text())
-    rules = attribution.load_rules(str(tmp_path))
-    b = Bundle(lines=[_line("RuntimeError: CUDA error: uncorrectable NVLink error", node="node2")])
-    doc = attribution.attribute(b, _ctx(), rules=rules)
-    assert doc["outcome"] != "gpu_hardware_fault"
+        (tmp_path / f.name).write_text(f.read_text())
+    (tmp_path / "zz_local.yaml").write_text(f"log:\n  - {entry}\n")
+    with pytest.raises(attribution.RuleError, match=message):
+        attribution.load_rules(str(tmp_path))
 
 
 def test_nccl_timeout_alone_is_never_a_confident_root():
@@ -108,9 +116,12 @@ def test_missing_sources_lower_confidence():
     assert "unavailable source" in partial["confidence_basis"]
 
 
+PROGRESS = " iteration      120/  500000 | consumed samples: 61440 | lm loss: 2.345678E+00 |"
+
+
 def test_healthy_and_unknown():
-    assert _run(_line("training ..."))["outcome"] == "healthy"
-    b = Bundle(lines=[_line("training ...")])
+    assert _run(_line("training ..."), _line(PROGRESS))["outcome"] == "healthy"
+    b = Bundle(lines=[_line(PROGRESS)])
     assert attribution.attribute(b, _ctx(alerts=[{"alertname": "X"}]))["outcome"] == "unknown"
 
 

@@ -37,9 +37,12 @@ def test_attribute_matches_ground_truth(scenario, recordings):
     assert done.returncode == 0, done.stderr[-2000:]
     truth = json.loads((rec / "truth.json").read_text())
     faults = truth.get("faults") or []
-    result = CliRunner().invoke(app, ["attribute", "--recording", str(rec)])
+    faulty = next((str(f["job_id"]) for f in faults if f.get("job_id")), None)
+    meta = json.loads((rec / "meta.json").read_text())
+    job = faulty or str(meta["jobs"][0]["job_id"])  # the job is named: never guessed from truth
+    result = CliRunner().invoke(app, ["attribute", "--recording", str(rec), "--job-id", job])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     if not faults:
         assert doc["outcome"] == "healthy"
         return

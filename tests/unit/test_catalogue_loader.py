@@ -44,6 +44,24 @@ def test_packaged_catalogue_loads(copy):
         ("patterns.yaml", "'nvrm: gpu at'", "nvrm: gpu at", "keywords must be"),
         (
             "patterns.yaml",
+            "    alert: true\n",
+            "    alert: yes please\n",
+            "'alert' has the wrong type",
+        ),
+        (
+            "patterns.yaml",
+            "    fallback: true\n",
+            "    fallback: 1\n",
+            "'fallback' has the wrong type",
+        ),
+        (
+            "patterns.yaml",
+            "    sources:\n      - https://",
+            "    sources:\n      - ''\n      - https://",
+            "sources must be",
+        ),
+        (
+            "patterns.yaml",
             "- 'NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.'",
             "- 'NVRM: GPU fine'",
             "does not match its example",
@@ -51,6 +69,14 @@ def test_packaged_catalogue_loads(copy):
         ("xid.yaml", "job_action: drain_and_requeue", "job_action: reboot", "unknown job_action"),
         ("xid.yaml", "{code: 31,", "{code: 13,", "listed twice"),
         ("xid.yaml", "consequence: true,", "consequence: maybe,", "wrong type"),
+        ("xid.yaml", "class: application,", "class: metal,", "class must be one of"),
+        ("xid.yaml", "source: goe_r620,", "source: a_blog,", "is not under `sources`"),
+        (
+            "xid.yaml",
+            "outcome: unknown, consequence: false, source: catalog,\n",
+            "outcome: healthy, consequence: false, source: catalog,\n",
+            "never healthy",
+        ),
         ("outcomes.yaml", "category: workload", "category: people", "unknown category"),
         ("outcomes.yaml", "categories:", "categories: [\n", "invalid YAML"),
     ],
@@ -66,3 +92,15 @@ def test_missing_file(copy):
     (copy / "xid.yaml").unlink()
     with pytest.raises(CatalogueError, match="xid.yaml: file not found"):
         load(copy)
+
+
+def test_xid_table_covers_nvidias_catalog():
+    """Every code of NVIDIA's Xid catalog (1-162) has an entry with its class and source."""
+    xids = load().xids
+    assert set(range(1, 163)) <= set(xids)
+    assert all(x.cls and x.source and x.mnemonic for x in xids.values())
+    for code in (119, 120, 136, 140, 143, *range(144, 151), 155, 158):
+        assert xids[code].outcome == "gpu_hardware_fault", code
+    assert xids[121].cls == "informational" and xids[154].cls == "recovery_action"
+    unlisted = load().xid_unlisted
+    assert unlisted is not None and unlisted.outcome != "healthy" and unlisted.job_action != "none"

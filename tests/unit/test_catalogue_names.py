@@ -41,14 +41,14 @@ def test_nodes_refused(value):
 
 def test_every_copy_is_the_shared_pattern():
     from detector import frame
-    from exporters import loki, nvml_exporter, slurm_exporter
+    from exporters import nvml_exporter, slurm_exporter
     from exporters.logmetrics import exporter, parser
     from exporters.sim import scenario
     from recovery import validate
     from recovery.scheduler import base
 
-    nodes = [frame.NODE_RE, loki.NODE, slurm_exporter.NODE, parser.NODE, scenario.NODE_RE]
-    jobs = [frame.JOB_RE, loki.JOB_ID, nvml_exporter.JOB_ID, slurm_exporter.JOB_ID, parser.JOB_ID]
+    nodes = [frame.NODE_RE, slurm_exporter.NODE, parser.NODE, scenario.NODE_RE]
+    jobs = [frame.JOB_RE, nvml_exporter.JOB_ID, slurm_exporter.JOB_ID, parser.JOB_ID]
     assert all(p is names.NODE for p in [*nodes, validate.NODE, base.NODE_RE])
     assert all(p is names.JOB_ID for p in [*jobs, scenario.JOB_ID_RE, validate.JOB_ID, base.JOB_RE])
     assert exporter.JOB_FILE.match("slurm-12_3.out").group("job_id") == "12_3"

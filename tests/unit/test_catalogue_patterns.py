@@ -42,12 +42,12 @@ VARIANTS = [
     ("job", "  traceback : Signal 11 (SIGSEGV) received by PID 99", "segfault", {"pid": 99}),
     ("job", "/var/spool/slurmd/job01/slurm_script: line 9: 4242 Segmentation fault      (core dumped) python train.py", "segfault", {}),
     ("kernel", "node3 kernel: pt_main_thread[77]: segfault at 8 ip 00007f sp 00007f error 4 in libtorch.so", "segfault", {"pid": 77, "process": "pt_main_thread"}),
-    ("job", "  traceback : Signal 6 (SIGABRT) received by PID 2385923", "sigabrt", {"pid": 2385923}),
+    ("job", "  traceback : Signal 6 (SIGABRT) received by PID 2385923", "elastic_exit_sigabrt", {"pid": 2385923}),
     ("job", "  traceback : Signal 9 (SIGKILL) received by PID 5", "signal_received", {"signal": 9, "detail": "SIGKILL"}),
     ("job", "  rank      : 11 (local_rank: 3)", "elastic_child_failed", {"rank": 11, "local_rank": 3}),
     ("job", "  exitcode  : 1 (pid: 77)", "elastic_child_failed", {"exitcode": 1, "pid": 77}),
     ("job", "srun: error: node4: tasks 8-15: Exited with exit code 1", "slurm_task_failed", {"node": "node4", "rank": 8, "exitcode": 1}),
-    ("job", "slurmstepd: error: *** JOB 4242 ON node2 CANCELLED AT 2025-01-01T00:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "slurm_job_cancelled", {"slurm_job_id": "4242", "node": "node2", "reason": "NODE FAILURE"}),
+    ("job", "slurmstepd: error: *** JOB 4242 ON node2 CANCELLED AT 2025-01-01T00:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "slurm_job_node_failure", {"slurm_job_id": "4242", "node": "node2"}),
     # divergence, progress, checkpoints
     ("job", " iteration     3000/  10000 | consumed samples:      1536000 | elapsed time per iteration (ms): 9876.5 | learning rate: 1.0E-04 | global batch size:   512 | lm loss: -nan | loss scale: 1.0 | number of skipped iterations:   1 | number of nan iterations:   1 |", "nan_loss", {}),
     ("job", "[2025-01-01 00:00:00] iteration      10/     100 | consumed samples:          80 | elapsed time per iteration (ms): 250.0 | global batch size:     8 | lm loss: 7.1E+00 | number of skipped iterations:   2 | number of nan iterations:   0 |",
@@ -113,11 +113,21 @@ def test_exclusive_patterns_report_only_the_most_specific():
 
 
 def test_source_filters_patterns():
+    hung = "kernel: INFO: task python:4242 blocked for more than 120 seconds."
+    assert [m.pattern for m in match_line(hung, "job")] == []
+    assert [m.pattern for m in match_line(hung, "kernel")] == ["kernel_hung_task"]
+    # an XID is the node's, but platforms forward it into the job's log too (source: any)
     xid = "NVRM: Xid (PCI:0000:2b:00): 48, pid=1, name=python, DBE"
-    assert [m.pattern for m in match_line(xid, "job")] == []
-    assert [m.pattern for m in match_line(xid, "kernel")] == ["nvrm_xid"]
+    assert [m.pattern for m in match_line(xid, "job")] == ["nvrm_xid"]
     with pytest.raises(ValueError, match="source"):
         match_line(xid, "stdout")
+
+
+def test_a_fallback_pattern_steps_aside_for_a_specific_one():
+    crash = "UnboundLocalError: cannot access local variable 'grad_norm' where it is not associated"
+    assert [m.pattern for m in match_line(crash, "job")] == ["python_code_error"]
+    nan = "AssertionError: Rank 3: found NaN in local grad norm in backwards pass."
+    assert [m.pattern for m in match_line(nan, "job")] == ["nan_loss"]
 
 
 def test_huge_and_garbage_lines_are_safe():

@@ -218,10 +218,10 @@ def test_replay_recording_dir_and_prometheus_json(tmp_path):
 
 def test_bad_inputs_give_clear_errors(tmp_path):
     (tmp_path / "a.csv").write_text("timestamp,gpu\n1,0\n")
-    with pytest.raises(FrameError, match="missing column"):
+    with pytest.raises(FrameError, match=r"a.csv: no node column \(accepted: node, Hostname"):
         load(tmp_path / "a.csv")
     (tmp_path / "b.csv").write_text("timestamp,Hostname,gpu,hpc_job\n1,node1,0,$(reboot)\n")
-    with pytest.raises(FrameError, match="invalid job_id"):
+    with pytest.raises(FrameError, match="column 'job_id'.* not Slurm job ids"):
         load(tmp_path / "b.csv")
     with pytest.raises(FrameError, match="no such"):
         load(tmp_path / "missing.csv")

@@ -1,211 +1,387 @@
-"""Loki shipping and query_range against a local server that implements Loki's documented
-shapes (204 empty body, 400 plain text with partial accept, 429, gzip, JSON content type).
-No real Loki server can be installed here."""
+"""The Loki shipper against tests/lokifake.py (Loki 2.6's answers, sources cited there).
+
+Each test names the defect of the old shipper it pins (issue #16, checked there against a real
+Loki 2.6.1): lines stamped with the time they were read; every line shipped again on restart;
+a batch dropped after 429 retries; a 400 counted as a partial accept.
+"""
 # ruff: noqa: E501
 
 from __future__ import annotations
 
-import gzip
-import json
-import re
-import threading
+import calendar
+import os
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from pathlib import Path
 
 import pytest
 
-from exporters.loki import LokiError, LokiShipper, query_range
+from exporters.loki import LokiShipper, host_boot_time
+from exporters.lokiapi import LokiError, labels_key, query_range, refused, retry_after
+from tests.lokifake import FakeLoki
 
-LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+NOW = float(int(time.time()))
 
 
-class FakeLoki:
-    """Stores entries (deduplicated) like Loki; `script` = status codes to answer next."""
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
-    def __init__(self, reject_older_than_ns: int = 0):
-        self.entries: set[tuple[tuple, int, str]] = set()
-        self.script: list[int] = []
-        self.pushes = 0
-        self.reject_older_than_ns = reject_older_than_ns
-        fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
+class Clock:
+    def __init__(self, t: float = NOW) -> None:
+        self.t = t
 
-            def _send(self, code, body=b"", ctype="text/plain; charset=utf-8"):
-                self.send_response(code)
-                if body:
-                    self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                fake.pushes += 1
-                if fake.script:
-                    code = fake.script.pop(0)
-                    return self._send(
-                        code, b"Ingestion rate limit exceeded\n" if code == 429 else b"internal\n"
-                    )
-                if self.headers.get("Content-Type") != "application/json":
-                    return self._send(400, b"snappy: corrupt input\n")
-                if self.headers.get("Content-Encoding") == "gzip":
-                    raw = gzip.decompress(raw)
-                body = json.loads(raw)
-                refused = []
-                for s in body["streams"]:
-                    if not all(LABEL.match(k) for k in s["stream"]):
-                        return self._send(400, b"error parsing labels\n")
-                    key = tuple(sorted(s["stream"].items()))
-                    for ts, line in s["values"]:
-                        if int(ts) < fake.reject_older_than_ns:
-                            refused.append(
-                                f"entry for stream '{s['stream']}' has timestamp too old: {ts}"
-                            )
-                        else:
-                            fake.entries.add((key, int(ts), line))
-                if refused:  # Loki: 400 although the good entries were stored
-                    return self._send(400, ("\n".join(refused) + "\n").encode())
-                return self._send(204)
-
-            def do_GET(self):
-                u = urlparse(self.path)
-                if u.path == "/ready":
-                    return self._send(200, b"ready\n")
-                if u.path != "/loki/api/v1/query_range":
-                    return self._send(404, b"404 page not found\n")
-                q = parse_qs(u.query)
-                m = re.fullmatch(r'\{(.*?)\}(?:\s*\|=\s*"(.*)")?', q["query"][0].strip())
-                if not m:
-                    return self._send(400, b"parse error at line 1, col 1: syntax error\n")
-                want = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-                needle = m.group(2) or ""
-                start, end = int(q["start"][0]), int(q["end"][0])
-                limit = int(q.get("limit", ["100"])[0])
-                hits = sorted(
-                    (
-                        e
-                        for e in fake.entries
-                        if all(dict(e[0]).get(k) == v for k, v in want.items())
-                        and needle in e[2]
-                        and start <= e[1] <= end
-                    ),
-                    key=lambda e: e[1],
-                    reverse=q.get("direction", ["backward"])[0] == "backward",
-                )[:limit]
-                streams: dict = {}
-                for key, ts, line in hits:
-                    streams.setdefault(key, []).append([str(ts), line])
-                data = {
-                    "status": "success",
-                    "data": {
-                        "resultType": "streams",
-                        "result": [{"stream": dict(k), "values": v} for k, v in streams.items()],
-                        "stats": {},
-                    },
-                }
-                return self._send(200, json.dumps(data).encode(), "application/json")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def lines(self):
-        return [e[2] for e in sorted(self.entries, key=lambda e: e[1])]
+    def __call__(self) -> float:
+        return self.t
 
 
 @pytest.fixture
 def loki():
     f = FakeLoki()
     yield f
-    f.server.shutdown()
+    f.close()
 
 
-def test_lines_arrive_with_labels_and_come_back(loki):
-    s = LokiShipper(loki.url, flush_interval=0.05, backoff_base=0.01).start()
-    s.on_lines(
-        "job",
-        "4242",
-        [
-            "[rank3]: step 1 loss 2.0",
-            "NCCL WARN NET/IB : Got async event : port error",
-            "  7: hello",
-        ],
+@pytest.fixture
+def logs(tmp_path):
+    (tmp_path / "logs" / "jobs").mkdir(parents=True)
+    (tmp_path / "logs" / "kernel").mkdir()
+    return tmp_path / "logs"
+
+
+def shipper(url: str, logs: Path, clock: Clock | None = None, **kw) -> LokiShipper:
+    kw.setdefault("backoff_base", 0.01)
+    return LokiShipper(url, logs, logs.parent / "state", clock=clock or Clock(), **kw)
+
+
+def write(path: Path, text: str, mode: str = "a") -> None:
+    with open(path, mode) as f:
+        f.write(text)
+
+
+def test_lines_keep_their_own_time(loki, logs):
+    # old: every line was stamped with the time it was read, so a window around the onset
+    # missed lines shipped late
+    t0 = NOW - 1800
+    write(
+        logs / "jobs" / "slurm-42.out",
+        "no stamp yet\n"
+        f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))},250] torch.distributed: boom\n"
+        "Traceback (most recent call last):\n"
+        f"{iso(t0 + 5)} iteration 7\n",
     )
-    s.on_lines("kernel", "node2", ["NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."])
-    s.close()
-    assert s.stats.sent_lines == 4 and s.stats.failed_lines == 0
-    streams = {k for k, _, _ in loki.entries}
-    assert (("job_id", "4242"), ("rank", "3"), ("stream", "stdout")) in streams
-    assert (("job_id", "4242"), ("rank", "7"), ("stream", "stdout")) in streams
-    assert (("node", "node2"), ("stream", "kernel")) in streams
-    got = query_range(loki.url, '{job_id="4242"} |= "NCCL"', start=time.time() - 60)
-    assert [g.line for g in got] == ["NCCL WARN NET/IB : Got async event : port error"]
-    assert got[0].labels["job_id"] == "4242"
-    newest_first = query_range(loki.url, '{job_id="4242"}', start=time.time() - 60)
-    assert [g.line for g in newest_first][0] == "  7: hello"
-    oldest_first = query_range(
-        loki.url, '{job_id="4242"}', start=time.time() - 60, direction="forward"
+    dmesg_t = time.strftime("[%a %b %d %H:%M:%S %Y]", time.gmtime(t0 + 60))
+    write(
+        logs / "kernel" / "node2.log",
+        f"{dmesg_t} NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n",
     )
-    assert oldest_first[0].line == "[rank3]: step 1 loss 2.0"
+    s = shipper(loki.url, logs)
+    assert s.poll_once() == 5 and s.send_once() == 0
+    got = {line: ts for _labels, ts, line in loki.entries()}
+    assert got["no stamp yet"] == int(NOW * 1e9)  # nothing earlier to go by: read time
+    boom = int((t0 + 0.25) * 1e9)
+    assert (
+        got[f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))},250] torch.distributed: boom"]
+        == boom
+    )
+    assert got["Traceback (most recent call last):"] == boom + 1  # the line before's, in order
+    assert got[f"{iso(t0 + 5)} iteration 7"] == int((t0 + 5) * 1e9)
+    assert got[f"{dmesg_t} NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."] == int(
+        (t0 + 60) * 1e9
+    )
+    assert s.times == {"read_time": 1, "previous": 1, "line": 3}
 
 
-def test_429_and_5xx_are_retried_with_backoff(loki):
-    loki.script = [429, 500, 503]
-    s = LokiShipper(loki.url, flush_interval=0.05, backoff_base=0.01, max_retries=5).start()
-    s.push("job", "1", "survives the storm")
-    s.close()
-    assert loki.lines() == ["survives the storm"]
-    assert s.stats.retries == 3 and s.stats.errors == {"429": 1, "500": 1, "503": 1}
+def test_monotonic_kernel_lines_use_the_boot_time_or_the_arrival(loki, logs):
+    write(logs / "kernel" / "node1.log", "[  100.5] NVRM: a\n[  160.5] NVRM: b\n")
+    write(logs / "kernel" / "node2.log", "[  100.5] NVRM: a\n[  160.5] NVRM: b\n")
+    boot = NOW - 3000
+    s = shipper(loki.url, logs, boot_times={"node1": boot})
+    s.poll_once()
+    s.send_once()
+    by = {(labels["node"], line): ts for labels, ts, line in loki.entries()}
+    assert by[("node1", "[  100.5] NVRM: a")] == int((boot + 100.5) * 1e9)
+    # node2's boot is unknown: its newest line cannot be later than when it was read
+    assert by[("node2", "[  160.5] NVRM: b")] == int(NOW * 1e9)
+    assert by[("node2", "[  100.5] NVRM: a")] == int((NOW - 60) * 1e9)
 
 
-def test_retries_are_bounded_then_counted(loki):
-    loki.script = [503] * 10
-    s = LokiShipper(loki.url, backoff_base=0.001, max_retries=2)
-    assert s.send([(time.time_ns(), "job", "1", "lost")]) is False
-    assert loki.pushes == 3 and s.stats.failed_lines == 1
+def test_a_restart_resumes_instead_of_shipping_everything_again(loki, logs):
+    # old: 116 lines stored for 58 after a restart over the same files
+    job = logs / "jobs" / "slurm-7.out"
+    write(job, "".join(f"{iso(NOW - 100 + i)} step {i}\n" for i in range(58)))
+    a = shipper(loki.url, logs)
+    a.poll_once()
+    a.send_once()
+    a.close()
+    write(job, f"{iso(NOW)} step 58\nhalf a li")
+    b = shipper(loki.url, logs)
+    b.poll_once()
+    b.send_once()
+    assert b.sent == 1 and len(loki.lines()) == 59
+    write(job, "ne\n")  # the partial line is read whole once it ends
+    c = shipper(loki.url, logs)
+    c.poll_once()
+    c.send_once()
+    assert c.sent == 1 and loki.lines()[-1] == "half a line"
 
 
-def test_partial_accept_400_is_not_resent(loki):
-    loki.reject_older_than_ns = time.time_ns() - 10**9
-    s = LokiShipper(loki.url)
-    old = time.time_ns() - 3600 * 10**9
-    assert s.send([(old, "job", "1", "too old"), (time.time_ns(), "job", "1", "fresh")]) is True
-    assert loki.pushes == 1  # no loop
-    assert loki.lines() == ["fresh"] and s.stats.rejected_batches == 1
+def test_rotation_and_truncation_while_stopped(loki, logs):
+    job = logs / "jobs" / "slurm-8.out"
+    write(job, f"{iso(NOW - 50)} old 1\n{iso(NOW - 49)} old 2\n")
+    a = shipper(loki.url, logs)
+    a.poll_once()
+    a.send_once()
+    os.rename(job, logs / "jobs" / "slurm-8.out.1")  # rotated: a new file (new inode)
+    write(job, f"{iso(NOW - 10)} new 1\n")
+    b = shipper(loki.url, logs)
+    b.poll_once()
+    b.send_once()
+    assert b.sent == 1
+    write(job, f"{iso(NOW - 5)} cut\n", mode="w")  # copy-truncate: same inode, shorter
+    c = shipper(loki.url, logs)
+    c.poll_once()
+    c.send_once()
+    assert c.sent == 1
+    assert {ln.split(" ", 1)[1] for ln in loki.lines()} == {"old 1", "old 2", "new 1", "cut"}
 
 
-def test_queue_is_bounded_and_push_never_blocks():
-    # nothing listens on this port and no sender runs: pushes must return at once
-    s = LokiShipper("http://127.0.0.1:9", queue_max=100)
-    t0 = time.perf_counter()
-    for i in range(10_000):
-        s.push("job", "1", f"line {i}")
-    assert time.perf_counter() - t0 < 1.0
-    assert len(s._queue) == 100 and s.stats.dropped_lines == 9_900
-    assert s._queue[-1][3] == "line 9999"  # the oldest were dropped
+def test_429_keeps_the_batch_and_honours_retry_after(loki, logs):
+    # old: after the retries the batch was dropped (nothing stored, lines counted failed)
+    clock = Clock()
+    write(logs / "jobs" / "slurm-9.out", f"{iso(NOW)} survives\n")
+    loki.script = [(429, {"Retry-After": "30"}), 503]
+    s = shipper(loki.url, logs, clock)
+    s.poll_once()
+    assert s.send_once() == 1 and s.next_try == NOW + 30
+    clock.t = NOW + 29
+    assert s.send_once() == 1 and loki.pushes == [429]  # waits as Loki asked
+    clock.t = NOW + 31
+    assert s.send_once() == 1 and loki.pushes == [429, 503]
+    clock.t = s.next_try
+    assert s.send_once() == 0 and loki.lines() == [f"{iso(NOW)} survives"]
+    assert s.errors == {"429": 1, "503": 1} and not s.refused
 
 
-def test_batches_are_split_by_bytes(loki):
-    s = LokiShipper(loki.url, batch_max_bytes=10_000)
-    for i in range(50):
-        s.push("job", "1", f"{i:03d}" + "x" * 997)
-    while batch := s._take():
-        assert sum(len(b[3]) for b in batch) <= 10_000
-        s.send(batch)
-    assert loki.pushes >= 5 and len(loki.lines()) == 50
+def test_an_outage_and_a_restart_lose_nothing(loki, logs):
+    write(
+        logs / "jobs" / "slurm-10.out", "".join(f"{iso(NOW - 9 + i)} line {i}\n" for i in range(10))
+    )
+    down = shipper("http://127.0.0.1:9", logs)  # nothing listens there
+    down.poll_once()
+    assert down.send_once() == 1 and down.errors == {"connection": 1}
+    up = shipper(loki.url, logs)  # restarted, Loki back: the spool survived
+    up.poll_once()
+    assert up.send_once() == 0
+    assert len(loki.lines()) == 10 and up.sent == 10
 
 
-def test_query_errors_are_clear(loki):
+def test_the_spool_is_bounded_and_reading_waits_for_loki(loki, logs):
+    job = logs / "jobs" / "slurm-11.out"
+    s = shipper("http://127.0.0.1:9", logs, spool_max_bytes=2_000, batch_max_lines=10)
+    for round_ in range(5):
+        write(job, "".join(f"{iso(NOW)} r{round_} {'x' * 100} {i}\n" for i in range(10)))
+        s.poll_once()
+        s.send_once()
+    assert s.spool.full() and s.poll_once() == 0  # stopped reading; the file keeps the rest
+    held = s.spool.bytes()
+    assert held < 2_000 + 12 * 200
+    s.url = loki.url + "/loki/api/v1/push"
+    s.next_try = 0
+    for _ in range(10):
+        s.poll_once()
+        s.send_once()
+    assert len(loki.lines()) == 50 and s.spool.bytes() == 0
+
+
+def test_400_too_old_refuses_only_the_old_lines(loki, logs):
+    eight_days = NOW - 8 * 86400
+    write(logs / "jobs" / "slurm-12.out", f"{iso(eight_days)} backfill\n{iso(NOW)} fresh\n")
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    s.send_once()
+    assert loki.lines() == [f"{iso(NOW)} fresh"]
+    assert s.refused == {"too_old": 1} and s.sent == 1
+    assert loki.pushes == [400, 204]  # the rest sent once more: Loki keeps one copy
+
+
+def test_a_400_that_refuses_the_whole_request_loses_only_the_bad_lines(logs):
+    # old: counted as a partial accept, so the good lines of the request were lost
+    loki = FakeLoki(refuse_whole_request=True)
+    try:
+        write(logs / "kernel" / "node3.log", f"{iso(NOW - 8 * 86400)} node3 kernel: stale\n")
+        write(logs / "jobs" / "slurm-13.out", f"{iso(NOW)} good 1\n{iso(NOW)} good 2\n")
+        s = shipper(loki.url, logs)
+        s.poll_once()
+        s.send_once()
+        assert loki.lines() == [f"{iso(NOW)} good 1", f"{iso(NOW)} good 2"]
+        assert s.refused == {"too_old": 1} and loki.pushes == [400, 204]
+    finally:
+        loki.close()
+
+
+def test_too_far_behind_is_counted_per_stream(loki, logs):
+    job = logs / "jobs" / "slurm-14.out"
+    write(job, f"{iso(NOW)} newest\n")
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    s.send_once()
+    write(job, f"{iso(NOW - 7200)} two hours late\n{iso(NOW - 1)} in time\n")
+    s.poll_once()
+    s.send_once()
+    assert s.refused == {"too_far_behind": 1}
+    assert sorted(loki.lines()) == sorted([f"{iso(NOW)} newest", f"{iso(NOW - 1)} in time"])
+
+
+def test_413_splits_the_batch(loki, logs):
+    write(logs / "jobs" / "slurm-15.out", "".join(f"{iso(NOW)} {i}\n" for i in range(4)))
+    loki.script = [413]
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    assert s.send_once() == 0 and len(loki.lines()) == 4 and loki.pushes[0] == 413
+
+
+# ---------------------------------------------------------------------- Loki's exact words
+JOB = labels_key({"source": "job", "job_id": "1"})
+FOO = labels_key({"foo": "bar2"})
+
+
+def _ns(text: str) -> int:
+    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) * 10**9
+
+
+def test_refused_reads_the_too_old_answer_of_grafana_loki_11774():
+    body = (
+        "entry for stream '{foo=\"bar2\"}' has timestamp too old: 2019-10-11T18:23:58Z, "
+        "oldest acceptable timestamp is: 2024-01-18T08:00:00Z\n"
+    )
+    entries = [
+        (FOO, _ns("2019-10-11T18:23:58Z"), "fizzbuzz"),
+        (FOO, _ns("2024-01-25T08:00:00Z"), "new"),
+    ]
+    assert refused(body, entries) == {0: "too_old"}
+
+
+def test_refused_reads_the_too_far_behind_answers():
+    # Loki 2.4 (grafana/loki#4694): no cut-off, a total per stream
+    old = (
+        "entry with timestamp 2021-11-08 03:31:11.947572938 +0000 UTC ignored, reason: 'entry too far "
+        'behind\' for stream: {job="fluentbit", k8s_app="fluent-bit-logging"},\ntotal ignored: 1 out of 1'
+    )
+    fluent = labels_key({"job": "fluentbit", "k8s_app": "fluent-bit-logging"})
+    entries = [(JOB, 5, "other stream"), (fluent, 9, "b"), (fluent, 3, "a")]
+    assert refused(old, entries) == {2: "too_far_behind"}  # the oldest of that stream
+    # Loki 2.7+ (grafana/loki#9151): with the cut-off
+    new = (
+        "entry with timestamp 2023-04-17 07:24:45 +0000 UTC ignored, reason: 'entry too far behind, "
+        'oldest acceptable timestamp is: 2023-04-18T02:15:06Z\' for stream: {author="", filename="x"},'
+    )
+    stream = labels_key({"author": "", "filename": "x"})
+    entries = [
+        (stream, _ns("2023-04-17T07:24:45Z"), "late"),
+        (stream, _ns("2023-04-18T03:00:00Z"), "ok"),
+    ]
+    assert refused(new, entries) == {0: "too_far_behind"}
+
+
+def test_refused_knows_nothing_of_an_answer_it_cannot_read():
+    assert refused("some proxy said no\n", [(JOB, 1, "x")]) == {}
+    # an older Loki's too-old answer names the entry but no cut-off
+    body = "entry for stream '{foo=\"bar2\"}' has timestamp too old: 2019-10-11T18:23:58Z\n"
+    entries = [(FOO, _ns("2019-10-11T18:23:58Z"), "a"), (FOO, _ns("2019-10-11T18:24:00Z"), "b")]
+    assert refused(body, entries) == {0: "too_old"}
+
+
+def test_an_unreadable_400_is_resent_once_then_counted(loki, logs):
+    write(logs / "jobs" / "slurm-16.out", f"{iso(NOW)} a\n{iso(NOW)} b\n")
+    loki.script = [400, 400]
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    assert s.send_once() == 0 and loki.pushes == [400, 400]
+    assert s.refused == {"unknown": 2} and s.sent == 0
+
+
+def test_retry_after_forms():
+    assert retry_after("120", 0) == 120
+    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 1445412470.0) == 10
+    assert retry_after("soon", 0) is None and retry_after(None, 0) is None
+
+
+def test_query_range_reads_what_was_shipped(loki, logs):
+    write(
+        logs / "jobs" / "slurm-42.out",
+        f"{iso(NOW - 5)} NCCL WARN NET/IB : Got async event : port error\n{iso(NOW - 4)} step\n",
+    )
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    s.send_once()
+    got = query_range(
+        loki.url, '{source="job", job_id="42"} |= "NCCL"', start=NOW - 60, end=NOW + 1
+    )
+    assert [g.line.split(" ", 1)[1] for g in got] == [
+        "NCCL WARN NET/IB : Got async event : port error"
+    ]
+    assert got[0].labels == {"source": "job", "job_id": "42"}
     with pytest.raises(LokiError, match="400.*parse error"):
         query_range(loki.url, "not logql")
     with pytest.raises(LokiError, match="unreachable"):
         query_range("http://127.0.0.1:9", '{job_id="1"}')
 
 
-def test_bad_static_label_name():
+def test_metrics_and_label_checks(loki, logs):
+    write(logs / "jobs" / "slurm-1.out", f"{iso(NOW)} x\n")
+    s = shipper(loki.url, logs, static_labels={"cluster": "c1"})
+    s.poll_once()
+    s.send_once()
+    assert loki.entries()[0][0] == {"cluster": "c1", "source": "job", "job_id": "1"}
+    names = {m.name for m in s.collect()}
+    assert {"goodput_loki_lines", "goodput_loki_spool_bytes", "goodput_loki_line_times"} <= names
     with pytest.raises(ValueError, match="label name"):
-        LokiShipper("http://x", static_labels={"bad-name": "1"})
+        shipper(loki.url, logs, static_labels={"bad-name": "1"})
+    with pytest.raises(ValueError, match="label name"):
+        shipper(loki.url, logs, static_labels={"source": "x"})
+
+
+def test_host_boot_time(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n")
+    assert host_boot_time(stat) == 1700000000.0
+    assert host_boot_time(tmp_path / "missing") is None
+
+
+def test_a_crash_between_spool_and_positions_doubles_nothing(loki, logs, monkeypatch):
+    write(logs / "jobs" / "slurm-17.out", f"{iso(NOW - 3)} a\n{iso(NOW - 2)} b\n")
+    a = shipper(loki.url, logs)
+
+    def die() -> None:
+        raise SystemExit("killed after the spool write, before the positions")
+
+    monkeypatch.setattr(a, "_save_positions", die)
+    with pytest.raises(SystemExit):
+        a.poll_once()
+    b = shipper(loki.url, logs)  # restarted: the spool has the batch, the positions do not
+    b.poll_once()
+    assert b.send_once() == 0
+    assert loki.received == 4 and loki.lines() == [f"{iso(NOW - 3)} a", f"{iso(NOW - 2)} b"]
+
+
+def test_an_unreadable_spool_file_is_set_aside(loki, logs):
+    write(logs / "jobs" / "slurm-18.out", f"{iso(NOW)} after\n")
+    s = shipper(loki.url, logs)
+    (s.spool.dir / "0000000000000000.json").write_text('{"entries": [["x"')  # a torn write
+    s.poll_once()
+    assert s.send_once() == 0 and loki.lines() == [f"{iso(NOW)} after"]
+    assert s.refused == {"unreadable_spool": 1} and list(s.spool.dir.glob("*.bad"))
+
+
+def test_a_date_inside_a_line_is_its_time_only_when_plausible(loki, logs):
+    write(
+        logs / "jobs" / "slurm-19.out",
+        f"{iso(NOW - 10)} saving\n"
+        "  saved /ckpt/run-2023-01-01T00:00:00/iter_0000100\n"  # a path, not a time
+        f"slurmstepd: error: *** JOB 19 ON node1 CANCELLED AT {iso(NOW - 5)[:19]} ***\n",
+    )
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    s.send_once()
+    times = [ts for _labels, ts, _line in loki.entries()]
+    assert times == [int((NOW - 10) * 1e9), int((NOW - 10) * 1e9) + 1, int((NOW - 5) * 1e9)]

@@ -103,6 +103,8 @@ def test_log_fault_patterns_exist_in_the_catalogue(spec):
     ids = dict(cond.labels)["pattern"].removeprefix("=~").split("|")
     known = {p.id for p in catalogue.load_patterns()}
     assert set(ids) - known == set()
+    # one list: the patterns the catalogue flags `alert: true`
+    assert set(ids) == {p.id for p in catalogue.load_patterns() if p.alert}
     roles = {p.id: p.role for p in catalogue.load_patterns()}
     assert all(roles[i] != "info" for i in ids), "progress/info patterns must not alert"
 

@@ -1,0 +1,178 @@
+"""The time a log line carries, in the forms kernels, journald and training jobs print.
+
+Pure functions, shared by the Loki shipper and the receiver's log evidence. `parse(text, ref)`
+reads the stamp at the start of a line (after a launcher's rank prefix: `[default0]:`,
+`[rank3]:`, srun's `12: `, mpirun's `[1,0]<stdout>:`, NeMo's `[NeMo I `):
+
+- `iso`: `2023-09-08T17:20:30.655028+0200 host kernel:` (journald short-iso[-precise]),
+  `[2024-04-10 16:02:56,193] torch.distributed...` (Python logging),
+  `2023-12-22T12:26:24,559615-08:00` (`dmesg --time-format iso`);
+- `ctime`: `[Fri Aug 30 11:43:09 2024] NVRM: Xid ...` (`dmesg -T`);
+- `monotonic`: `[ 1843.308145] NVRM: ...` (plain `dmesg`, journald short-monotonic), seconds
+  since boot;
+- `syslog`: `Feb 14 05:03:41 host kernel:` (journald short), `Mar 14 10:12:31.545053 host
+  kernel:` (short-precise);
+- `glog`: `[rank0]:[E1010 11:50:05.315197062 ProcessGroupNCCL.cpp:565]`,
+  `W0227 17:39:41.936000 293814 ...` (PyTorch/c10, absl);
+- `mmdd`: `INFO 02-22 08:52:08 __init__.py:190]` (vLLM, SGLang);
+- `embedded`: an ISO time later in the first 200 characters (`CANCELLED AT 2024-05-01T12:00:00`).
+
+A stamp without a zone is in `utc_offset_s` (the node's zone; default UTC). A stamp without a
+year gets the year that puts it at most a day after `ref` (a December line read in January).
+A monotonic stamp becomes a time with the node's boot time when known (`boot_time`), else its
+`time` is None and `BootClock.place` sets it from when the lines were read.
+
+>>> parse("[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid=1", ref=0).time
+1725018189.0
+>>> s = parse("[ 1843.308145] NVRM: GPU 0000:b3:00.0", ref=0)
+>>> s.form, s.monotonic, s.time
+('monotonic', 1843.308145, None)
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+_MON = "|".join(MONTHS)
+_DAY = "Mon|Tue|Wed|Thu|Fri|Sat|Sun"
+_FRAC = r"(?:[.,](\d{1,9}))?"
+_HMS = r"(\d{2}):(\d{2}):(\d{2})"
+_ZONE = r"(Z|[+-]\d{2}(?::?\d{2})?)?"
+
+PREFIX = re.compile(
+    r"\A(?:\[[A-Za-z_]*\d+\]:|\s{0,4}\d{1,6}: |\[\d+,\d+\]<std(?:out|err)>:|\[NeMo [A-Z] )"
+)
+_ISO = re.compile(rf"\[?(\d{{4}})-(\d{{2}})-(\d{{2}})[T ]{_HMS}{_FRAC}{_ZONE}")
+_CTIME = re.compile(rf"\[(?:{_DAY}) ({_MON}) {{1,2}}(\d{{1,2}}) {_HMS} (\d{{4}})\]")
+_MONO = re.compile(r"\[\s*(\d{1,10}\.\d{1,9})\]")
+_SYSLOG = re.compile(rf"({_MON}) {{1,2}}(\d{{1,2}}) {_HMS}{_FRAC}(?![\d:])")
+_GLOG = re.compile(rf"\[?[IWEF](\d{{3,4}}) {_HMS}{_FRAC}\b")
+_MMDD = re.compile(rf"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d{{2}})-(\d{{2}}) {_HMS}\b")
+DAY_S = 86400.0
+EMBED_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Stamp:
+    time: float | None  # unix seconds (UTC); None: monotonic and no boot time known
+    form: str  # iso | ctime | monotonic | syslog | glog | mmdd | embedded
+    monotonic: float | None = None  # seconds since boot, for the monotonic form
+
+
+def parse(
+    text: str, ref: float, boot_time: float | None = None, utc_offset_s: float = 0.0
+) -> Stamp | None:
+    """The stamp `text` starts with (see the module table), or None."""
+    head = text[:240]
+    while m := PREFIX.match(head):  # a launcher may stack prefixes: `[default0]:[rank0]:`
+        head = head[m.end() :]
+    head = head.lstrip()
+    if m := _ISO.match(head):
+        return _iso(m, "iso", utc_offset_s)
+    if m := _CTIME.match(head):
+        mon, d, h, mi, s, y = m.groups()
+        t = _wall(int(y), MONTHS[mon], int(d), int(h), int(mi), int(s), None)
+        return None if t is None else Stamp(t - utc_offset_s, "ctime")
+    if m := _MONO.match(head):
+        mono = float(m.group(1))
+        return Stamp(None if boot_time is None else boot_time + mono, "monotonic", mono)
+    if m := _SYSLOG.match(head):
+        mon, d, h, mi, s, frac = m.groups()
+        return _yearless(ref, MONTHS[mon], d, h, mi, s, frac, "syslog", utc_offset_s)
+    if m := _GLOG.match(head):
+        md, h, mi, s, frac = m.groups()  # month is not zero-padded by c10: `E321` is 03-21
+        return _yearless(ref, int(md[:-2]), md[-2:], h, mi, s, frac, "glog", utc_offset_s)
+    if m := _MMDD.match(head):
+        mo, d, h, mi, s = m.groups()
+        return _yearless(ref, int(mo), d, h, mi, s, None, "mmdd", utc_offset_s)
+    if m := _ISO.search(text[:200]):
+        return _iso(m, "embedded", utc_offset_s)
+    return None
+
+
+def line_time(text: str, ref: float, boot_time: float | None = None) -> float | None:
+    """`parse(...).time`, or None."""
+    s = parse(text, ref, boot_time)
+    return None if s is None else s.time
+
+
+def trusted(stamp: Stamp | None, previous: float | None) -> float | None:
+    """The stamp's time, except an `embedded` one an hour or more before the line before
+    (a date in a checkpoint path, not when the line was written)."""
+    if stamp is None or stamp.time is None:
+        return None
+    if stamp.form == "embedded" and previous is not None and stamp.time < previous - EMBED_S:
+        return None
+    return stamp.time
+
+
+def _iso(m: re.Match[str], form: str, utc_offset_s: float) -> Stamp | None:
+    y, mo, d, h, mi, s, frac, zone = m.groups()
+    t = _wall(int(y), int(mo), int(d), int(h), int(mi), int(s), frac)
+    if t is None:
+        return None
+    if zone and zone != "Z":
+        digits = zone[1:].replace(":", "")
+        offset = int(digits[:2]) * 3600 + int(digits[2:4] or 0) * 60
+        t -= offset if zone[0] == "+" else -offset
+    elif not zone:
+        t -= utc_offset_s
+    return Stamp(t, form)
+
+
+def _yearless(
+    ref: float, mo: int, d: str, h: str, mi: str, s: str, frac: str | None, form: str, off: float
+) -> Stamp | None:
+    year = time.gmtime(ref).tm_year
+    t = _wall(year, mo, int(d), int(h), int(mi), int(s), frac)
+    if t is not None and t - off > ref + DAY_S:
+        t = _wall(year - 1, mo, int(d), int(h), int(mi), int(s), frac)
+    return None if t is None else Stamp(t - off, form)
+
+
+def _wall(y: int, mo: int, d: int, h: int, mi: int, s: int, frac: str | None) -> float | None:
+    if not (1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1]):
+        return None
+    if h > 23 or mi > 59 or s > 60:
+        return None
+    return calendar.timegm((y, mo, d, h, mi, s)) + (float("0." + frac) if frac else 0.0)
+
+
+@dataclass
+class BootClock:
+    """A node's boot time learned from when its monotonic lines were read.
+
+    A line stamped `m` s after boot and read at wall time `a` was written at or before `a`, so
+    boot <= a - m: the least such bound is the estimate, and no line is placed after it was
+    read. A stamp lower than the one before it means the node rebooted: the older lines belong
+    to an earlier boot, which ended before the later one began.
+    """
+
+    boot: float | None = None
+    last: float = -1.0
+
+    def place(self, monos: Sequence[float], arrival: float) -> list[float]:
+        """Wall times for monotonic stamps read together at `arrival`, oldest first."""
+        if not monos:
+            return []
+        cuts = [i for i in range(1, len(monos)) if monos[i] < monos[i - 1]]
+        starts = [0, *cuts, len(monos)]
+        known = self.boot if monos[0] >= self.last else None  # None: rebooted since
+        out: list[float] = [0.0] * len(monos)
+        bound = arrival
+        for k in range(len(starts) - 2, -1, -1):
+            lo, hi = starts[k], starts[k + 1]
+            boot = bound - monos[hi - 1]
+            if k == 0 and known is not None:
+                boot = min(boot, known)
+            if k == len(starts) - 2:
+                self.boot = boot  # the boot the node is in now
+            out[lo:hi] = [boot + m for m in monos[lo:hi]]
+            bound = boot  # an earlier boot's lines were all written before this boot
+        self.last = monos[-1]
+        return out

@@ -1,0 +1,304 @@
+"""GPU samples from a user's files -> the recording format's wide table (docs/contracts.md).
+
+Inputs: CSV (optionally gzipped) or Parquet, wide (one column per metric) or long (a metric
+name and a value column), with column spellings from catalogue/columns.yaml; or a Prometheus
+range-query JSON answer (matrix or vector, or a list of answers). Output: `timestamp` (unix s),
+`node`, `gpu`, `job_id`, then `DCGM_FI_*` columns in dcgm-exporter's units, and the
+`goodput_job_*` series found (per job) on the side. Every problem raises `SampleError` naming
+the file, the column and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from catalogue import names, recording
+from catalogue.columns import clean, columns
+from detector.frame import FrameError
+
+IDS = ("timestamp", "node", "gpu", "job_id")
+JOB_COLUMNS = frozenset(recording.JOB_METRICS)  # job_metrics.csv.gz columns, per job
+_DIGITS = re.compile(r"(\d+)\s*$")
+_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+
+
+class SampleError(FrameError):
+    """A file that cannot become GPU samples; the message says what would be accepted."""
+
+
+@dataclass
+class Samples:
+    gpu: pd.DataFrame  # timestamp, node, gpu, job_id, DCGM_FI_* ...
+    jobs: pd.DataFrame | None = None  # timestamp, job_id, goodput_job_* ...
+    notes: list[str] = field(default_factory=list)  # what was read as what
+
+
+def read(
+    path: str | Path, node: str | None = None, job_id: str | None = None, gpu: int | None = None
+) -> Samples:
+    """Read one file. `node`, `job_id` and `gpu` fill in what the file does not say."""
+    p = Path(path)
+    if not p.is_file():
+        raise SampleError(f"{p}: no such file")
+    if node is not None and not names.valid_node(node):
+        raise SampleError(f"--node {node!r}: want a host name ([A-Za-z0-9._-], up to 64)")
+    if job_id is not None and not names.valid_job_id(job_id):
+        raise SampleError(f"--job-id {job_id!r}: want a Slurm job id (123 or 123_4)")
+    low = p.name.lower()
+    try:
+        if low.endswith(".json"):
+            df = _prom_json(p, json.loads(p.read_text()))
+        elif low.endswith(".parquet"):
+            df = pd.read_parquet(p)
+        elif low.endswith((".csv", ".csv.gz", ".tsv")):
+            df = pd.read_csv(
+                p,
+                sep=None if low.endswith(".tsv") else ",",
+                dtype=str,
+                skipinitialspace=True,
+                engine="python" if low.endswith(".tsv") else "c",
+            )
+        else:
+            raise SampleError(f"{p}: want .csv, .csv.gz, .parquet or .json (Prometheus)")
+    except (ValueError, OSError, ImportError) as exc:
+        if isinstance(exc, SampleError):
+            raise
+        raise SampleError(f"{p}: cannot read: {exc}") from None
+    return normalise(df, str(p), node=node, job_id=job_id, gpu=gpu)
+
+
+def normalise(
+    df: pd.DataFrame,
+    where: str,
+    node: str | None = None,
+    job_id: str | None = None,
+    gpu: int | None = None,
+) -> Samples:
+    """Map a raw table's columns onto the recording's (see `read`)."""
+    c = columns()
+    notes: list[str] = []
+    df = df.rename(columns={col: clean(col) for col in df.columns})
+    rename: dict[str, str] = {}
+    for col in df.columns:
+        role = c.role(col)
+        long = c.long_role(col) if role is None else None
+        if (role or long) is not None and (role or long) not in rename.values():
+            rename[col] = str(role or long)
+            if col != rename[col]:
+                what = role or f"the metric {long}s"
+                notes.append(f"column {col!r} read as {what}")
+    df = df.rename(columns=rename)
+    long_jobs = None
+    if "name" in df.columns and "value" in df.columns:  # long -> wide
+        is_job = df["name"].astype(str).isin(JOB_COLUMNS)
+        if is_job.any() and "timestamp" in df.columns and "job_id" in df.columns:
+            long_jobs = _pivot(df[is_job], ["timestamp", "job_id"])
+        df = _pivot(df[~is_job], [k for k in (*IDS, "uuid") if k in df.columns])
+        notes.append(f"long table: one column per metric name ({len(df.columns)} columns)")
+    if "timestamp" not in df.columns:
+        raise SampleError(
+            f"{where}: no time column; have {list(df.columns)[:12]}; "
+            f"accepted: {c.accepted('timestamp')}"
+        )
+    out = pd.DataFrame({"timestamp": _times(df["timestamp"], where, notes)})
+    out["node"] = _nodes(df, where, node, notes)
+    out["gpu"] = _gpus(df, out, where, gpu, notes)
+    out["job_id"] = _jobs(df, where, job_id)
+    metrics: dict[str, np.ndarray] = {}
+    jobcols: dict[str, np.ndarray] = {}
+    ignored = []
+    for col in df.columns:
+        if col in IDS or col == "uuid":
+            continue
+        target = c.field(col)
+        if col in JOB_COLUMNS:
+            jobcols[col] = _values(df[col], where, col)
+        elif target is None:
+            ignored.append(col)
+        elif target[0] in metrics:
+            notes.append(f"column {col!r} ignored: {target[0]} already read")
+        else:
+            metrics[target[0]] = _values(df[col], where, col) * target[1]
+            if col != target[0]:
+                scale = f" x {target[1]:g}" if target[1] != 1.0 else ""
+                notes.append(f"column {col!r} read as {target[0]}{scale}")
+    if ignored:
+        notes.append(f"columns ignored (not a known metric): {ignored[:12]}")
+    if not metrics:
+        raise SampleError(
+            f"{where}: no metric column; have {list(df.columns)[:12]}; accepted: dcgm-exporter "
+            "names (DCGM_FI_*), or NVML / nvidia-smi names such as utilization.gpu, power.draw, "
+            "gpm_sm_active (all in catalogue/columns.yaml)"
+        )
+    gpu_df = pd.concat([out, pd.DataFrame(metrics, index=out.index)[sorted(metrics)]], axis=1)
+    dup = gpu_df.duplicated(["timestamp", "node", "gpu"], keep="last")
+    if dup.any():
+        notes.append(f"{int(dup.sum())} rows repeat a (time, node, GPU): the last one kept")
+        gpu_df = gpu_df[~dup]
+    gpu_df = gpu_df.sort_values(["timestamp", "node", "gpu"], kind="stable").reset_index(drop=True)
+    jobs = None
+    if long_jobs is not None:
+        long_jobs["timestamp"] = _times(long_jobs["timestamp"], where, [])
+        long_jobs["job_id"] = _jobs(long_jobs, where, job_id)
+        for col in long_jobs.columns[2:]:
+            long_jobs[col] = _values(long_jobs[col], where, col)
+        jobs = long_jobs
+    elif jobcols:
+        jobs = pd.concat(
+            [out[["timestamp", "job_id"]], pd.DataFrame(jobcols, index=out.index)], axis=1
+        )
+        jobs = jobs[jobs.job_id != ""].groupby(["timestamp", "job_id"]).max().reset_index()
+    return Samples(gpu_df, jobs, notes)
+
+
+def _pivot(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    wide = df.pivot_table(
+        index=keys, columns="name", values="value", aggfunc="last", dropna=False
+    ).reset_index()
+    wide.columns = [str(x) for x in wide.columns]
+    return wide
+
+
+def _times(col: pd.Series, where: str, notes: list[str]) -> np.ndarray:
+    num = pd.to_numeric(col, errors="coerce")
+    if num.notna().all() and len(num):
+        t = num.to_numpy(dtype=float)
+        med = float(np.nanmedian(t))
+        for limit, div, unit in ((1e17, 1e9, "ns"), (1e14, 1e6, "us"), (1e11, 1e3, "ms")):
+            if med > limit:
+                notes.append(f"timestamps read as unix {unit}")
+                return t / div
+        return t
+    try:
+        dt = pd.to_datetime(col.astype(str).str.replace("/", "-", n=2), utc=False, format="mixed")
+    except (ValueError, TypeError) as exc:
+        bad = next((v for v in col if pd.isna(pd.to_datetime(v, errors="coerce"))), col.iloc[0])
+        raise SampleError(
+            f"{where}: column 'timestamp': cannot read {bad!r} as a time "
+            "(accepted: unix seconds or milliseconds, ISO 8601, nvidia-smi's YYYY/MM/DD HH:MM:SS)"
+        ) from exc
+    if dt.dt.tz is None:
+        notes.append("timestamps without a zone read as UTC")
+        dt = dt.dt.tz_localize("UTC")
+    return (dt - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float)
+
+
+def _nodes(df: pd.DataFrame, where: str, node: str | None, notes: list[str]) -> np.ndarray:
+    if "node" not in df.columns:
+        if node is None:
+            raise SampleError(
+                f"{where}: no node column (accepted: {columns().accepted('node')}); "
+                "for a one-node file pass --node NAME to goodput import"
+            )
+        notes.append(f"no node column: every row is node {node!r} (--node)")
+        return np.full(len(df), node, dtype=object)
+    vals = df["node"].fillna(node or "").astype(str).str.strip().to_numpy(dtype=object)
+    bad = [v for v in pd.unique(vals) if not names.valid_node(v)]
+    if bad:
+        raise SampleError(f"{where}: column 'node': invalid host name(s) {bad[:5]}")
+    return vals
+
+
+def _gpus(df: pd.DataFrame, out: pd.DataFrame, where: str, gpu: int | None, notes: list[str]):
+    if "gpu" in df.columns:
+        text = df["gpu"].astype(str).str.strip()
+        num = pd.to_numeric(text.str.extract(_DIGITS, expand=False), errors="coerce")
+        if num.isna().any() or (num > 999).any():
+            bad = text[num.isna() | (num > 999)].iloc[0]
+            raise SampleError(
+                f"{where}: column 'gpu': {bad!r} is not a GPU index "
+                "(accepted: 0..999, or a device name ending in its index, e.g. nvidia3)"
+            )
+        return num.to_numpy(dtype=np.int64)
+    if "uuid" in df.columns:
+        uu = df["uuid"].astype(str)
+        index = (
+            pd.Series(uu.to_numpy())
+            .groupby(out["node"].to_numpy())
+            .transform(lambda s: pd.Series(pd.factorize(s, sort=True)[0], index=s.index))
+        )
+        notes.append("no gpu column: GPUs numbered per node by UUID order")
+        return index.to_numpy(dtype=np.int64)
+    if gpu is None:
+        if out.duplicated(["timestamp", "node"]).any():
+            raise SampleError(
+                f"{where}: no gpu column (accepted: {columns().accepted('gpu')}, "
+                f"{columns().accepted('uuid')}) and several rows per node and time"
+            )
+        gpu = 0
+    notes.append(f"no gpu column: every row is GPU {gpu}")
+    return np.full(len(df), gpu, dtype=np.int64)
+
+
+def _jobs(df: pd.DataFrame, where: str, job_id: str | None) -> np.ndarray:
+    if "job_id" not in df.columns:
+        return np.full(len(df), job_id or "", dtype=object)
+    vals = df["job_id"].fillna("").astype(str).str.strip().str.replace(r"\.0$", "", regex=True)
+    if job_id:
+        vals = vals.where(vals != "", job_id)
+    bad = [v for v in pd.unique(vals) if v and not names.valid_job_id(v)]
+    if bad:
+        raise SampleError(f"{where}: column 'job_id': {bad[:5]} are not Slurm job ids")
+    return vals.to_numpy(dtype=object)
+
+
+def _values(col: pd.Series, where: str, name: str) -> np.ndarray:
+    """Numbers, also '99 %' / '690.1 W' (nvidia-smi), hex bitmasks; '[N/A]', '' -> NaN."""
+    if pd.api.types.is_numeric_dtype(col):
+        return col.to_numpy(dtype=float)
+    text = col.astype(str).str.strip()
+    hexa = text.str.match(r"^0x[0-9a-fA-F]+$")
+    out = pd.to_numeric(text.str.extract(_NUMBER, expand=False), errors="coerce")
+    if hexa.any():
+        out[hexa] = [float(int(v, 16)) for v in text[hexa]]
+    return out.to_numpy(dtype=float)
+
+
+def _prom_json(path: Path, doc: Any) -> pd.DataFrame:
+    """Prometheus /api/v1/query_range (or query) answers -> a long table."""
+    c = columns()
+    rows: list[tuple[Any, ...]] = []
+    for d in doc if isinstance(doc, list) else [doc]:
+        if not isinstance(d, dict) or d.get("status") != "success" or "data" not in d:
+            raise SampleError(
+                f'{path}: not a Prometheus answer (want {{"status": "success", "data": '
+                '{"resultType": "matrix", "result": [...]}}, or a list of them)'
+            )
+        for s in d["data"].get("result", []):
+            m = s.get("metric", {})
+            ids = {c.role(k): v for k, v in m.items() if c.role(k)}
+            pts = s.get("values") or ([s["value"]] if "value" in s else [])
+            for t, v in pts:
+                rows.append(
+                    (
+                        float(t),
+                        ids.get("node"),
+                        ids.get("gpu"),
+                        ids.get("job_id", ""),
+                        m.get("__name__", ""),
+                        v,
+                    )
+                )
+    if not rows:
+        raise SampleError(f"{path}: the Prometheus answer holds no series")
+    return pd.DataFrame(rows, columns=["timestamp", "node", "gpu", "job_id", "metric", "value"])
+
+
+def label(gpu: pd.DataFrame, job_id: str, start: float | None, end: float | None) -> int:
+    """Give rows without a job `job_id` inside [start, end] (either may be None); returns how
+    many rows were labelled."""
+    t = gpu["timestamp"].astype(float)
+    sel = gpu["job_id"].fillna("").astype(str) == ""
+    if start is not None:
+        sel &= t >= start
+    if end is not None:
+        sel &= t <= end
+    gpu.loc[sel, "job_id"] = job_id
+    return int(sel.sum())

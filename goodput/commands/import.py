@@ -1,0 +1,199 @@
+"""`goodput import`: your own files (GPU samples, job log, kernel logs, Slurm state) -> a
+recording directory (docs/contracts.md) that `goodput replay` and `goodput attribute` read.
+
+Wiring only: GPU samples by `detector.samples`, job metrics from the job log by the production
+log parser and kernel/Slurm files by `exporters.importer`, the directory by
+`detector.export.write_recording`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import typer
+
+app = typer.Typer(help="Bring your own files: DCGM samples, logs, Slurm state -> a recording.")
+
+
+def command(
+    metrics: list[Path] = typer.Option(
+        ..., "--metrics", help="GPU samples: CSV/Parquet (wide or long) or Prometheus JSON."
+    ),
+    out: Path = typer.Option(..., "--out", help="Recording directory to write (new or empty)."),
+    job_log: Path | None = typer.Option(
+        None, "--job-log", help="The job's output, timestamped lines (.gz read as gzip)."
+    ),
+    kernel_log: list[str] = typer.Option(
+        [], "--kernel-log", help="[NODE=]FILE: dmesg, dmesg -T or journalctl; repeatable."
+    ),
+    slurm: Path | None = typer.Option(
+        None, "--slurm", help="sacct/squeue --json, sacct -P, or key=value (scontrol show job)."
+    ),
+    job_id: str | None = typer.Option(
+        None, "--job-id", help="Slurm job id (default: from --slurm)."
+    ),
+    job_name: str | None = typer.Option(
+        None, "--job-name", help="Job name (baselines are per name)."
+    ),
+    node: str | None = typer.Option(None, "--node", help="Node of files without a node column."),
+    gpu: int | None = typer.Option(None, "--gpu", help="GPU index of files without a GPU column."),
+    boot_time: str | None = typer.Option(
+        None, "--boot-time", help="Unix s or ISO 8601: for dmesg lines in seconds since boot."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Write OUT as a recording; say what each file was read as."""
+    from detector import samples
+    from detector.export import write_recording
+    from exporters import importer
+
+    def fail(msg: str) -> typer.Exit:
+        typer.echo(f"import: {msg}", err=True)
+        return typer.Exit(2)
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise fail(f"--out {out}: exists and is not an empty directory")
+    for p in [*metrics, job_log, slurm]:
+        if p is not None and not p.is_file():
+            raise fail(f"{p}: no such file")
+    if gpu is not None and not 0 <= gpu <= 999:
+        raise fail("--gpu must be a GPU index 0..999")
+    report: dict[str, Any] = {"out": str(out), "files": {}}
+    try:
+        boot = _boot(boot_time, importer) if boot_time else None
+        job: dict[str, Any] = {}
+        if slurm is not None:
+            job = importer.slurm_state(slurm.read_text(errors="replace"), str(slurm))
+            report["files"][str(slurm)] = [f"Slurm state: {_fields(job)}"]
+        if job_id and job.get("job_id") and job["job_id"] != job_id:
+            raise importer.ImportFailure(f"--job-id {job_id} but {slurm} is job {job['job_id']}")
+        job_id = job_id or job.get("job_id")
+        read = [samples.read(p, node=node, gpu=gpu) for p in metrics]
+        for p, got in zip(metrics, read, strict=True):
+            report["files"][str(p)] = [*got.notes, f"{len(got.gpu)} rows"]
+        gpu_df = pd.concat([g.gpu for g in read], ignore_index=True)
+        gpu_df = gpu_df.sort_values(["timestamp", "node", "gpu"], kind="stable")
+        jobs_in = sorted(set(gpu_df.job_id) - {""})
+        if job_id is None and len(jobs_in) == 1:
+            job_id = jobs_in[0]
+        if job_id is None:
+            raise importer.ImportFailure(
+                "no job id: pass --job-id or --slurm"
+                + (f" (the samples carry {jobs_in})" if jobs_in else "")
+            )
+        n = samples.label(gpu_df, job_id, job.get("start"), job.get("end"))
+        window = "within the Slurm start/end" if job.get("start") or job.get("end") else "all"
+        report["files"][str(metrics[0])].append(f"{n} rows given job {job_id} ({window})")
+        times = sorted(set(gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]))
+        nodes = sorted(set(gpu_df.node))
+        logs: dict[str, list[str]] = {}
+        job_rows: list[dict[str, Any]] = []
+        extra = [g.jobs for g in read if g.jobs is not None]
+        if job_log is not None:
+            lines = _lines(job_log)
+            job_rows, stats = importer.job_metrics(lines, job_id, times, str(job_log))
+            logs[f"jobs/slurm-{job_id}.out"] = lines
+            report["files"][str(job_log)] = [
+                f"{stats['lines']} lines, {stats['timed']} with a timestamp",
+                f"patterns: {stats['patterns']}",
+                f"{stats['rows']} job-metric samples derived (production log parser)",
+            ]
+        ref = times[-1] if times else time.time()
+        for spec in kernel_log:
+            k_node, path = _kernel_spec(spec, nodes, importer)
+            klines, kinds = importer.kernel_lines(_lines(path), str(path), ref, boot)
+            logs[f"kernel/{k_node}.log"] = klines
+            report["files"][str(path)] = [f"kernel log of {k_node}: {len(klines)} lines {kinds}"]
+    except (samples.SampleError, importer.ImportFailure, OSError) as exc:
+        raise fail(str(exc)) from None
+    jobs = pd.DataFrame(job_rows) if job_rows else (pd.concat(extra) if extra else None)
+    if jobs is None:
+        report["warning"] = "no job metrics (no --job-log): replay's progress detector is blind"
+    on = gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]
+    per_node = gpu_df.groupby("node").gpu.nunique()
+    steps = pd.Series(sorted(set(gpu_df.timestamp))).diff().dropna()
+    entry: dict[str, Any] = {
+        "job_id": job_id,
+        "name": job_name or job.get("name") or job_id,
+        "nodes": job.get("nodes") or sorted(set(gpu_df.loc[gpu_df.job_id == job_id].node)),
+        "start": job.get("start", float(on.min()) if len(on) else None),
+        "end": job.get("end", float(on.max()) if len(on) else None),
+        **{k: job[k] for k in ("state", "exit_code", "restarts") if k in job},
+    }
+    meta: dict[str, Any] = {
+        "scenario": None,
+        "source": "import",
+        "seed": None,
+        "start": float(gpu_df.timestamp.min()),
+        "end": float(gpu_df.timestamp.max()),
+        "interval_s": round(float(steps.median()), 3) if len(steps) else None,
+        "nodes": nodes,
+        "gpus_per_node": int(per_node.max()),
+        "jobs": [entry],
+    }
+    write_recording(out, gpu_df, jobs, meta, logs)
+    report["recording"] = {k: meta[k] for k in ("nodes", "gpus_per_node", "interval_s", "jobs")}
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+        return
+    for path, notes in report["files"].items():
+        typer.echo(f"{path}:")
+        for note in notes:
+            typer.echo(f"  {note}")
+    if "warning" in report:
+        typer.echo(f"warning: {report['warning']}")
+    j = entry
+    typer.echo(
+        f"wrote {out}: job {j['job_id']} ({j['name']}) on {', '.join(nodes)}, "
+        f"{meta['gpus_per_node']} GPU(s) per node, "
+        + (f"every {meta['interval_s']} s" if meta["interval_s"] else "one instant")
+        + (f", Slurm {j['state']} exit {j.get('exit_code')}" if "state" in j else "")
+    )
+
+
+def _lines(path: Path) -> list[str]:
+    """A log's lines (gzipped when its name ends in .gz)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", errors="replace") as fh:
+            return fh.read().splitlines()
+    return path.read_text(errors="replace").splitlines()
+
+
+def _fields(job: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in job.items())
+
+
+def _boot(text: str, importer: Any) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        t, kind = importer.line_time(text, time.time())
+        if t is None or kind != "iso":
+            raise importer.ImportFailure(
+                f"--boot-time {text!r}: want unix seconds or ISO 8601"
+            ) from None
+        return float(t)
+
+
+def _kernel_spec(spec: str, nodes: list[str], importer: Any) -> tuple[str, Path]:
+    """NODE=FILE, or FILE named <node>.log, or FILE when the samples have one node."""
+    from catalogue import names
+
+    name, sep, rest = spec.partition("=")
+    if sep and names.valid_node(name):
+        path = Path(rest)
+    else:
+        name, path = "", Path(spec)
+    if not path.is_file():
+        raise importer.ImportFailure(f"--kernel-log {spec}: no such file")
+    node = name or (path.stem if path.stem in nodes else (nodes[0] if len(nodes) == 1 else ""))
+    if not names.valid_node(node):
+        raise importer.ImportFailure(
+            f"--kernel-log {spec}: which node? write NODE=FILE (nodes: {', '.join(nodes)})"
+        )
+    return node, path

@@ -1,0 +1,41 @@
+"""The receiver's file evidence reads kernel times as `dmesg -T` and plain `dmesg` print them.
+
+Old code: neither form was parsed, so such lines had no time and escaped the incident window.
+Lines: leptonai/gpud#46 (`dmesg --ctime`), NVIDIA/NVSentinel#155 (plain dmesg).
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import time
+
+from recovery.evidence.logs import read_lines
+
+T = calendar.timegm(time.strptime("2024-08-30 11:43:09", "%Y-%m-%d %H:%M:%S"))
+
+
+def test_dmesg_ctime_and_monotonic_lines_get_times(tmp_path):
+    ctime = tmp_path / "node1.log"
+    ctime.write_text(
+        "[Fri Aug 30 11:11:22 2024] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected\n"
+        "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>'\n"
+    )
+    got = read_lines(ctime, "kernel", "node1", start=T - 60, end=T + 60)
+    assert [ln.time for ln in got] == [T]  # the 11:11 line is outside the window
+    mono = tmp_path / "node2.log"
+    mono.write_text(
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+        "[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).\n"
+    )
+    os.utime(mono, (T, T))  # the last line was written when the file last changed
+    got = read_lines(mono, "kernel", "node2", start=T - 60, end=T + 60)
+    assert [round(ln.time, 6) for ln in got] == [round(T - 0.131517, 6), T]
+
+
+def test_a_date_in_a_path_does_not_move_a_line_out_of_the_window(tmp_path):
+    log = tmp_path / "slurm-1.out"
+    start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T))
+    log.write_text(f"[{start}] saving\n  saved /ckpt/run-2023-01-01T00:00:00/iter_0000100\n")
+    got = read_lines(log, "job", start=T - 60, end=T + 60)
+    assert [ln.time for ln in got] == [T, T]

@@ -1,0 +1,165 @@
+"""`goodput replay` says what it saw: per job which detectors ran and why not, the baseline's
+fitted-at time, peaks and where; plain files with common column names; logs/ read when
+job_metrics.csv.gz is missing; --state-dir, --explain, --json; every option validated."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from detector import fields as F
+from detector.replay import replay
+from detector.synthetic import healthy_frame
+from goodput.cli import app
+
+runner = CliRunner()
+T0 = 1795978800.0
+
+
+def _table(frame, names=("timestamp", "node", "gpu", "job_id")):
+    df = pd.DataFrame(frame.values[:, : len(F.DCGM_FIELDS)], columns=F.DCGM_FIELDS)
+    for i, (col, values) in enumerate(zip(names, (frame.time, frame.node, frame.gpu, frame.job))):
+        df.insert(i, col, values)
+    return df.drop(columns=[F.XID_FIELD, *F.COUNTERS])  # as a default dcgm-exporter has it
+
+
+def _recording(path, nodes=1, gpus=2, steps=40, log=None, name="train"):
+    f = healthy_frame(jobs=1, nodes=nodes, gpus=gpus, steps=steps, start=T0)
+    meta = {
+        "start": T0,
+        "end": float(f.time.max()),
+        "interval_s": 5.0,
+        "nodes": sorted(set(f.node)),
+        "gpus_per_node": gpus,
+        "jobs": [{"job_id": "100", "name": name, "nodes": sorted(set(f.node))}],
+    }
+    path.mkdir()
+    _table(f).to_csv(path / "gpu_metrics.csv.gz", index=False)
+    (path / "meta.json").write_text(json.dumps({"format": "goodput-recording/1", **meta}))
+    if log:
+        (path / "logs" / "jobs").mkdir(parents=True)
+        (path / "logs" / "jobs" / "slurm-100.out").write_text("\n".join(log) + "\n")
+    return path
+
+
+def _replay(*args):
+    return runner.invoke(app, ["replay", *map(str, args)])
+
+
+def _summary(tmp_path, *args):
+    r = _replay(*args, "--out", tmp_path / "d.jsonl", "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_plain_csv_with_common_column_names(tmp_path):
+    f = healthy_frame(jobs=1, nodes=1, gpus=4, steps=6, start=T0)
+    _table(f, ("ts", "host", "index", "hpc_job")).to_csv(tmp_path / "s.csv", index=False)
+    s = replay(tmp_path / "s.csv", io.StringIO())
+    assert s["rows"] == 24 and "column 'ts' read as timestamp" in s["inputs"]
+    assert "no job metrics in the file: the progress detector has no input" in s["inputs"]
+
+
+def test_min_score_zero_works_without_an_xid_column(tmp_path):
+    rec = _recording(tmp_path / "rec", steps=6)
+    r = _replay(rec, "--min-score", "0", "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    hw = [d for d in rows if d["detector"] == "hardware" and d["gpu"] is not None]
+    assert hw and hw[0]["reason"] == "no XID and no error counter rise"
+
+
+def test_a_blind_run_says_why(tmp_path):
+    rec = _recording(tmp_path / "rec", nodes=1, gpus=2, steps=40)
+    job = _summary(tmp_path, rec)["jobs"]["100"]
+    d = job["detectors"]
+    assert job["baseline"]["fitted_at"] is None
+    assert (
+        "none: the job was seen for 195 s, the first fit needs 300 s" in (job["baseline"]["status"])
+    )
+    assert not d["deviation"]["ran"] and d["deviation"]["why_not"] == "no baseline yet"
+    assert d["peer"]["why_not"] == "2 GPU(s) at a time: peer comparison needs 3"
+    assert d["shift"]["why_not"] == "1 node: shift compares the job's nodes (needs 2)"
+    assert d["progress"]["why_not"] == "no progress input (no job metrics and no job log)"
+    assert d["hardware"]["why_not"] == "no XID or error-counter field in the input"
+
+
+def test_a_seeing_run_has_its_fit_time_and_peaks(tmp_path):
+    rec = _recording(tmp_path / "rec", nodes=2, gpus=4, steps=100)
+    job = _summary(tmp_path, rec)["jobs"]["100"]
+    assert job["baseline"]["fitted_at"] >= job["first_fit"] >= T0 + 300
+    assert job["baseline"]["status"].startswith("first fitted 300 s after the job was first seen")
+    d = job["detectors"]
+    assert d["deviation"]["ran"] and d["peer"]["ran"] and d["shift"]["ran"]
+    peak = d["peer"]["peak"]
+    assert peak["score"] > 0 and peak["node"] in ("node1", "node2") and peak["time"] >= T0
+
+
+def _log(steps: int) -> list[str]:
+    out = []
+    for i in range(steps):
+        t = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0 + 5 * i))
+        out.append(
+            f"[{t}.000]  iteration {i + 1:8d}/ 1000 | consumed samples: {(i + 1) * 8} | "
+            "elapsed time per iteration (ms): 500.0 | lm loss: 1.0E+00 |"
+        )
+    return out
+
+
+def test_job_metrics_are_derived_from_the_recordings_logs(tmp_path):
+    rec = _recording(tmp_path / "rec", steps=20, log=_log(20))
+    s = _summary(tmp_path, rec)
+    assert any(
+        "job metrics derived from logs/jobs/slurm-100.out (20 samples)" in n for n in s["inputs"]
+    )
+    assert s["jobs"]["100"]["detectors"]["progress"]["ran"]
+    bare = _recording(tmp_path / "bare", steps=20)
+    s = _summary(tmp_path, bare)
+    assert any("no job_metrics.csv.gz and no logs/jobs/slurm-100.out" in n for n in s["inputs"])
+
+
+def test_state_dir_saves_then_loads_baselines(tmp_path):
+    state = tmp_path / "state"
+    long = _recording(tmp_path / "long", nodes=2, gpus=4, steps=100)
+    _summary(tmp_path, long, "--state-dir", state)
+    assert (state / "train.json").is_file()
+    short = _recording(tmp_path / "short", nodes=2, gpus=4, steps=10)
+    job = _summary(tmp_path, short, "--state-dir", state)["jobs"]["100"]
+    assert job["baseline"]["loaded"] and job["baseline"]["status"].startswith("loaded")
+    assert job["detectors"]["deviation"]["ran"]
+
+
+def test_explain_and_the_table(tmp_path):
+    rec = _recording(tmp_path / "rec", steps=6)
+    r = _replay(rec, "--out", tmp_path / "d.jsonl", "--explain", "100")
+    assert r.exit_code == 0, r.output
+    assert "job 100 (train): 1 node(s), 2 GPU(s)" in r.output
+    assert "peer       no   2 GPU(s) at a time: peer comparison needs 3" in r.output
+    r = _replay(rec, "--out", tmp_path / "d.jsonl", "--explain", "7")
+    assert r.exit_code == 2 and "--explain 7: no such job; jobs: ['100']" in r.output
+
+
+def test_options_are_validated(tmp_path):
+    rec = _recording(tmp_path / "rec", steps=3)
+    for bad in ("-1", "nan", "inf"):
+        r = _replay(rec, "--min-score", bad, "--out", tmp_path / "d.jsonl")
+        assert r.exit_code == 2 and "--min-score" in r.output and "Traceback" not in r.output
+    r = _replay(rec, "--out", tmp_path / "no" / "d.jsonl")
+    assert r.exit_code == 2 and "does not exist" in r.output
+    (tmp_path / "f").write_text("")
+    r = _replay(rec, "--state-dir", tmp_path / "f", "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and "not a directory" in r.output
+    r = _replay(tmp_path / "nothing.csv", "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and "no such file" in r.output
+
+
+def test_usage_lines_show_no_phantom_subcommand():
+    for cmd in ("replay", "attribute", "import", "export-recording"):
+        r = runner.invoke(app, [cmd, "--help"])
+        assert r.exit_code == 0 and "COMMAND [ARGS]" not in r.output, r.output
+    usage = runner.invoke(app, ["replay", "--help"]).output.split("Usage:")[1].splitlines()[0]
+    assert "replay [OPTIONS]" in usage and "RECORDING" in usage
