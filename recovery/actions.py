@@ -1,16 +1,16 @@
 """Recovery actions: plan -> (approve) -> execute -> verify -> record, crash-safe.
 
-The receiver calls `on_diagnosis(engine, settings, incident, diagnosis)` after storing a
-diagnosis. The planned action is written to an outbox table (its id is the idempotency key:
-one action per incident) together with its audit entry *before* anything is executed; the
-scheduler port's guards (expected restart count, drained-by-whom) make a repeated execution a
-no-op. On start, `reconcile()` picks up every action that was planned, approved or executing
-when the process died and finishes it against the scheduler's real state.
+A final diagnosis reaches the outbox (`recovery.outbox`) in the same transaction that stores
+it; `plan` decides it (`recovery.planning`), then, by mode, executes it or queues it for a
+person. The outbox row's id is the idempotency key (one action per incident, `-N` when
+re-planned); the scheduler port's guards (expected restart count, drained-by-whom) make a
+repeated execution a no-op. `reconcile()` (at start-up in a background thread, then every few
+seconds) plans every row still `planning` or `waiting_scheduler` and finishes every action
+that was ready, approved or executing when a process died, against the scheduler's real state.
 
 Settings are read from attributes of `settings` (getattr) or the environment:
 `GOODPUT_MODE`, `GOODPUT_POLICY_FILE`, `GOODPUT_SCHEDULER`, `GOODPUT_SIM_URL`,
-`GOODPUT_ALERTMANAGER_URL`, `GOODPUT_PROMETHEUS_URL`. Test hook: `GOODPUT_TEST_CRASH_AT`
-= `planned` | `executed` makes the process SIGKILL itself at that point.
+`GOODPUT_ALERTMANAGER_URL`, `GOODPUT_PROMETHEUS_URL`. Failpoints: `recovery.failpoints`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -29,25 +28,24 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from sqlalchemy import (
-    Column,
-    Engine,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    select,
-    update,
-)
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.schema import CreateIndex
+from sqlalchemy import Connection, Engine, select, update
 
-from recovery import accounting, audit
-from recovery.decide import Action, Diagnosis, History, JobView, NodeView, decide
-from recovery.directives import check_bounds, merge, parse_directive
+from recovery import accounting, audit, failpoints, outbox, planning
+from recovery.decide import Action, Diagnosis
+from recovery.outbox import (
+    DRAIN_STATES,
+    MAX_PLANS_PER_INCIDENT,
+    OPEN_STATES,
+    PLANNABLE,
+    REPLANNABLE,
+    RUNNABLE,
+    actions_table,
+    enqueue,
+    ensure,
+    metadata,
+    switches,
+)
+from recovery.planning import DRAIN_WINDOW_S, _history
 from recovery.policy import DEFAULT_FILE, DRAINS, RESTARTS, Policy, load_policy
 from recovery.scheduler import (
     Scheduler,
@@ -58,53 +56,25 @@ from recovery.scheduler import (
 from recovery.scheduler.base import check_node
 
 log = logging.getLogger("goodput.actions")
-metadata = MetaData()
-actions_table = Table(
-    "goodput_actions",
-    metadata,
-    Column("id", String(80), primary_key=True),  # the idempotency key
-    Column("incident_id", String(64), nullable=True),
-    Column("job_id", String(32), nullable=True),
-    Column("kind", String(32), nullable=False),
-    Column("state", String(24), nullable=False),
-    Column("mode", String(16), nullable=False),
-    Column("body", Text, nullable=False),  # the Action, the cause key, the outcome
-    Column("restarts_before", Integer, nullable=True),
-    Column("created_at", Float, nullable=False),
-    Column("updated_at", Float, nullable=False),
-    Column("expires_at", Float, nullable=True),
-    Column("next_attempt_at", Float, nullable=True),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("owner", String(64), nullable=True),
-    Column("decided_by", String(128), nullable=True),
-    Column("last_error", Text, nullable=True),
-    Column("result", Text, nullable=True),
-)
-# For the planner's bounded reads (_history, incident_action) and the retry loop's state scans.
-Index("ix_goodput_actions_state_created", actions_table.c.state, actions_table.c.created_at)
-Index("ix_goodput_actions_job_state", actions_table.c.job_id, actions_table.c.state)
-Index("ix_goodput_actions_incident", actions_table.c.incident_id, actions_table.c.created_at)
-switches = Table(
-    "goodput_switches",
-    metadata,
-    Column("name", String(32), primary_key=True),
-    Column("value", String(64), nullable=False),
-    Column("updated_at", Float, nullable=False),
-    Column("updated_by", String(128), nullable=False),
-)
-
-# States. Terminal: executed, failed, rejected, expired, planned_only, no_action, skipped.
-OPEN_STATES = ("waiting_scheduler", "pending_approval", "ready", "approved", "executing")
-RUNNABLE = ("ready", "approved", "executing")
 MAX_ATTEMPTS = 50
 OWNER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-_ensured: weakref.WeakSet[Engine] = weakref.WeakSet()
 _running: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
+_refs = outbox.refs
+_public = outbox.public
+_diag_dict = outbox.diag_dict
+
+
+def _now() -> float:
+    return outbox.now()
 
 
 class ActionError(ValueError):
     """A request about an action that cannot be honoured (unknown id, wrong state)."""
+
+
+class UnknownNode(ActionError):
+    """The scheduler does not know the node."""
 
 
 @dataclass(frozen=True)
@@ -170,33 +140,6 @@ def config(settings: Any) -> Config:
     )
 
 
-def ensure(engine: Engine) -> None:
-    if engine in _ensured:
-        return
-    metadata.create_all(engine)
-    with engine.begin() as conn:  # create_all skips the indexes of a table that already exists
-        for index in actions_table.indexes:
-            conn.execute(CreateIndex(index, if_not_exists=True))
-    audit.ensure(engine)
-    accounting.ensure(engine)
-    _ensured.add(engine)
-
-
-def _crash_hook(point: str) -> None:
-    if os.environ.get("GOODPUT_TEST_CRASH_AT") == point:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _now() -> float:
-    return time.time()
-
-
-def _refs(row: Any) -> dict[str, Any]:
-    """An outbox row's (a Row or its dict) references for its audit events."""
-    r = row if isinstance(row, dict) else row._mapping
-    return {"job_id": r["job_id"], "incident_id": r["incident_id"], "action_id": r["id"]}
-
-
 # ---- the pause switch ---------------------------------------------------------------------
 def is_paused(engine: Engine) -> bool:
     ensure(engine)
@@ -209,7 +152,8 @@ def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None
     """Flip the global pause switch (audited)."""
     ensure(engine)
     value = "on" if paused else "off"
-    with engine.begin() as conn:
+
+    def write(conn: Connection) -> None:
         done = conn.execute(
             update(switches)
             .where(switches.c.name == "pause")
@@ -223,184 +167,83 @@ def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None
             )
         audit.append(conn, "paused" if paused else "resumed", {"reason": reason[:500]}, actor=who)
 
+    outbox.write(engine, write)
+
 
 # ---- planning -------------------------------------------------------------------------------
-# decide() counts drains in the hour before `now` (blast_radius_violation); older ones are not read.
-DRAIN_WINDOW_S = 3600.0
-# Rows whose drains count: done or still to be done (a plan waiting for the scheduler has none).
-DRAIN_STATES = ("executed", *(s for s in OPEN_STATES if s != "waiting_scheduler"))
-
-
-def _history(engine: Engine, cfg: Config, diag: Diagnosis, job: Any, nodes: list[Any]) -> History:
-    """What decide needs from the outbox: the job's executed restarts (all of them: the retry
-    budget is per job) and the drains planned or done in the last hour (the blast radius)."""
-    now = _now()
-    t = actions_table.c
-    with engine.connect() as conn:
-        restarts = conn.execute(
-            select(t.body).where(
-                t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS)
-            )
-        ).all()
-        recent = conn.execute(
-            select(t.created_at, t.body).where(
-                t.state.in_(DRAIN_STATES),
-                t.created_at > now - DRAIN_WINDOW_S,
-                t.created_at <= now,
-            )
-        ).all()
-    same = sum(1 for r in restarts if json.loads(r.body).get("cause_key") == diag.cause_key)
-    drain_times: list[float] = []
-    for r in recent:
-        drain_times += [r.created_at] * len(json.loads(r.body).get("action", {}).get("nodes", []))
-    jv = None
-    if job is not None:
-        jv = JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
-    return History(
-        now=now,
-        job=jv,
-        restarts_done=len(restarts),
-        same_cause_restarts=same,
-        drain_times=tuple(drain_times),
-        nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
-        paused=is_paused(engine),
-    )
-
-
 def _insert(
     engine: Engine,
     row: dict[str, Any],
     events: list[tuple[str, dict[str, Any]]],
     actor: str = "goodput",
 ) -> bool:
-    """Insert the outbox row and its audit events atomically; False if the key exists."""
-    for attempt in range(20):
-        try:
-            with engine.begin() as conn:
-                if conn.execute(
-                    select(actions_table.c.id).where(actions_table.c.id == row["id"])
-                ).first():
-                    return False
-                conn.execute(actions_table.insert().values(**row))
-                for type_, payload in events:
-                    audit.append(conn, type_, payload, **_refs(row), actor=actor)
-                return True
-        except IntegrityError:
-            time.sleep(0.01 * (attempt + 1))
-    raise RuntimeError("could not write the action outbox")
+    """Insert an outbox row and its audit events atomically; False if the key exists."""
+
+    def write(conn: Connection) -> bool:
+        if conn.execute(select(actions_table.c.id).where(actions_table.c.id == row["id"])).first():
+            return False
+        conn.execute(actions_table.insert().values(**row))
+        for type_, payload in events:
+            audit.append(conn, type_, payload, **_refs(row), actor=actor)
+        return True
+
+    return bool(outbox.write(engine, write))
 
 
 def on_diagnosis(
     engine: Engine, settings: Any, incident: dict[str, Any], diagnosis: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """Plan (and, by mode, execute or queue for approval) the action for one diagnosis.
+    """Enqueue (if the diagnosis' transaction has not already) and plan the action for one
+    final diagnosis; by mode, execute it or queue it for approval.
 
     Idempotent per incident. Never raises for bad input: it is audited and None returned.
     """
     ensure(engine)
     start(engine, settings)
-    incident_id = str(incident.get("id", diagnosis.get("incident_id", "")))
-    job_id = diagnosis.get("job_id") or incident.get("job_id")
-    try:
-        diag = Diagnosis.from_dict({**diagnosis, "incident_id": incident_id, "job_id": job_id})
-    except ValueError as exc:
-        audit.record(
-            engine, "skipped", {"reason": f"invalid diagnosis: {exc}"}, incident_id=incident_id
-        )
-        return None
-    latest = incident_action(engine, incident_id)
-    if latest is not None and not _replan(latest, diag):
-        return latest
-    action_id = f"inc-{incident_id}" if latest is None else _next_id(latest["id"])
-    audit.record(engine, "diagnosis", _diag_dict(diag), job_id=diag.job_id, incident_id=incident_id)
-    accounting.open_incident(
-        engine, incident, diag, _setting(settings, "prometheus_url", "GOODPUT_PROMETHEUS_URL")
-    )
-    _plan(engine, settings, action_id, diag, incident)
-    return get_action(engine, action_id)
-
-
-# A later diagnosis of the same incident is planned again only when the earlier plan did
-# nothing in the scheduler and the verdict (outcome or culprit nodes) changed.
-REPLANNABLE = ("no_action", "planned_only", "skipped")
-MAX_PLANS_PER_INCIDENT = 5
-
-
-def _replan(latest: dict[str, Any], diag: Diagnosis) -> bool:
-    before = latest["body"].get("diagnosis", {})
-    changed = before.get("outcome") != diag.outcome or sorted(
-        before.get("affected_nodes") or []
-    ) != sorted(diag.affected_nodes)
-    plans = int(latest["id"].rsplit("-", 1)[-1]) if latest["id"].count("-") > 1 else 1
-    return latest["state"] in REPLANNABLE and changed and plans < MAX_PLANS_PER_INCIDENT
-
-
-def _next_id(action_id: str) -> str:
-    base, _, n = action_id.rpartition("-")
-    return f"{base}-{int(n) + 1}" if action_id.count("-") > 1 else f"{action_id}-2"
+    action_id = outbox.write(engine, enqueue, incident, diagnosis)
+    if action_id is None:
+        return incident_action(engine, str(incident.get("id", diagnosis.get("incident_id", ""))))
+    return plan(engine, settings, action_id)
 
 
 def incident_action(engine: Engine, incident_id: str) -> dict[str, Any] | None:
     """The incident's latest action (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
     ensure(engine)
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(actions_table)
-            .where(actions_table.c.incident_id == str(incident_id))
-            .order_by(actions_table.c.created_at.desc())
-            .limit(1)
-        ).all()
-    return _public(rows[0]) if rows else None
+        row = outbox.latest(conn, str(incident_id))
+    return _public(row) if row is not None else None
 
 
-def _plan(
-    engine: Engine, settings: Any, action_id: str, diag: Diagnosis, incident: dict[str, Any]
-) -> None:
+def plan(engine: Engine, settings: Any, action_id: str) -> dict[str, Any] | None:
+    """Decide an outbox row that has no decision yet, then notify or execute as decided."""
     cfg = config(settings)
-    now = _now()
-    body: dict[str, Any] = {"diagnosis": _diag_dict(diag), "cause_key": diag.cause_key}
-    try:
-        job = cfg.scheduler.job_state(diag.job_id) if diag.job_id else None
-        nodes = cfg.scheduler.node_states()
-    except SchedulerUnavailable as exc:
-        row = _row(action_id, diag, "none", "waiting_scheduler", cfg.policy.mode, body, None, now)
-        row.update(next_attempt_at=now + cfg.retry_base_s, last_error=str(exc))
-        _insert(
-            engine,
-            row,
-            [("retry_scheduled", {"reason": f"scheduler unreachable while planning: {exc}"})],
+    row = outbox.raw(engine, action_id)
+    if row is not None and row.state in PLANNABLE:
+        body = json.loads(row.body)
+        opened = (body.get("incident") or {}).get("opened_at")
+        diag = Diagnosis.from_dict(
+            {**body["diagnosis"], "incident_id": row.incident_id, "job_id": row.job_id}
         )
-        return
-    events: list[tuple[str, dict[str, Any]]] = []
-    policy = cfg.policy
-    if job is not None:
-        directive, error = parse_directive(job.comment)
-        if directive is not None:
-            error = check_bounds(policy, directive)
-        if error:
-            events.append(("directive_invalid", {"comment": job.comment[:500], "error": error}))
-        elif directive is not None:
-            policy = merge(policy, directive)
-            body["directive"] = job.comment[:500]
-    action = decide(diag, _history(engine, cfg, diag, job, nodes), policy)
-    body["action"] = action.to_dict()
-    state = {
-        "execute": "ready",
-        "await_approval": "pending_approval",
-        "plan_only": "planned_only",
-    }.get(action.disposition, "no_action")
-    row = _row(
-        action_id, diag, action.kind, state, action.mode, body, job.restarts if job else None, now
-    )
-    if state == "pending_approval":
-        row["expires_at"] = now + policy.approval_expiry_s
-    events.append(("planned", {**action.to_dict(), "state": state}))
-    if state == "pending_approval":
-        events.append(("pending_approval", {"expires_at": row["expires_at"]}))
-    if not _insert(engine, row, events):
-        return
-    _crash_hook("planned")
-    accounting.mark_decided(engine, diag.incident_id, now)
+        accounting.open_incident(engine, {"opened_at": opened}, diag, cfg.prometheus_url)
+    state, action, row = planning.plan_row(engine, cfg, action_id)
+    if state == "waiting_scheduler":
+        failpoints.hit("waiting")
+    elif state == "failed" and action is None and row is not None:
+        _notify(
+            engine,
+            cfg,
+            "GoodputNeedsPerson",
+            outbox.raw(engine, action_id),
+            None,
+            f"Goodput could not plan an action for job {row.job_id}: the scheduler kept "
+            f"failing ({(row.last_error or '')[:200]})",
+            "warning",
+            None,
+        )
+    if action is None:  # not decided here: waiting, failed, or planned by another process
+        return get_action(engine, action_id)
+    failpoints.hit("planned")
+    accounting.mark_decided(engine, str(row.incident_id), row.updated_at)
     if state == "pending_approval":
         _notify(
             engine,
@@ -411,7 +254,7 @@ def _plan(
             f"Goodput plans {action.kind} for job {action.job_id}: approve or reject "
             f"with `goodput actions approve {action_id}`",
             "warning",
-            row["expires_at"],
+            row.expires_at,
         )
     elif action.kind == "hold_for_person":
         _notify(
@@ -421,59 +264,34 @@ def _plan(
             row,
             action,
             f"Goodput needs a person for job {action.job_id} "
-            f"({diag.outcome}): {', '.join(action.reasons)}",
+            f"({json.loads(row.body)['diagnosis']['outcome']}): {', '.join(action.reasons)}",
             "warning",
             None,
         )
     elif state == "ready":
-        execute(engine, settings, action_id)
-
-
-def _diag_dict(d: Diagnosis) -> dict[str, Any]:
-    return {
-        "outcome": d.outcome,
-        "root_cause": d.root_cause,
-        "confidence": d.confidence,
-        "affected_nodes": list(d.affected_nodes),
-        "onset": d.onset,
-        "cause_key": d.cause_key,
-    }
-
-
-def _row(
-    action_id: str,
-    diag: Diagnosis,
-    kind: str,
-    state: str,
-    mode: str,
-    body: dict[str, Any],
-    restarts: int | None,
-    now: float,
-) -> dict[str, Any]:
-    return {
-        "id": action_id,
-        "incident_id": diag.incident_id,
-        "job_id": diag.job_id,
-        "kind": kind,
-        "state": state,
-        "mode": mode,
-        "body": json.dumps(body, default=str),
-        "restarts_before": restarts,
-        "created_at": now,
-        "updated_at": now,
-        "attempts": 0,
-    }
+        return execute(engine, settings, action_id)
+    return get_action(engine, action_id)
 
 
 # ---- execution -----------------------------------------------------------------------------
-def _claim(engine: Engine, action_id: str, from_states: tuple[str, ...]) -> Any:
-    with engine.begin() as conn:
+def _claim(
+    engine: Engine, cfg: Config, action_id: str, from_states: tuple[str, ...], nodes: Any
+) -> tuple[Any, str | None]:
+    """Move the row to `executing` (ours); with its drains checked against the blast radius
+    under the budget lock. Returns (row or None, the limit it would break or None)."""
+
+    def write(conn: Connection) -> tuple[Any, str | None]:
+        planning.lock_budget(conn)
+        cur = outbox.raw(conn, action_id)
+        if cur is None or cur.state not in from_states:
+            return None, None
+        if nodes is not None and cur.state != "executing":
+            why = planning.budget_violation(conn, cur, nodes, cfg.policy)
+            if why is not None:
+                return cur, str(why)
         n = conn.execute(
             update(actions_table)
-            .where(
-                actions_table.c.id == action_id,
-                actions_table.c.state.in_(from_states),
-            )
+            .where(actions_table.c.id == action_id, actions_table.c.state.in_(from_states))
             .values(
                 state="executing",
                 owner=OWNER,
@@ -482,27 +300,58 @@ def _claim(engine: Engine, action_id: str, from_states: tuple[str, ...]) -> Any:
             )
         ).rowcount
         if not n:
-            return None
-        row = conn.execute(select(actions_table).where(actions_table.c.id == action_id)).one()
-        audit.append(
-            conn,
-            "executing",
-            {"attempt": row.attempts},
-            **_refs(row),
-        )
-        return row
+            return None, None
+        row = outbox.raw(conn, action_id)
+        audit.append(conn, "executing", {"attempt": row.attempts}, **_refs(row))
+        return row, None
+
+    result: tuple[Any, str | None] = outbox.write(engine, write)
+    return result
 
 
 def _finish(
     engine: Engine, row: Any, state: str, type_: str, payload: dict[str, Any], **values: Any
 ) -> None:
-    with engine.begin() as conn:
+    """Record a step's outcome with its audit event (again after a lost audit-seq race)."""
+
+    def write(conn: Connection) -> None:
         conn.execute(
             update(actions_table)
             .where(actions_table.c.id == row.id)
             .values(state=state, updated_at=_now(), **values)
         )
         audit.append(conn, type_, payload, **_refs(row))
+
+    outbox.write(engine, write)
+
+
+def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
+    if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
+        back = "approved" if row.decided_by else "ready"
+        delay = min(cfg.retry_base_s * 2 ** min(row.attempts, 6), 600.0)
+        _finish(
+            engine,
+            row,
+            back,
+            "retry_scheduled",
+            {"error": str(exc), "steps": steps, "retry_in_s": delay},
+            last_error=str(exc),
+            next_attempt_at=_now() + delay,
+        )
+        return
+    _finish(
+        engine, row, "failed", "failed", {"error": str(exc), "steps": steps}, last_error=str(exc)
+    )
+    _notify(
+        engine,
+        cfg,
+        "GoodputNeedsPerson",
+        _raw(engine, row.id),
+        None,
+        f"Goodput's {row.kind} for job {row.job_id} failed: {str(exc)[:300]}",
+        "warning",
+        None,
+    )
 
 
 def execute(
@@ -519,18 +368,54 @@ def execute(
         if r is not None and r.state in from_states:
             _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
         return get_action(engine, action_id)
-    row = _claim(engine, action_id, from_states)
+    r = _raw(engine, action_id)
+    if r is None or r.state not in from_states:
+        return get_action(engine, action_id)
+    sched = cfg.scheduler
+    action = json.loads(r.body)["action"]
+    nodes = None
+    if action.get("nodes") and r.state != "executing":
+        try:  # the blast radius is checked again with the nodes as they are now
+            nodes = sched.node_states()
+        except SchedulerError as exc:
+            row, _ = _claim(engine, cfg, action_id, from_states, None)
+            if row is not None:
+                _retry_or_fail(engine, cfg, row, exc, [])
+            return get_action(engine, action_id)
+    row, over = _claim(engine, cfg, action_id, from_states, nodes)
     if row is None:
         return get_action(engine, action_id)
+    if over is not None:
+        _finish(
+            engine,
+            row,
+            "failed",
+            "failed",
+            {"error": f"blast radius: {over}", "steps": []},
+            last_error=f"blast radius: {over}",
+        )
+        _notify(
+            engine,
+            cfg,
+            "GoodputNeedsPerson",
+            _raw(engine, action_id),
+            None,
+            f"Goodput did not {row.kind} for job {row.job_id}: it would break the blast "
+            f"radius ({over}) now",
+            "warning",
+            None,
+        )
+        return get_action(engine, action_id)
+    failpoints.hit("claimed")
     body = json.loads(row.body)
-    action = body["action"]
-    sched = cfg.scheduler
     steps: list[str] = []
+    outcome = body.get("diagnosis", {}).get("outcome", "")
     try:
-        outcome = body.get("diagnosis", {}).get("outcome", "")
         for node in action.get("nodes", []):
             reason = f"goodput: {outcome} incident {row.incident_id} action {row.id}"
             steps.append(sched.drain(node, reason).detail)
+        if action.get("nodes"):
+            failpoints.hit("drained")
         kind = row.kind
         if kind in RESTARTS:
             steps.append(
@@ -547,31 +432,12 @@ def execute(
             for node in action.get("resume", []):
                 steps.append(sched.resume(node).detail)
     except (SchedulerError, ValueError) as exc:  # GuardRefused, SchedulerUnavailable included
-        if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
-            back = "approved" if row.decided_by else "ready"
-            delay = min(cfg.retry_base_s * 2 ** min(row.attempts, 6), 600.0)
-            _finish(
-                engine,
-                row,
-                back,
-                "retry_scheduled",
-                {"error": str(exc), "steps": steps, "retry_in_s": delay},
-                last_error=str(exc),
-                next_attempt_at=_now() + delay,
-            )
-        else:
-            _finish(
-                engine,
-                row,
-                "failed",
-                "failed",
-                {"error": str(exc), "steps": steps},
-                last_error=str(exc),
-            )
+        _retry_or_fail(engine, cfg, row, exc, steps)
         return get_action(engine, action_id)
-    _crash_hook("executed")
+    failpoints.hit("executed")
     result = {"steps": steps, "verified": _verify(sched, row, action)}
     _finish(engine, row, "executed", "executed", result, result=json.dumps(result))
+    failpoints.hit("finished")
     if row.kind == "stop":
         _notify(
             engine,
@@ -611,22 +477,13 @@ def _verify(sched: Scheduler, row: Any, action: dict[str, Any]) -> dict[str, Any
 
 # ---- approvals, resume_node -----------------------------------------------------------------
 def _raw(engine: Engine, action_id: str) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(select(actions_table).where(actions_table.c.id == action_id)).first()
+    return outbox.raw(engine, action_id)
 
 
 def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:
     ensure(engine)
     r = _raw(engine, action_id)
     return _public(r) if r else None
-
-
-def _public(r: Any) -> dict[str, Any]:
-    d = dict(r._mapping)
-    d["body"] = json.loads(d["body"])
-    d["result"] = json.loads(d["result"]) if d.get("result") else None
-    d.pop("owner", None)
-    return d
 
 
 def list_actions(
@@ -650,8 +507,19 @@ def list_actions(
 def approve(
     engine: Engine, settings: Any, action_id: str, who: str, comment: str = ""
 ) -> dict[str, Any]:
-    """Approve a pending action (recording who) and execute it."""
-    _decide_pending(engine, action_id, who, "approved", comment)
+    """Approve a pending action (recording who) and execute it. The blast radius is checked
+    again first, with every other reserved drain and the nodes as the scheduler shows them."""
+    ensure(engine)
+    cfg = config(settings)
+    row = _raw(engine, action_id)
+    nodes = None
+    if row is not None and json.loads(row.body).get("action", {}).get("nodes"):
+        try:
+            nodes = cfg.scheduler.node_states()
+        except SchedulerError:
+            nodes = None  # checked again at execution, which waits for the scheduler
+    _decide_pending(engine, action_id, who, "approved", comment, (cfg.policy, nodes))
+    failpoints.hit("approved")
     return execute(engine, settings, action_id, ("approved",)) or {}
 
 
@@ -660,29 +528,42 @@ def reject(engine: Engine, action_id: str, who: str, comment: str = "") -> dict[
     return get_action(engine, action_id) or {}
 
 
-def _decide_pending(engine: Engine, action_id: str, who: str, verdict: str, comment: str) -> None:
+def _decide_pending(
+    engine: Engine,
+    action_id: str,
+    who: str,
+    verdict: str,
+    comment: str,
+    budget: tuple[Policy, Any] | None = None,
+) -> None:
     ensure(engine)
     expire(engine)
     if not who or len(who) > 128:
         raise ActionError("who must be a non-empty name of at most 128 characters")
-    with engine.begin() as conn:
+
+    def write(conn: Connection) -> None:
+        if budget is not None:
+            planning.lock_budget(conn)
         row = conn.execute(select(actions_table).where(actions_table.c.id == action_id)).first()
         if row is None:
             raise ActionError(f"no action {action_id}")
         if row.state != "pending_approval":
             raise ActionError(f"action {action_id} is {row.state}, not pending approval")
+        if budget is not None and budget[1] is not None:
+            why = planning.budget_violation(conn, row, budget[1], budget[0])
+            if why is not None:
+                raise ActionError(
+                    f"approving {action_id} now would break the blast radius ({why}); "
+                    "it stays pending"
+                )
         conn.execute(
             update(actions_table)
             .where(actions_table.c.id == action_id)
             .values(state=verdict, decided_by=who, updated_at=_now())
         )
-        audit.append(
-            conn,
-            verdict,
-            {"comment": comment[:1000]},
-            **_refs(row),
-            actor=who,
-        )
+        audit.append(conn, verdict, {"comment": comment[:1000]}, **_refs(row), actor=who)
+
+    outbox.write(engine, write)
 
 
 def expire(engine: Engine) -> int:
@@ -694,36 +575,35 @@ def expire(engine: Engine) -> int:
                 actions_table.c.state == "pending_approval", actions_table.c.expires_at < now
             )
         ).all()
-    n = 0
-    for r in rows:
-        with engine.begin() as conn:
-            done = conn.execute(
-                update(actions_table)
-                .where(
-                    actions_table.c.id == r.id,
-                    actions_table.c.state == "pending_approval",
-                )
-                .values(state="expired", updated_at=now)
-            ).rowcount
-            if done:
-                audit.append(
-                    conn,
-                    "expired",
-                    {"expires_at": r.expires_at},
-                    **_refs(r),
-                )
-                n += 1
-    return n
+
+    def write(conn: Connection, r: Any) -> int:
+        done = conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == r.id, actions_table.c.state == "pending_approval")
+            .values(state="expired", updated_at=now)
+        ).rowcount
+        if done:
+            audit.append(conn, "expired", {"expires_at": r.expires_at}, **_refs(r))
+        return int(done)
+
+    return sum(outbox.write(engine, write, r) for r in rows)
 
 
 def resume_node(
     engine: Engine, settings: Any, node: str, who: str, comment: str = ""
 ) -> dict[str, Any]:
     """Return a repaired node to service: an audited action, executed at once (not while
-    paused); the port refuses nodes a person drained."""
+    paused); the port refuses nodes a person drained. `UnknownNode` if the scheduler does not
+    know the node (nothing is recorded); an unreachable scheduler leaves the action retried."""
     ensure(engine)
     check_node(node)
     cfg = config(settings)
+    try:
+        known = [n.node for n in cfg.scheduler.node_states()]
+    except SchedulerError:
+        known = None
+    if known is not None and node not in known:
+        raise UnknownNode(f"node {node} is unknown to the scheduler")
     action = Action(
         kind="resume_node",
         disposition="execute",
@@ -809,15 +689,16 @@ def _notify(
 
 # ---- start-up reconciliation and the retry loop -----------------------------------------------
 def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
-    """Finish what is due: executing rows left by a dead process (at start-up), ready or
-    approved rows whose retry time has come, plans that waited for the scheduler."""
+    """Finish what is due: rows with no plan yet (a final diagnosis whose planner died, or one
+    waiting for the scheduler), executing rows left by a dead process (at start-up), ready or
+    approved rows whose retry time has come."""
     ensure(engine)
     expire(engine)
     now = _now()
     with engine.connect() as conn:
         rows = conn.execute(
             select(actions_table)
-            .where(actions_table.c.state.in_((*RUNNABLE, "waiting_scheduler")))
+            .where(actions_table.c.state.in_((*RUNNABLE, *PLANNABLE)))
             .order_by(actions_table.c.created_at)
         ).all()
     n = 0
@@ -826,18 +707,8 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
             continue
         if r.state == "executing" and (not startup or r.owner == OWNER):
             continue  # executing is finished here only when a dead process left it
-        if r.state == "waiting_scheduler":
-            body = json.loads(r.body)
-            diag = Diagnosis.from_dict(
-                {**body["diagnosis"], "incident_id": r.incident_id, "job_id": r.job_id}
-            )
-            with engine.begin() as conn:
-                conn.execute(
-                    actions_table.delete().where(
-                        actions_table.c.id == r.id, actions_table.c.state == "waiting_scheduler"
-                    )
-                )
-            _plan(engine, settings, r.id, diag, {"id": r.incident_id})
+        if r.state in PLANNABLE:
+            plan(engine, settings, r.id)  # in place: the row is never absent
         else:
             if startup:
                 was: dict[str, Any] = {"was": r.state}
@@ -861,23 +732,29 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
 def start(
     engine: Engine, settings: Any, interval_s: float = 5.0, thread: bool | None = None
 ) -> None:
-    """Reconcile once per process and engine, then keep retrying in a daemon thread
-    (off when `GOODPUT_ACTIONS_THREAD=0`)."""
+    """Once per process and engine: reconcile at start-up, then keep retrying every
+    `interval_s`, in a daemon thread (so the receiver serves at once, whatever the scheduler
+    does), or once in the caller when the thread is off (`GOODPUT_ACTIONS_THREAD=0`)."""
     with _lock:
         if engine in _running:
             return
         _running.add(engine)
     ensure(engine)
-    try:
-        reconcile(engine, settings, startup=True)
-    except Exception:  # noqa: BLE001 - start-up must not take the receiver down
-        log.exception("reconcile at start-up failed")
     if thread is None:
         thread = os.environ.get("GOODPUT_ACTIONS_THREAD", "1") not in ("0", "false")
+
+    def startup() -> None:
+        try:
+            reconcile(engine, settings, startup=True)
+        except Exception:  # noqa: BLE001 - start-up must not take the receiver down
+            log.exception("reconcile at start-up failed")
+
     if not thread:
+        startup()
         return
 
     def loop() -> None:
+        startup()
         while True:
             time.sleep(interval_s)
             try:
@@ -899,14 +776,26 @@ def counts(engine: Engine) -> dict[tuple[str, str], int]:
 
 
 __all__ = [
-    "ActionError",
     "DRAINS",
+    "DRAIN_STATES",
+    "DRAIN_WINDOW_S",
+    "MAX_PLANS_PER_INCIDENT",
+    "OPEN_STATES",
+    "REPLANNABLE",
+    "ActionError",
+    "UnknownNode",
+    "_history",
+    "actions_table",
     "approve",
+    "enqueue",
+    "ensure",
     "execute",
     "get_action",
     "is_paused",
     "list_actions",
+    "metadata",
     "on_diagnosis",
+    "plan",
     "reconcile",
     "reject",
     "resume_node",

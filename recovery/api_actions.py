@@ -91,11 +91,15 @@ def resume(request: Request, body: Verdict) -> dict[str, Any]:
 
 @router.post("/nodes/{node}/resume")
 def resume_node(request: Request, node: str, body: Verdict) -> dict[str, Any]:
-    """Return a node Goodput drained to service (audited; refused for nodes a person drained)."""
+    """Return a node Goodput drained to service (audited; refused for nodes a person drained;
+    404 for a node the scheduler does not know)."""
     if not NODE_RE.match(node):
         raise HTTPException(422, f"invalid node {node!r}")
     engine, settings = _ctx(request)
-    return actions.resume_node(engine, settings, node, body.who, body.comment)
+    try:
+        return actions.resume_node(engine, settings, node, body.who, body.comment)
+    except actions.UnknownNode as exc:
+        raise HTTPException(404, str(exc)) from None
 
 
 @router.get("/audit")

@@ -144,6 +144,7 @@ class History:
     drain_times: tuple[float, ...] = ()  # one entry per node Goodput drained
     nodes: tuple[NodeView, ...] = ()
     paused: bool = False
+    reserved: tuple[str, ...] = ()  # nodes other open plans will drain (the budget they hold)
 
 
 @dataclass(frozen=True)
@@ -186,17 +187,18 @@ def blast_radius_violation(
         return None, new
     b = policy.blast_radius
     recent = sum(1 for t in history.drain_times if history.now - 3600.0 < t <= history.now)
-    if recent + len(new) > b.max_drains_per_hour:
+    if recent + sum(1 for n in new if n not in history.reserved) > b.max_drains_per_hour:
         return Reason.BLAST_DRAINS_PER_HOUR, new
     partitions = {p for n in new for p in (views[n].partitions if n in views else ())}
     if any(n not in views for n in new):
         return Reason.BLAST_UNKNOWN, new
+    out = set(new) | set(history.reserved)  # drained by this plan or reserved by another one
     for part in sorted(partitions) or [""]:
         members = (
             [v for v in history.nodes if part in v.partitions] if part else list(views.values())
         )
         total = len(members)
-        down = sum(1 for v in members if v.unavailable or v.node in new)
+        down = sum(1 for v in members if v.unavailable or v.node in out)
         if total == 0 or down / total > b.max_partition_unavailable_fraction + 1e-9:
             return Reason.BLAST_PARTITION_FRACTION, new
         if total - down < b.min_healthy_nodes:

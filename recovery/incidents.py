@@ -5,7 +5,8 @@ Rules:
   nothing; a status change (firing → resolved) updates the stored alert only;
 - an alert with `job_id` joins the job's open incident (one is opened if none);
 - an alert with only `node` joins the open incidents of the jobs on that node (asked from
-  Slurm, plus open incidents that already name the node); with none, a node incident;
+  Slurm before the ingest lock is taken, plus open incidents that already name the node);
+  with none, a node incident;
 - each new alert in an incident schedules a diagnosis after `settings.settle_s`;
 - an incident resolves when all its alerts are resolved.
 """
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
-from recovery import validate
+from recovery import failpoints, validate
 from recovery.settings import Settings
 from recovery.store import (
     alerts,
@@ -71,7 +73,8 @@ def ingest(
 ) -> IngestResult:
     """Store a validated webhook payload and fold its alerts into incidents (one transaction)."""
     now = time.time() if now is None else now
-    lookup = node_jobs or default_node_jobs(settings)
+    alert_docs = list(alert_docs)
+    on_node = _jobs_on_nodes(engine, alert_docs, node_jobs or default_node_jobs(settings))
     result = IngestResult()
     touched: set[int] = set()
     with _LOCK, engine.begin() as conn:
@@ -83,7 +86,7 @@ def ingest(
             if doc["labels"].get("goodput_notification") == "true":
                 continue  # Goodput's own notices to on-call (approvals, stops) open nothing
             if is_new and doc["status"] == "firing":
-                for inc in _incidents_for(conn, doc, lookup, now):
+                for inc in _incidents_for(conn, doc, on_node, now):
                     _link(conn, inc, alert_id, now, settings.settle_s)
                     touched.add(inc)
             elif is_new or changed:
@@ -91,7 +94,47 @@ def ingest(
         for inc in touched:
             _maybe_resolve(conn, inc, now)
     result.incident_ids = sorted(touched)
+    failpoints.hit("ingested")
     return result
+
+
+def _jobs_on_nodes(
+    engine: Engine, docs: list[dict[str, Any]], lookup: NodeJobs
+) -> dict[str, list[str]]:
+    """Slurm's jobs on each node named by a new firing alert that has no job_id, asked before
+    the ingest lock and transaction are taken, so a slow or unreachable Slurm delays only this
+    request. A redelivered alert asks nothing; after one failed lookup the remaining nodes
+    fall back on the open incidents that already name them."""
+    wanted: dict[str, set[tuple[str, str]]] = {}
+    for doc in docs:
+        labels = doc["labels"]
+        if (
+            doc["status"] == "firing"
+            and labels.get("node")
+            and not labels.get("job_id")
+            and labels.get("goodput_notification") != "true"
+        ):
+            wanted.setdefault(labels["node"], set()).add((doc["fingerprint"], doc["startsAt"]))
+    if not wanted:
+        return {}
+    fps = {fp for ids in wanted.values() for fp, _ in ids}
+    with engine.connect() as conn:
+        stored = {
+            (r.fingerprint, r.starts_at)
+            for r in conn.execute(
+                select(alerts.c.fingerprint, alerts.c.starts_at).where(
+                    alerts.c.fingerprint.in_(fps)
+                )
+            )
+        }
+    out: dict[str, list[str]] = {}
+    for node in sorted(n for n, ids in wanted.items() if ids - stored):
+        try:
+            out[node] = [j for j in lookup(node) if validate.JOB_ID.fullmatch(j)]
+        except Exception as exc:  # noqa: BLE001 - Slurm unreachable: fall back on what we know
+            log.warning("jobs on node %s: Slurm lookup failed: %s", node, exc)
+            break
+    return out
 
 
 def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[int, bool, bool]:
@@ -157,7 +200,7 @@ def _open_incident(conn: Connection, now: float, job_id: str | None, node: str |
 
 
 def _incidents_for(
-    conn: Connection, doc: dict[str, Any], lookup: NodeJobs, now: float
+    conn: Connection, doc: dict[str, Any], on_node: dict[str, list[str]], now: float
 ) -> list[int]:
     labels = doc["labels"]
     job_id, node = labels.get("job_id") or None, labels.get("node") or None
@@ -165,11 +208,7 @@ def _incidents_for(
         return [_open_incident(conn, now, job_id, None)]
     if not node:
         return [_open_incident(conn, now, None, "")]  # cluster-level alert: one bucket
-    jobs: set[str] = set()
-    try:
-        jobs.update(j for j in lookup(node) if validate.JOB_ID.fullmatch(j))
-    except Exception as exc:  # noqa: BLE001 - Slurm unreachable: fall back on what we know
-        log.warning("jobs on node %s: Slurm lookup failed: %s", node, exc)
+    jobs: set[str] = set(on_node.get(node, ()))
     known = conn.execute(
         select(incidents.c.job_id)
         .select_from(incidents.join(incident_alerts).join(alerts))
@@ -372,6 +411,8 @@ def store_diagnosis(
     recheck_s: float = 0.0,
     recheck_max: int = 0,
     now: float | None = None,
+    on_final: Callable[[Connection], Any] | None = None,
+    incomplete_max: int = 0,
 ) -> str:
     """Store a diagnosis and say what it settles:
 
@@ -381,8 +422,43 @@ def store_diagnosis(
       `recheck_s` later, at most `recheck_max` times per incident: the symptoms that settle it
       (a GPU idle for 30 s, a peer slower for 20 s) may not have had the time to show yet;
     - "resolved": inconclusive, and the incident has resolved meanwhile: nothing to ask anyone.
+
+    A diagnosis made while a source was unreachable (`incomplete(doc)`) of an open incident is
+    also diagnosed again `recheck_s` later, at most `incomplete_max` times: an outage of Slurm
+    must not lower the confidence of the verdict for good. `on_final(conn)` runs inside the
+    transaction that stores a "done" diagnosis (the action outbox is written with it).
     """
     now = time.time() if now is None else now
+    for attempt in range(20):
+        try:
+            return _store(
+                engine, incident_id, gen, doc, recheck_s, recheck_max, now, on_final, incomplete_max
+            )
+        except IntegrityError:  # another receiver won a race for a row id (audit seq)
+            time.sleep(0.01 * (attempt + 1))
+    raise RuntimeError("could not store the diagnosis")
+
+
+def incomplete(doc: dict[str, Any]) -> bool:
+    """Slurm could not be asked: the verdict lacks the job's and the nodes' state."""
+    return any(
+        r.get("connector") == "slurm" and r.get("status") == "error"
+        for r in doc.get("connector_reports") or []
+        if isinstance(r, dict)
+    )
+
+
+def _store(
+    engine: Engine,
+    incident_id: int,
+    gen: int,
+    doc: dict[str, Any],
+    recheck_s: float,
+    recheck_max: int,
+    now: float,
+    on_final: Callable[[Connection], Any] | None,
+    incomplete_max: int,
+) -> str:
     with _LOCK, engine.begin() as conn:
         conn.execute(
             insert(diagnoses).values(
@@ -408,11 +484,28 @@ def store_diagnosis(
                 and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
             ):
                 return "recheck"
+        if incomplete(doc) and incomplete_max > 0:
+            tries = conn.execute(  # this one included
+                select(func.count())
+                .select_from(diagnoses)
+                .where(diagnoses.c.incident_id == incident_id)
+            ).scalar_one()
+            open_now = and_(current, incidents.c.state == "open")
+            due = {"diagnosis_due": now + recheck_s}
+            if (
+                tries <= incomplete_max
+                and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
+            ):
+                return "recheck"
         done = conn.execute(update(incidents).where(current).values(diagnosis_state="done"))
         if not done.rowcount:
             return "superseded"
         state = conn.execute(select(incidents.c.state).where(current)).scalar_one()
-    return "resolved" if doc["outcome"] == "unknown" and state != "open" else "done"
+        if doc["outcome"] == "unknown" and state != "open":
+            return "resolved"
+        if on_final is not None:
+            on_final(conn)
+    return "done"
 
 
 def record_failure(

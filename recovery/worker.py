@@ -1,13 +1,15 @@
 """The diagnosis worker: a background thread that diagnoses incidents once they settle.
 
 Pending diagnoses live in the store (`diagnosis_state='pending'`, `diagnosis_due`), so a
-restarted receiver resumes them. After a final diagnosis is stored (not one superseded by a newer
-alert, nor an inconclusive one still to be rechecked), `recovery.actions.on_diagnosis` plans the
-action for it.
+restarted receiver resumes them. A final diagnosis (not one superseded by a newer alert, nor an
+inconclusive one, nor one made while Slurm was down, still to be rechecked) is stored together
+with its action's outbox row (`recovery.actions.enqueue`, one transaction); then
+`recovery.actions.on_diagnosis` plans it, and if this process dies first, `reconcile` does.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -15,11 +17,14 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import actions, attribution, evidence, incidents
+from recovery import actions, attribution, evidence, failpoints, incidents
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
 log = logging.getLogger("goodput.receiver.worker")
+# A diagnosis made while Slurm was unreachable is made again (every recheck_s) up to this many
+# diagnoses of the incident: 30 x 10 s covers a 5-minute outage of the controller.
+INCOMPLETE_MAX = 30
 
 
 def diagnose(settings: Settings, incident: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +42,7 @@ def run_once(
 ) -> list[int]:
     """Diagnose every due incident once; returns the ids diagnosed (final or not)."""
     done = []
+    actions.ensure(engine)
     for incident_id, gen in incidents.due_diagnoses(engine, now):
         inc = incidents.incident(engine, incident_id)
         if inc is None:
@@ -56,12 +62,21 @@ def run_once(
             if doc.get("onset") and inc.get("first_alert_at"):
                 metrics.time_to_detect.observe(max(0.0, inc["first_alert_at"] - doc["onset"]))
         stored = incidents.store_diagnosis(
-            engine, incident_id, gen, doc, settings.recheck_s, settings.recheck_max, now
+            engine,
+            incident_id,
+            gen,
+            doc,
+            settings.recheck_s,
+            settings.recheck_max,
+            now,
+            on_final=functools.partial(actions.enqueue, incident=inc, diagnosis=doc),
+            incomplete_max=INCOMPLETE_MAX if settings.slurm_enabled else 0,
         )
         done.append(incident_id)
         if stored != "done":  # superseded, rechecked later, or inconclusive and over
             log.info("incident %s: diagnosis %s; no action planned on it", incident_id, stored)
             continue
+        failpoints.hit("diagnosed")  # the outbox row is durable: reconcile plans it if we die
         current = incidents.incident(engine, incident_id)  # with the stored outcome
         if current is None:
             continue

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "/integration/" in str(item.fspath):
+        if "/integration/" in str(item.fspath) or "/chaos/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
 
 

@@ -196,8 +196,11 @@ class Scheduler(ABC):
 
         `expected_restarts` is the job's restart count when the action was planned: a job
         whose count has moved on was already requeued (by Slurm, a person, or an earlier
-        attempt of this action) and is not requeued again; if that earlier attempt left it
-        held mid-way, the exclusion is completed and it is released.
+        attempt of this action) and is not requeued again. If that earlier attempt died
+        mid-way (requeue-held, exclusion maybe not set), the job is pending, held, and its
+        count moved by exactly one: the exclusion is completed and it is released. Only these
+        structured facts decide it (Slurm 22.05 says `JobHeldUser` in `state_reason`, later
+        versions other words), never the wording of a reason.
         """
         check_job(job_id)
         exclude = tuple(check_node(n) for n in exclude)
@@ -210,7 +213,7 @@ class Scheduler(ABC):
             if (
                 before.held
                 and before.state.upper() == "PENDING"
-                and "requeue" in before.reason.lower()
+                and before.restarts == expected_restarts + 1
                 and not hold
             ):
                 self._set_exclude(job_id, exclude, delay_s)

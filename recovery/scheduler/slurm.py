@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from catalogue import names
+from recovery import failpoints
 from recovery.scheduler.base import (
     JobState,
     NodeState,
@@ -51,6 +52,31 @@ def _exit_code(raw: object) -> int | None:
     if isinstance(raw, int):
         return (raw >> 8) & 0xFF if raw > 255 or raw & 0x7F == 0 else None
     return None
+
+
+def _number(raw: object) -> int | None:
+    """An integer field: plain (22.05) or `{"set": true, "number": N}` (23.02 and later)."""
+    if isinstance(raw, dict):
+        if raw.get("set") is False or raw.get("infinite"):
+            return None
+        raw = raw.get("number")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")  # Slurm's WAIT_HELD_USER / WAIT_HELD
+
+
+def held(job: dict[str, object]) -> bool:
+    """Slurm holds the job: priority 0, the `hold` flag (23.02+), a REQUEUE_HOLD state flag
+    (23.02+ lists the flags in `job_state`) or a held state_reason: structured fields only."""
+    states = job.get("job_state")
+    flags = {str(f).upper() for f in (states if isinstance(states, list) else [states])}
+    return (
+        _number(job.get("priority")) == 0
+        or job.get("hold") is True
+        or "REQUEUE_HOLD" in flags
+        or str(job.get("state_reason") or "") in HELD_REASONS
+    )
 
 
 def _first(raw: object) -> str:
@@ -131,14 +157,14 @@ class SlurmScheduler(Scheduler):
                 name=str(j.get("name") or ""),
                 state=_first(j.get("job_state")).upper(),
                 nodes=expand_hostlist(j.get("nodes")),
-                restarts=int(j.get("restart_cnt") or 0),
+                restarts=_number(j.get("restart_cnt")) or 0,
                 exit_code=_exit_code(j.get("exit_code")),
                 comment=str(j.get("comment") or ""),
                 excluded=expand_hostlist(j.get("excluded_nodes")),
-                held=(j.get("priority") == 0) or "held" in reason.lower(),
+                held=held(j),
                 reason=reason,
                 partition=str(j.get("partition") or "") or None,
-                start_time=float(j["start_time"]) if j.get("start_time") else None,
+                start_time=float(start) if (start := _number(j.get("start_time"))) else None,
                 gpus=int(gres.group(1)) if gres else 0,
             )
         return self._sacct_state(job_id)
@@ -194,8 +220,10 @@ class SlurmScheduler(Scheduler):
             lambda: bool((s := self.job_state(job_id)) and s.held and s.state == "PENDING"),
             f"job {job_id} requeue-held",
         )
+        failpoints.hit("requeue_held")
         if exclude or delay_s > 0:
             self._set_exclude(job_id, exclude, delay_s)
+        failpoints.hit("excluded")
         if not hold:
             self._release(job_id)
 

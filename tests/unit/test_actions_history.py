@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
 
-from recovery import actions
+from recovery import actions, outbox
 from recovery.decide import Diagnosis
 from recovery.policy import PolicyError
 from recovery.scheduler.base import NodeState
@@ -21,7 +21,7 @@ NOW = 1_800_000_000.0
 
 @pytest.fixture
 def engine(tmp_path, monkeypatch):
-    monkeypatch.setattr(actions, "_now", lambda: NOW)
+    monkeypatch.setattr(outbox, "now", lambda: NOW)
     eng = create_engine(f"sqlite:///{tmp_path / 'h.db'}")
     actions.ensure(eng)
     return eng

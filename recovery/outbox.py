@@ -1,0 +1,244 @@
+"""The action outbox: one row per planned action, written before anything is executed.
+
+A final diagnosis and its outbox row are committed in ONE transaction (`enqueue`, called from
+inside `incidents.store_diagnosis`): the row starts `planning` and carries the diagnosis, so a
+process that dies before planning leaves a row that `reconcile` plans on restart. Every later
+step moves the row with a conditional UPDATE (`WHERE state IN (...)`), so a step is done once
+whichever process gets there first, and a re-plan replaces the row in place.
+
+States: `planning` → `waiting_scheduler` (retried) | `pending_approval` | `ready` →
+(`approved`) → `executing` → `executed` | `failed`; terminal also `rejected`, `expired`,
+`planned_only`, `no_action`, `skipped`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import weakref
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.schema import CreateIndex
+
+from recovery import accounting, audit
+from recovery.decide import Diagnosis
+
+metadata = MetaData()
+actions_table = Table(
+    "goodput_actions",
+    metadata,
+    Column("id", String(80), primary_key=True),  # the idempotency key
+    Column("incident_id", String(64), nullable=True),
+    Column("job_id", String(32), nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("state", String(24), nullable=False),
+    Column("mode", String(16), nullable=False),
+    Column("body", Text, nullable=False),  # the Action, the cause key, the outcome
+    Column("restarts_before", Integer, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=True),
+    Column("next_attempt_at", Float, nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("owner", String(64), nullable=True),
+    Column("decided_by", String(128), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("result", Text, nullable=True),
+)
+# For the planner's bounded reads (_history, incident_action) and the retry loop's state scans.
+Index("ix_goodput_actions_state_created", actions_table.c.state, actions_table.c.created_at)
+Index("ix_goodput_actions_job_state", actions_table.c.job_id, actions_table.c.state)
+Index("ix_goodput_actions_incident", actions_table.c.incident_id, actions_table.c.created_at)
+switches = Table(
+    "goodput_switches",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("value", String(64), nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("updated_by", String(128), nullable=False),
+)
+
+PLANNABLE = ("planning", "waiting_scheduler")  # a diagnosis with no decision yet
+OPEN_STATES = (*PLANNABLE, "pending_approval", "ready", "approved", "executing")
+RUNNABLE = ("ready", "approved", "executing")
+# Rows whose drains are done or reserved (the blast-radius budget): planned, not given up.
+RESERVING = ("pending_approval", "ready", "approved", "executing")
+DRAIN_STATES = ("executed", *RESERVING)
+# A later diagnosis of the same incident is planned again only when the earlier plan did
+# nothing in the scheduler and the verdict (outcome or culprit nodes) changed.
+REPLANNABLE = ("no_action", "planned_only", "skipped")
+MAX_PLANS_PER_INCIDENT = 5
+_ensured: weakref.WeakSet[Engine] = weakref.WeakSet()
+_ensure_lock = threading.Lock()
+
+
+def now() -> float:
+    return time.time()
+
+
+def ensure(engine: Engine) -> None:
+    """Create the outbox, audit and accounting tables (once per engine; thread-safe)."""
+    if engine in _ensured:
+        return
+    with _ensure_lock:
+        if engine not in _ensured:
+            _create(engine)
+            _ensured.add(engine)
+
+
+def _create(engine: Engine) -> None:
+    metadata.create_all(engine)
+    with engine.begin() as conn:  # create_all skips the indexes of a table that already exists
+        for index in actions_table.indexes:
+            conn.execute(CreateIndex(index, if_not_exists=True))
+    try:
+        with engine.begin() as conn:  # the row the budget lock takes (see planning.lock_budget)
+            if not conn.execute(select(switches.c.name).where(switches.c.name == "budget")).first():
+                conn.execute(
+                    switches.insert().values(
+                        name="budget", value="lock", updated_at=now(), updated_by="goodput"
+                    )
+                )
+    except IntegrityError:
+        pass  # another process created it first
+    audit.ensure(engine)
+    accounting.ensure(engine)
+
+
+def refs(row: Any) -> dict[str, Any]:
+    """An outbox row's (a Row or its dict) references for its audit events."""
+    r = row if isinstance(row, dict) else row._mapping
+    return {"job_id": r["job_id"], "incident_id": r["incident_id"], "action_id": r["id"]}
+
+
+def raw(conn_or_engine: Connection | Engine, action_id: str) -> Any:
+    q = select(actions_table).where(actions_table.c.id == action_id)
+    if isinstance(conn_or_engine, Engine):
+        with conn_or_engine.connect() as conn:
+            return conn.execute(q).first()
+    return conn_or_engine.execute(q).first()
+
+
+def public(r: Any) -> dict[str, Any]:
+    d = dict(r._mapping)
+    d["body"] = json.loads(d["body"])
+    d["result"] = json.loads(d["result"]) if d.get("result") else None
+    d.pop("owner", None)
+    return d
+
+
+def diag_dict(d: Diagnosis) -> dict[str, Any]:
+    return {
+        "outcome": d.outcome,
+        "root_cause": d.root_cause,
+        "confidence": d.confidence,
+        "affected_nodes": list(d.affected_nodes),
+        "onset": d.onset,
+        "cause_key": d.cause_key,
+    }
+
+
+def latest(conn: Connection, incident_id: str) -> Any:
+    """The incident's latest outbox row (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
+    return conn.execute(
+        select(actions_table)
+        .where(actions_table.c.incident_id == str(incident_id))
+        .order_by(actions_table.c.created_at.desc(), actions_table.c.id.desc())
+        .limit(1)
+    ).first()
+
+
+def _replan(row: Any, diag: Diagnosis) -> bool:
+    before = json.loads(row.body).get("diagnosis", {})
+    changed = before.get("outcome") != diag.outcome or sorted(
+        before.get("affected_nodes") or []
+    ) != sorted(diag.affected_nodes)
+    plans = int(row.id.rsplit("-", 1)[-1]) if row.id.count("-") > 1 else 1
+    return row.state in REPLANNABLE and changed and plans < MAX_PLANS_PER_INCIDENT
+
+
+def _next_id(action_id: str) -> str:
+    base, _, n = action_id.rpartition("-")
+    return f"{base}-{int(n) + 1}" if action_id.count("-") > 1 else f"{action_id}-2"
+
+
+def enqueue(conn: Connection, incident: dict[str, Any], diagnosis: dict[str, Any]) -> str | None:
+    """Write the outbox row for a final diagnosis inside the caller's transaction; returns the
+    action id to plan, or None (invalid diagnosis, audited; or the incident's plan stands).
+
+    A row not yet decided (`planning`, `waiting_scheduler`) takes the newer diagnosis in place;
+    a decided one that did nothing is followed by `inc-<id>-N` when the verdict changed.
+    """
+    incident_id = str(incident.get("id", diagnosis.get("incident_id", "")))
+    job_id = diagnosis.get("job_id") or incident.get("job_id")
+    try:
+        diag = Diagnosis.from_dict({**diagnosis, "incident_id": incident_id, "job_id": job_id})
+    except ValueError as exc:
+        audit.append(
+            conn, "skipped", {"reason": f"invalid diagnosis: {exc}"}, incident_id=incident_id
+        )
+        return None
+    opened = incident.get("opened_at")
+    body = {
+        "diagnosis": diag_dict(diag),
+        "cause_key": diag.cause_key,
+        "incident": {"opened_at": opened if isinstance(opened, int | float) else None},
+    }
+    prev = latest(conn, incident_id)
+    t = now()
+    if prev is not None and prev.state in PLANNABLE:
+        if json.loads(prev.body).get("diagnosis") == body["diagnosis"]:
+            return str(prev.id)  # the same diagnosis delivered again
+        conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == prev.id, actions_table.c.state.in_(PLANNABLE))
+            .values(body=json.dumps(body, default=str), state="planning", updated_at=t)
+        )
+        action_id = str(prev.id)
+    elif prev is not None and not _replan(prev, diag):
+        return None
+    else:
+        action_id = f"inc-{incident_id}" if prev is None else _next_id(prev.id)
+        conn.execute(
+            actions_table.insert().values(
+                id=action_id,
+                incident_id=incident_id,
+                job_id=diag.job_id,
+                kind="none",
+                state="planning",
+                mode="",
+                body=json.dumps(body, default=str),
+                created_at=t,
+                updated_at=t,
+                attempts=0,
+            )
+        )
+    audit.append(conn, "diagnosis", diag_dict(diag), job_id=diag.job_id, incident_id=incident_id)
+    return action_id
+
+
+def write(engine: Engine, fn: Any, *args: Any) -> Any:
+    """Run `fn(conn, *args)` in a transaction, again after a lost race (audit seq, row id)."""
+    for attempt in range(20):
+        try:
+            with engine.begin() as conn:
+                return fn(conn, *args)
+        except IntegrityError:
+            time.sleep(0.01 * (attempt + 1))
+    raise RuntimeError("could not write the action outbox")

@@ -1,0 +1,231 @@
+"""Planning an outbox row, and the blast-radius budget that planning, approval and execution share.
+
+`plan_row` reads the scheduler (outside any transaction), then decides and writes the plan in
+one transaction that holds the budget lock, so two planners (threads, or receivers on one
+PostgreSQL) never both spend the same budget. A drain is counted from the moment it is planned
+(`pending_approval`, `ready`, `approved`, `executing`: reserved) until it is given up, and
+`budget_violation` checks the same limits again when a person approves and when it executes.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select, update
+
+from recovery import audit, outbox
+from recovery.decide import (
+    Action,
+    Diagnosis,
+    History,
+    JobView,
+    NodeView,
+    Reason,
+    blast_radius_violation,
+    decide,
+)
+from recovery.directives import check_bounds, merge, parse_directive
+from recovery.outbox import actions_table, switches
+from recovery.policy import RESTARTS, Policy
+from recovery.scheduler import SchedulerError, SchedulerUnavailable
+
+# decide() counts drains in the hour before `now` (blast_radius_violation); older ones are not read.
+DRAIN_WINDOW_S = 3600.0
+MAX_PLAN_ATTEMPTS = 50
+
+
+def lock_budget(conn: Connection) -> None:
+    """Take the budget lock for the rest of `conn`'s transaction: a write to one row, so
+    SQLite's writer lock or PostgreSQL's row lock serialises every budget decision."""
+    conn.execute(
+        update(switches).where(switches.c.name == "budget").values(updated_at=outbox.now())
+    )
+
+
+def _paused(conn: Connection) -> bool:
+    row = conn.execute(select(switches.c.value).where(switches.c.name == "pause")).first()
+    return bool(row and row.value == "on")
+
+
+def _history(
+    db: Engine | Connection,
+    cfg: Any,
+    diag: Diagnosis,
+    job: Any,
+    nodes: list[Any],
+    exclude_id: str | None = None,
+) -> History:
+    """What decide needs from the outbox: the job's executed restarts (all of them: the retry
+    budget is per job), the drains done or reserved in the last hour, and the nodes reserved by
+    other open plans (the blast radius)."""
+    now = outbox.now()
+    t = actions_table.c
+    ctx = db.connect() if isinstance(db, Engine) else nullcontext(db)
+    with ctx as conn:
+        restarts = conn.execute(
+            select(t.body).where(
+                t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS)
+            )
+        ).all()
+        recent = conn.execute(
+            select(t.id, t.state, t.created_at, t.body).where(
+                t.state.in_(outbox.DRAIN_STATES),
+                t.created_at > now - DRAIN_WINDOW_S,
+                t.created_at <= now,
+            )
+        ).all()
+        older_open = conn.execute(
+            select(t.id, t.body).where(
+                t.state.in_(outbox.RESERVING), t.created_at <= now - DRAIN_WINDOW_S
+            )
+        ).all()
+        paused = _paused(conn)
+    same = sum(1 for r in restarts if json.loads(r.body).get("cause_key") == diag.cause_key)
+    drain_times: list[float] = []
+    reserved: set[str] = set()
+    for r in recent:
+        if r.id == exclude_id:
+            continue
+        drain = json.loads(r.body).get("action", {}).get("nodes", [])
+        drain_times += [r.created_at] * len(drain)
+        if r.state in outbox.RESERVING:
+            reserved.update(drain)
+    for o in older_open:
+        if o.id != exclude_id:
+            reserved.update(json.loads(o.body).get("action", {}).get("nodes", []))
+    jv = None
+    if job is not None:
+        jv = JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
+    return History(
+        now=now,
+        job=jv,
+        restarts_done=len(restarts),
+        same_cause_restarts=same,
+        drain_times=tuple(drain_times),
+        nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
+        paused=paused,
+        reserved=tuple(sorted(reserved)),
+    )
+
+
+def budget_violation(conn: Connection, row: Any, nodes: list[Any], policy: Policy) -> Reason | None:
+    """Would draining this row's nodes now break a blast-radius limit, counting every other
+    reserved drain? Call it holding `lock_budget`."""
+    drain = tuple(json.loads(row.body).get("action", {}).get("nodes", []))
+    if not drain:
+        return None
+    diag = Diagnosis(str(row.incident_id or ""), row.job_id, "unknown", affected_nodes=drain)
+    history = _history(conn, None, diag, None, nodes, exclude_id=row.id)
+    why, _new = blast_radius_violation(drain, history, policy)
+    return why
+
+
+def _scheduler_failed(
+    engine: Engine, row: Any, cfg: Any, exc: SchedulerError
+) -> tuple[str, dict[str, Any]]:
+    """The row waits for the scheduler (retried with backoff) or, past the budget, fails."""
+    attempts = int(row.attempts or 0) + 1
+    kind = "unreachable" if isinstance(exc, SchedulerUnavailable) else "error"
+    if attempts >= MAX_PLAN_ATTEMPTS:
+        state, event = "failed", "failed"
+        payload: dict[str, Any] = {"error": f"scheduler {kind} while planning: {exc}"}
+        values: dict[str, Any] = {}
+    else:
+        delay = min(cfg.retry_base_s * 2 ** min(attempts - 1, 6), 600.0)
+        state, event = "waiting_scheduler", "retry_scheduled"
+        payload = {"reason": f"scheduler {kind} while planning: {exc}", "retry_in_s": delay}
+        values = {"next_attempt_at": outbox.now() + delay}
+
+    def write(conn: Connection) -> None:
+        done = conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == row.id, actions_table.c.state.in_(outbox.PLANNABLE))
+            .values(
+                state=state,
+                mode=cfg.policy.mode,
+                attempts=attempts,
+                last_error=str(exc)[:2000],
+                updated_at=outbox.now(),
+                **values,
+            )
+        ).rowcount
+        if done:
+            audit.append(conn, event, payload, **outbox.refs(row))
+
+    outbox.write(engine, write)
+    return state, payload
+
+
+def plan_row(engine: Engine, cfg: Any, action_id: str) -> tuple[str, Action | None, Any]:
+    """Decide the plan of a `planning`/`waiting_scheduler` row and commit it.
+
+    Returns (state, action, row): the state the row is in afterwards (unchanged when another
+    process planned it first), the Action decided here (None if not decided here), the row.
+    """
+    row = outbox.raw(engine, action_id)
+    if row is None or row.state not in outbox.PLANNABLE:
+        return (row.state if row is not None else "missing"), None, row
+    body = json.loads(row.body)
+    diag = Diagnosis.from_dict(
+        {**body["diagnosis"], "incident_id": row.incident_id, "job_id": row.job_id}
+    )
+    try:
+        job = cfg.scheduler.job_state(diag.job_id) if diag.job_id else None
+        nodes = cfg.scheduler.node_states()
+    except SchedulerError as exc:  # unreachable, or an error: retried, audited either way
+        state, _ = _scheduler_failed(engine, row, cfg, exc)
+        return state, None, row
+    events: list[tuple[str, dict[str, Any]]] = []
+    policy = cfg.policy
+    if job is not None:
+        directive, error = parse_directive(job.comment)
+        if directive is not None:
+            error = check_bounds(policy, directive)
+        if error:
+            events.append(("directive_invalid", {"comment": job.comment[:500], "error": error}))
+        elif directive is not None:
+            policy = merge(policy, directive)
+            body["directive"] = job.comment[:500]
+
+    def write(conn: Connection) -> tuple[str, Action | None]:
+        lock_budget(conn)
+        cur = outbox.raw(conn, action_id)
+        if cur is None or cur.state not in outbox.PLANNABLE:
+            return (cur.state if cur is not None else "missing"), None
+        action = decide(diag, _history(conn, cfg, diag, job, nodes, exclude_id=action_id), policy)
+        state = {
+            "execute": "ready",
+            "await_approval": "pending_approval",
+            "plan_only": "planned_only",
+        }.get(action.disposition, "no_action")
+        now = outbox.now()
+        values: dict[str, Any] = {
+            "kind": action.kind,
+            "state": state,
+            "mode": action.mode,
+            "body": json.dumps({**body, "action": action.to_dict()}, default=str),
+            "restarts_before": job.restarts if job else None,
+            "updated_at": now,
+            "next_attempt_at": None,
+            "last_error": None,
+            "attempts": 0,
+        }
+        if state == "pending_approval":
+            values["expires_at"] = now + policy.approval_expiry_s
+        conn.execute(update(actions_table).where(actions_table.c.id == action_id).values(**values))
+        for type_, payload in [
+            *events,
+            ("planned", {**action.to_dict(), "state": state}),
+            *(
+                [("pending_approval", {"expires_at": values["expires_at"]})]
+                if "expires_at" in values
+                else []
+            ),
+        ]:
+            audit.append(conn, type_, payload, **outbox.refs(cur))
+        return state, action
+
+    state, action = outbox.write(engine, write)
+    return state, action, outbox.raw(engine, action_id)

@@ -1,0 +1,215 @@
+"""No action lost or repeated when the receiver dies between any two steps.
+
+Each test runs the real worker and actions on one SQLite file with the fake simulator behind the
+scheduler port, makes the "process" die at one step boundary (a failpoint, or the scheduler
+raising `Crash` in the middle of a call: a BaseException, so nothing after it runs, as after a
+kill -9), then "restarts" (a new owner id; the start-up reconcile and the worker on the same
+file) and checks: one plan for the incident, executed once, the job requeued once excluding the
+node, the audit chain intact."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import requests
+from sqlalchemy import select
+
+from recovery import actions, audit, failpoints, incidents, outbox, worker
+from recovery.failpoints import Crash
+from recovery.policy import parse_policy
+from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
+from tests.unit.actions_fakes import make_fake_sim
+
+DOC = {
+    "schema_version": "1",
+    "outcome": "gpu_hardware_fault",
+    "root_cause": "xid79",
+    "affected_nodes": ["node2"],
+    "confidence": 0.95,
+    "connector_reports": [],
+}
+
+
+class Dying(SimulatedScheduler):
+    """The adapter, dying (raising Crash) at the Nth call of one of its methods."""
+
+    die_at: tuple[str, int] | None = None
+
+    def _maybe_die(self, name):
+        if self.die_at and self.die_at[0] == name:
+            n = self.die_at[1] - 1
+            self.die_at = (name, n) if n else None
+            if not n:
+                raise Crash(name)
+
+    def job_state(self, job_id):
+        self._maybe_die("job_state")
+        return super().job_state(job_id)
+
+    def node_states(self):
+        self._maybe_die("node_states")
+        return super().node_states()
+
+    def _requeue(self, *a, **k):
+        self._maybe_die("_requeue")
+        return super()._requeue(*a, **k)
+
+
+class Down:
+    def get(self, *a, **k):
+        raise requests.ConnectionError("down")
+
+    post = get
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
+    monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
+    failpoints.disarm()
+    yield
+    failpoints.disarm()
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    client, st, submit = make_fake_sim()
+    engine = make_engine(f"sqlite:///{tmp_path / 'd.db'}")
+    sched = Dying("http://testserver", session=client)
+    submit("42", node="node2")
+    monkeypatch.setattr(worker, "diagnose", lambda s, inc: {**DOC, "incident_id": inc["id"]})
+
+    def settings(mode="act"):
+        return SimpleNamespace(
+            policy=parse_policy({"mode": mode}, env={}),
+            scheduler_adapter=sched,
+            alertmanager_url=None,
+            prometheus_url=None,
+            action_retry_s=0.0,
+            recheck_s=0.0,
+            recheck_max=0,
+            slurm_enabled=False,
+            settle_s=0.0,
+        )
+
+    def restart(mode="act"):
+        """A new process on the same database: new owner id, start-up reconcile, worker."""
+        monkeypatch.setattr(actions, "OWNER", f"restarted-{time.monotonic_ns()}")
+        actions._running.discard(engine)
+        s = settings(mode)
+        actions.start(engine, s, thread=False)
+        worker.run_once(engine, s)
+        actions.reconcile(engine, s)
+
+    def alert():
+        doc = {
+            "status": "firing",
+            "labels": {"alertname": "GoodputGPUFatalXid", "job_id": "42", "node": "node2"},
+            "annotations": {},
+            "startsAt": "2026-01-01T00:00:10Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": "f1",
+        }
+        return incidents.ingest(engine, settings(), [doc]).incident_ids[0]
+
+    return SimpleNamespace(
+        engine=engine, st=st, sched=sched, settings=settings, restart=restart, alert=alert
+    )
+
+
+def _check_once(w, inc):
+    with w.engine.connect() as conn:
+        rows = conn.execute(
+            select(outbox.actions_table).where(outbox.actions_table.c.incident_id == str(inc))
+        ).all()
+    assert [(r.id, r.state) for r in rows] == [(f"inc-{inc}", "executed")]
+    job = w.st["jobs"]["42"]
+    assert job["restarts"] == 1 and job["excluded"] == ["node2"] and job["state"] == "RUNNING"
+    assert w.st["nodes"]["node2"]["state"].startswith("DRAIN")
+    assert [c for c in w.st["calls"] if c[0] == "requeue"] == [("requeue", "42")]
+    types = [e["type"] for e in audit.query(w.engine, incident_id=str(inc), limit=1000)[0]]
+    assert types.count("executed") == 1 and types.count("planned") == 1
+    assert types.count("diagnosis") == 1
+    assert audit.verify(w.engine).ok
+
+
+@pytest.mark.parametrize("point", ["diagnosed", "planned", "claimed", "drained", "executed"])
+def test_death_at_a_failpoint_is_finished_once_on_restart(world, point):
+    inc = world.alert()
+    failpoints.arm(point)
+    with pytest.raises(Crash):
+        worker.run_once(world.engine, world.settings())
+    world.restart()
+    _check_once(world, inc)
+
+
+@pytest.mark.parametrize(
+    "die_at",
+    [
+        ("job_state", 1),  # planning: after the diagnosis was committed, before any plan
+        ("node_states", 1),  # planning, second read
+        ("node_states", 2),  # execution: the blast radius read before the claim
+        ("_requeue", 1),  # execution: drained, the requeue dies in Slurm's hands
+    ],
+)
+def test_death_inside_a_scheduler_call_is_finished_once_on_restart(world, die_at):
+    inc = world.alert()
+    world.sched.die_at = die_at
+    with pytest.raises(Crash):
+        worker.run_once(world.engine, world.settings())
+    world.restart()
+    _check_once(world, inc)
+
+
+def test_a_final_diagnosis_and_its_outbox_row_commit_together(world):
+    """The step the old code lost: the diagnosis stored, no action row yet."""
+    inc = world.alert()
+    world.sched.die_at = ("job_state", 1)
+    with pytest.raises(Crash):
+        worker.run_once(world.engine, world.settings())
+    assert incidents.incident(world.engine, inc)["diagnosis_state"] == "done"
+    row = actions.incident_action(world.engine, str(inc))
+    assert row is not None and row["state"] == "planning"
+    assert row["body"]["diagnosis"]["affected_nodes"] == ["node2"]
+
+
+def test_replanning_a_waiting_row_keeps_it_until_the_new_plan_commits(world):
+    inc = world.alert()
+    good = world.sched.session
+    world.sched.session = Down()
+    worker.run_once(world.engine, world.settings())
+    assert actions.incident_action(world.engine, str(inc))["state"] == "waiting_scheduler"
+    world.sched.session = good
+    world.sched.die_at = ("node_states", 1)  # the re-plan dies half-way
+    with pytest.raises(Crash):
+        actions.reconcile(world.engine, world.settings())
+    assert actions.incident_action(world.engine, str(inc))["state"] == "waiting_scheduler"
+    world.restart()
+    _check_once(world, inc)
+
+
+def test_approve_mode_death_after_approval_executes_once(world):
+    inc = world.alert()
+    worker.run_once(world.engine, world.settings("approve"))
+    a = actions.incident_action(world.engine, str(inc))
+    assert a["state"] == "pending_approval"
+    failpoints.arm("approved")
+    with pytest.raises(Crash):
+        actions.approve(world.engine, world.settings("approve"), a["id"], "ana")
+    world.restart("approve")
+    _check_once(world, inc)
+
+
+def test_redelivered_diagnosis_after_restart_plans_nothing_new(world):
+    inc = world.alert()
+    failpoints.arm("finished")
+    with pytest.raises(Crash):
+        worker.run_once(world.engine, world.settings())
+    world.restart()
+    current = incidents.incident(world.engine, inc)
+    again = actions.on_diagnosis(world.engine, world.settings(), current, {**DOC})
+    assert again["id"] == f"inc-{inc}"
+    _check_once(world, inc)

@@ -1,0 +1,98 @@
+"""A requeue that died mid-way (job requeue-held, exclusion maybe not set) is recognised from
+Slurm's structured fields, on the real 22.05 output kept in tests/fixtures/slurm/, and the
+resume completes it: exclusion set, job released, not requeued a second time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from recovery.scheduler.slurm import SlurmScheduler, held
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
+HELD_22_05 = json.loads((FIXTURES / "squeue-22.05-requeue-held.json").read_text())
+
+
+class FakeSlurm:
+    """squeue answers from a document that the scontrol calls edit like Slurm does."""
+
+    def __init__(self, doc):
+        self.doc, self.calls = doc, []
+
+    def __call__(self, argv, **kw):
+        self.calls.append(argv)
+        job = self.doc["jobs"][0]
+        if argv[0] == "squeue":
+            return subprocess.CompletedProcess(argv, 0, json.dumps(self.doc), "")
+        if argv[:2] == ["scontrol", "update"]:
+            for a in argv[3:]:
+                if a.startswith("ExcNodeList="):
+                    job["excluded_nodes"] = a.split("=", 1)[1]
+        elif argv[:2] == ["scontrol", "release"]:
+            job.update(priority=1, state_reason="None", state_description="")
+        elif argv[:2] == ["scontrol", "requeuehold"]:
+            job["restart_cnt"] += 1
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def _sched(monkeypatch, doc):
+    fake = FakeSlurm(doc)
+    monkeypatch.setattr(subprocess, "run", fake)
+    s = SlurmScheduler(retries=0)
+    s.verify_timeout_s, s.verify_interval_s = 1.0, 0.01
+    return s, fake
+
+
+def test_the_real_22_05_requeue_held_job_reads_as_held_pending_restarted():
+    job = HELD_22_05["jobs"][0]
+    assert job["state_reason"] == "JobHeldUser" and "requeue" not in job["state_reason"].lower()
+    assert held(job)
+
+
+def test_resume_of_a_requeue_that_died_held_sets_the_exclusion_and_releases(monkeypatch):
+    doc = json.loads(json.dumps(HELD_22_05))
+    s, fake = _sched(monkeypatch, doc)
+    job_id = str(doc["jobs"][0]["job_id"])
+    before = s.job_state(job_id)
+    assert before.held and before.state == "PENDING" and before.restarts == 1
+    r = s.requeue(job_id, ("node1",), expected_restarts=0)
+    assert r.changed and "released" in r.detail
+    argvs = [c[:2] for c in fake.calls]
+    assert ["scontrol", "requeuehold"] not in argvs and ["scontrol", "requeue"] not in argvs
+    assert ["scontrol", "release"] in argvs
+    after = s.job_state(job_id)
+    assert not after.held and after.excluded == ("node1",) and after.restarts == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"restart_cnt": 2},  # requeued again since (by Slurm or a person): not ours to finish
+        {"priority": 4294901759, "state_reason": "None"},  # not held: it runs or will run
+    ],
+)
+def test_a_job_requeued_by_someone_else_is_left_alone(monkeypatch, change):
+    doc = json.loads(json.dumps(HELD_22_05))
+    doc["jobs"][0].update(change)
+    s, fake = _sched(monkeypatch, doc)
+    r = s.requeue(str(doc["jobs"][0]["job_id"]), ("node1",), expected_restarts=0)
+    assert not r.changed and "already requeued" in r.detail
+    assert all(c[0] == "squeue" for c in fake.calls)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"priority": 0},
+        {"priority": {"set": True, "infinite": False, "number": 0}},  # 23.02+
+        {"hold": True, "priority": {"set": True, "number": 1}},  # 23.02+
+        {"job_state": ["PENDING", "REQUEUE_HOLD"], "priority": {"set": True, "number": 1}},
+        {"state_reason": "JobHeldAdmin", "priority": 5},
+    ],
+)
+def test_held_is_read_from_structured_fields_of_every_version(fields):
+    assert held({"job_state": "PENDING", "priority": 1, "state_reason": "None", **fields})
+    assert not held({"job_state": "PENDING", "priority": 1, "state_reason": "Resources"})
