@@ -227,7 +227,9 @@ def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegis
         engine,
         current,
         paused=lambda: actions.is_paused(engine),
-        history=lambda now: node_history.events(engine, now - node_history.WEEK_S),
+        history=lambda now: node_history.events(
+            engine, now - node_history.lookback_s(actions.config(settings).policy)
+        ),
     )
     registry.register(
         node_history.NodeHistoryCollector(engine, lambda: actions.config(settings).policy)

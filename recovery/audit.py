@@ -107,6 +107,8 @@ TYPES = (
     "check_passed",
     "check_failed",
     "check_rma",
+    "check_held",
+    "hold_released",
     "exported",
     "pruned",
 )

@@ -34,7 +34,7 @@ checks = Table(
     Column("node", String(64), nullable=False, index=True),
     Column("drain_reason", String(256), nullable=False),
     Column("level", String(64), nullable=False),
-    Column("state", String(16), nullable=False),  # planned | running | passed | failed | rma
+    Column("state", String(16), nullable=False),  # planned|running|passed|failed|held|rma
     Column("mode", String(16), nullable=False),
     Column("started_at", Float, nullable=False),
     Column("finished_at", Float, nullable=True),
@@ -56,6 +56,8 @@ def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: flo
     and after an RMA verdict never (that node waits for a person)."""
     if not (node.drained_by_goodput and node.state.upper().startswith("DRAINED")):
         return False
+    if node.reason.startswith(node_health.HELD_PREFIX):
+        return False  # a repeat offender: a person decides
     if not node.reason.startswith(FAILED_PREFIX):
         return True
     with engine.connect() as conn:
@@ -123,9 +125,14 @@ def tick(
     now = time.time() if now is None else now
     done = []
     for node in scheduler.node_states():
+        if hold_dir is not None and not node.drained and slurm_hooks.held(hold_dir, node.node):
+            # back in service (a person resumed it): Goodput's hold must not refuse its jobs
+            slurm_hooks.release(hold_dir, node.node)
+            _record(engine, "hold_released", {"node": node.node, "state": node.state})
         if not due(engine, node, cfg.recheck_failed_after_s, now):
             continue
-        level = node_health.check_level((events or {}).get(node.node, []), cfg, now)
+        history = (events or {}).get(node.node, [])
+        level = node_health.check_level(history, cfg, now)
         spec = cfg.checks[level]
         mode = policy.mode_for(node.partitions[0] if node.partitions else None)
         acting = mode == "act" and not paused
@@ -138,7 +145,8 @@ def tick(
             _record(engine, "check_planned", {**base, "paused": paused})
             done.append({**base, "state": "planned"})
             continue
-        done.append(_run_one(engine, scheduler, cfg, node, level, base, hold_dir, now))
+        broken = node_health.escalations(history, cfg.repeat_offenders, now)
+        done.append(_run_one(engine, scheduler, cfg, node, level, base, hold_dir, now, broken))
     return done
 
 
@@ -151,6 +159,7 @@ def _run_one(
     base: dict[str, Any],
     hold_dir: Path | None,
     now: float,
+    broken: list[tuple[node_health.OffenderRule, str]],
 ) -> dict[str, Any]:
     with engine.begin() as conn:
         key = conn.execute(
@@ -161,13 +170,16 @@ def _run_one(
         slurm_hooks.hold(hold_dir, node.node, f"{REASON_PREFIX} checking ({level})")
     _record(engine, "check_started", base)
     result = node_health.run(cfg.checks[level], node.node, level=level)
-    step = node_health.after_check(result, failures_since_pass(engine, node.node), True, cfg)
+    failures = failures_since_pass(engine, node.node)
+    step = node_health.after_check(result, failures, True, cfg, broken)
     detail = step.reason
     try:
         if step.kind == "resume":
             detail = scheduler.resume(node.node).detail
-        elif step.kind in ("keep_drained", "rma"):
+        elif step.kind in ("keep_drained", "hold", "rma"):
             scheduler.relabel(node.node, step.reason)
+            if hold_dir is not None:  # the hold says the verdict, not "checking"
+                slurm_hooks.hold(hold_dir, node.node, step.reason)
             if step.kind == "rma" and cfg.rma_hook is not None:
                 hook = node_health.run(cfg.rma_hook, node.node, level=level, reason=step.reason)
                 detail = f"{step.reason}; RMA hook exit {hook.exit_code}: {hook.output[-500:]}"
@@ -176,7 +188,8 @@ def _run_one(
     finally:
         if step.kind == "resume" and hold_dir is not None:  # passed: no hold, resumed or not
             slurm_hooks.release(hold_dir, node.node)
-    state = {"resume": "passed", "keep_drained": "failed", "rma": "rma"}.get(step.kind, "failed")
+    states = {"resume": "passed", "keep_drained": "failed", "hold": "held", "rma": "rma"}
+    state = states.get(step.kind, "failed")
     with engine.begin() as conn:
         conn.execute(
             checks.update()

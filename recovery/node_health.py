@@ -129,8 +129,11 @@ class NodeEvent:
 
 @dataclass(frozen=True)
 class Step:
-    kind: Literal["resume", "keep_drained", "rma", "leave"]
+    kind: Literal["resume", "keep_drained", "hold", "rma", "leave"]
     reason: str
+
+
+HELD_PREFIX = "goodput: held for a person"  # a repeat offender's verdict: a person decides
 
 
 def expand(argv: Sequence[str], node: str, level: str = "", reason: str = "") -> list[str]:
@@ -200,12 +203,22 @@ def _capture(argv: list[str], timeout_s: float, limit: int) -> tuple[int | None,
 
 
 def after_check(
-    result: CheckResult, failures_before: int, drained_by_goodput: bool, cfg: ReturnToService
+    result: CheckResult,
+    failures_before: int,
+    drained_by_goodput: bool,
+    cfg: ReturnToService,
+    broken: Sequence[tuple[OffenderRule, str]] = (),
 ) -> Step:
-    """What a finished check means for its node."""
+    """What a finished check means for its node; `broken`: the repeat-offender rules the node's
+    history breaks (`escalations`), which keep even a node that passed out of service."""
     if not drained_by_goodput:
         return Step("leave", "the node was drained by a person; Goodput does not resume it")
     if result.passed:
+        for then, kind in (("rma", "rma"), ("hold_for_person", "hold")):
+            hits = [f"{r.name}: {why}" for r, why in broken if r.then == then]
+            if hits:
+                head = "goodput: repeat offender, RMA" if kind == "rma" else HELD_PREFIX
+                return Step(kind, f"{head} ({'; '.join(hits)})")  # type: ignore[arg-type]
         return Step("resume", f"goodput: passed {result.level}")
     failures = failures_before + 1
     if failures >= cfg.rma_after_failures:

@@ -61,8 +61,8 @@ def events(engine: Engine, since: float, node: str | None = None) -> dict[str, l
                 ev = node_health.NodeEvent(at, n, "incident", gpus.get(n), _xid(diag, n))
                 out.setdefault(n, []).append(ev)
     for r in node_checks.rows(engine, node, limit=1000):
-        if r["started_at"] >= since and r["state"] in ("passed", "failed", "rma"):
-            kind = "check_passed" if r["state"] == "passed" else "check_failed"
+        if r["started_at"] >= since and r["state"] in ("passed", "failed", "held", "rma"):
+            kind = "check_passed" if r["exit_code"] == 0 else "check_failed"
             out.setdefault(r["node"], []).append(
                 node_health.NodeEvent(r["started_at"], r["node"], kind)  # type: ignore[arg-type]
             )

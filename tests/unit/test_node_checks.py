@@ -186,3 +186,31 @@ def test_an_rma_verdict_is_never_rechecked(world, tmp_path):
     later = node_checks.rows(engine, "node2")[0]["finished_at"] + 601
     assert node_checks.tick(engine, sched, pol, hold_dir=holds, now=later) == []
     assert tickets.read_text() == "node2\n"
+
+
+def _incidents(n, gap=3600.0, now=50_000.0):
+    from recovery.node_health import NodeEvent
+
+    return {"node2": [NodeEvent(now - i * gap, "node2", "incident") for i in range(n)]}
+
+
+def test_a_repeat_offender_that_passes_is_held_for_a_person_not_resumed(world):
+    sched, engine, st, holds = world
+    pol = _policy("act", passes=True)
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds, events=_incidents(5), now=50_000.0)
+    assert o["state"] == "held"
+    assert st["nodes"]["node2"]["state"] == "DRAINED"
+    assert st["nodes"]["node2"]["reason"].startswith("goodput: held for a person (five-in-a-week")
+    assert "held for a person" in slurm_hooks.held(holds, "node2")  # the hold says the verdict
+    assert node_checks.tick(engine, sched, pol, hold_dir=holds, now=60_000.0) == []  # no re-run
+
+
+def test_a_hold_is_lifted_when_a_person_returns_the_node_to_service(world):
+    sched, engine, st, holds = world
+    pol = _policy("act", passes=False)
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds)
+    assert o["state"] == "failed" and slurm_hooks.held(holds, "node2") == "goodput: failed quick"
+    st["nodes"]["node2"].update(state="IDLE", reason="")  # a person repaired and resumed it
+    node_checks.tick(engine, sched, pol, hold_dir=holds)
+    assert slurm_hooks.held(holds, "node2") is None
+    assert _types(engine)[-1] == "hold_released"
