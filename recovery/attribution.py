@@ -22,23 +22,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import catalogue
 from catalogue import names
-from recovery import validate
+from recovery import ruleset, validate
 from recovery.diagnosis import CATEGORY, Diagnosis
 from recovery.evidence import Bundle, Context, LogLine, Series
+from recovery.ruleset import RuleError as RuleError  # re-exported: a rules file is malformed
 
 RULES_DIR = Path(__file__).resolve().parent / "rules"
 SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
 PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
 RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
-
-
-class RuleError(ValueError):
-    """A rules file is malformed."""
 
 
 @dataclass
@@ -66,32 +61,10 @@ class Rules:
 
 @lru_cache(maxsize=4)
 def load_rules(directory: str | None = None) -> Rules:
-    """Merge every `*.yaml` in `directory` (default: the packaged rules), in name order."""
+    """Merge every `*.yaml` in `directory` (default: the packaged rules), in name order;
+    typed and cross-checked by `recovery.ruleset` (`RuleError` names the file and entry)."""
     base = Path(directory or os.environ.get("GOODPUT_RULES_DIR") or RULES_DIR)
-    merged: dict[str, list[Any]] = {"log": [], "metrics": [], "slurm": [], "outcomes": []}
-    tolerance = 20.0
-    for path in sorted(base.glob("*.yaml")):
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise RuleError(f"{path.name}: top level must be a mapping")
-        for key in merged:
-            items = data.get(key) or []
-            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-                raise RuleError(f"{path.name}: {key} must be a list of mappings")
-            merged[key] += items
-        tolerance = float(data.get("tolerance_s", tolerance))
-    known = {p.id for p in catalogue.load_patterns()}
-    for r in merged["log"]:
-        if "regex" in r or "pattern" not in r:
-            raise RuleError(
-                f"log rule {r}: an override names a catalogue `pattern` id "
-                "(signatures live in catalogue/patterns.yaml)"
-            )
-        if r["pattern"] not in known:
-            raise RuleError(f"log rule: unknown catalogue pattern {r['pattern']!r}")
-    for r in merged["outcomes"]:
-        if r.get("outcome") not in CATEGORY:
-            raise RuleError(f"unknown outcome {r.get('outcome')!r}")
+    merged, tolerance = ruleset.load(base)
     return Rules(
         log=tuple(merged["log"]),
         metrics=tuple(merged["metrics"]),
