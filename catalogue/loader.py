@@ -84,6 +84,7 @@ class Pattern:
     action: str = ""  # an action hint: overrides the outcome's default when the policy honours it
     fallback: bool = False  # reported only when no other initiating/cascade pattern matched
     sources: tuple[str, ...] = ()  # where the example lines come from
+    examples: tuple[str, ...] = ()  # real lines it matches (checked at load)
 
 
 def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
@@ -427,6 +428,7 @@ def _load_patterns(
                 fallback=e.fallback,
                 sources=tuple(sources),
                 action=e.action,
+                examples=tuple(str(x) for x in _as_list(e.examples, where)),
             )
         )
         examples.append(

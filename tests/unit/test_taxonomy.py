@@ -151,3 +151,23 @@ def test_a_hint_outside_the_vocabulary_is_rejected():
     doc = attribution.attribute(_xid_bundle(94), _ctx())
     with pytest.raises(ValueError, match="action_hint"):
         decide.Diagnosis.from_dict({**doc, "action_hint": "reboot_everything"})
+
+
+# ------------------------------------------------------- a signature as a simulator fault
+
+
+def test_log_signature_faults_take_their_truth_from_the_catalogue():
+    from exporters.sim import signature
+    from exporters.sim.model import SchedulerError
+
+    assert signature.truth({"pattern": "missing_file"}) == {
+        "kind": "log_signature:missing_file",
+        "outcome": "workload_crash",
+        "action": catalogue.outcomes()["workload_crash"].action,
+        "culprit": "none",
+        "root_cause": "missing file",
+    }
+    assert signature.truth({"pattern": "lustre_error"})["culprit"] == "node"  # infrastructure
+    for bad in ({"pattern": "no_such_pattern"}, {"pattern": "megatron_progress"}, {}):
+        with pytest.raises(SchedulerError, match="params.pattern"):
+            signature.truth(bad)
