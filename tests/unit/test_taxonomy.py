@@ -171,3 +171,20 @@ def test_log_signature_faults_take_their_truth_from_the_catalogue():
     for bad in ({"pattern": "no_such_pattern"}, {"pattern": "megatron_progress"}, {}):
         with pytest.raises(SchedulerError, match="params.pattern"):
             signature.truth(bad)
+
+
+def test_a_new_signature_is_one_catalogue_entry_and_one_scenario():
+    """nvswitch_sxid_fatal (a real fatal NVSwitch SXid line) through the fault benchmark:
+    simulated kernel line, alerts, attribution, decision, simulated scheduler."""
+    from bench import faults as B
+
+    (spec,) = B.plan(seeds=1, pattern="nvswitch-sxid-fatal")
+    (fault,) = B.run_one(spec)["faults"]
+    assert fault["kind"] == "log_signature:nvswitch_sxid_fatal" and fault["detected"]
+    assert fault["truth"] == {
+        "outcome": "gpu_hardware_fault",
+        "action": "drain_and_requeue",
+        "nodes": [fault["nodes"][0]],
+    }
+    assert fault["outcome_ok"] and fault["action_ok"] and fault["result"] == "executed"
+    assert fault["latency_s"] <= 15
