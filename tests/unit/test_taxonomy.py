@@ -38,6 +38,7 @@ def test_policy_defaults_are_the_catalogues_outcome_actions():
         o.id: o.action for o in catalogue.outcomes().values()
     }
     assert set(typing.get_args(diagnosis.Outcome)) == set(catalogue.outcomes())
+    assert set(typing.get_args(diagnosis.Category)) == set(catalogue.categories())
     # the documented file stays equal to the built-in defaults (and so to the catalogue)
     assert policy.load_policy(policy.DEFAULT_FILE, env={}) == parse
 
