@@ -123,9 +123,25 @@ def _ctx() -> Context:
 def test_xid94_carries_its_catalogue_action_into_the_diagnosis():
     doc = attribution.attribute(_xid_bundle(94), _ctx())
     assert doc["outcome"] == "gpu_degradation" and doc["affected_nodes"] == ["node2"]
-    assert doc["action_hint"] == catalogue.xid_info(94).job_action == "drain_and_requeue"
+    assert doc["action_hint"] == catalogue.xid_info(94).job_action == "requeue"
     # XID 63 is degradation too, but its catalogue action is the outcome's default
     assert attribution.attribute(_xid_bundle(63), _ctx())["action_hint"] == "drain"
+
+
+def test_the_kernel_line_of_xid94_carries_the_same_hint():
+    """The driver's own format (NVIDIA open-gpu-kernel-modules, error containment)."""
+    from recovery.evidence import LogLine
+
+    text = (
+        "2026-01-01T00:16:50+0000 node2 kernel: NVRM: Xid (PCI:0000:01:00): 94, pid=7062, "
+        "Contained: CE User Channel (0x9). RST: No, D-RST: No"
+    )
+    line = LogLine("kernel/node2.log", 1, text, 1010.0, "node2", None, "kernel")
+    reports = [Report("prometheus", "ok"), Report("logs", "ok"), Report("slurm", "ok")]
+    doc = attribution.attribute(Bundle(lines=[line], reports=reports), _ctx())
+    assert doc["outcome"] == "gpu_degradation" and doc["action_hint"] == "requeue"
+    both = Bundle(lines=[line], series=_xid_bundle(94).series, reports=reports)
+    assert attribution.attribute(both, _ctx())["action_hint"] == "requeue"  # they agree
 
 
 def _decide(doc: dict, pol: policy.Policy) -> decide.Action:
@@ -138,8 +154,9 @@ def _decide(doc: dict, pol: policy.Policy) -> decide.Action:
 def test_policy_honours_the_hint_unless_switched_off_or_overridden():
     doc = attribution.attribute(_xid_bundle(94), _ctx())
     act = _decide(doc, policy.parse_policy({"mode": "act"}, env={}))
-    assert act.kind == "drain_and_requeue" and act.nodes == ("node2",)
-    assert act.exclude == ("node2",) and decide.Reason.CATALOGUE_HINT in act.reasons
+    # the job the contained error killed restarts (the outcome alone drains and leaves it dead)
+    assert act.kind == "requeue" and act.nodes == () and act.exclude == ()
+    assert decide.Reason.CATALOGUE_HINT in act.reasons
     off = policy.parse_policy({"mode": "act", "honour_catalogue_hints": False}, env={})
     plain = _decide(doc, off)
     assert plain.kind == "drain" and decide.Reason.CATALOGUE_HINT not in plain.reasons
