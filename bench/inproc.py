@@ -112,6 +112,28 @@ def _exporter_state(state: str, reason: str) -> str:
     return state.lower()
 
 
+def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
+    """An engine `Result` as the three score sources the alert conditions read."""
+    f = res.frame
+    on = np.flatnonzero(f.job != "")
+    n_det = len(res.detectors)
+    gpu = pd.DataFrame(
+        {
+            "timestamp": now,
+            "job_id": np.repeat(f.job[on], n_det),
+            "node": np.repeat(f.node[on], n_det),
+            "gpu": np.repeat(f.gpu[on].astype(str), n_det),
+            "detector": np.tile(np.array(res.detectors, dtype=object), len(on)),
+            "goodput_gpu_anomaly_score": res.gpu[on].reshape(-1),
+        }
+    )
+    jobs = res.jobs.rename(columns={"score": "goodput_job_anomaly_score"})
+    jobs.insert(0, "timestamp", now)
+    nodes = res.nodes.rename(columns={"score": "goodput_node_suspect_score"})
+    nodes.insert(0, "timestamp", now)
+    return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes}
+
+
 class Harness:
     """One scenario run. `step()` advances one interval; `run_until(t)` loops."""
 
@@ -179,12 +201,12 @@ class Harness:
         det = dcgm.rename(columns={"timestamp": "time"})
         if len(det):
             prog = jobm.set_index("job_id") if len(jobm) else None
-            for col in (F.LAST_PROGRESS, F.ITER_SECONDS):
+            for col in (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE):
                 det[col] = det["job_id"].map(prog[col]) if prog is not None else np.nan
         frame = Frame.from_dataframe(det)
         res = self.engine.step(frame, now, names)
         self.engine.end_jobs(set(pd.unique(frame.job)) - {""})
-        frames.update(self._scores(res, now))
+        frames.update(score_frames(res, now))
         self.alerts.add(now, frames)
         self._track(now)
         self._fold(now, self.alerts.firing(now))
@@ -210,8 +232,18 @@ class Harness:
         df.insert(0, "timestamp", now)
         df.insert(1, "node", [g.node_name for g in gpus])
         df.insert(2, "gpu", [str(g.index) for g in gpus])
-        # hpc_job, else the node's one job (the rules' join on goodput_slurm_job_node_info)
-        df.insert(3, "job_id", [g.job_id or node_job.get(g.node_name, "") for g in gpus])
+        # hpc_job, else the node's one job (the rules' join on goodput_slurm_job_node_info),
+        # only on nodes where no GPU carries hpc_job (job mapping off): with mapping on, an
+        # unlabelled GPU is one the job does not use (a 1-GPU job leaves 7 idle)
+        mapped = {g.node_name for g in gpus if g.job_id}
+        df.insert(
+            3,
+            "job_id",
+            [
+                g.job_id or ("" if g.node_name in mapped else node_job.get(g.node_name, ""))
+                for g in gpus
+            ],
+        )
         return df
 
     def _feed_logs(self, now: float) -> None:
@@ -239,6 +271,7 @@ class Harness:
                     if js.iteration_seconds is None
                     else js.iteration_seconds,
                     "goodput_job_nan_iterations_total": js.nan_iterations,
+                    F.LAST_PAUSE: np.nan if js.last_pause is None else js.last_pause,
                 }
             )
         cols = [
@@ -248,28 +281,9 @@ class Harness:
             "goodput_job_iteration",
             F.ITER_SECONDS,
             "goodput_job_nan_iterations_total",
+            F.LAST_PAUSE,
         ]
         return pd.DataFrame(rows, columns=cols)
-
-    def _scores(self, res: Any, now: float) -> dict[str, pd.DataFrame]:
-        f = res.frame
-        on = np.flatnonzero(f.job != "")
-        n_det = len(res.detectors)
-        gpu = pd.DataFrame(
-            {
-                "timestamp": now,
-                "job_id": np.repeat(f.job[on], n_det),
-                "node": np.repeat(f.node[on], n_det),
-                "gpu": np.repeat(f.gpu[on].astype(str), n_det),
-                "detector": np.tile(np.array(res.detectors, dtype=object), len(on)),
-                "goodput_gpu_anomaly_score": res.gpu[on].reshape(-1),
-            }
-        )
-        jobs = res.jobs.rename(columns={"score": "goodput_job_anomaly_score"})
-        jobs.insert(0, "timestamp", now)
-        nodes = res.nodes.rename(columns={"score": "goodput_node_suspect_score"})
-        nodes.insert(0, "timestamp", now)
-        return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes}
 
     def _log_frames(self, now: float) -> dict[str, pd.DataFrame]:
         node_job = self._node_job()

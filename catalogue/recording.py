@@ -14,4 +14,5 @@ JOB_METRICS = (
     "goodput_job_nan_iterations_total",
     "goodput_job_skipped_iterations_total",
     "goodput_job_last_checkpoint_timestamp_seconds",
+    "goodput_job_last_pause_timestamp_seconds",
 )

@@ -56,14 +56,26 @@ XID_SCORES: dict[int, float] = {
     code: x.weight for code, x in catalogue.default().xids.items() if x.weight > 0
 }
 
+# Clock event reasons (a bitmask; read by the physics priors). Newer dcgm-exporter releases
+# call it DCGM_FI_DEV_CLOCKS_EVENT_REASONS: readers accept both (`ALIASES`).
+THROTTLE = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+ALIASES: dict[str, str] = {"DCGM_FI_DEV_CLOCKS_EVENT_REASONS": THROTTLE}
+
 # Log-derived progress, joined onto every GPU row of the job.
 ITER_SECONDS = "goodput_job_iteration_seconds"
 ITERATION = "goodput_job_iteration"  # counter; replay derives last progress from it too
 LAST_PROGRESS = "goodput_job_last_progress_timestamp_seconds"
 STALL_SECONDS = "goodput_job_stall_seconds"  # derived: row time - the job's last progress
-PROGRESS: tuple[str, ...] = (ITER_SECONDS, STALL_SECONDS)
+# the last line that begins a pause (checkpoint save/load, start-up: catalogue symptom "pause")
+LAST_PAUSE = "goodput_job_last_pause_timestamp_seconds"
+# derived: seconds since the last pause began (NaN: the job never logged one); the pause is open
+# while this is <= the stall (it began at or after the last progress)
+SINCE_PAUSE = "goodput_job_since_pause_seconds"
+JOB_AGE = "goodput_job_age_seconds"  # derived by the engine: since it first saw the job
+PROGRESS: tuple[str, ...] = (ITER_SECONDS, STALL_SECONDS, SINCE_PAUSE, JOB_AGE)
+DERIVED: tuple[str, ...] = (STALL_SECONDS, SINCE_PAUSE, JOB_AGE)  # columns, not metrics
 
 GAUGE_NAMES: tuple[str, ...] = tuple(f.name for f in GAUGES)
-ALL_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS) + PROGRESS
-DCGM_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS)
+ALL_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS, THROTTLE) + PROGRESS
+DCGM_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS, THROTTLE)
 UTIL = "DCGM_FI_DEV_GPU_UTIL"

@@ -45,6 +45,7 @@ class Frame:
     gpu: np.ndarray  # int64 (n,)
     values: np.ndarray  # float64 (n, len(fields))
     fields: tuple[str, ...] = F.ALL_FIELDS
+    model: np.ndarray | None = None  # object (n,): dcgm's modelName ("" unknown), for priors
 
     def __len__(self) -> int:
         return len(self.time)
@@ -75,7 +76,15 @@ class Frame:
             self.gpu[idx],
             self.values[idx],
             self.fields,
+            None if self.model is None else self.model[idx],
         )
+
+    @property
+    def models(self) -> np.ndarray:
+        """modelName per row ("" where unknown)."""
+        if self.model is None:
+            return np.full(len(self), "", dtype=object)
+        return self.model
 
     @staticmethod
     def from_dataframe(df: pd.DataFrame, host_map: dict[str, str] | None = None) -> Frame:
@@ -106,6 +115,9 @@ class Frame:
                 raise FrameError(f"invalid job_id value(s): {bad[:5]}")
         else:
             job = np.full(n, "", dtype=object)
+        for alias, name in F.ALIASES.items():
+            if alias in df.columns and name not in df.columns:
+                df = df.rename(columns={alias: name})
         values = np.full((n, len(F.ALL_FIELDS)), np.nan)
         for i, name in enumerate(F.ALL_FIELDS):
             if name in df.columns:
@@ -113,6 +125,14 @@ class Frame:
         if F.LAST_PROGRESS in df.columns:  # derived: seconds since the job's last progress
             last = pd.to_numeric(df[F.LAST_PROGRESS], errors="coerce").to_numpy(dtype=float)
             values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(time - last, 0.0)
+        if F.LAST_PAUSE in df.columns:  # derived: seconds since the job's last pause began
+            pause = pd.to_numeric(df[F.LAST_PAUSE], errors="coerce").to_numpy(dtype=float)
+            with np.errstate(invalid="ignore"):
+                since = np.where(pause <= time, time - pause, np.nan)
+            values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = since
+        model = None
+        if "modelName" in df.columns:
+            model = df["modelName"].fillna("").astype(str).to_numpy(dtype=object)
         order = np.lexsort((gpu.to_numpy(), node, time))
         return Frame(
             time[order],
@@ -120,6 +140,7 @@ class Frame:
             node[order],
             gpu.to_numpy(dtype=np.int64)[order],
             values[order],
+            model=None if model is None else model[order],
         )
 
     def instants(self) -> list[np.ndarray]:
@@ -159,7 +180,7 @@ def join_progress(gpu: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
         return gpu
     jobs = jobs.rename(columns={"timestamp": "time"})
     keep = ["time", "job_id"] + [
-        c for c in (F.ITER_SECONDS, F.LAST_PROGRESS, F.ITERATION) if c in jobs
+        c for c in (F.ITER_SECONDS, F.LAST_PROGRESS, F.ITERATION, F.LAST_PAUSE) if c in jobs
     ]
     jobs = jobs[keep].copy()
     jobs["job_id"] = jobs["job_id"].astype(str).str.replace(r"\.0$", "", regex=True)
@@ -168,7 +189,9 @@ def join_progress(gpu: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
     g = gpu.rename(columns={"timestamp": "time"}).copy()
     g["time"] = g["time"].astype(float)
     g["job_id"] = g["job_id"].fillna("").astype(str).str.replace(r"\.0$", "", regex=True)
-    g = g.drop(columns=[c for c in (F.ITER_SECONDS, F.LAST_PROGRESS) if c in g.columns])
+    g = g.drop(
+        columns=[c for c in (F.ITER_SECONDS, F.LAST_PROGRESS, F.LAST_PAUSE) if c in g.columns]
+    )
     g["_row"] = np.arange(len(g))
     merged = pd.merge_asof(
         g.sort_values("time"),

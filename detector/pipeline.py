@@ -27,10 +27,16 @@ from detector.detectors import (
     RobustCovariance,
 )
 from detector.frame import Frame
+from detector.physics import Physics
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
 PHASED = ("deviation", "multivariate")  # job-wide baseline detectors (see Engine._phase)
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
+GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
+KNOWN: tuple[type[Detector], ...] = (
+    *ALL,
+    Physics,
+)  # every detector whose per-job state a stored baseline may hold
 
 
 @dataclass
@@ -38,10 +44,13 @@ class Config:
     interval_s: float = 5.0
     persist_s: float = 15.0  # a metric anomaly must last this long (min over the window)
     warmup_s: float = 120.0  # a job's first minutes are never learned from
-    fit_after_s: float = 300.0  # first baseline fit (healthy samples after warm-up)
+    fit_rows: int = 24  # first fit as soon as this many calm rows were learned after warm-up
+    fit_cycles: int = 6  # ... over at least this many cycles
+    fit_after_s: float = 300.0  # ... or at this age, whatever the row count (if any)
     refit_s: float = 900.0  # slow update: refit from the reservoir this often
     learn_below: float = 0.5  # only cycles whose job score is below this are learned
     learn_every: int = 6  # each job adds to its reservoir every n-th cycle (spread over jobs)
+    learn_small: int = 8  # ... except jobs of at most this many GPUs, which learn every cycle
     reservoir: int = 256
     missing_after_s: float = 20.0  # a GPU silent this long while labelled with a job
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
@@ -60,6 +69,8 @@ class JobInfo:
     max_stall: float = 0.0
     loaded: bool = False
     code: int = 0
+    fitted_rows: int = 0  # rows learned at the last fit (a second fit follows at 4x)
+    learns: int = 0  # cycles that added rows
 
 
 @dataclass
@@ -81,6 +92,7 @@ def default_detectors(cfg: Config) -> dict[str, Detector]:
         PeerComparison().fit(_EMPTY),
         Progress(),
         HardwareEvents(),
+        Physics(),
     ]
     if cfg.multivariate:
         dets.append(RobustCovariance())
@@ -146,6 +158,13 @@ class Engine:
                 self._new_job(job, (names or {}).get(job, job), now)
             table[i] = self._job_code[job] if job else 0
         job = table[jcodes] if len(frame) else np.zeros(0, dtype=np.int32)
+        if len(frame):  # derived: how long the engine has seen each row's job
+            first = np.array(
+                [np.nan]
+                + [getattr(self.jobs.get(j), "first_seen", np.nan) for j in self._job_ids[1:]],
+                dtype=float,
+            )
+            frame.values[:, frame.fields.index(F.JOB_AGE)] = now - first[job]
         idx, new = self._slots(frame)
         hw = self.det.get("hardware")
         if isinstance(hw, HardwareEvents) and len(new):  # counter baseline: first sight
@@ -202,6 +221,8 @@ class Engine:
         for i, n in enumerate(self.names):
             if n in NO_PERSIST:
                 out[:, i] = raw[:, i]
+            elif n in GATED:
+                out[:, i] = np.where(out[:, i] > 0, raw[:, i], 0.0)
         return out
 
     def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> None:
@@ -340,7 +361,7 @@ class Engine:
         self._job_ids.append(job)
         if self.store is None:
             return
-        states = self.store.load(name, {cls.name for cls in ALL})
+        states = self.store.load(name, {cls.name for cls in KNOWN})
         if not states:
             return
         try:
@@ -354,10 +375,14 @@ class Engine:
 
     def _learn(self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float) -> None:
         """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
-        cycle, spread over jobs) and fit when due."""
+        cycle, spread over jobs; small jobs every cycle) and fit when due: first as soon as
+        `fit_rows` calm rows are in (or at `fit_after_s`), again at 4x as many, then every
+        `refit_s`."""
         every = max(self.cfg.learn_every, 1)
         codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
-        codes = codes[(codes > 0) & (codes % every == self.cycle % every)]
+        size = np.bincount(job, minlength=len(combined))[codes] if len(job) else codes * 0
+        turn = (codes % every == self.cycle % every) | (size <= self.cfg.learn_small)
+        codes = codes[(codes > 0) & turn]
         if not len(codes):
             return
         stall = frame.col(F.STALL_SECONDS)
@@ -370,11 +395,18 @@ class Engine:
             if info is None or now - info.first_seen < self.cfg.warmup_s:
                 continue
             self._reservoir(info, frame.values[rows])
+            info.learns += 1
             st = stall[rows]
             if np.isfinite(st).any():
                 info.max_stall = max(info.max_stall, float(np.nanmax(st)))
-            due = (info.fitted_at is None and now - info.first_seen >= self.cfg.fit_after_s) or (
-                info.fitted_at is not None and now - info.fitted_at >= self.cfg.refit_s
+            enough = info.seen >= self.cfg.fit_rows and info.learns >= self.cfg.fit_cycles
+            first = enough or now - info.first_seen >= self.cfg.fit_after_s
+            due = (info.fitted_at is None and first) or (
+                info.fitted_at is not None
+                and (
+                    now - info.fitted_at >= self.cfg.refit_s
+                    or (0 < info.fitted_rows and info.seen >= 4 * info.fitted_rows)
+                )
             )
             if due:
                 self.fit_job(self._job_ids[info.code], now)
@@ -416,6 +448,7 @@ class Engine:
             if name != "hardware":
                 det.fit(train)
         info.fitted_at = now
+        info.fitted_rows = 0 if info.fitted_rows else max(info.seen, 1)  # one early refit
         if self.store is not None:
             states = {n: s for n, d in self.det.items() if (s := d.job_state(job)) is not None}
             if states:

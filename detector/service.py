@@ -2,9 +2,9 @@
 number of jobs), one engine step, and the scores on /metrics (127.0.0.1:19420 by default).
 
 Queries per cycle: one for all DCGM fields (`{__name__=~"DCGM_FI_...|..."}`), one for the
-job -> node join (`goodput_slurm_job_node_info`), one each for the job's last progress and
-iteration seconds. Prometheus down: the cycle's scores are withdrawn (they go stale),
-`goodput_detector_query_errors_total` rises, and the loop carries on.
+job -> node join (`goodput_slurm_job_node_info`), one each for the job's last progress,
+iteration seconds and last pause start. Prometheus down: the cycle's scores are withdrawn
+(they go stale), `goodput_detector_query_errors_total` rises, and the loop carries on.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ def fetch(
 ) -> tuple[Frame, dict[str, str]]:
     """Query Prometheus (fixed query count) and build this instant's frame + job names."""
     now = time.time() if now is None else now
-    dcgm = client.query(promql.selector(__name__=F.DCGM_FIELDS))
+    dcgm = client.query(promql.selector(__name__=(*F.DCGM_FIELDS, *F.ALIASES)))
     info = client.query(NODE_INFO)
     progress = client.query(f"max by (job_id) ({F.LAST_PROGRESS})")
     iters = client.query(f"max by (job_id) ({F.ITER_SECONDS})")
+    pauses = client.query(f"max by (job_id) ({F.LAST_PAUSE})")
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in info:
@@ -58,21 +59,27 @@ def fetch(
             node_jobs.setdefault(node, set()).add(job)
             names[job] = labels.get("job_name") or job
     rows: dict[tuple[str, str, str], dict[str, float | str]] = {}
+    mapped = {lab.get("Hostname") or lab.get("hostname") for lab, _ in dcgm if lab.get("hpc_job")}
     for labels, value in dcgm:
         host = labels.get("Hostname") or labels.get("hostname") or ""
         node = (host_map or {}).get(host, host)
         gpu = labels.get("gpu", "")
         job = labels.get("hpc_job") or ""
-        if not job and len(node_jobs.get(node, ())) == 1:  # join by node when unambiguous
+        # join by node when unambiguous and the node has no job mapping (with mapping on, an
+        # unlabelled GPU is one no job uses: a 1-GPU job leaves the node's others idle)
+        if not job and host not in mapped and len(node_jobs.get(node, ())) == 1:
             job = next(iter(node_jobs[node]))
         if not (NODE_RE.match(node) and gpu.isdigit()) or (job and not JOB_RE.match(job)):
             continue  # invalid labels never reach the engine
         row = rows.setdefault(
-            (node, gpu, job), {"time": now, "node": node, "gpu": gpu, "job_id": job}
+            (node, gpu, job),
+            {"time": now, "node": node, "gpu": gpu, "job_id": job, "modelName": ""},
         )
         row[labels["__name__"]] = value
+        row["modelName"] = labels.get("modelName", "")[:128] or row["modelName"]
     prog = {lab.get("job_id"): v for lab, v in progress}
     it = {lab.get("job_id"): v for lab, v in iters}
+    pause = {lab.get("job_id"): v for lab, v in pauses}
     df = (
         pd.DataFrame(list(rows.values()), columns=["time", "node", "gpu", "job_id"])
         if not rows
@@ -81,6 +88,7 @@ def fetch(
     if len(df):
         df[F.LAST_PROGRESS] = df["job_id"].map(prog).astype(float)
         df[F.ITER_SECONDS] = df["job_id"].map(it).astype(float)
+        df[F.LAST_PAUSE] = df["job_id"].map(pause).astype(float)
     return Frame.from_dataframe(df), names
 
 

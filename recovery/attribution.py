@@ -302,12 +302,16 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                 if len(vals) < 6:
                     continue
                 early = statistics.median(vals[: len(vals) // 3])
-                for t, v in s.points[len(vals) // 3 :]:
-                    if early > 0 and v >= early * rule["ratio"]:
-                        out.append(
-                            _sym(rule, s, t, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
-                        )
-                        break
+                if early <= 0:
+                    continue
+                # it must last `min_s`: the first steps after a checkpoint save run ~18 % slow
+                limit = early * rule["ratio"]
+                start, dur = _run_len(s.points[len(vals) // 3 :], lambda v, lim=limit: v >= lim)
+                if start is not None and dur >= rule.get("min_s", 0):
+                    v = dict(s.points)[start]
+                    out.append(
+                        _sym(rule, s, start, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
+                    )
         elif kind == "peer_low":
             out += _peer_low(_by_name(series, metric), rule)
     return out
@@ -381,14 +385,17 @@ def _idle(util: list[Series], rule: dict[str, Any]) -> list[Sym]:
 
 
 def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    """A node whose GPUs sit below `ratio` × the other nodes' median for min_s."""
+    """A node whose GPUs sit below `ratio` × the other nodes' median for min_s; else one GPU
+    below `ratio` × both the job's other GPUs and its own node's others, yet above a quarter of
+    them (slowed, not stuck: an idle GPU is a hang's) -- one slow GPU among eight moves its
+    node's average by ~5 %, so it is named by itself."""
     per_node: dict[str, list[Series]] = {}
     for s in series:
         if s.node:
             per_node.setdefault(s.node, []).append(s)
+    out = _gpu_low(series, rule)
     if len(per_node) < 2:
-        return []
-    out = []
+        return out
     times = sorted({t for s in series for t, _ in s.points})
     node_vals = {n: [dict(s.points) for s in g] for n, g in per_node.items()}
 
@@ -416,6 +423,37 @@ def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
                 )
             )
             out[-1].gpu = None
+    slow_nodes = {s.node for s in out if s.gpu is None}
+    return [s for s in out if s.gpu is None or s.node not in slow_nodes]
+
+
+def _gpu_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    gpus = [s for s in series if s.node]
+    if len(gpus) < 3:
+        return []
+    vals = [dict(s.points) for s in gpus]
+    times = sorted({t for s in gpus for t, _ in s.points})
+    job = {t: statistics.median(d[t] for d in vals if t in d) for t in times}
+    node = {
+        (n, t): statistics.median(
+            d[t] for d, g in zip(vals, gpus, strict=True) if t in d and g.node == n
+        )
+        for n in {g.node for g in gpus}
+        for t in times
+        if any(t in d for d, g in zip(vals, gpus, strict=True) if g.node == n)
+    }
+    out = []
+    for s, d in zip(gpus, vals, strict=True):
+        flags = []
+        for t in times:
+            if t in d:
+                ref = min(job[t], node[(s.node, t)])
+                slow = ref * 0.25 <= d[t] < ref * rule["ratio"]  # slowed, not stopped (stuck)
+                flags.append((t, 1.0 if ref > 0.2 and slow else 0.0))
+        start, dur = _run_len(flags, lambda v: v > 0)
+        if dur >= rule.get("min_s", 60):
+            detail = f"{rule['metric']} below {rule['ratio']:.0%} of the job's other GPUs"
+            out.append(_sym(rule, s, start, f"{detail} for {dur:.0f} s"))
     return out
 
 

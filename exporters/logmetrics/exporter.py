@@ -140,6 +140,11 @@ class LogMetrics(Collector):
                 "When the job last logged a saved checkpoint.",
                 labels=["job_id"],
             ),
+            "last_pause": GaugeMetricFamily(
+                "goodput_job_last_pause_timestamp_seconds",
+                "When the job last logged a line that begins a pause (checkpoint, start-up).",
+                labels=["job_id"],
+            ),
         }
         nan = CounterMetricFamily(
             "goodput_job_nan_iterations", "Iterations with a NaN/Inf loss.", labels=["job_id"]

@@ -29,6 +29,7 @@ class JobState:
     nan_iterations: float = 0.0
     skipped_iterations: float = 0.0
     last_checkpoint: float | None = None
+    last_pause: float | None = None  # a line that begins a pause (catalogue symptom "pause")
     _samples: tuple[int, int] | None = None  # (iteration, consumed samples) of the last line
 
 
@@ -60,6 +61,9 @@ class LogState:
                     # a (re)started job is making progress from now: a requeued job's old
                     # last-progress time must not read as a hang while it initialises
                     job.last_progress = {"": now}
+                    job.last_pause = now  # ... and its start-up is a pause until it iterates
+                if m.symptom == "pause":
+                    job.last_pause = now
                 node = g.get("node", "")
                 if not isinstance(node, str) or not NODE.match(node):
                     node = ""

@@ -103,7 +103,8 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "requeue",
         "one rank stuck; peers spin in a collective",
         exit_code=1,
-        defaults={"timeout_s": 600},
+        # culprit_spins=1: the culprit spins on the GPU too (a kernel busy-waiting; one GPU)
+        defaults={"timeout_s": 600, "culprit_spins": 0},
     ),
     "dataloader_stall": FaultKind(
         "workload_hang",

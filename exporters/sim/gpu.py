@@ -38,7 +38,7 @@ INIT = Load(0, 0, 0, 124, 0.01, 1980, 0.35)  # process alive, NCCL init / data l
 TRAIN = Load(99, 0.96, 0.72, 690, 0.55, 1530, 0.74)
 NAN = Load(99, 0.96, 0.70, 630, 0.52, 1560, 0.74)
 EVAL = Load(97, 0.85, 0.55, 520, 0.45, 1700, 0.74)
-CKPT = Load(3, 0.02, 0.0, 135, 0.02, 1980, 0.74)
+CKPT = Load(0, 0.0, 0.0, 135, 0.0, 1980, 0.74)  # a save: 0 % at 128-147 W (measured)
 SPIN = Load(100, 0.008, 0.0, 125, 0.0, 1980, 0.74)
 HOST_STALL = Load(0, 0, 0, 124, 0, 1980, 0.74)
 NCCL_WAIT = Load(100, 0.12, 0.0, 180, 0.05, 1980, 0.74)
@@ -125,7 +125,9 @@ class GPU:
         v[INDEX["DCGM_FI_DEV_FB_USED"]] = used
         v[INDEX["DCGM_FI_DEV_FB_FREE"]] = self.fb_total - used
         v[INDEX["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"]] = throttle
-        v[INDEX["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]] = _ratio(load.sm * 1.01 + j(0, 0.004) * busy)
+        # the graphics engine is active while any kernel is resident (as util says), even when
+        # one spinning kernel keeps a single SM busy: GR_ENGINE follows util, SM_ACTIVE the SMs
+        v[INDEX["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]] = _ratio(util / 100 + j(0, 0.004) * busy)
         v[INDEX["DCGM_FI_PROF_SM_ACTIVE"]] = _ratio(load.sm + j(0, 0.006) * busy)
         v[INDEX["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]] = _ratio(load.tensor + j(0, 0.006) * busy)
         v[INDEX["DCGM_FI_PROF_DRAM_ACTIVE"]] = _ratio(load.dram + j(0, 0.005) * busy)

@@ -306,7 +306,8 @@ def _spin_hang(cluster: Cluster, t: Target, p: dict[str, Any], fid: str) -> None
     if job is None:
         return
     job.stall = "spin"
-    job.stuck = {(t.node, t.gpu)}  # type: ignore[arg-type]
+    if not p.get("culprit_spins"):  # the rank stuck on the host idles while its peers spin
+        job.stuck = {(t.node, t.gpu)}  # type: ignore[arg-type]
     after = float(p["timeout_s"])
     when = cluster.now + after
     seq = int(job.iteration) * 4 + 3
@@ -314,7 +315,7 @@ def _spin_hang(cluster: Cluster, t: Target, p: dict[str, Any], fid: str) -> None
     for r in range(len(job.alloc)):
         if r != t.rank:
             lines += logs.watchdog(when, r, seq, int(after * 1000), seq + 1, seq - 1)
-    first = 1 if t.rank == 0 else 0
+    first = 1 if t.rank == 0 and len(job.alloc) > 1 else 0
     t2 = Target.__new__(Target)
     t2.__dict__.update(t.__dict__, rank=first, node=job.alloc[first][0], gpu=job.alloc[first][1])
     _crash(cluster, t2, fid, after, lines, -6, 1)

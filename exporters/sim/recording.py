@@ -90,6 +90,7 @@ class RecordingWriter:
                     job.nans,
                     job.skipped,
                     _num(job.last_ckpt_t) if job.last_ckpt_t else "",
+                    _num(job.last_pause_t) if job.last_pause_t else "",
                 ]
             )
 

@@ -29,6 +29,11 @@ def test_plan_varies_job_size_and_covers_every_kind() -> None:
     assert [r.scenario for r in runs if r.healthy] == ["healthy-long"]
     quick = B.plan(quick=True)
     assert len(quick) == len(B.QUICK) and {r.seed_index for r in quick} == {0}
+    cold = B.plan_cold(seeds=2)
+    assert {r.group for r in cold} == {"cold-start"} and all(r.job_nodes is None for r in cold)
+    assert [r.scenario for r in cold if r.healthy] == ["healthy-small"]
+    spec = next(r for r in cold if r.seed_index == 1)
+    assert B.scenario_for(spec).seed == spec.seed  # the run's seed, the job as written
 
 
 def test_scenario_for_keeps_the_culprit_on_the_job_and_a_spare_node() -> None:
@@ -128,6 +133,18 @@ def test_quick_benchmark_writes_a_complete_report(tmp_path: Path) -> None:
     assert "| **overall** |" in md and "healthy GPU-hours" in md
     for name in B.TARGETS:
         assert f"| {name} |" in md
+    # the cold-start and real-signal rows are reported apart from the simulator rows
+    cold = doc["cold_start"]
+    assert set(cold["per_kind"]) == set(B.QUICK_COLD) - {"healthy-small"}
+    assert {r["run"]["group"] for r in doc["cold_start_runs"]} == {"cold-start"}
+    assert cold["false_incidents"]["healthy_gpu_hours"] > 0
+    assert {r["kind"] for r in doc["real_signal"]} == {
+        "healthy",
+        "spin_hang",
+        "idle_hang",
+        "straggler",
+    }
+    assert "## Cold-start rows" in md and "## Real-signal rows" in md
 
 
 def test_bad_scenario_glob_is_a_clear_error(tmp_path: Path) -> None:

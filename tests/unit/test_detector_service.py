@@ -49,7 +49,7 @@ def test_query_count_does_not_grow_with_jobs(tmp_path):
         stub = StubProm(jobs)
         assert make(tmp_path, stub).cycle(now=1000.0)
         counts.append(stub.calls)
-    assert counts[0] == counts[1] == 4
+    assert counts[0] == counts[1] == 5
 
 
 def test_scores_exposed_and_joined_by_node(tmp_path):
@@ -78,3 +78,33 @@ def test_prometheus_down_goes_stale_and_counts_errors(tmp_path):
     assert "goodput_gpu_anomaly_score{" not in text
     stub.down = False
     assert svc.cycle(now=1015.0)
+
+
+class OneGpuJob(StubProm):
+    """A 1-GPU job on node1 with dcgm's job mapping on: only GPU 0 carries hpc_job."""
+
+    def query(self, expr):
+        self.calls += 1
+        if expr.startswith("{__name__"):
+            out = []
+            for g in range(8):
+                lab = {"Hostname": "node1", "gpu": str(g), "modelName": "NVIDIA H200"}
+                if g == 0:
+                    lab["hpc_job"] = "100"
+                util = 99.0 if g == 0 else 0.0
+                out.append(({**lab, "__name__": "DCGM_FI_DEV_GPU_UTIL"}, util))
+            return out
+        if expr == "goodput_slurm_job_node_info":
+            return [({"job_id": "100", "job_name": "solo", "node": "node1"}, 1.0)]
+        return []
+
+
+def test_a_nodes_unmapped_gpus_are_not_its_one_jobs_peers(tmp_path):
+    """With job mapping on, the node join must not hand a 1-GPU job the node's 7 idle GPUs
+    (they were its 'peers': the one busy GPU scored as an outlier). Fails on the old join."""
+    from detector.service import fetch
+
+    frame, _ = fetch(OneGpuJob(1), now=1000.0)
+    assert list(frame.job[frame.gpu == 0]) == ["100"]
+    assert set(frame.job[frame.gpu != 0]) == {""}
+    assert set(frame.models) == {"NVIDIA H200"}

@@ -1,0 +1,293 @@
+"""Real-signal rows of `goodput bench faults`: a real H200, healthy and with faults spliced in.
+
+Data: `tests/data/real/h200-healthy-ckpt` (NVML at 4 Hz and the job's own log, one H200, a
+Megatron-style loop with checkpoint saves, started twice). A run is a one-GPU job built from
+that trace: its first process as recorded, then its steady training part repeated (re-timed,
+nothing invented) until the job is `minutes` long. A fault replaces the GPU samples from its
+onset with the signature measured on the same H200 (`SIGNATURES`, from failures.md) and the log
+as that fault shapes it (a hang: no more lines; a straggler: every step 124/85 slower). Every
+run goes through the production detector engine (5 s samples, as Prometheus would scrape) and
+the alert conditions of alertmanager/alerts.yaml, in simulated time; it measures detection
+(first firing alert after onset) and false alerts, not attribution or actions (one GPU, no
+scheduler).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.inproc import score_frames
+from bench.online_alerts import OnlineAlerts
+from detector import fields as F
+from detector.baselines import BaselineStore
+from detector.frame import Frame
+from detector.pipeline import Config, Engine
+from exporters.logmetrics.parser import LogState
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "tests" / "data" / "real" / "h200-healthy-ckpt"
+NODE, GPU, JOB, NAME, MODEL = "h200", 0, "700001", "real-mlp", "NVIDIA H200"
+INTERVAL_S = 5.0
+DETECTION = ("GoodputJobHung", "GoodputJobAnomaly", "GoodputGPUAnomaly", "GoodputJobStraggler")
+UTIL, POWER, SM = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_SM_ACTIVE"
+TENSOR, DRAM, CLOCK = (
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_DEV_SM_CLOCK",
+)
+GPM = {  # NVML GPM readings (percent) -> dcgm-exporter's ratio fields
+    "gpm_sm_active": SM,
+    "gpm_tensor_active": TENSOR,
+    "gpm_dram_bw_util": DRAM,
+}
+# failures.md, one H200 at 4 Hz: (mean, sd) per field from the fault's onset
+SIGNATURES: dict[str, dict[str, tuple[float, float]]] = {
+    "spin_hang": {
+        UTIL: (100, 0),
+        POWER: (125, 2),
+        SM: (0.008, 0.001),
+        TENSOR: (0, 0),
+        DRAM: (0, 0),
+        CLOCK: (1980, 0),
+    },
+    "idle_hang": {UTIL: (0, 0), POWER: (124, 1), SM: (0, 0), TENSOR: (0, 0), DRAM: (0, 0)},
+    "straggler": {UTIL: (62, 11), POWER: (564, 15), SM: (0.59, 0.05), TENSOR: (0.40, 0.04)},
+}
+SLOWDOWN = 124.0 / 85.0  # the straggling rank's iteration time vs healthy (failures.md)
+_TS = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\] ?(.*)$")
+_STEP = re.compile(r"(elapsed time per iteration \(ms\):\s*)([0-9.]+)")
+
+
+@dataclass
+class Trace:
+    samples: pd.DataFrame  # t + DCGM fields (ratios 0..1), 4 Hz
+    lines: list[tuple[float, str]]  # (time, line) of the job's output
+    runs: list[tuple[float, float]]  # the job's processes (start, end)
+
+
+def load(path: Path = TRACE) -> Trace:
+    df = pd.read_csv(path / "metrics.csv")
+    for gpm, name in GPM.items():
+        df[name] = pd.to_numeric(df.pop(gpm), errors="coerce") / 100.0
+    df = df.rename(columns={"ts": "t", **F.ALIASES}).astype(float)
+    lines = []
+    with gzip.open(path / "app.log.gz", "rt") as fh:
+        for raw in fh:
+            m = _TS.match(raw.rstrip("\n"))
+            if m:
+                ts = pd.Timestamp(m.group(1), tz="UTC").timestamp()
+                lines.append((ts, m.group(2)))
+    truth = json.loads((path / "truth.json").read_text())
+    runs = [(p["start"], p["end"]) for p in truth["phases"] if p["mode"] != "idle"]
+    return Trace(df, lines, runs)
+
+
+def job(trace: Trace, minutes: float) -> Trace:
+    """The first process as recorded, then its steady part (after the first save) repeated."""
+    start, end = trace.runs[0]
+    s = trace.samples[(trace.samples.t >= start) & (trace.samples.t < end)]
+    lines = [(t, x) for t, x in trace.lines if start - 15 <= t < end]
+    saves = [t for t, x in lines if "saving checkpoint" in x]
+    loop0 = saves[0] - 5.0 if saves else start
+    steady_s = s[s.t >= loop0]
+    steady_l = [(t, x) for t, x in lines if t >= loop0 and "phase done" not in x]
+    span = end - loop0
+    out_s, out_l, shift = [s], [(t, x) for t, x in lines if "phase done" not in x], end - loop0
+    while start + shift < start + minutes * 60:
+        out_s.append(steady_s.assign(t=steady_s.t + shift))
+        out_l += [(t + shift, x) for t, x in steady_l]
+        shift += span
+    stop = start + minutes * 60
+    samples = pd.concat(out_s, ignore_index=True)
+    return Trace(
+        samples[samples.t < stop].reset_index(drop=True),
+        [(t, x) for t, x in out_l if t < stop],
+        [(start, stop)],
+    )
+
+
+def splice(trace: Trace, kind: str, onset: float, seed: int = 0) -> Trace:
+    """The fault's measured signature from `onset`; the log as the fault shapes it."""
+    rng = np.random.default_rng(seed)
+    s = trace.samples.copy()
+    after = (s.t >= onset).to_numpy()
+    for name, (mu, sd) in SIGNATURES[kind].items():
+        v = mu + sd * rng.standard_normal(int(after.sum()))
+        if name == UTIL:  # NVML reports whole percent
+            v = np.round(np.clip(v, 0.0, 100.0)).astype(float)
+        elif name.startswith("DCGM_FI_PROF_"):
+            v = np.clip(v, 0.0, 1.0)
+        s.loc[after, name] = np.maximum(v, 0.0)
+    if kind == "straggler":
+        lines = [(t, x) for t, x in trace.lines if t < onset]
+        for t, line in trace.lines:
+            if t >= onset:
+                nt = onset + (t - onset) * SLOWDOWN
+                slow = _STEP.sub(lambda m: f"{m.group(1)}{float(m.group(2)) * SLOWDOWN:.1f}", line)
+                lines.append((nt, slow))
+        lines = [(t, x) for t, x in lines if t < trace.runs[-1][1]]
+    else:
+        lines = [(t, x) for t, x in trace.lines if t < onset]
+    return Trace(s, lines, trace.runs)
+
+
+def shifted(trace: Trace, dt: float) -> Trace:
+    """The same trace `dt` seconds later (a later run of the same job)."""
+    return Trace(
+        trace.samples.assign(t=trace.samples.t + dt),
+        [(t + dt, x) for t, x in trace.lines],
+        [(a + dt, b + dt) for a, b in trace.runs],
+    )
+
+
+def replay(
+    traces: list[Trace], store: BaselineStore | None = None
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Run the traces one after another as the same job name; firing detection alerts
+    [{time, alertname, ...}] and the peak score per detector."""
+    eng = Engine(Config(interval_s=INTERVAL_S), store)
+    alerts = OnlineAlerts(interval_s=INTERVAL_S)
+    fired: list[dict[str, Any]] = []
+    peak: dict[str, float] = {}
+    for k, tr in enumerate(traces):
+        logs = LogState()
+        start, end = tr.runs[0][0], tr.runs[-1][1]
+        ts = tr.samples.t.to_numpy()
+        li = 0
+        job_id = f"{JOB}{k}" if store is not None else JOB
+        for now in np.arange(start + INTERVAL_S, end + INTERVAL_S / 2, INTERVAL_S):
+            todo = []
+            while li < len(tr.lines) and tr.lines[li][0] <= now:
+                todo.append(tr.lines[li])
+                li += 1
+            for t, x in todo:
+                logs.feed_job(job_id, [x], t)
+            i = int(np.searchsorted(ts, now, side="right")) - 1
+            if i < 0:
+                continue
+            row = tr.samples.iloc[i].to_dict()
+            js = logs.jobs.get(job_id)
+            row.update(
+                time=now,
+                node=NODE,
+                gpu=GPU,
+                job_id=job_id,
+                modelName=MODEL,
+                **{
+                    F.LAST_PROGRESS: max(js.last_progress.values())
+                    if js and js.last_progress
+                    else np.nan,
+                    F.ITER_SECONDS: js.iteration_seconds if js and js.iteration_seconds else np.nan,
+                    F.LAST_PAUSE: js.last_pause if js and js.last_pause else np.nan,
+                },
+            )
+            frame = Frame.from_dataframe(pd.DataFrame([row]))
+            res = eng.step(frame, now, {job_id: NAME})
+            for d, name in enumerate(res.detectors):
+                peak[name] = max(peak.get(name, 0.0), float(res.gpu[:, d].max()))
+            dcgm = pd.DataFrame([{k2: v for k2, v in row.items() if k2 != "time"}])
+            dcgm.insert(0, "timestamp", now)
+            alerts.add(now, {"dcgm": dcgm, **score_frames(res, now)})
+            for a in alerts.firing(now):
+                if a.get("alertname") in DETECTION:
+                    fired.append({"time": float(now), "run": k, **a})
+        eng.end_jobs(set())
+    return fired, peak
+
+
+TARGETS_S = {"spin_hang": 30.0, "idle_hang": 45.0, "straggler": 60.0}
+
+
+def _first(fired: list[dict[str, Any]], onset: float, run: int = 0) -> dict[str, Any] | None:
+    after = [a for a in fired if a["run"] == run and a["time"] >= onset]
+    return min(after, key=lambda a: a["time"]) if after else None
+
+
+def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
+    """The real-signal rows: healthy runs (false alerts) and each fault warm, at job start, and
+    (straggler) at the start of a restart that has the job's stored baseline."""
+    trace = load()
+    long = job(trace, minutes)
+    start = long.runs[0][0]
+    first_iter = min(t for t, x in long.lines if re.search(r"\biteration\s+\d+/", x))
+    out: list[dict[str, Any]] = []
+    for name, traces in (("recorded trace (2 runs)", [trace]), (f"{minutes:g}-min job", [long])):
+        fired, peak = replay(traces)
+        secs = sum(t.runs[-1][1] - t.runs[0][0] for t in traces)
+        out.append(
+            {
+                "row": f"healthy: {name}",
+                "kind": "healthy",
+                "gpu_hours": round(secs / 3600.0, 3),
+                "false_alerts": sorted({a["alertname"] for a in fired}),
+                "false_alert_samples": len(fired),
+                "peak": {k: round(v, 2) for k, v in peak.items()},
+                "met": not fired,
+            }
+        )
+    cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
+    cases += [
+        ("spin_hang", "at job start (before its first iteration)", first_iter),
+        ("idle_hang", "10 s after its first iteration", first_iter + 10.0),
+        ("idle_hang", "before its first iteration (start-up never ends)", first_iter),
+        ("straggler", "from its first iteration, never seen before", first_iter),
+    ]
+    for kind, when, onset in cases:
+        fired, peak = replay([splice(long, kind, onset)])
+        out.append(_fault_row(kind, when, onset, fired, peak, run=0))
+    with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
+        again = shifted(job(trace, 5.0), long.runs[-1][1] - trace.runs[0][0] + 30.0)
+        onset = again.runs[0][0]
+        fired, peak = replay([long, splice(again, "straggler", onset)], BaselineStore(tmp))
+        out.append(
+            _fault_row("straggler", "restart, stored baseline by name", onset, fired, peak, 1)
+        )
+    return out
+
+
+def _fault_row(
+    kind: str, when: str, onset: float, fired: list[dict[str, Any]], peak: dict, run: int
+) -> dict[str, Any]:
+    hit = _first(fired, onset, run)
+    latency = None if hit is None else round(hit["time"] - onset, 1)
+    return {
+        "row": f"{kind}: {when}",
+        "kind": kind,
+        "detected": hit is not None,
+        "latency_s": latency,
+        "first_alert": None if hit is None else hit["alertname"],
+        "target_s": TARGETS_S[kind],
+        "met": latency is not None and latency <= TARGETS_S[kind],
+        "peak": {k: round(v, 2) for k, v in peak.items()},
+    }
+
+
+def markdown(rows_: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| real-signal row | detected | latency (s) | first alert | target | met | peak scores |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows_:
+        peak = ", ".join(f"{k} {v:g}" for k, v in r["peak"].items() if v >= 0.05) or "all < 0.05"
+        if r["kind"] == "healthy":
+            got = ", ".join(r["false_alerts"]) or "none"
+            lines.append(
+                f"| {r['row']} ({r['gpu_hours']:g} GPU-h) | false alerts: {got} | – | – | "
+                f"0 false | {'yes' if r['met'] else '**no**'} | {peak} |"
+            )
+            continue
+        lines.append(
+            f"| {r['row']} | {'yes' if r['detected'] else '**no**'} | "
+            f"{'–' if r['latency_s'] is None else r['latency_s']} | {r['first_alert'] or '–'} | "
+            f"<= {r['target_s']:g} s | {'yes' if r['met'] else '**no**'} | {peak} |"
+        )
+    return lines

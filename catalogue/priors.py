@@ -1,0 +1,112 @@
+"""Physics priors per GPU model (`priors.yaml`): load, validate, resolve a model's parameters.
+
+>>> p = load()
+>>> p.params("NVIDIA H200")["spin_power_max_w"], p.params("some new GPU")["busy_util"]
+(250.0, 95.0)
+>>> "spin_power_max_w" in p.params("some new GPU")  # the generic fallback knows no wattage
+False
+>>> sorted({r.id for r in p.rules})
+['clock_collapse', 'hw_slowdown', 'spin_wait']
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+OPS = (">=", "<=", ">", "<", "&")
+GENERIC = "generic"
+
+
+class PriorsError(ValueError):
+    """priors.yaml does not follow its schema; the message names the entry."""
+
+
+@dataclass(frozen=True)
+class Clause:
+    field: str
+    op: str
+    value: float | str  # a number, or the name of a model parameter
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    score: float
+    when: tuple[Clause, ...]
+
+
+@dataclass(frozen=True)
+class Priors:
+    models: dict[str, dict[str, float]]  # resolved: generic merged under each listed model
+    rules: tuple[Rule, ...]
+
+    def params(self, model: str) -> dict[str, float]:
+        """The parameters for `model` (dcgm's modelName); the generic set if it is not listed."""
+        return self.models.get(model, self.models[GENERIC])
+
+
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) > 1e12:
+        raise PriorsError(f"{where}: want a finite number, got {v!r}")
+    return float(v)
+
+
+def _parse(doc: Any) -> Priors:
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        raise PriorsError("priors: want a mapping with version: 1")
+    raw = doc.get("models")
+    if not isinstance(raw, dict) or GENERIC not in raw:
+        raise PriorsError("models: want a mapping with a 'generic' entry")
+    models: dict[str, dict[str, float]] = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, dict):
+            raise PriorsError(f"models.{name}: want a mapping")
+        models[str(name)] = {
+            k: _number(v, f"models.{name}.{k}") for k, v in entry.items() if k != "source"
+        }
+    generic = models[GENERIC]
+    resolved = {n: {**generic, **p} for n, p in models.items()}
+    known = set().union(*resolved.values())
+    rules = []
+    for i, r in enumerate(doc.get("rules") or []):
+        where = f"rules.{i}"
+        if not isinstance(r, dict) or not isinstance(r.get("id"), str):
+            raise PriorsError(f"{where}: want a mapping with an id")
+        clauses = []
+        for j, c in enumerate(r.get("when") or []):
+            if not (isinstance(c, list) and len(c) == 3 and c[1] in OPS):
+                raise PriorsError(f"{where}.when.{j}: want [field, op, value], op in {OPS}")
+            field, op, value = c
+            if isinstance(value, str):
+                if value not in known:
+                    raise PriorsError(f"{where}.when.{j}: no model defines parameter {value!r}")
+            else:
+                value = _number(value, f"{where}.when.{j}")
+            clauses.append(Clause(str(field), op, value))
+        if not clauses:
+            raise PriorsError(f"{where}: a rule needs at least one clause")
+        score = _number(r.get("score"), f"{where}.score")
+        if score <= 0:
+            raise PriorsError(f"{where}.score: must be > 0")
+        rules.append(Rule(r["id"], score, tuple(clauses)))
+    return Priors(resolved, tuple(rules))
+
+
+@lru_cache(maxsize=4)
+def _load(path: str) -> Priors:
+    return _parse(yaml.safe_load(Path(path).read_text()))
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Priors:
+    """priors.yaml from `path`, `$GOODPUT_CATALOGUE_DIR`, or this package (cached)."""
+    if path is None:
+        base = os.environ.get("GOODPUT_CATALOGUE_DIR")
+        path = Path(base) / "priors.yaml" if base else HERE / "priors.yaml"
+    return _load(str(path))

@@ -1,0 +1,134 @@
+"""Physics priors as a detector: judge each GPU from its first sample, no baseline, no peer.
+
+The rules and their per-model thresholds are data (`catalogue/priors.yaml`); this module only
+evaluates them. Two rules read the job's log-derived progress as well:
+
+- `idle_hang`: a GPU idle with its memory held while the job makes no progress and no pause
+  is open (checkpoint save/load, start-up: the catalogue's `pause` patterns) scores, for jobs
+  whose log announces its pauses at all (others are left to the progress detector),
+  stall / allowance, allowance = max(`idle_stall_floor_s`, `idle_stall_factor` x the job's p99
+  progress gap outside pauses (fitted), or x its last iteration time before a fit);
+- `never_started`: a GPU idle with memory held before the job's first progress, or inside a
+  pause, scores the time since then (or the job's age) / `first_iteration_s`.
+
+Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
+once some rule held on every sample of its persistence window, and then at its latest value.
+
+>>> from detector.synthetic import healthy_frame
+>>> frame = healthy_frame(jobs=1, nodes=1, steps=2, seed=1)
+>>> det = Physics()
+>>> float(det.score(frame).max())
+0.0
+>>> sm = frame.fields.index("DCGM_FI_PROF_SM_ACTIVE")
+>>> util = frame.fields.index("DCGM_FI_DEV_GPU_UTIL")
+>>> frame.values[0, [util, sm]] = [100.0, 0.008]  # busy by util, one SM spinning
+>>> float(det.score(frame)[0])
+2.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from catalogue import priors as P
+from detector import fields as F
+from detector.detectors import _PerJob
+from detector.frame import Frame
+
+FB = "DCGM_FI_DEV_FB_USED"
+JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
+
+
+def _open(stall: np.ndarray, since_pause: np.ndarray) -> np.ndarray:
+    """A pause is open when it began at or after the last progress (or before any)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(since_pause) & (~np.isfinite(stall) | (since_pause <= stall))
+
+
+def _holds(x: np.ndarray, op: str, v: float) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        if op == "&":
+            ok = np.isfinite(x)
+            return ok & ((np.where(ok, x, 0).astype(np.int64) & int(v)) != 0)
+        return {">=": x >= v, "<=": x <= v, ">": x > v, "<": x < v}[op]
+
+
+class Physics(_PerJob):
+    """Per-GPU physics rules from `catalogue/priors.yaml` (see the module docstring)."""
+
+    name = "physics"
+    params = ("path", "min_gaps")
+    state_keys = ("gap_",)
+    gap_: np.ndarray
+
+    def __init__(self, path: str | None = None, min_gaps: int = 5) -> None:
+        self.path = path
+        self.min_gaps = min_gaps
+
+    @property
+    def priors(self) -> P.Priors:
+        return P.load(self.path)
+
+    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
+        """The job's p99 progress gap outside pauses (stall seconds sampled while healthy)."""
+        stall = frame.col(F.STALL_SECONDS)
+        gaps = stall[np.isfinite(stall) & ~_open(stall, frame.col(F.SINCE_PAUSE))]
+        if len(gaps) < self.min_gaps:
+            return None
+        return {"gap_": np.array(float(np.percentile(gaps, 99)))}
+
+    def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...]]:
+        """(n, rules) scores and the rule id of each column."""
+        pri = self.priors
+        ids = tuple(dict.fromkeys(r.id for r in pri.rules)) + JOB_RULES
+        out = np.zeros((len(frame), len(ids)))
+        if not len(frame):
+            return out, ids
+        models = frame.models
+        codes = self._codes(frame)
+        gap = np.full(len(frame), np.nan)
+        known = codes >= 0
+        if known.any():
+            gap[known] = self.gap_[codes[known]]
+        stall = frame.col(F.STALL_SECONDS)
+        since_pause = frame.col(F.SINCE_PAUSE)
+        announced = np.isfinite(since_pause)  # the job's log says when it pauses
+        paused = _open(stall, since_pause)
+        age = frame.col(F.JOB_AGE)
+        util = frame.col(F.UTIL)
+        fb = frame.col(FB)
+        step = frame.col(F.ITER_SECONDS)
+        idle_col, wait_col = len(ids) - 2, len(ids) - 1
+        for model in np.unique(models):
+            rows = models == model
+            p = pri.params(str(model))
+            for rule in pri.rules:
+                hit = rows.copy()
+                for c in rule.when:
+                    v = p.get(c.value) if isinstance(c.value, str) else c.value
+                    if v is None or c.field not in frame.fields:
+                        hit[:] = False
+                        break
+                    hit &= _holds(frame.col(c.field), c.op, v)
+                col = ids.index(rule.id)
+                out[hit, col] = np.fmax(out[hit, col], rule.score)
+            with np.errstate(invalid="ignore"):
+                held = rows & (util <= p["idle_util_max"]) & (fb >= p["fb_held_min_mib"])
+            base = np.where(np.isfinite(gap), gap, np.nan_to_num(step))
+            allow = np.fmax(p["idle_stall_floor_s"], p["idle_stall_factor"] * base)
+            idle = held & announced & np.isfinite(stall) & ~paused
+            out[idle, idle_col] = stall[idle] / allow[idle]
+            waiting = held & (~np.isfinite(stall) | paused)
+            since = np.where(paused, since_pause, age)
+            out[waiting, wait_col] = np.nan_to_num(since[waiting]) / p["first_iteration_s"]
+        return out, ids
+
+    def score(self, frame: Frame) -> np.ndarray:
+        s, _ = self._rules(frame)
+        return s.max(axis=1) if len(s) else np.zeros(0)
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        s, ids = self._rules(frame.take(rows))
+        return [f"physics rule {ids[i]} ({s[k, i]:.2f})" for k, i in enumerate(s.argmax(axis=1))]

@@ -1,0 +1,135 @@
+"""Physics priors (catalogue/priors.yaml) and the detector that scores them from the first
+sample: no baseline, no peer, one GPU. Fails on the code before the physics detector: a one-GPU
+job spinning from its start scored 0 until a baseline was fitted (300 s)."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+import yaml
+
+import catalogue.priors as P
+import detector.physics
+from detector import fields as F
+from detector.baselines import BaselineStore
+from detector.frame import Frame
+from detector.physics import Physics
+from detector.pipeline import Config, Engine
+from detector.synthetic import healthy_frame
+
+COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
+H200 = "NVIDIA H200"
+
+
+def _one_gpu(steps: int, model: str = H200, start: float = 0.0) -> Frame:
+    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=steps, seed=3, start=start)
+    return Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), model, object))
+
+
+def _spin(f: Frame, rows: np.ndarray, sm: bool = True) -> None:
+    f.values[rows, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
+    f.values[rows, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
+    f.values[rows, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.008 if sm else np.nan
+
+
+def test_docstring_examples() -> None:
+    for mod in (P, detector.physics):
+        assert doctest.testmod(mod).failed == 0
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["models"].pop("generic"), "generic"),
+        (lambda d: d["rules"][0]["when"].append(["X", "~", 1]), "rules.0.when.2"),
+        (lambda d: d["rules"][0]["when"].append(["X", ">=", "no_such"]), "no_such"),
+        (lambda d: d["models"]["generic"].update(busy_util="high"), "busy_util"),
+        (lambda d: d["rules"][1].update(score=0), "rules.1.score"),
+    ],
+)
+def test_bad_priors_are_rejected_with_the_entry(tmp_path, edit, message) -> None:
+    doc = yaml.safe_load((P.HERE / "priors.yaml").read_text())
+    edit(doc)
+    (tmp_path / "priors.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(P.PriorsError, match=message):
+        P.load(tmp_path / "priors.yaml")
+
+
+def test_healthy_scores_zero_and_round_trips(tmp_path) -> None:
+    train = healthy_frame(jobs=2, nodes=2, steps=40, seed=11)
+    det = Physics()
+    assert det.fit(train) is det
+    test = healthy_frame(jobs=2, nodes=2, steps=3, seed=12, start=1000.0)
+    assert (det.score(test) == 0).all()
+    det.save(tmp_path / "p.json")
+    again = Physics.load(tmp_path / "p.json")
+    np.testing.assert_array_equal(again.score(test), det.score(test))
+    assert det.score(test.take(np.array([], dtype=int))).shape == (0,)
+
+
+def test_power_rule_needs_the_model_sm_rule_does_not() -> None:
+    """dcgm's defaults have no SM activity: the wattage of a spin is known per model only."""
+    for model, want in ((H200, 2.0), ("an unlisted GPU", 0.0)):
+        f = _one_gpu(2, model)
+        _spin(f, np.array([0]), sm=False)
+        assert Physics().score(f)[0] == want
+    f = _one_gpu(2, "an unlisted GPU")
+    _spin(f, np.array([0]))
+    assert Physics().score(f)[0] == 2.0
+
+
+def test_hw_slowdown_bit_and_power_cap_bit() -> None:
+    f = _one_gpu(2)
+    f.values[0, COL[F.THROTTLE]] = 0x40  # HW thermal slowdown
+    f.values[1, COL[F.THROTTLE]] = 0x04  # SW power cap: healthy training at the limit
+    s = Physics().score(f)
+    assert s[0] == 1.5 and s[1] == 0.0
+
+
+def _idle(f: Frame, rows: np.ndarray, stall: float, since_pause: float) -> None:
+    f.values[rows, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    f.values[rows, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
+    f.values[rows, COL[F.STALL_SECONDS]] = stall
+    f.values[rows, COL[F.SINCE_PAUSE]] = since_pause
+
+
+def test_idle_hang_holds_off_only_inside_an_announced_pause() -> None:
+    f = _one_gpu(1)
+    det = Physics()
+    _idle(f, np.array([0]), stall=30.0, since_pause=400.0)  # last pause long closed
+    assert det.score(f)[0] == pytest.approx(30.0 / 15.0)  # floor 15 s before a fit
+    _idle(f, np.array([0]), stall=30.0, since_pause=20.0)  # a save began after the last line
+    assert det.score(f)[0] < 0.1
+    _idle(f, np.array([0]), stall=30.0, since_pause=np.nan)  # the log never announces pauses
+    assert det.score(f)[0] == 0.0  # left to the progress detector's long allowance
+    f.values[0, COL["DCGM_FI_DEV_FB_USED"]] = 615.0  # memory released: the process is gone
+    _idle(f, np.array([0]), stall=30.0, since_pause=400.0)
+    assert det.score(f)[0] == 0.0
+
+
+def test_idle_allowance_follows_the_jobs_own_progress_gaps() -> None:
+    train = _one_gpu(60)
+    train.values[:, COL[F.STALL_SECONDS]] = np.linspace(0, 40, 60)  # logs every ~40 s
+    det = Physics().fit(train)
+    f = _one_gpu(1)
+    _idle(f, np.array([0]), stall=30.0, since_pause=400.0)
+    assert det.score(f)[0] < 0.5  # 30 s is normal for this job (2 x p99 gap = 79 s)
+
+
+def test_one_gpu_spin_from_its_first_sample_alerts_without_baseline(tmp_path) -> None:
+    """The engine: a one-GPU job spinning from its start reaches the alert level after the
+    persistence window (15 s), with no baseline; a single spinning sample does not."""
+    eng = Engine(Config(interval_s=5.0), BaselineStore(tmp_path))
+    f = _one_gpu(12)
+    rows = f.instants()
+    _spin(f, rows[2])  # one sample only: a blip
+    _spin(f, np.concatenate(rows[6:]))
+    combined = []
+    for r in rows:
+        res = eng.step(f.take(r), float(f.time[r[0]]), {"100": "solo"})
+        combined.append(float(res.jobs.query("detector == 'combined'").score.iloc[0]))
+    assert max(combined[:6]) < 1.0
+    first = next(i for i, c in enumerate(combined) if c >= 1.25)
+    assert (first - 6) * 5.0 <= 10.0  # three samples: onset + 10 s
