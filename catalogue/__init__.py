@@ -7,11 +7,13 @@ problem raises `CatalogueError`. `$GOODPUT_CATALOGUE_DIR` points at another copy
 
 API (the whole of it):
 
-    outcomes() -> dict[str, Outcome]          # id -> Outcome(id, category, meaning)
+    outcomes() -> dict[str, Outcome]          # id -> Outcome(id, category, meaning, action)
     categories() -> dict[str, str]            # infrastructure | workload | unknown -> meaning
-    actions() -> dict[str, str]               # action vocabulary -> meaning
+    actions() -> dict[str, Action]            # the action vocabulary: id -> Action(id, meaning,
+                                              # destructive, restarts, drains)
     xid_info(code) -> XidInfo | None          # code, name, severity, nvidia_action,
-                                              # job_action, outcome, consequence, note
+                                              # job_action, outcome, consequence, note,
+                                              # cls, weight (detector), alert (alert name)
     load_patterns() -> tuple[Pattern, ...]    # id, source, symptom, role, outcome, ...
     match_line(line, source) -> list[Match]   # source "job" | "kernel"; Match(pattern,
                                               # symptom, role, source, outcome, groups)
@@ -35,6 +37,7 @@ iteration, loss, step_ms, samples, exitcode, pid, node, ... (declared in pattern
 from __future__ import annotations
 
 from catalogue.loader import (
+    Action,
     Catalogue,
     CatalogueError,
     Match,
@@ -46,6 +49,7 @@ from catalogue.loader import (
 )
 
 __all__ = [
+    "Action",
     "Catalogue",
     "CatalogueError",
     "Match",
@@ -70,7 +74,7 @@ def categories() -> dict[str, str]:
     return default().categories
 
 
-def actions() -> dict[str, str]:
+def actions() -> dict[str, Action]:
     return default().actions
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from catalogue import promql
+from catalogue import loader, promql
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "alertmanager" / "alerts.yaml"
 PATH_ENV = "GOODPUT_ALERTS_FILE"  # points every consumer (detector, benchmark, notebooks) at a copy
@@ -125,9 +125,44 @@ def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
-def _condition(raw: Any, where: str) -> Condition:
+FROM_CATALOGUE = "catalogue"  # a value list or label matcher the catalogue fills in
+
+
+def catalogue_values(alert: str, label: str) -> tuple[str, ...]:
+    """What `catalogue` stands for in an alert's condition: for `xid` (a label, or the `values`
+    of the XID gauge) the codes whose class names `alert` in xid.yaml; for `pattern` the ids of
+    the patterns flagged `alert: true` in patterns.yaml. One list, generated outward."""
+    cat = loader.default()
+    if label == "xid":
+        return tuple(str(c) for c, x in sorted(cat.xids.items()) if x.alert == alert)
+    if label == "pattern":
+        return tuple(p.id for p in cat.patterns if p.alert)
+    raise AlertsError(f"alert {alert}: the catalogue fills in xid or pattern, not {label!r}")
+
+
+def _filled(raw: Mapping[str, Any], alert: str, where: str) -> dict[str, Any]:
+    """`raw` with every `catalogue` placeholder replaced by the catalogue's list."""
+    out = dict(raw)
+    labels = dict(raw.get("labels") or {}) if isinstance(raw.get("labels"), Mapping) else None
+    for k, v in (labels or {}).items():
+        if v == FROM_CATALOGUE:
+            values = catalogue_values(alert, str(k))
+            if not values:
+                raise AlertsError(f"{where}: the catalogue lists nothing for {k}")
+            labels[k] = "=~" + "|".join(values)  # type: ignore[index]
+    if labels is not None:
+        out["labels"] = labels
+    if raw.get("values") == FROM_CATALOGUE:
+        out["values"] = [int(v) for v in catalogue_values(alert, "xid")]
+        if not out["values"]:
+            raise AlertsError(f"{where}: the catalogue lists no XID for this alert")
+    return out
+
+
+def _condition(raw: Any, where: str, alert: str = "") -> Condition:
     if not isinstance(raw, Mapping):
         raise AlertsError(f"{where}: a condition must be a mapping")
+    raw = _filled(raw, alert, where)
     allowed = {
         "kind", "metric", "labels", "op", "threshold", "values", "window", "by",
         "while_present", "while_any", "source", "new_series", "join_job", "expr", "for", "signal",
@@ -212,7 +247,7 @@ def _alert(raw: Any, i: int) -> Alert:
     conds = raw.get("conditions") or []
     if not conds:
         raise AlertsError(f"{where}: needs at least one condition")
-    conditions = tuple(_condition(c, f"{where} condition {j}") for j, c in enumerate(conds))
+    conditions = tuple(_condition(c, f"{where} condition {j}", name) for j, c in enumerate(conds))
     signals = [c.signal for c in conditions]
     if len(set(signals)) != len(signals):
         raise AlertsError(f"{where}: conditions need distinct 'signal' names, got {signals}")

@@ -1,7 +1,9 @@
 """Load and validate the failure catalogue (outcomes.yaml, xid.yaml, patterns.yaml).
 
-Every problem in the YAML raises `CatalogueError` naming the file and the entry. Each
-pattern's `examples` must match it and its `counter_examples` must not, checked at load.
+Every problem in the YAML raises `CatalogueError` naming the file and the entry: each entry's
+shape by `catalogue.schema` (unknown keys rejected), then the cross-references (outcomes,
+actions, classes, groups). Each pattern's `examples` must match it and its `counter_examples`
+must not, checked at load.
 """
 
 from __future__ import annotations
@@ -15,20 +17,12 @@ from typing import Any
 
 import yaml
 
+from catalogue import schema
+
 HERE = Path(__file__).resolve().parent
 SOURCES = ("job", "kernel")
 PATTERN_SOURCES = (*SOURCES, "any")
 ROLES = ("initiating", "cascade", "info")
-SEVERITIES = ("critical", "warning", "info")
-XID_CLASSES = (
-    "hardware",
-    "degradation",
-    "application",
-    "consequence",
-    "driver",
-    "informational",
-    "recovery_action",
-)
 GROUP_TYPES = {"int": int, "float": float, "str": str}
 MAX_LINE_CHARS = 8192  # longer lines are matched on their first MAX_LINE_CHARS characters
 _ID = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
@@ -43,6 +37,16 @@ class Outcome:
     id: str
     category: str
     meaning: str
+    action: str = "hold_for_person"  # the policy's default action (one of the vocabulary)
+
+
+@dataclass(frozen=True)
+class Action:
+    id: str
+    meaning: str
+    destructive: bool = False  # changes a job or a node (a confidence floor applies)
+    restarts: bool = False  # the job runs again
+    drains: bool = False  # a node is drained
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,10 @@ class XidInfo:
     consequence: bool  # follows an earlier error (e.g. 43, 45): look for that one
     note: str = ""
     mnemonic: str = ""  # NVIDIA's name for the code
-    cls: str = ""  # one of XID_CLASSES (`class` in xid.yaml)
+    cls: str = ""  # a key of xid.yaml's `classes` (`class` in xid.yaml)
     source: str = ""  # where the entry comes from (a text of xid.yaml's `sources`)
+    weight: float = 0.0  # the detector's score for it (its class's detector_weight)
+    alert: str = ""  # the alert whose XID lists hold it (its class's alert)
 
 
 @dataclass(frozen=True)
@@ -74,9 +80,11 @@ class Pattern:
     description: str = ""
     gate: re.Pattern[str] | None = None  # all regexes as one alternation, for a cheap first pass
     ignore_case: bool = False  # regexes run on the lower-cased line (write them in lower case)
-    alert: bool = False  # GoodputJobLogFault fires on it (alertmanager/alerts.yaml lists it)
+    alert: bool = False  # GoodputJobLogFault fires on it (alerts.yaml's list is filled from it)
+    action: str = ""  # an action hint: overrides the outcome's default when the policy honours it
     fallback: bool = False  # reported only when no other initiating/cascade pattern matched
     sources: tuple[str, ...] = ()  # where the example lines come from
+    examples: tuple[str, ...] = ()  # real lines it matches (checked at load)
 
 
 def _gate(regexes: tuple[re.Pattern[str], ...]) -> re.Pattern[str] | None:
@@ -106,6 +114,7 @@ class Match:
     source: str
     outcome: str
     groups: dict[str, Any] = field(default_factory=dict)
+    action: str = ""  # the pattern's action hint, if it has one
 
 
 class Catalogue:
@@ -115,7 +124,7 @@ class Catalogue:
         self,
         outcomes: dict[str, Outcome],
         categories: dict[str, str],
-        actions: dict[str, str],
+        actions: dict[str, Action],
         xids: dict[int, XidInfo],
         patterns: tuple[Pattern, ...],
         group_types: dict[str, type],
@@ -186,7 +195,7 @@ class Catalogue:
                         break
             if p.exclusive:
                 taken.add(p.exclusive)
-            out.append(Match(p.id, p.symptom, p.role, source, p.outcome, groups))
+            out.append(Match(p.id, p.symptom, p.role, source, p.outcome, groups, p.action))
         if any(self._fallback.get(m.pattern) for m in out):  # a generic shape steps aside
             specific = any(m.role != "info" and not self._fallback[m.pattern] for m in out)
             out = [m for m in out if not (specific and self._fallback[m.pattern])]
@@ -219,25 +228,12 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def _need(entry: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(entry, dict) or key not in entry:
-        raise CatalogueError(f"{where}: missing key {key!r}")
-    value = entry[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise CatalogueError(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
-def _flag(entry: dict[str, Any], key: str, where: str) -> bool:
-    """An optional boolean key (false when absent)."""
-    return bool(_need(entry, key, bool, where)) if key in entry else False
-
-
 def _str_map(data: dict[str, Any], key: str, where: str) -> dict[str, str]:
-    value = _need(data, key, dict, where)
-    for k, v in value.items():
-        if not isinstance(v, str) or not isinstance(k, str):
-            raise CatalogueError(f"{where}: {key}.{k} must map a name to a one-line text")
+    value = data.get(key)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise CatalogueError(f"{where}: {key} must map a name to a one-line text")
     return dict(value)
 
 
@@ -260,82 +256,113 @@ def _as_list(value: Any, where: str) -> list[Any]:
     raise CatalogueError(f"{where}: expected a string or a list")
 
 
-def _load_outcomes(path: Path) -> tuple[dict[str, Outcome], dict[str, str], dict[str, str]]:
-    data = _read(path)
-    categories = _str_map(data, "categories", str(path))
-    actions = _str_map(data, "actions", str(path))
+def _load_outcomes(
+    path: Path,
+) -> tuple[dict[str, Outcome], dict[str, str], dict[str, Action]]:
+    doc = schema.check(schema.OutcomesFile, _read(path), path.name, CatalogueError)
+    actions = {
+        a: Action(a, e.meaning, e.destructive, e.restarts, e.drains) for a, e in doc.actions.items()
+    }
+    for aid, act in actions.items():
+        if not _ID.match(aid) or ((act.restarts or act.drains) and not act.destructive):
+            raise CatalogueError(
+                f"{path.name}: action {aid!r}: lower_snake_case; a restart or drain is destructive"
+            )
     outcomes: dict[str, Outcome] = {}
-    for oid, entry in _need(data, "outcomes", dict, str(path)).items():
+    for oid, entry in doc.outcomes.items():
         where = f"{path.name}: outcome {oid!r}"
-        if not isinstance(oid, str) or not _ID.match(oid):
+        if not _ID.match(oid):
             raise CatalogueError(f"{where}: ids are lower_snake_case")
-        cat = _need(entry, "category", str, where)
-        if cat not in categories:
-            raise CatalogueError(f"{where}: unknown category {cat!r}")
-        outcomes[oid] = Outcome(oid, cat, _need(entry, "meaning", str, where))
-    return outcomes, categories, actions
+        if entry.category not in doc.categories:
+            raise CatalogueError(f"{where}: unknown category {entry.category!r}")
+        if entry.action not in actions:
+            raise CatalogueError(f"{where}: unknown action {entry.action!r}")
+        outcomes[oid] = Outcome(oid, entry.category, entry.meaning, entry.action)
+    return outcomes, dict(doc.categories), actions
 
 
 def _xid(
     entry: Any,
-    code: int,
     where: str,
     sources: dict[str, str],
+    classes: dict[str, schema.XidClass],
     outcomes: dict[str, Outcome],
-    actions: dict[str, str],
+    actions: dict[str, Action],
 ) -> XidInfo:
-    info = XidInfo(
-        code=code,
-        name=_need(entry, "name", str, where),
-        severity=_need(entry, "severity", str, where),
-        nvidia_action=_need(entry, "nvidia_action", str, where),
-        job_action=_need(entry, "job_action", str, where),
-        outcome=_need(entry, "outcome", str, where),
-        consequence=_need(entry, "consequence", bool, where),
-        note=str(entry.get("note", "")),
-        mnemonic=_need(entry, "mnemonic", str, where),
-        cls=_need(entry, "class", str, where),
-        source=sources.get(_need(entry, "source", str, where), ""),
+    e = schema.check(schema.XidEntry, entry, where, CatalogueError)
+    if e.cls not in classes:
+        raise CatalogueError(f"{where}: class must be one of {sorted(classes)}")
+    if e.source not in sources:
+        raise CatalogueError(f"{where}: source {e.source!r} is not under `sources`")
+    if e.job_action not in actions:
+        raise CatalogueError(f"{where}: unknown job_action {e.job_action!r}")
+    if e.outcome not in outcomes:
+        raise CatalogueError(f"{where}: unknown outcome {e.outcome!r}")
+    cls = classes[e.cls]
+    return XidInfo(
+        code=e.code,
+        name=e.name,
+        severity=e.severity,
+        nvidia_action=e.nvidia_action,
+        job_action=e.job_action,
+        outcome=e.outcome,
+        consequence=e.consequence,
+        note=e.note,
+        mnemonic=e.mnemonic,
+        cls=e.cls,
+        source=sources[e.source],
+        weight=cls.detector_weight,
+        alert=cls.alert,
     )
-    if info.cls not in XID_CLASSES:
-        raise CatalogueError(f"{where}: class must be one of {XID_CLASSES}")
-    if not info.source:
-        raise CatalogueError(f"{where}: source {entry['source']!r} is not under `sources`")
-    if info.severity not in SEVERITIES:
-        raise CatalogueError(f"{where}: severity must be one of {SEVERITIES}")
-    if info.job_action not in actions:
-        raise CatalogueError(f"{where}: unknown job_action {info.job_action!r}")
-    if info.outcome not in outcomes:
-        raise CatalogueError(f"{where}: unknown outcome {info.outcome!r}")
-    return info
 
 
 def _load_xids(
-    path: Path, outcomes: dict[str, Outcome], actions: dict[str, str]
+    path: Path, outcomes: dict[str, Outcome], actions: dict[str, Action]
 ) -> tuple[dict[int, XidInfo], XidInfo]:
     """The XID table and the entry for a code the table does not list (`unlisted`)."""
     data = _read(path)
-    sources = _str_map(data, "sources", str(path))
+    unknown = set(data) - {"sources", "classes", "xids", "unlisted"}
+    if unknown:
+        raise CatalogueError(f"{path.name}: unknown top-level keys {sorted(unknown)}")
+    sources = _str_map(data, "sources", path.name)
+    raw_classes = data.get("classes")
+    if not isinstance(raw_classes, dict):
+        raise CatalogueError(f"{path.name}: `classes` must map a class to its meaning")
+    classes = {
+        str(k): schema.check(schema.XidClass, v, f"{path.name}: class {k!r}", CatalogueError)
+        for k, v in raw_classes.items()
+    }
+    entries = data.get("xids")
+    if not isinstance(entries, list):
+        raise CatalogueError(f"{path.name}: `xids` must be a list")
     xids: dict[int, XidInfo] = {}
-    for i, entry in enumerate(_need(data, "xids", list, str(path))):
-        code = _need(entry, "code", int, f"{path.name}: xids[{i}]")
+    for i, entry in enumerate(entries):
+        code = entry.get("code") if isinstance(entry, dict) else None
+        if not isinstance(code, int) or isinstance(code, bool) or code < 1:
+            raise CatalogueError(f"{path.name}: xids[{i}]: code must be a positive integer")
         where = f"{path.name}: XID {code}"
         if code in xids:
             raise CatalogueError(f"{where}: listed twice")
-        xids[code] = _xid(entry, code, where, sources, outcomes, actions)
+        xids[code] = _xid(entry, where, sources, classes, outcomes, actions)
     where = f"{path.name}: unlisted"
-    unlisted = _xid(_need(data, "unlisted", dict, str(path)), 0, where, sources, outcomes, actions)
+    unlisted = _xid(data.get("unlisted"), where, sources, classes, outcomes, actions)
     if unlisted.outcome == "healthy":
         raise CatalogueError(f"{where}: an XID the table does not know is never healthy")
     return xids, unlisted
 
 
 def _load_patterns(
-    path: Path, outcomes: dict[str, Outcome]
+    path: Path, outcomes: dict[str, Outcome], actions: dict[str, Action]
 ) -> tuple[tuple[Pattern, ...], dict[str, type], tuple[re.Pattern[str], ...]]:
     data = _read(path)
+    unknown = set(data) - {"groups", "rank_hints", "patterns"}
+    if unknown:
+        raise CatalogueError(f"{path.name}: unknown top-level keys {sorted(unknown)}")
     group_types: dict[str, type] = {}
-    for name, tname in _need(data, "groups", dict, str(path)).items():
+    groups = data.get("groups")
+    if not isinstance(groups, dict):
+        raise CatalogueError(f"{path.name}: `groups` must map a group name to its type")
+    for name, tname in groups.items():
         if tname not in GROUP_TYPES:
             raise CatalogueError(f"{path.name}: group {name!r}: type must be int, float or str")
         group_types[name] = GROUP_TYPES[tname]
@@ -346,27 +373,30 @@ def _load_patterns(
     for h in hints:
         if "rank" not in h.groupindex:
             raise CatalogueError(f"{path.name}: rank_hints regex {h.pattern!r} lacks (?P<rank>...)")
+    entries = data.get("patterns")
+    if not isinstance(entries, list):
+        raise CatalogueError(f"{path.name}: `patterns` must be a list")
     patterns: list[Pattern] = []
     examples: list[tuple[str, str, list[Any], list[Any]]] = []
-    for i, entry in enumerate(_need(data, "patterns", list, str(path))):
-        pid = _need(entry, "id", str, f"{path.name}: patterns[{i}]")
-        where = f"{path.name}: pattern {pid!r}"
-        if not _ID.match(pid) or any(p.id == pid for p in patterns):
+    for i, entry in enumerate(entries):
+        pid = entry.get("id") if isinstance(entry, dict) else None
+        where = (
+            f"{path.name}: pattern {pid!r}"
+            if isinstance(pid, str)
+            else f"{path.name}: patterns[{i}]"
+        )
+        e = schema.check(schema.PatternEntry, entry, where, CatalogueError)
+        if not _ID.match(e.id) or any(p.id == e.id for p in patterns):
             raise CatalogueError(f"{where}: ids are unique lower_snake_case")
-        source = _need(entry, "source", str, where)
-        role = _need(entry, "role", str, where)
-        outcome = str(entry.get("outcome", ""))
-        if source not in PATTERN_SOURCES:
-            raise CatalogueError(f"{where}: source must be one of {PATTERN_SOURCES}")
-        if role not in ROLES:
-            raise CatalogueError(f"{where}: role must be one of {ROLES}")
-        if outcome and outcome not in outcomes:
-            raise CatalogueError(f"{where}: unknown outcome {outcome!r}")
-        regexes = tuple(_compile(rx, where) for rx in _as_list(entry.get("regex"), where))
+        if e.outcome and e.outcome not in outcomes:
+            raise CatalogueError(f"{where}: unknown outcome {e.outcome!r}")
+        if e.action and e.action not in actions:
+            raise CatalogueError(f"{where}: unknown action {e.action!r}")
+        regexes = tuple(_compile(rx, where) for rx in _as_list(e.regex, where))
         if not regexes:
             raise CatalogueError(f"{where}: needs at least one regex")
         fields = []
-        for name, rx in (entry.get("fields") or {}).items():
+        for name, rx in (e.fields or {}).items():
             compiled = _compile(rx, f"{where} field {name!r}")
             if compiled.groups < 1:
                 raise CatalogueError(f"{where}: field {name!r} needs a capture group")
@@ -374,37 +404,39 @@ def _load_patterns(
         for name in {g for rx in regexes for g in rx.groupindex} | {n for n, _ in fields}:
             if name not in group_types:
                 raise CatalogueError(f"{where}: group {name!r} is not declared under `groups`")
-        keywords = _as_list(entry.get("keywords"), where)
-        if not all(isinstance(k, str) and k for k in keywords):
+        keywords = _as_list(e.keywords, where)
+        if not all(keywords):
             raise CatalogueError(f"{where}: keywords must be non-empty strings (quote 'a: b')")
-        sources = _as_list(entry.get("sources"), where)
-        if not all(isinstance(x, str) and x for x in sources):
+        sources = _as_list(e.sources, where)
+        if not all(sources):
             raise CatalogueError(f"{where}: sources must be non-empty strings")
         patterns.append(
             Pattern(
-                id=pid,
-                source=source,
-                symptom=_need(entry, "symptom", str, where),
-                role=role,
+                id=e.id,
+                source=e.source,
+                symptom=e.symptom,
+                role=e.role,
                 regexes=regexes,
                 fields=tuple(fields),
                 keywords=tuple(k.lower() for k in keywords),
-                exclusive=str(entry.get("exclusive", "")),
-                outcome=outcome,
-                description=str(entry.get("description", "")),
+                exclusive=e.exclusive,
+                outcome=e.outcome,
+                description=e.description,
                 gate=_gate(regexes),
-                ignore_case=_flag(entry, "ignore_case", where),
-                alert=_flag(entry, "alert", where),
-                fallback=_flag(entry, "fallback", where),
+                ignore_case=e.ignore_case,
+                alert=e.alert,
+                fallback=e.fallback,
                 sources=tuple(sources),
+                action=e.action,
+                examples=tuple(str(x) for x in _as_list(e.examples, where)),
             )
         )
         examples.append(
             (
-                pid,
-                "kernel" if source == "kernel" else "job",
-                _as_list(entry.get("examples"), where),
-                _as_list(entry.get("counter_examples"), where),
+                e.id,
+                "kernel" if e.source == "kernel" else "job",
+                _as_list(e.examples, where),
+                _as_list(e.counter_examples, where),
             )
         )
     cat_patterns = tuple(patterns)
@@ -428,7 +460,7 @@ def load(directory: str | os.PathLike[str] | None = None) -> Catalogue:
     base = Path(directory) if directory else HERE
     outcomes, categories, actions = _load_outcomes(base / "outcomes.yaml")
     xids, unlisted = _load_xids(base / "xid.yaml", outcomes, actions)
-    patterns, group_types, hints = _load_patterns(base / "patterns.yaml", outcomes)
+    patterns, group_types, hints = _load_patterns(base / "patterns.yaml", outcomes, actions)
     return Catalogue(outcomes, categories, actions, xids, patterns, group_types, hints, unlisted)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import catalogue
+
 
 @dataclass(frozen=True)
 class Field:
@@ -47,11 +49,11 @@ COUNTERS: dict[str, float] = {  # field -> increase that scores 1.0 (the nominal
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 50.0,
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 5.0,
 }
-# Score of the last XID seen (dcgm's XID gauge). XIDs not listed score 0: application errors
-# (13, 31) and consequences (43, 45) are left to the logs. Source: NVIDIA's XID catalogue.
+# Score of the last XID seen (dcgm's XID gauge): its class's `detector_weight` in
+# catalogue/xid.yaml (hardware 2, degradation 1). Application errors (13, 31) and consequences
+# (43, 45) score 0: they are left to the logs.
 XID_SCORES: dict[int, float] = {
-    **dict.fromkeys((46, 48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143), 2.0),
-    **dict.fromkeys((63, 92, 94), 1.0),
+    code: x.weight for code, x in catalogue.default().xids.items() if x.weight > 0
 }
 
 # Clock event reasons (a bitmask; read by the physics priors). Newer dcgm-exporter releases

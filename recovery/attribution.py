@@ -22,23 +22,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import catalogue
 from catalogue import names
-from recovery import validate
+from recovery import ruleset, validate
 from recovery.diagnosis import CATEGORY, Diagnosis
 from recovery.evidence import Bundle, Context, LogLine, Series
+from recovery.ruleset import RuleError as RuleError  # re-exported: a rules file is malformed
 
 RULES_DIR = Path(__file__).resolve().parent / "rules"
 SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
 PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
 RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
-
-
-class RuleError(ValueError):
-    """A rules file is malformed."""
 
 
 @dataclass
@@ -52,6 +47,7 @@ class Sym:
     detail: str = ""
     outcome: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
+    action: str = ""  # the catalogue's action hint of the signature (an XID's job_action)
 
 
 @dataclass(frozen=True)
@@ -65,32 +61,10 @@ class Rules:
 
 @lru_cache(maxsize=4)
 def load_rules(directory: str | None = None) -> Rules:
-    """Merge every `*.yaml` in `directory` (default: the packaged rules), in name order."""
+    """Merge every `*.yaml` in `directory` (default: the packaged rules), in name order;
+    typed and cross-checked by `recovery.ruleset` (`RuleError` names the file and entry)."""
     base = Path(directory or os.environ.get("GOODPUT_RULES_DIR") or RULES_DIR)
-    merged: dict[str, list[Any]] = {"log": [], "metrics": [], "slurm": [], "outcomes": []}
-    tolerance = 20.0
-    for path in sorted(base.glob("*.yaml")):
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise RuleError(f"{path.name}: top level must be a mapping")
-        for key in merged:
-            items = data.get(key) or []
-            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-                raise RuleError(f"{path.name}: {key} must be a list of mappings")
-            merged[key] += items
-        tolerance = float(data.get("tolerance_s", tolerance))
-    known = {p.id for p in catalogue.load_patterns()}
-    for r in merged["log"]:
-        if "regex" in r or "pattern" not in r:
-            raise RuleError(
-                f"log rule {r}: an override names a catalogue `pattern` id "
-                "(signatures live in catalogue/patterns.yaml)"
-            )
-        if r["pattern"] not in known:
-            raise RuleError(f"log rule: unknown catalogue pattern {r['pattern']!r}")
-    for r in merged["outcomes"]:
-        if r.get("outcome") not in CATEGORY:
-            raise RuleError(f"unknown outcome {r.get('outcome')!r}")
+    merged, tolerance = ruleset.load(base)
     return Rules(
         log=tuple(merged["log"]),
         metrics=tuple(merged["metrics"]),
@@ -110,23 +84,23 @@ _XID_KIND = {
 }
 
 
-def _xid_symptom(code: int) -> tuple[str, str, str] | None:
-    """(symptom, role, outcome hint) of an XID by the catalogue's table. A code the table does
-    not know is `xid_unknown` and one that needs a person `xid_other` (both initiating: never
-    healthy); one NVIDIA says to ignore (job action none) is no symptom (None)."""
+def _xid_symptom(code: int) -> tuple[str, str, str, str] | None:
+    """(symptom, role, outcome hint, action hint) of an XID by the catalogue's table. A code
+    the table does not know is `xid_unknown` and one that needs a person `xid_other` (both
+    initiating: never healthy); one NVIDIA says to ignore (job action none) is no symptom."""
     info = catalogue.xid_info(code)
     if info is None:  # the catalogue's `unlisted` entry says what it means; never healthy
         unlisted = catalogue.loader.default().xid_unlisted
         if unlisted is None or unlisted.outcome not in _XID_KIND:
-            return "xid_unknown", "initiating", ""
-        return _XID_KIND[unlisted.outcome], "initiating", unlisted.outcome
+            return "xid_unknown", "initiating", "", ""
+        return _XID_KIND[unlisted.outcome], "initiating", unlisted.outcome, unlisted.job_action
     if info.consequence:
-        return "xid_cascade", "cascade", ""
+        return "xid_cascade", "cascade", "", ""
     if info.outcome in _XID_KIND:
-        return _XID_KIND[info.outcome], "initiating", info.outcome
+        return _XID_KIND[info.outcome], "initiating", info.outcome, info.job_action
     if info.job_action == "none":
         return None
-    return "xid_other", "initiating", ""
+    return "xid_other", "initiating", "", info.job_action
 
 
 def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
@@ -137,7 +111,8 @@ def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
     return None
 
 
-Hit = tuple[str, str, str, dict[str, Any], str]  # symptom, role, outcome, groups, pattern
+# symptom, role, outcome, groups, pattern, action hint
+Hit = tuple[str, str, str, dict[str, Any], str, str]
 
 
 def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool]:
@@ -150,16 +125,15 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool]:
         if m.role == "info":
             progress = progress or m.symptom in PROGRESS
             continue
-        symptom, role, outcome = m.symptom, m.role, m.outcome
+        symptom, role, outcome, action = m.symptom, m.role, m.outcome, m.action
         if symptom == "xid" and "xid" in m.groups:
             kind = _xid_symptom(int(m.groups["xid"]))
             if kind is None:
                 continue
-            symptom, role, outcome = kind
+            symptom, role, outcome, action = kind
         ov = overrides.get(m.pattern, {})
-        hits.append(
-            (symptom, ov.get("role", role), ov.get("outcome", outcome), m.groups, m.pattern)
-        )
+        role, outcome = ov.get("role", role), ov.get("outcome", outcome)
+        hits.append((symptom, role, outcome, m.groups, m.pattern, action))
     return hits, progress
 
 
@@ -173,7 +147,7 @@ def _log_symptoms(
         hits, progressing = _hits(ln.text, "kernel" if ln.kind == "kernel" else "job", rules)
         if progressing:
             progress.append(ln)
-        for symptom, role, outcome, groups, pattern in hits:
+        for symptom, role, outcome, groups, pattern, action in hits:
             node = ln.node
             g = groups.get("node")
             if node is None and isinstance(g, str) and validate.NODE.fullmatch(g):
@@ -198,6 +172,7 @@ def _log_symptoms(
                         "gpu": None,
                         "excerpt": ln.text.strip()[:300],
                     },
+                    action=action,
                 )
             )
     return out, progress
@@ -262,7 +237,7 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                     code = int(v)
                     xk = _xid_symptom(code) if code and code != prev else None
                     if xk is not None:
-                        sid, role, outcome = xk
+                        sid, role, outcome, action = xk
                         out.append(
                             Sym(
                                 sid,
@@ -274,6 +249,7 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                                 f"XID {code}",
                                 outcome,
                                 _ev(s, t, f"{s.name} = {code}"),
+                                action,
                             )
                         )
                     prev = code
@@ -562,18 +538,18 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
     for node, facts in nodes.items():  # a reason a health check wrote (NHC: check_hw_ib: ...)
         reason = str(facts.get("reason") or "")
         hits = _hits(reason, "kernel", rules)[0] if reason else []
-        for symptom, role, outcome, _, pattern in hits:
-            out.append(
-                _slurm_sym(
-                    {"id": symptom, "role": role, "outcome": outcome},
-                    role,
-                    t,
-                    node,
-                    f"{pattern}: node {node} reason {reason[:160]}",
-                    bundle.slurm.query or "sinfo",
-                    f"Reason={reason[:280]}",
-                )
+        for symptom, role, outcome, _, pattern, action in hits:
+            sym = _slurm_sym(
+                {"id": symptom, "role": role, "outcome": outcome},
+                role,
+                t,
+                node,
+                f"{pattern}: node {node} reason {reason[:160]}",
+                bundle.slurm.query or "sinfo",
+                f"Reason={reason[:280]}",
             )
+            sym.action = action
+            out.append(sym)
     return out
 
 
@@ -752,6 +728,7 @@ def attribute(
     return _diagnosis(
         common,
         outcome,
+        action_hint=action_hint(trig),
         root_cause=root.replace("\n", " "),
         cause_key=cause_key(outcome, initiating, culprit),
         affected_nodes=culprit,
@@ -761,6 +738,14 @@ def attribute(
         confidence_basis=basis,
         onset=min(onset_times) if onset_times else None,
     )
+
+
+def action_hint(trig: list[Sym]) -> str:
+    """The catalogue's action for the signatures behind the verdict, when they all carry the
+    same one (an XID's job_action, a pattern's action); "" when one carries none or they
+    differ, so the outcome's default stands."""
+    hints = {s.action for s in trig}
+    return hints.pop() if len(hints) == 1 else ""
 
 
 def cause_key(outcome: str, symptom_ids: list[str], nodes: list[str]) -> str:

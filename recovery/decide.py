@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from recovery.policy import DESTRUCTIVE, DRAINS, OUTCOMES, RESTARTS, Policy
+from recovery.policy import ACTIONS, DESTRUCTIVE, DRAINS, OUTCOMES, RESTARTS, Policy
 
 UNAVAILABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "NOT_RESPONDING")
 ENDED = (
@@ -28,6 +28,7 @@ ENDED = (
 
 class Reason(StrEnum):
     POLICY_DEFAULT = "policy_default"
+    CATALOGUE_HINT = "catalogue_hint"  # the signature's catalogue action replaced the default
     NO_CULPRIT_NODE = "no_culprit_node"
     NO_JOB = "no_job"
     LOW_CONFIDENCE = "low_confidence"
@@ -60,6 +61,7 @@ class Diagnosis:
     confidence: float = 0.0
     onset: float | None = None
     key: str = ""  # the diagnosis' cause_key (attribution's stable key), when it has one
+    hint: str = ""  # the diagnosis' action_hint (the catalogue's action for its signatures)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
@@ -90,6 +92,9 @@ class Diagnosis:
         if roots:  # the root symptom ids are a steadier key than the sentence
             rc = ",".join(roots)
         job = d.get("job_id")
+        hint = d.get("action_hint") or ""
+        if hint not in ("", *ACTIONS):
+            raise ValueError(f"diagnosis action_hint {hint!r} is not a known action")
         return cls(
             incident_id=str(d.get("incident_id", "")),
             job_id=str(job) if job not in (None, "") else None,
@@ -99,6 +104,7 @@ class Diagnosis:
             confidence=conf,
             onset=float(onset) if isinstance(onset, int | float) else None,
             key=str(d.get("cause_key") or "")[:500],
+            hint=str(hint),
         )
 
     @property
@@ -209,9 +215,11 @@ def blast_radius_violation(
 
 def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     """The action for `diagnosis`, given what happened before and the (job's) policy."""
-    default = policy.action_for(diagnosis.outcome)
+    default = policy.action_for(diagnosis.outcome, diagnosis.hint)
     kind = default
     reasons: list[str] = [Reason.POLICY_DEFAULT]
+    if default != policy.action_for(diagnosis.outcome):
+        reasons = [Reason.CATALOGUE_HINT]
     nodes = tuple(dict.fromkeys(diagnosis.affected_nodes))
     job = history.job
     delay = 0.0

@@ -98,6 +98,12 @@ class Diagnosis(_Model):
         "culprit nodes (e.g. gpu_hardware_fault:xid_fatal@node2); equal for the same fault "
         "seen again, so retry budgets and the sticky-cause rule can count it",
     )
+    action_hint: str = Field(
+        default="",
+        description="the catalogue's action for the signatures behind the verdict (an XID's "
+        "job_action, a log pattern's action) when they all name the same one; the policy may "
+        "honour it instead of the outcome's default action (honour_catalogue_hints)",
+    )
     affected_nodes: list[str] = []
     affected_gpus: list[GpuRef] = []
     symptoms: list[Symptom] = []

@@ -14,24 +14,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+import catalogue
 from recovery.diagnosis import OUTCOMES  # one list of outcomes: the diagnosis schema
 from recovery.node_health import ReturnToService
 
-ACTIONS = (
-    "drain",
-    "drain_and_requeue",
-    "requeue",
-    "stop",
-    "hold_for_person",
-    "resume_node",
-    "none",
-)
+# The action vocabulary and its kinds: the catalogue's (catalogue/outcomes.yaml `actions`).
+_VOCAB = catalogue.actions()
+ACTIONS: tuple[str, ...] = tuple(_VOCAB)
+DESTRUCTIVE: tuple[str, ...] = tuple(a for a, x in _VOCAB.items() if x.destructive)
+RESTARTS: tuple[str, ...] = tuple(a for a, x in _VOCAB.items() if x.restarts)
+DRAINS: tuple[str, ...] = tuple(a for a, x in _VOCAB.items() if x.drains)
 MODES = ("monitor", "approve", "act")
-DESTRUCTIVE = ("drain", "drain_and_requeue", "requeue", "stop")
-RESTARTS = ("requeue", "drain_and_requeue")
-DRAINS = ("drain", "drain_and_requeue")
 
 Mode = Literal["monitor", "approve", "act"]
+#: For the type checker and the JSON schema; a test fails when it and ACTIONS drift apart.
 ActionKind = Literal[
     "drain", "drain_and_requeue", "requeue", "stop", "hold_for_person", "resume_node", "none"
 ]
@@ -103,21 +99,8 @@ class DirectiveBounds(_Frozen):
 
 
 def _default_actions() -> dict[str, str]:
-    return {
-        "gpu_hardware_fault": "drain_and_requeue",
-        "gpu_degradation": "drain",
-        "network_fault": "drain_and_requeue",
-        "node_lost": "drain_and_requeue",
-        "filesystem": "hold_for_person",
-        "workload_crash": "requeue",
-        "workload_oom": "stop",
-        "workload_divergence": "stop",
-        "workload_hang": "requeue",
-        "straggler": "drain_and_requeue",
-        "scheduler_event": "none",
-        "unknown": "hold_for_person",
-        "healthy": "none",
-    }
+    """Outcome -> default action: each catalogue outcome's `action` (catalogue/outcomes.yaml)."""
+    return {o.id: o.action for o in catalogue.outcomes().values()}
 
 
 class Policy(_Frozen):
@@ -140,6 +123,9 @@ class Policy(_Frozen):
     directives: DirectiveBounds = DirectiveBounds()
     return_to_service: ReturnToService = ReturnToService()
     retention: Retention = Retention()
+    # A signature's action hint (an XID's job_action, a pattern's action in the catalogue)
+    # replaces the outcome's default action; off: the outcome alone decides.
+    honour_catalogue_hints: bool = True
     job_mode: Mode | None = None
 
     @field_validator("actions")
@@ -163,8 +149,15 @@ class Policy(_Frozen):
                 raise ValueError(f"min_confidence.{k} must be within 0..1")
         return v
 
-    def action_for(self, outcome: str) -> str:
-        return self.actions.get(outcome, self.actions["unknown"])
+    def action_for(self, outcome: str, hint: str = "") -> str:
+        """The action for `outcome`; a signature's catalogue `hint` replaces it when hints are
+        honoured and the outcome's action is still the catalogue's default (an operator's or a
+        job's own choice for the outcome wins)."""
+        action = self.actions.get(outcome, self.actions["unknown"])
+        if hint in ACTIONS and self.honour_catalogue_hints:
+            if action == _default_actions().get(outcome):
+                return hint
+        return action
 
     def mode_for(self, partition: str | None) -> str:
         """Cluster mode, replaced per partition, then narrowed (or widened) by the job."""

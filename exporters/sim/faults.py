@@ -154,6 +154,17 @@ FAULT_KINDS: dict[str, FaultKind] = {
         exit_code=139,
         defaults={"crash_after_s": 1},
     ),
+    # any catalogue log pattern (params.pattern); outcome, action and culprit come from the
+    # catalogue at injection (exporters/sim/signature.py), not from here
+    "log_signature": FaultKind(
+        "catalogue",
+        "catalogue",
+        "catalogue",
+        "the catalogue log signature params.pattern names",
+        needs="job",
+        exit_code=1,
+        defaults={"crash_after_s": 1},
+    ),
 }
 
 # "healthy" is a scenario label, not an injectable fault: its truth is a run without faults.

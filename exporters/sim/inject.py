@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from exporters.sim import logs
+from exporters.sim import logs, signature
 from exporters.sim.faults import FAULT_KINDS, FaultKind
 from exporters.sim.jobs import Event, Job
 from exporters.sim.model import Cluster, SchedulerError
@@ -63,8 +63,9 @@ def inject(cluster: Cluster, spec: FaultSpec, fault_id: str) -> dict[str, Any]:
     for key, value in params.items():
         if key in kind.defaults and not isinstance(value, (int, float)):
             raise SchedulerError(f"params.{key}: a number is required", 422)
+    truth = signature.truth(params) if spec.kind == signature.KIND else {}
     _APPLY[spec.kind](cluster, tgt, params, fault_id)
-    culprit = kind.culprit == "node"
+    culprit = truth.get("culprit", kind.culprit) == "node"
     rec = {
         "fault_id": fault_id,
         "kind": spec.kind,
@@ -80,6 +81,7 @@ def inject(cluster: Cluster, spec: FaultSpec, fault_id: str) -> dict[str, Any]:
         "params": params,
         "active": True,
         "target": {"node": tgt.node, "gpu": tgt.gpu, "rank": tgt.rank},
+        **truth,  # a log_signature's kind, outcome, action, culprit: the catalogue's
     }
     if spec.kind == "fs_stall":
         rec["job_ids"] = [j.job_id for j in cluster.jobs.values() if j.state == "RUNNING"]
@@ -366,6 +368,14 @@ def _segfault(cluster: Cluster, t: Target, p: dict[str, Any], fid: str) -> None:
     )
 
 
+def _log_signature(cluster: Cluster, t: Target, p: dict[str, Any], fid: str) -> None:
+    pat = signature.pattern(p)
+    lines = [pat.examples[0]]
+    if pat.source == "kernel":  # the node says it; the job only fails
+        cluster.sink.node(t.node or "", [logs.kernel(cluster.now, t.node or "", lines.pop())])
+    _crash(cluster, t, fid, p["crash_after_s"], lines, 1, 1)
+
+
 _APPLY: dict[str, Apply] = {
     "xid79_off_bus": _hw_crash(79, "unspecified launch failure"),
     "ecc_dbe": _hw_crash(48, "uncorrectable ECC error encountered"),
@@ -383,5 +393,6 @@ _APPLY: dict[str, Apply] = {
     "cuda_oom": _oom,
     "nan_divergence": _nan,
     "segfault": _segfault,
+    signature.KIND: _log_signature,
 }
 assert set(_APPLY) == set(FAULT_KINDS)

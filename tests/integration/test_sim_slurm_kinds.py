@@ -90,6 +90,9 @@ CASES = {
         Case("nan_divergence", "runs", ("lm loss: nan",)),
         Case("healthy", "runs"),
         Case("node_lost", "node_lost"),
+        # a catalogue pattern's own example line (exporters/sim/signature.py)
+        Case("log_signature", "failed", ("FileNotFoundError: [Errno 2] No such file or directory",),
+             exit_code="1:0", params={**FAST, "pattern": "missing_file"}),
     )
 }  # fmt: skip
 # fs_stall stalls every job of the simulator: its batch mates are crash kinds, injected first
@@ -99,6 +102,7 @@ BATCHES = (
     ("spin_hang", "dataloader_stall", "thermal_straggler", "host_straggler"),
     ("degradation", "nan_divergence", "healthy", "ib_flap"),
     ("node_lost",),
+    ("log_signature",),
 )
 KINDS = [k for batch in BATCHES for k in batch]
 

@@ -1,0 +1,185 @@
+"""The attribution rules (`recovery/rules/*.yaml`) as typed entries, with cross-references.
+
+Each entry is checked by a pydantic model (unknown keys rejected, `catalogue.schema.check`);
+then every symptom a rule names must be produced by something: a catalogue pattern (its
+`symptom`), an XID class (`BUILT_IN`), a metric or a Slurm rule. Errors name the file and the
+entry. `load(directory)` returns the merged rules as plain dicts (what attribution reads).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+import catalogue
+from catalogue.schema import Strict, check
+
+Role = Literal["initiating", "cascade"]
+#: Symptoms attribution makes in code: the XID classes (by the catalogue's table) and a node
+#: whose every GPU stopped reporting (a `vanished` metric rule).
+BUILT_IN = frozenset(
+    {"xid_fatal", "xid_app", "xid_degradation", "xid_cascade", "xid_other", "xid_unknown"}
+    | {"node_silent"}
+)
+_NEEDS = {  # metric rule kind -> the keys it cannot do without
+    "xid": ("metric",),
+    "increase": ("metric", "min"),
+    "above": ("metric", "min"),
+    "vanished": ("metric",),
+    "spin": ("util_min", "sm_max", "min_s"),
+    "idle": ("util_max", "min_s"),
+    "stall": ("metric", "min_s"),
+    "slowdown": ("metric", "ratio"),
+    "peer_low": ("metric", "ratio", "min_s"),
+}
+
+
+class RuleError(ValueError):
+    """A rules file is malformed or names what nothing produces."""
+
+
+class _Rule(Strict):
+    model_config = Strict.model_config | {"strict": False}
+
+
+class LogOverride(_Rule):
+    pattern: str  # a catalogue pattern id
+    role: Role | None = None
+    outcome: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_signature(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("regex" in data or "pattern" not in data):
+            raise ValueError(
+                "an override names a catalogue `pattern` id "
+                "(signatures live in catalogue/patterns.yaml)"
+            )
+        return data
+
+
+class MetricRule(_Rule):
+    id: str
+    kind: Literal["xid", "increase", "above", "vanished", "spin", "idle", "stall", "slowdown",
+                  "peer_low"]  # fmt: skip
+    metric: str | None = None
+    role: Role | None = None
+    outcome: str | None = None
+    min: float | None = None
+    min_s: float | None = Field(default=None, ge=0)
+    gap_s: float | None = Field(default=None, ge=0)
+    ratio: float | None = Field(default=None, gt=0)
+    util_min: float | None = None
+    util_max: float | None = None
+    sm_max: float | None = None
+    power_max_ratio: float | None = None
+    scope: Literal["some", "all"] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> MetricRule:
+        missing = [k for k in _NEEDS[self.kind] if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"kind {self.kind} needs {missing}")
+        return self
+
+
+class SlurmRule(_Rule):
+    id: str
+    role: Role
+    outcome: str | None = None
+    job_state: list[str] | None = None
+    node_state: list[str] | None = None
+    exit_code: list[int] | None = None
+    signal: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _matches_something(self) -> SlurmRule:
+        if not (self.job_state or self.node_state or self.exit_code or self.signal):
+            raise ValueError("needs job_state, node_state, exit_code or signal")
+        return self
+
+
+class OutcomeRule(_Rule):
+    outcome: str
+    symptoms: list[str] = Field(min_length=1)
+    culprit: Literal["symptom", "none", "suspect"] = "none"
+    confidence: float = Field(default=0.5, ge=0.0, le=1.0)
+    explains: list[str] = []
+    unless: list[str] = []
+    any_role: bool = False
+
+
+class RulesFile(_Rule):
+    tolerance_s: float | None = Field(default=None, ge=0, le=3600)
+    log: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    slurm: list[dict[str, Any]] = []
+    outcomes: list[dict[str, Any]] = []
+
+
+_MODELS: dict[str, type[_Rule]] = {
+    "log": LogOverride,
+    "metrics": MetricRule,
+    "slurm": SlurmRule,
+    "outcomes": OutcomeRule,
+}
+
+
+def _name(entry: Any) -> str:
+    if isinstance(entry, dict):
+        for key in ("id", "pattern", "outcome"):
+            if isinstance(entry.get(key), str):
+                return f" ({entry[key]})"
+    return ""
+
+
+def load(base: Path) -> tuple[dict[str, list[dict[str, Any]]], float]:
+    """The merged, checked rules of every `*.yaml` in `base` (name order) and the tolerance."""
+    merged: dict[str, list[dict[str, Any]]] = {k: [] for k in _MODELS}
+    where_of: dict[int, str] = {}
+    tolerance = 20.0
+    for path in sorted(base.glob("*.yaml")):
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise RuleError(f"{path.name}: invalid YAML: {exc}") from None
+        doc = check(RulesFile, raw, path.name, RuleError)
+        for key, model in _MODELS.items():
+            for i, entry in enumerate(getattr(doc, key)):
+                where = f"{path.name}: {key}[{i}]{_name(entry)}"
+                rule = check(model, entry, where, RuleError).model_dump(exclude_none=True)
+                where_of[id(rule)] = where
+                merged[key].append(rule)
+        if doc.tolerance_s is not None:
+            tolerance = doc.tolerance_s
+    _cross_check(merged, where_of)
+    return merged, tolerance
+
+
+def _cross_check(rules: dict[str, list[dict[str, Any]]], where_of: dict[int, str]) -> None:
+    """Outcomes exist, overrides name catalogue patterns, every named symptom is produced."""
+    outcomes = set(catalogue.outcomes())
+    patterns = {p.id: p for p in catalogue.load_patterns()}
+    produced = set(BUILT_IN)
+    produced |= {p.symptom for p in patterns.values() if p.role != "info"}
+    produced |= {r["id"] for r in rules["metrics"]} | {r["id"] for r in rules["slurm"]}
+    for key in _MODELS:
+        for r in rules[key]:
+            where = where_of[id(r)]
+            if r.get("outcome") and r["outcome"] not in outcomes:
+                raise RuleError(f"{where}: unknown outcome {r['outcome']!r}")
+            if key == "log" and r["pattern"] not in patterns:
+                raise RuleError(
+                    f"{where}: unknown catalogue pattern {r['pattern']!r} "
+                    "(signatures live in catalogue/patterns.yaml)"
+                )
+            for field in ("symptoms", "explains", "unless"):
+                orphans = sorted(set(r.get(field, ())) - produced)
+                if orphans:
+                    raise RuleError(
+                        f"{where}: {field} {orphans}: no pattern, XID class, metric or Slurm "
+                        "rule produces them"
+                    )
