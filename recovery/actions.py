@@ -30,7 +30,7 @@ from typing import Any
 import requests
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import accounting, audit, failpoints, outbox, planning
+from recovery import accounting, audit, failpoints, node_health, outbox, planning
 from recovery.decide import Action, Diagnosis
 from recovery.outbox import (
     DRAIN_STATES,
@@ -410,8 +410,11 @@ def execute(
     body = json.loads(row.body)
     steps: list[str] = []
     outcome = body.get("diagnosis", {}).get("outcome", "")
+    capture = cfg.policy.return_to_service.capture
     try:
         for node in action.get("nodes", []):
+            if capture is not None:
+                _capture(engine, sched, row, capture, node)
             reason = f"goodput: {outcome} incident {row.incident_id} action {row.id}"
             steps.append(sched.drain(node, reason).detail)
         if action.get("nodes"):
@@ -450,6 +453,23 @@ def execute(
             None,
         )
     return get_action(engine, action_id)
+
+
+def _capture(engine: Engine, sched: Scheduler, row: Any, cmd: Any, node: str) -> None:
+    """Diagnostics before Goodput touches the node (e.g. nvidia-bug-report.sh, dmesg): run once,
+    before the first drain, bounded in time and size; kept in the audit log with the action."""
+    state = sched.node_state(node)
+    if state is None or state.drained:
+        return  # a retry, or someone drained it already: it was captured, or is not ours
+    result = node_health.run(cmd, node, level="capture")
+    payload = {
+        "node": node,
+        "argv": list(cmd.argv),
+        "exit_code": result.exit_code,
+        "duration_s": round(result.duration_s, 3),
+        "output": result.output,
+    }
+    audit.record(engine, "diagnostics_captured", payload, **outbox.refs(row))
 
 
 def _verify(sched: Scheduler, row: Any, action: dict[str, Any]) -> dict[str, Any]:

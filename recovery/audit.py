@@ -109,6 +109,7 @@ TYPES = (
     "check_rma",
     "check_held",
     "hold_released",
+    "diagnostics_captured",
     "exported",
     "pruned",
 )

@@ -317,3 +317,19 @@ def test_a_node_that_failed_the_job_stays_excluded_on_every_later_restart(world)
     assert second["body"]["action"]["exclude"] == ["node2"]
     job = world.st["jobs"]["42"]
     assert job["restarts"] == 2 and job["excluded"] == ["node2"] and job["nodes"] != ["node2"]
+
+
+def test_diagnostics_are_captured_before_the_drain_and_kept_with_the_action(world):
+    import sys
+
+    cap = {"argv": [sys.executable, "-c", "import sys; print('bug report for', sys.argv[1])",
+                    "{node}"], "timeout_s": 10, "max_output_bytes": 1000}  # fmt: skip
+    world.submit("42", node="node2")
+    s = world.settings("act", return_to_service={"capture": cap})
+    a = actions.on_diagnosis(world.engine, s, *diag(1))
+    assert a["state"] == "executed"
+    chain = types(world.engine, incident_id="1")
+    assert chain == ["diagnosis", "planned", "executing", "diagnostics_captured", "executed"]
+    [ev] = audit.query(world.engine, type_="diagnostics_captured")[0]
+    assert ev["payload"]["output"].strip() == "bug report for node2"
+    assert ev["payload"]["exit_code"] == 0 and ev["action_id"] == a["id"]
