@@ -467,14 +467,14 @@ def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
             for t, v in s.points:
                 per_gpu.setdefault((s.node, s.gpu), {}).setdefault(t, {})[s.name] = v
     flags = {
-        k: [(t, _prior_holds(rule["rule"], smp[t])) for t in sorted(smp)]
+        k: [(t, float(_prior_holds(rule["rule"], smp[t]))) for t in sorted(smp)]
         for k, smp in per_gpu.items()
     }
     min_s = float(rule.get("min_s", 30))
     if rule.get("scope") != "all":
         out = []
         for k, pts in flags.items():
-            start, dur = _run_len([(t, float(f)) for t, f in pts], lambda v: v > 0)
+            start, dur = _run_len(pts, lambda v: v > 0)
             if start is not None and dur >= min_s:
                 out.append(
                     _sym(rule, first[k], start, f"physics prior {rule['rule']} for {dur:.0f} s")
