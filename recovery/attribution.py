@@ -92,6 +92,12 @@ def load_rules(directory: str | None = None) -> Rules:
             )
         if r["pattern"] not in known:
             raise RuleError(f"log rule: unknown catalogue pattern {r['pattern']!r}")
+    for i, r in enumerate(merged["metrics"]):  # a rule reads only symptoms of rules before it
+        ref = r.get("peers_spin")
+        if ref is not None and ref not in {m.get("id") for m in merged["metrics"][:i]}:
+            raise RuleError(
+                f"metric rule {r.get('id')}: peers_spin {ref!r} names no rule before it"
+            )
     for r in merged["outcomes"]:
         if r.get("outcome") not in CATEGORY:
             raise RuleError(f"unknown outcome {r.get('outcome')!r}")

@@ -200,6 +200,16 @@ def test_a_threshold_naming_no_prior_is_refused(tmp_path) -> None:  # noqa: ANN0
         attribution.load_rules(str(tmp_path))
 
 
+def test_peers_spin_must_name_an_earlier_rule(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "r.yaml").write_text(
+        "metrics:\n"
+        "  - {id: x, kind: idle, scope: some, util_max: 5, peers_spin: later, min_s: 30}\n"
+        "  - {id: later, kind: prior, rule: spin_wait, min_s: 30}\n"
+    )
+    with pytest.raises(attribution.RuleError, match="peers_spin"):
+        attribution.load_rules(str(tmp_path))
+
+
 def test_rule_thresholds_come_from_the_priors() -> None:
     from catalogue import priors
 
