@@ -53,14 +53,20 @@ NOTES = [
     "max(15 s, 2 x the job's p99 progress gap); GoodputJobAnomaly fires at 1.25 for 10 s, "
     "hence ~30 s. Jobs whose logs never announce a pause keep the progress detector's 180 s "
     "allowance (a silent checkpoint looks exactly like a host-side hang).",
-    "- **One-GPU and one-node hangs** (cold-start rows): detected in 20-30 s, but attribution "
-    "says `unknown` (hold_for_person): its hang rules want an idle GPU that worked before beside "
-    "busy peers (gpu_stuck) or several GPUs all idle (job_idle); one GPU spinning, or a rank "
-    "stuck from the job's start, match neither (recovery/rules: the attribution's to add).",
+    "- **One-GPU and one-node hangs** (cold-start rows): diagnosed `workload_hang` from the "
+    "physics priors (recovery/rules/symptoms.yaml reads catalogue/priors.yaml): every GPU of a "
+    "one-node job spinning with no progress (job_spin), its only GPU idle with memory held and "
+    "no pause open (job_idle), a rank idle from the start while its peers spin (gpu_stuck, its "
+    "node named). A one-GPU spin names no node: nothing in the evidence points at the "
+    "hardware, while the simulator's truth for spin_hang names the stuck rank's node whatever "
+    "the job's size (the culprit misses of spin-hang-1gpu).",
     "- **Host straggler on a one-node or one-GPU job**: detected (step time against the job's "
-    "own history, 20 s), but attribution blames a node by comparing it with peers; the one "
-    "node has none, so the diagnosis is `unknown`. Two- and three-node jobs are diagnosed "
-    "`straggler` on the right node.",
+    "own history, 20 s), but the GPU shows no hardware signal (no thermal violation, no "
+    "clock-event bits; the receiver gathers no host metrics): a step time alone could be the "
+    "job's own input pipeline or data, so no node is drained on it and a person decides "
+    "(`unknown`, hold_for_person) -- the truth (`straggler` on the node) is not decidable from "
+    "this evidence. With a hardware signal (thermal-straggler-1gpu) it is `straggler` on the "
+    "node. Two- and three-node jobs are diagnosed `straggler` on the right node by their peers.",
     "- **A job that never reaches its first iteration** (real-signal row): the never_started "
     "prior allows 600 s of start-up (first_iteration_s), sized for large jobs' NCCL init and "
     "data loading, so it is not caught within the 10-minute run; a straggler from a never-seen "

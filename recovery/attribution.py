@@ -24,6 +24,7 @@ from typing import Any
 
 import catalogue
 from catalogue import names
+from catalogue import priors as physics_priors
 from recovery import ruleset, validate
 from recovery.diagnosis import CATEGORY, Diagnosis
 from recovery.evidence import Bundle, Context, LogLine, Series
@@ -34,6 +35,9 @@ SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
 PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
 RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
+# metric-rule thresholds that may name a physics prior (catalogue/priors.yaml) instead of a number
+PRIOR_KEYS = ("min", "util_min", "util_max", "sm_max", "fb_min", "mask")
+FB_USED = "DCGM_FI_DEV_FB_USED"
 
 
 @dataclass
@@ -67,11 +71,26 @@ def load_rules(directory: str | None = None) -> Rules:
     merged, tolerance = ruleset.load(base)
     return Rules(
         log=tuple(merged["log"]),
-        metrics=tuple(merged["metrics"]),
+        metrics=tuple(_resolve_priors(r) for r in merged["metrics"]),
         slurm=tuple(merged["slurm"]),
         outcomes=tuple(merged["outcomes"]),
         tolerance_s=tolerance,
     )
+
+
+def _resolve_priors(rule: dict[str, Any]) -> dict[str, Any]:
+    """A metric rule with its threshold names (`util_min: busy_util`) replaced by the physics
+    priors' values (catalogue/priors.yaml, the one home of those thresholds). The series carry no
+    GPU model, so the model-independent `generic` parameters apply."""
+    params = physics_priors.load().params(physics_priors.GENERIC)
+    out = dict(rule)
+    for key in PRIOR_KEYS:
+        value = out.get(key)
+        if isinstance(value, str):
+            if value not in params:
+                raise RuleError(f"metric rule {rule.get('id')}: no generic prior named {value!r}")
+            out[key] = params[value]
+    return out
 
 
 # ------------------------------------------------------------------------ stage 1: extract
@@ -115,15 +134,16 @@ def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
 Hit = tuple[str, str, str, dict[str, Any], str, str]
 
 
-def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool]:
-    """Catalogue matches of one line as symptoms (XIDs classified, overrides applied), and
-    whether the line shows progress."""
+def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool]:
+    """Catalogue matches of one line as symptoms (XIDs classified, overrides applied), whether
+    the line shows progress, and whether it opens a pause (checkpoint save/load, start-up)."""
     overrides = {r["pattern"]: r for r in rules.log}
     hits: list[Hit] = []
-    progress = False
+    progress = pause = False
     for m in catalogue.match_line(text, source):
         if m.role == "info":
             progress = progress or m.symptom in PROGRESS
+            pause = pause or m.symptom == "pause"
             continue
         symptom, role, outcome, action = m.symptom, m.role, m.outcome, m.action
         if symptom == "xid" and "xid" in m.groups:
@@ -134,19 +154,25 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool]:
         ov = overrides.get(m.pattern, {})
         role, outcome = ov.get("role", role), ov.get("outcome", outcome)
         hits.append((symptom, role, outcome, m.groups, m.pattern, action))
-    return hits, progress
+    return hits, progress, pause
 
 
 def _log_symptoms(
     lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str]
-) -> tuple[list[Sym], list[LogLine]]:
-    """Symptoms of the log lines, and the lines that show the job progressing."""
+) -> tuple[list[Sym], list[LogLine], bool]:
+    """Symptoms of the log lines, the lines that show the job progressing, and whether a pause
+    is still open (the last pause line comes after the last progress line)."""
     out: list[Sym] = []
     progress: list[LogLine] = []
+    last = {"progress": float("-inf"), "pause": float("-inf")}
     for ln in lines:
-        hits, progressing = _hits(ln.text, "kernel" if ln.kind == "kernel" else "job", rules)
+        kind = "kernel" if ln.kind == "kernel" else "job"
+        hits, progressing, pausing = _hits(ln.text, kind, rules)
         if progressing:
             progress.append(ln)
+        for word, flag in (("progress", progressing), ("pause", pausing)):
+            if flag and ln.time is not None:
+                last[word] = max(last[word], ln.time)
         for symptom, role, outcome, groups, pattern, action in hits:
             node = ln.node
             g = groups.get("node")
@@ -175,7 +201,7 @@ def _log_symptoms(
                     action=action,
                 )
             )
-    return out, progress
+    return out, progress, last["pause"] > last["progress"]
 
 
 def _ev(s: Series, t: float | None, excerpt: str) -> dict[str, Any]:
@@ -224,7 +250,8 @@ def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None
     return best_start, best
 
 
-def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
+def _metric_symptoms(series: list[Series], rules: Rules, pause_open: bool = False) -> list[Sym]:
+    """Symptoms of the metric rules, in their order (a rule may read an earlier one's)."""
     out: list[Sym] = []
     gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
     for rule in rules.metrics:
@@ -287,10 +314,12 @@ def _metric_symptoms(series: list[Series], rules: Rules) -> list[Sym]:
                             _ev(group[0], t, "node stopped answering"),
                         )
                     )
-        elif kind == "spin":
-            out += _spin(gpu_util, _by_name(series, "DCGM_FI_PROF_SM_ACTIVE"), rule)
+        elif kind == "prior":
+            out += _prior(series, rule)
         elif kind == "idle":
-            out += _idle(gpu_util, rule)
+            if not (rule.get("unless_pause") and pause_open):
+                peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
+                out += _idle(gpu_util, rule, _by_name(series, FB_USED), peers)
         elif kind == "stall":
             for s in _by_name(series, metric):
                 start, dur = _frozen(s.points)
@@ -331,41 +360,22 @@ def _frozen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
     return best_start, best
 
 
-def _aligned(series: list[Series]) -> dict[tuple[str | None, str | None], dict]:
-    return {(s.node, s.gpu): dict(s.points) for s in series}
-
-
-def _spin(util_series: list[Series], sm_series: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    util = _aligned(util_series)
-    sm = _aligned(sm_series)
-    out = []
-    for key, u in util.items():
-        sm_k = sm.get(key)
-        if not sm_k:
-            continue
-        pts = [
-            (t, 1.0 if u[t] >= rule["util_min"] and sm_k.get(t, 1.0) <= rule["sm_max"] else 0.0)
-            for t in sorted(u)
-        ]
-        start, dur = _run_len(pts, lambda v: v > 0)
-        if dur >= rule.get("min_s", 30):
-            s = next(x for x in util_series if (x.node, x.gpu) == key)
-            out.append(
-                _sym(
-                    rule,
-                    s,
-                    start,
-                    f"util >= {rule['util_min']}% with SM idle for {dur:.0f} s (spinning)",
-                )
-            )
-    return out
-
-
-def _idle(util: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    """GPUs of a running job at ~0 % for min_s after having worked (some or all of them)."""
+def _idle(
+    util: list[Series], rule: dict[str, Any], fb: list[Series], spinning: set[Any]
+) -> list[Sym]:
+    """GPUs of a running job at ~0 % for min_s after having worked (some or all of them). With
+    `fb_min`, a GPU whose memory was released (the process is gone) is not idle but ended;
+    with `peers_spin` (a spin rule's id), a GPU idle from the start counts when every other GPU
+    of the job spins: the rank a collective waits on."""
+    held = {(s.node, s.gpu): s.points[-1][1] for s in fb}
     idle: list[tuple[Series, float]] = []
     for s in util:
+        if held.get((s.node, s.gpu), float("inf")) < rule.get("fb_min", float("-inf")):
+            continue  # an FB series that is not reported says nothing: the rule holds as before
         worked = next((i for i, (_, v) in enumerate(s.points) if v > 50), None)
+        others = {(g.node, g.gpu) for g in util if g is not s}
+        if worked is None and others and others <= spinning:
+            worked = 0
         if worked is None:
             continue
         start, dur = _run_len(s.points[worked:], lambda v: v <= rule["util_max"])
@@ -375,13 +385,104 @@ def _idle(util: list[Series], rule: dict[str, Any]) -> list[Sym]:
     if not util or not idle:
         return []
     if rule.get("scope") == "all":
-        if len(idle) == len(util) and len(util) > 1:
+        if len(idle) == len(util):
             t = min(st for _, st in idle)
-            return [_sym(rule, idle[0][0], t, f"all {len(util)} GPUs idle", node=None)]
+            what = f"all {len(util)} GPUs" if len(util) > 1 else "the job's only GPU"
+            return [_sym(rule, idle[0][0], t, f"{what} idle, memory held", node=None)]
         return []
     if len(idle) < len(util):
         return [_sym(rule, s, t, "GPU idle while its peers are not") for s, t in idle]
     return []
+
+
+_OPS = {
+    ">=": lambda x, v: x >= v,
+    "<=": lambda x, v: x <= v,
+    ">": lambda x, v: x > v,
+    "<": lambda x, v: x < v,
+    "&": lambda x, v: (int(x) & int(v)) != 0,
+}
+
+
+def _prior_holds(rule_id: str, sample: dict[str, float]) -> bool:
+    """Whether a physics prior (catalogue/priors.yaml, any alternative with this id) holds on
+    one sample of one GPU; a field not reported or a parameter the generic model lacks makes
+    that alternative silent, as in the detector."""
+    pri = physics_priors.load()
+    params = pri.params(physics_priors.GENERIC)
+    for alt in (r for r in pri.rules if r.id == rule_id):
+        vals = [
+            (sample.get(c.field), params.get(c.value) if isinstance(c.value, str) else c.value)
+            for c in alt.when
+        ]
+        if all(
+            x is not None and v is not None and _OPS[c.op](x, v)
+            for (x, v), c in zip(vals, alt.when, strict=True)
+        ):
+            return True
+    return False
+
+
+def _tail(points: list[tuple[float, float]]) -> float | None:
+    """Start of the run of truthy points that reaches the last point (None: the last is not)."""
+    start = None
+    for t, v in points:
+        start = (t if start is None else start) if v else None
+    return start
+
+
+def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    """GPUs on which the physics prior `rule` held for min_s (`scope: gpu`, one symptom each);
+    `scope: all`: every GPU of a job on at most `max_nodes` nodes, to the last sample, while
+    the job's progress metrics did not advance (one symptom, no node: nothing localises it)."""
+    per_gpu: dict[tuple[str | None, str | None], dict[float, dict[str, float]]] = {}
+    first: dict[tuple[str | None, str | None], Series] = {}
+    for s in series:
+        if s.gpu is not None and s.name.startswith("DCGM_"):
+            first.setdefault((s.node, s.gpu), s)
+            for t, v in s.points:
+                per_gpu.setdefault((s.node, s.gpu), {}).setdefault(t, {})[s.name] = v
+    flags = {
+        k: [(t, float(_prior_holds(rule["rule"], smp[t]))) for t in sorted(smp)]
+        for k, smp in per_gpu.items()
+    }
+    min_s = float(rule.get("min_s", 30))
+    if rule.get("scope") != "all":
+        out = []
+        for k, pts in flags.items():
+            start, dur = _run_len(pts, lambda v: v > 0)
+            if start is not None and dur >= min_s:
+                out.append(
+                    _sym(rule, first[k], start, f"physics prior {rule['rule']} for {dur:.0f} s")
+                )
+        return out
+    nodes = {k[0] for k in flags}
+    if not flags or len(nodes) > int(rule.get("max_nodes", 1)):
+        return []
+    last = max(pts[-1][0] for pts in flags.values() if pts)
+    starts = [
+        _tail(pts) if pts and pts[-1][0] >= last - float(rule.get("gap_s", 15)) else None
+        for pts in flags.values()
+    ]
+    if any(st is None for st in starts):
+        return []
+    start = max(st for st in starts if st is not None)
+    if last - start < min_s or _advanced(series, start):
+        return []
+    k = next(iter(flags))
+    what = f"all {len(flags)} GPUs" if len(flags) > 1 else "the job's only GPU"
+    detail = f"physics prior {rule['rule']} on {what} for {last - start:.0f} s, no progress"
+    return [_sym(rule, first[k], start, detail, node=None)]
+
+
+def _advanced(series: list[Series], since: float) -> bool:
+    """Whether a job progress metric (iteration, last progress time) rose after `since`."""
+    for s in series:
+        if s.name in PROGRESS_METRICS and s.points:
+            before = [v for t, v in s.points if t <= since] or [s.points[0][1]]
+            if s.points[-1][1] > before[-1]:
+                return True
+    return False
 
 
 def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
@@ -570,8 +671,8 @@ def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> Extract
     # ranks map to the job's own node list from Slurm; without it a rank-only line stays
     # unplaced (the context's nodes are alert nodes too, and would blame the wrong node)
     job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if names.valid_node(n)]
-    syms, lines = _log_symptoms(bundle.lines, rules, gpn, job_nodes)
-    syms += _metric_symptoms(bundle.series, rules)
+    syms, lines, pause_open = _log_symptoms(bundle.lines, rules, gpn, job_nodes)
+    syms += _metric_symptoms(bundle.series, rules, pause_open)
     syms += _slurm_symptoms(bundle, ctx, rules)
     # a line or sample from before the current run (an earlier run's XID, a requeue ago) is
     # neither the onset nor the culprit of this one

@@ -29,7 +29,7 @@ _NEEDS = {  # metric rule kind -> the keys it cannot do without
     "increase": ("metric", "min"),
     "above": ("metric", "min"),
     "vanished": ("metric",),
-    "spin": ("util_min", "sm_max", "min_s"),
+    "prior": ("rule", "min_s"),
     "idle": ("util_max", "min_s"),
     "stall": ("metric", "min_s"),
     "slowdown": ("metric", "ratio"),
@@ -63,18 +63,23 @@ class LogOverride(_Rule):
 
 class MetricRule(_Rule):
     id: str
-    kind: Literal["xid", "increase", "above", "vanished", "spin", "idle", "stall", "slowdown",
+    kind: Literal["xid", "increase", "above", "vanished", "prior", "idle", "stall", "slowdown",
                   "peer_low"]  # fmt: skip
     metric: str | None = None
+    rule: str | None = None  # kind prior: a rule of catalogue/priors.yaml
+    max_nodes: int | None = Field(default=None, ge=1)
+    fb_min: float | str | None = None  # a number, or the name of a generic physics prior
+    unless_pause: bool | None = None
+    peers_spin: str | None = None  # an earlier metric rule's symptom
     role: Role | None = None
     outcome: str | None = None
     min: float | None = None
     min_s: float | None = Field(default=None, ge=0)
     gap_s: float | None = Field(default=None, ge=0)
     ratio: float | None = Field(default=None, gt=0)
-    util_min: float | None = None
-    util_max: float | None = None
-    sm_max: float | None = None
+    util_min: float | str | None = None  # a number, or the name of a generic physics prior
+    util_max: float | str | None = None
+    sm_max: float | str | None = None
     power_max_ratio: float | None = None
     scope: Literal["some", "all"] | None = None
 
@@ -166,6 +171,10 @@ def _cross_check(rules: dict[str, list[dict[str, Any]]], where_of: dict[int, str
     produced = set(BUILT_IN)
     produced |= {p.symptom for p in patterns.values() if p.role != "info"}
     produced |= {r["id"] for r in rules["metrics"]} | {r["id"] for r in rules["slurm"]}
+    for i, r in enumerate(rules["metrics"]):  # a rule reads only symptoms of rules before it
+        ref = r.get("peers_spin")
+        if ref is not None and ref not in {m["id"] for m in rules["metrics"][:i]}:
+            raise RuleError(f"{where_of[id(r)]}: peers_spin {ref!r} names no metric rule before it")
     for key in _MODELS:
         for r in rules[key]:
             where = where_of[id(r)]

@@ -28,6 +28,8 @@ DCGM_FIELDS = (
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_THERMAL_VIOLATION",
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_FB_USED",  # memory held: an idle GPU of a live process (hang), not a dead one
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",  # hardware slowdown bits (the hw_slowdown prior)
 )
 JOB_METRICS = (
     "goodput_job_last_progress_timestamp_seconds",

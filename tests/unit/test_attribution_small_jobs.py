@@ -1,0 +1,219 @@
+"""Attribution for jobs without peers (issue 15): a 1-GPU or 1-node job that hangs (spinning,
+or idle with its memory held and no pause open), or is slowed by its hardware. Before these
+rules the hang rules wanted a busy peer beside an idle GPU, or several GPUs all idle, and the
+straggler rules wanted peers, so every case here was `unknown`. The signatures are the H200
+measurements of failures.md (training util 100 / SM 0.96; spin util 100 / SM 0.008; host stall
+util 0 with memory held) and the simulator's clock-event bits."""
+
+from __future__ import annotations
+
+import pytest
+
+from recovery import attribution
+from recovery.evidence import Bundle, Context, LogLine, Report, Series
+
+START = 1_735_689_600.0
+STEP = 5.0
+N = 16  # 80 s of samples
+ONSET = 6  # the fault's first sample
+
+
+def _gpu(
+    node: str, gpu: int, util: list[float], sm: list[float], **extra: list[float]
+) -> list[Series]:
+    def s(name: str, vals: list[float]) -> Series:
+        pts = [(START + STEP * i, v) for i, v in enumerate(vals)]
+        return Series(name, pts, node=node, gpu=str(gpu), job_id="1001")
+
+    out = [s("DCGM_FI_DEV_GPU_UTIL", util), s("DCGM_FI_PROF_SM_ACTIVE", sm)]
+    return out + [s(name, vals) for name, vals in extra.items()]
+
+
+def _phase(before: float, after: float) -> list[float]:
+    return [before if i < ONSET else after for i in range(N)]
+
+
+def _progress(advancing: bool) -> Series:
+    """The job's log-derived iteration counter: frozen from the onset unless `advancing`."""
+    pts = [(START + STEP * i, float(i if advancing or i < ONSET else ONSET)) for i in range(N)]
+    return Series("goodput_job_iteration", pts, job_id="1001")
+
+
+def _doc(series: list[Series], lines: list[LogLine] | None = None) -> dict:
+    bundle = Bundle(
+        series=series,
+        lines=lines or [],
+        reports=[Report("prometheus", "ok"), Report("logs", "ok"), Report("slurm", "ok")],
+    )
+    ctx = Context(job_id="1001", nodes=["node1"], start=START, end=START + STEP * N)
+    return attribution.attribute(bundle, ctx)
+
+
+# ------------------------------------------------------------------ spinning, nobody idle
+
+
+def test_one_gpu_spinning_without_progress_is_a_hang_with_no_culprit() -> None:
+    doc = _doc([*_gpu("node1", 0, _phase(100, 100), _phase(0.96, 0.008)), _progress(False)])
+    assert doc["outcome"] == "workload_hang"
+    assert doc["affected_nodes"] == []  # nothing points at the hardware: a kernel busy-waits
+    assert any(s["id"] == "job_spin" and s["role"] == "initiating" for s in doc["symptoms"])
+
+
+def test_one_node_all_spinning_is_a_hang() -> None:
+    series = [x for g in range(8) for x in _gpu("node1", g, _phase(100, 100), _phase(0.96, 0.01))]
+    doc = _doc([*series, _progress(False)])
+    assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == []
+
+
+def test_spin_signature_while_the_job_progresses_is_no_hang() -> None:
+    doc = _doc([*_gpu("node1", 0, _phase(100, 100), _phase(0.96, 0.008)), _progress(True)])
+    assert doc["outcome"] != "workload_hang"
+
+
+def test_two_node_job_all_spinning_is_left_to_the_peer_rules() -> None:
+    """Every rank of a multi-node job spinning is a collective waiting on something the GPUs
+    do not show (the network, a rank's host): not called a hang by this rule."""
+    series = [
+        x
+        for n in ("node1", "node2")
+        for g in range(2)
+        for x in _gpu(n, g, _phase(100, 100), _phase(0.96, 0.01))
+    ]
+    doc = _doc([*series, _progress(False)])
+    assert doc["outcome"] != "workload_hang"
+
+
+# ------------------------------------------------------------------ idle, memory held
+
+
+def _idle_gpu(fb_after: float = 60_000) -> list[Series]:
+    return _gpu(
+        "node1",
+        0,
+        _phase(100, 0),
+        _phase(0.96, 0.0),
+        DCGM_FI_DEV_FB_USED=_phase(60_000, fb_after),
+    )
+
+
+def test_one_gpu_idle_with_memory_held_is_a_hang() -> None:
+    doc = _doc([*_idle_gpu(), _progress(False)])
+    assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == []
+    assert any(s["id"] == "job_idle" for s in doc["symptoms"])
+
+
+def test_one_gpu_idle_inside_an_open_checkpoint_save_is_no_hang() -> None:
+    t = START + STEP * ONSET
+    lines = [
+        LogLine("job.log", 1, _megatron(100), time=t - 2),
+        LogLine("job.log", 2, "saving checkpoint at iteration     100 to /ckpt", time=t - 1),
+    ]
+    doc = _doc([*_idle_gpu(), _progress(False)], lines)
+    assert doc["outcome"] != "workload_hang"
+
+
+def test_a_pause_that_ended_does_not_hide_the_hang() -> None:
+    t = START + STEP * ONSET
+    lines = [
+        LogLine("job.log", 1, "saving checkpoint at iteration     100 to /ckpt", time=t - 30),
+        LogLine("job.log", 2, _megatron(101), time=t - 2),
+    ]
+    assert _doc([*_idle_gpu(), _progress(False)], lines)["outcome"] == "workload_hang"
+
+
+def test_one_gpu_idle_with_memory_released_is_no_hang() -> None:
+    """The process let go of its memory: it ended (a crash has its own evidence), not hung."""
+    assert _doc([*_idle_gpu(fb_after=600), _progress(False)])["outcome"] != "workload_hang"
+
+
+def _megatron(it: int) -> str:
+    return (
+        f" iteration {it:>8}/  500000 | consumed samples:       61440 | elapsed time per "
+        "iteration (ms): 512.3 | learning rate: 3.000E-04 | lm loss: 2.345678E+00 |"
+    )
+
+
+# ------------------------------------------------------------------ stuck from the start
+
+
+def test_rank_idle_from_the_start_while_its_peers_spin_is_named() -> None:
+    series = []
+    for g in range(8):
+        if g == 3:
+            series += _gpu("node1", g, [0.0] * N, [0.0] * N)
+        else:
+            series += _gpu("node1", g, [100.0] * N, [0.01] * N)
+    doc = _doc([*series, _progress(False)])
+    assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == ["node1"]
+    assert [(g["node"], str(g["gpu"])) for g in doc["affected_gpus"]] == [("node1", "3")]
+
+
+def test_an_unused_gpu_beside_training_peers_is_no_hang() -> None:
+    series = []
+    for g in range(8):
+        idle = g == 3
+        series += _gpu("node1", g, [0.0 if idle else 100.0] * N, [0.0 if idle else 0.96] * N)
+    assert _doc([*series, _progress(True)])["outcome"] != "workload_hang"
+
+
+# ------------------------------------------------------------------ slowed by its hardware
+
+
+@pytest.mark.parametrize(("bits", "straggler"), [(0x40, True), (0x08, True), (0x04, False)])
+def test_one_gpu_with_hardware_slowdown_bits_is_a_straggler_on_its_node(
+    bits: int, straggler: bool
+) -> None:
+    """HW thermal (0x40) or HW slowdown (0x08) while busy names the node; a software power cap
+    (0x04) is the GPU working as configured."""
+    series = _gpu(
+        "node1",
+        0,
+        _phase(100, 99),
+        _phase(0.96, 0.95),
+        DCGM_FI_DEV_CLOCK_THROTTLE_REASONS=_phase(0, bits),
+    )
+    doc = _doc(series)
+    assert (doc["outcome"] == "straggler") is straggler
+    if straggler:
+        assert doc["affected_nodes"] == ["node1"]
+
+
+def test_one_gpu_slower_than_its_history_without_hardware_evidence_goes_to_a_person() -> None:
+    """Step time up 60 % with no GPU signal (input pipeline, data, a co-tenant on the host): no
+    node is drained on that; `unknown` holds it for a person with the slowdown as evidence.
+    (Also the verdict before these rules: a guard, not a fix.)"""
+    pts = [(START + STEP * i, 1.2 if i < ONSET else 1.9) for i in range(N)]
+    step = Series("goodput_job_iteration_seconds", pts, job_id="1001")
+    doc = _doc([*_gpu("node1", 0, _phase(100, 80), _phase(0.96, 0.7)), step, _progress(True)])
+    assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
+    assert any(s["id"] == "slowdown" for s in doc["symptoms"])
+
+
+# ------------------------------------------------------------------ the rules file
+
+
+def test_a_threshold_naming_no_prior_is_refused(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "r.yaml").write_text(
+        "metrics:\n  - {id: x, kind: idle, scope: all, util_max: no_such_prior, min_s: 30}\n"
+    )
+    with pytest.raises(attribution.RuleError, match="no_such_prior"):
+        attribution.load_rules(str(tmp_path))
+
+
+def test_peers_spin_must_name_an_earlier_rule(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "r.yaml").write_text(
+        "metrics:\n"
+        "  - {id: x, kind: idle, scope: some, util_max: 5, peers_spin: later, min_s: 30}\n"
+        "  - {id: later, kind: prior, rule: spin_wait, min_s: 30}\n"
+    )
+    with pytest.raises(attribution.RuleError, match="peers_spin"):
+        attribution.load_rules(str(tmp_path))
+
+
+def test_rule_thresholds_come_from_the_priors() -> None:
+    from catalogue import priors
+
+    generic = priors.load().params(priors.GENERIC)
+    rules = {r["id"]: r for r in attribution.load_rules().metrics}
+    assert rules["job_idle"]["util_max"] == generic["idle_util_max"]
+    assert rules["job_idle"]["fb_min"] == generic["fb_held_min_mib"]
