@@ -193,16 +193,7 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
                 f"{where}: want `sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,"
                 "NodeList,AllocTRES`"
             )
-        j = next(iter(jobs.values()))
-        return _clean(
-            {
-                "job_id": j.job_id,
-                "name": j.name,
-                "state": j.state.upper(),
-                "exit_code": j.exit_code,
-                "nodes": j.nodes,
-            }
-        )
+        return _exported(next(iter(jobs.values())))
     kv = {_KEYS[k.lower()]: v for k, v in _KV.findall(body) if k.lower() in _KEYS}
     if "state" not in kv and "exit_code" not in kv:
         raise ImportFailure(
@@ -228,22 +219,21 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
     return _clean(out)
 
 
+def _exported(j: Any, restarts: bool = False) -> dict[str, Any]:
+    """A job parsed by the Slurm exporter's own parsers (sacct or squeue), as a state record."""
+    out = {"job_id": j.job_id, "name": j.name, "state": j.state.upper(), "exit_code": j.exit_code,
+           "nodes": j.nodes}  # fmt: skip
+    if restarts:
+        out["restarts"] = j.restarts
+    return _clean(out)
+
+
 def _json_job(j: dict[str, Any], where: str) -> dict[str, Any]:
     if "job_state" in j:  # squeue --json: the exporter's own parser
         parsed = slurm_exporter.parse_squeue(json.dumps({"jobs": [j]}))
         if not parsed:
             raise ImportFailure(f"{where}: the squeue job has no valid job_id")
-        p = next(iter(parsed.values()))
-        return _clean(
-            {
-                "job_id": p.job_id,
-                "name": p.name,
-                "state": p.state.upper(),
-                "exit_code": p.exit_code,
-                "nodes": p.nodes,
-                "restarts": p.restarts,
-            }
-        )
+        return _exported(next(iter(parsed.values())), restarts=True)
     state = j.get("state", {})
     current = state.get("current") if isinstance(state, dict) else state
     current = current[0] if isinstance(current, list) and current else current
