@@ -200,8 +200,13 @@ start_slurm() {
   launch slurmdbd slurmdbd -D
   wait_for 30 slurmdbd sacctmgr -n list cluster
   sacctmgr -n list cluster format=cluster | grep -qw $CLUSTER || sacctmgr -i add cluster $CLUSTER >/dev/null
+  local running=0; alive "$STATE/run/slurmctld.pid" && running=1
   launch slurmctld slurmctld -D -i
   wait_for 30 slurmctld sh -c 'scontrol ping | grep -q UP'
+  # a running Slurm takes a changed slurm.conf (e.g. a new Prolog) without a restart
+  if [ "$running" = 1 ] && [ "${SLURM_CONF_CHANGED:-0}" = 1 ]; then
+    scontrol reconfigure && say "slurm.conf changed: slurmctld reconfigured"
+  fi
   for i in $(seq 1 "$NODES"); do
     need_port $((SLURMD_BASE + i)) "slurmd-node$i"
     launch "slurmd-node$i" slurmd -D -N "node$i"
@@ -311,7 +316,9 @@ cmd_start() {
   [ "$(id -u)" = 0 ] || die "the local stack needs root (Slurm daemons, munge, package installs)"
   install_missing
   mkdir -p "$STATE/run" "$STATE/logs/cluster/jobs" "$STATE/logs/cluster/kernel"
+  local before; before=$(cat "$STATE/slurm/slurm.conf" 2>/dev/null | md5sum)
   write_slurm_conf; write_env
+  [ "$before" != "$(md5sum < "$STATE/slurm/slurm.conf")" ] && SLURM_CONF_CHANGED=1
   local t0=$SECONDS
   start_munge; start_mariadb; start_slurm
   case $TSDB in

@@ -158,8 +158,13 @@ def test_generated_rules_run_in_vmalert_and_notify(vm):
     assert got[-1]["annotations"]["runbook_url"]
     errors = [r for r in rules if r.get("lastError")]
     assert not errors, [(r["name"], r["lastError"]) for r in errors][:5]
-    by_gpu = _query(url, 'goodput:dcgm_gpu_util:by_gpu{node="node1"}')  # a recording rule
-    assert len(by_gpu) == 8
+    # a recording rule: vmalert writes it back through remote write, seconds after evaluating
+    wait_until(
+        lambda: len(_query(url, 'goodput:dcgm_gpu_util:by_gpu{node="node1"}')) == 8,
+        60,
+        interval=1,
+        what="the recording rule's 8 series of node1 in VictoriaMetrics",
+    )
 
 
 def test_receiver_evidence_queries_work_on_victoriametrics(vm):
