@@ -73,7 +73,9 @@ def demo(ctx: typer.Context) -> None:
         jobs = {r.job_id: r.fault.job for r in results}
         e = loop.ettr(stack.stack_env().get("GOODPUT_PROMETHEUS_URL", "http://127.0.0.1:19090"))
         per_job = ", ".join(
-            f"{jobs[j]} {v:.1%}" for j, v in sorted(e.items()) if j in jobs  # the demo's jobs
+            f"{jobs[j]} {v:.1%}"
+            for j, v in sorted(e.items())
+            if j in jobs  # the demo's jobs
         )
         console.print(f"ETTR, last hour: cluster {e.get('cluster', float('nan')):.1%} ({per_job})")
     except (OSError, ValueError, KeyError) as exc:
