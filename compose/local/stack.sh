@@ -62,8 +62,9 @@ need_port() { # port name : fail clearly when someone else holds our port
   return 0
 }
 
-# what the tests drive besides the stack: the console's browser test runs Debian's Chromium
-TEST_PACKAGES=(chromium chromium-driver)
+# what the tests drive besides the stack: the console's browser test runs Debian's Chromium, the
+# scale-out tests VictoriaMetrics (victoria-metrics, vmagent, vmalert)
+TEST_PACKAGES=(chromium chromium-driver victoria-metrics)
 
 install_missing() {
   local missing=()
