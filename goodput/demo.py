@@ -17,7 +17,9 @@ from typing import Any
 
 import requests
 
+from catalogue import names
 from goodput import stack
+from recovery import slurm_hooks
 
 SIM_URL = "http://127.0.0.1:19400"
 RECEIVER_URL = "http://127.0.0.1:19430"
@@ -171,11 +173,15 @@ class Slurm:
         return ""
 
     def resume_drained(self) -> list[str]:
-        """Return nodes Goodput drained in an earlier demo to service (only `goodput:` ones)."""
+        """Return nodes Goodput drained in an earlier demo to service (only `goodput:` ones),
+        lift the demo's Prolog holds, and resume a node the Prolog refused because of one."""
+        holds = Path(self.env.get("GOODPUT_HOLD_DIR") or "/nonexistent")
+        nodes = [p.name for p in holds.glob("*") if names.valid_node(p.name)]
+        held = {n for n in nodes if slurm_hooks.release(holds, n)}
         resumed = []
         for line in self.run("sinfo", "-h", "-N", "-R", "-o", "%N|%E").splitlines():
             node, _, reason = line.partition("|")
-            if reason.startswith("goodput:"):
+            if reason.startswith("goodput:") or (node in held and reason == "Prolog error"):
                 self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
                 resumed.append(node)
         return resumed

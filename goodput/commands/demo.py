@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import typer
@@ -99,6 +100,12 @@ def stop() -> None:
     """Stop the demo's jobs and services, and the local stack."""
     env = stack.stack_env()
     if env:
-        loop.Slurm(env).cancel_demo_jobs()
+        slurm = loop.Slurm(env)
+        slurm.cancel_demo_jobs()
+        try:  # nothing of the demo's stays behind: its drains and Prolog holds
+            for node in slurm.resume_drained():
+                console.print(f"returned {node} to service")
+        except (OSError, subprocess.SubprocessError) as exc:
+            console.print(f"[yellow]nodes not returned to service: {exc}[/]")
     loop.stop_services()
     raise typer.Exit(stack.run_stack("stop"))
