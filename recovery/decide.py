@@ -151,7 +151,6 @@ class History:
     nodes: tuple[NodeView, ...] = ()
     paused: bool = False
     reserved: tuple[str, ...] = ()  # nodes other open plans will drain (the budget they hold)
-    excluded_before: tuple[str, ...] = ()  # nodes this job's earlier Goodput restarts excluded
 
 
 @dataclass(frozen=True)
@@ -267,10 +266,7 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
                 reasons.append(Reason.NODES_ALREADY_UNAVAILABLE)
             if not new and kind == "drain":
                 kind = "none"
-    # a node that failed this job once stays excluded from every later restart of it, so one
-    # bad ("black-hole") node cannot burn the job's whole retry budget
-    culprits = nodes if kind == "drain_and_requeue" else ()
-    exclude = tuple(sorted({*culprits, *history.excluded_before})) if kind in RESTARTS else ()
+    exclude = nodes if kind == "drain_and_requeue" else ()
 
     mode = policy.mode_for(job.partition if job else None)
     if kind == "none" or (kind == "hold_for_person"):

@@ -82,9 +82,7 @@ def _history(
             )
         ).all()
         paused = _paused(conn)
-    bodies = [json.loads(r.body) for r in restarts]
-    same = sum(1 for b in bodies if b.get("cause_key") == diag.cause_key)
-    excluded_before = sorted({n for b in bodies for n in b.get("action", {}).get("exclude", [])})
+    same = sum(1 for r in restarts if json.loads(r.body).get("cause_key") == diag.cause_key)
     drain_times: list[float] = []
     reserved: set[str] = set()
     for r in recent:
@@ -109,7 +107,6 @@ def _history(
         nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
         paused=paused,
         reserved=tuple(sorted(reserved)),
-        excluded_before=tuple(excluded_before),
     )
 
 

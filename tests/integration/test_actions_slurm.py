@@ -113,35 +113,6 @@ def test_act_drains_requeues_excluding_and_runs_again(cluster):
     assert audit.verify(cluster.engine).ok
 
 
-def test_a_black_hole_node_is_excluded_on_every_later_requeue(cluster):
-    """XID 79 on node X: drain, requeue excluding X. X passes its check and is resumed; the job
-    then hits an ECC error on node Y: drain Y, requeue excluding Y — and still X (Slurm keeps
-    only the ExcNodeList of the latest update, so X would be dropped)."""
-    job, x = cluster.submit()
-    a = actions.on_diagnosis(cluster.engine, cluster.settings("act"), *diag(cluster, job, x))
-    assert a["state"] == "executed", a
-    running = wait_until(
-        lambda: (j := cluster.sched.job_state(job)) and j.state == "RUNNING" and j,
-        timeout=30,
-        what="job running again",
-    )
-    y = running.nodes[0]
-    cluster.sched.resume(x)  # X passed its health check
-    time.sleep(1.1)  # the second fault's onset comes after the restart (whole seconds)
-    b = actions.on_diagnosis(
-        cluster.engine, cluster.settings("act"), *diag(cluster, job, y, cause="xid48 dbe")
-    )
-    assert b["state"] == "executed" and b["kind"] == "drain_and_requeue", b
-    assert sorted(b["body"]["action"]["exclude"]) == sorted([x, y])
-    # the second restart waits out its backoff (60 s by default) pending, exclusion already set
-    again = wait_until(
-        lambda: (j := cluster.sched.job_state(job)) and j.restarts == 2 and j,
-        timeout=30,
-        what="job requeued a second time",
-    )
-    assert {x, y} <= set(again.excluded), again
-
-
 def test_monitor_changes_nothing_in_slurm(cluster):
     job, x = cluster.submit()
     a = actions.on_diagnosis(cluster.engine, cluster.settings("monitor"), *diag(cluster, job, x))

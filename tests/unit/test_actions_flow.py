@@ -303,22 +303,6 @@ def test_a_scheduler_down_past_the_retry_budget_fails_the_action(world):
     assert world.st["jobs"]["45"]["restarts"] == 0
 
 
-def test_a_node_that_failed_the_job_stays_excluded_on_every_later_restart(world):
-    """Black-hole nodes: XID 79 on node2 (drain and requeue excluding it), then the job hangs
-    on node3 (requeue): the second requeue keeps node2 excluded, so even after node2 passes its
-    health check and is resumed, this job never lands there again."""
-    world.submit("42", node="node2")
-    first = actions.on_diagnosis(world.engine, world.settings("act"), *diag(1))
-    assert first["state"] == "executed" and world.st["jobs"]["42"]["excluded"] == ["node2"]
-    world.st["nodes"]["node2"].update(state="IDLE", reason="")  # passed its check, resumed
-    hang = diag(2, outcome="workload_hang", nodes=(), cause="hang", onset=time.time() + 1)
-    second = actions.on_diagnosis(world.engine, world.settings("act"), *hang)
-    assert second["kind"] == "requeue" and second["state"] == "executed"
-    assert second["body"]["action"]["exclude"] == ["node2"]
-    job = world.st["jobs"]["42"]
-    assert job["restarts"] == 2 and job["excluded"] == ["node2"] and job["nodes"] != ["node2"]
-
-
 def test_diagnostics_are_captured_before_the_drain_and_kept_with_the_action(world):
     import sys
 
