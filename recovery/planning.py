@@ -97,7 +97,9 @@ def _history(
             reserved.update(json.loads(o.body).get("action", {}).get("nodes", []))
     jv = None
     if job is not None:
-        jv = JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
+        jv = JobView(
+            job.state, job.restarts, job.exit_code, job.partition, job.start_time, job.end_time
+        )
     return History(
         now=now,
         job=jv,
