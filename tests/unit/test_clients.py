@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -303,6 +305,15 @@ def test_accounting_and_the_console_read_through_the_client(serve):
     assert plot.series_from_prometheus(down.url, spec, "42", 1000.0, [])[1] == (
         "Prometheus did not answer (PromError)"
     )
+
+
+def test_a_bad_prometheus_url_is_a_usage_error_of_the_detector(tmp_path):
+    """Old code: the detector started with it and failed every cycle, forever."""
+    argv = [sys.executable, "-m", "goodput.entry", "detector", "serve", "--port", "0"]
+    argv += ["--prometheus-url", "127.0.0.1:19090", "--state-dir", str(tmp_path)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2 and "Prometheus URL must be http(s)" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 # ---------------------------------------------------------------------------- Loki
