@@ -65,9 +65,9 @@ def _history(
     ctx = db.connect() if isinstance(db, Engine) else nullcontext(db)
     with ctx as conn:
         restarts = conn.execute(
-            select(t.body).where(
-                t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS)
-            )
+            select(t.body)
+            .where(t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS))
+            .order_by(t.created_at, t.id)
         ).all()
         recent = conn.execute(
             select(t.id, t.state, t.created_at, t.body).where(
@@ -82,7 +82,12 @@ def _history(
             )
         ).all()
         paused = _paused(conn)
-    same = sum(1 for r in restarts if json.loads(r.body).get("cause_key") == diag.cause_key)
+    bodies = [json.loads(r.body) for r in restarts]
+    same = sum(1 for b in bodies if b.get("cause_key") == diag.cause_key)
+    # every node an earlier restart excluded, in the order it was first excluded (oldest first)
+    excluded_before = dict.fromkeys(
+        n for b in bodies for n in b.get("action", {}).get("exclude", [])
+    )
     drain_times: list[float] = []
     reserved: set[str] = set()
     for r in recent:
@@ -97,7 +102,14 @@ def _history(
             reserved.update(json.loads(o.body).get("action", {}).get("nodes", []))
     jv = None
     if job is not None:
-        jv = JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
+        jv = JobView(
+            job.state,
+            job.restarts,
+            job.exit_code,
+            job.partition,
+            job.start_time,
+            job.node_count or len(job.nodes),
+        )
     return History(
         now=now,
         job=jv,
@@ -107,6 +119,7 @@ def _history(
         nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
         paused=paused,
         reserved=tuple(sorted(reserved)),
+        excluded_before=tuple(excluded_before),
     )
 
 

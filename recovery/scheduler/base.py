@@ -68,6 +68,7 @@ class JobState:
     partition: str | None = None
     start_time: float | None = None
     gpus: int = 0
+    node_count: int = 0  # nodes the job asks for (0: unknown)
 
     @property
     def active(self) -> bool:

@@ -166,6 +166,7 @@ class SlurmScheduler(Scheduler):
                 partition=str(j.get("partition") or "") or None,
                 start_time=float(start) if (start := _number(j.get("start_time"))) else None,
                 gpus=int(gres.group(1)) if gres else 0,
+                node_count=_number(j.get("node_count")) or 0,
             )
         return self._sacct_state(job_id)
 
