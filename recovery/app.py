@@ -12,6 +12,7 @@ import base64
 import binascii
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -212,7 +213,19 @@ def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry)
         return
     actions.start(engine, settings)
     registry.register(accounting.AccountingCollector(engine))
+    _start_watchdog(engine, settings, registry)
     _start_node_checks(engine, settings, registry)
+
+
+def _start_watchdog(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
+    """Fail-open: the receiver stops acting while its own health fails (recovery/watchdog.py)."""
+    from recovery import actions, watchdog
+
+    registry.register(watchdog.ActingCollector(engine))
+    if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") not in ("0", "false"):
+        watchdog.Watchdog(
+            engine, settings, lambda: actions.config(settings).policy.watchdog
+        ).start()
 
 
 def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     BLAST_UNKNOWN = "blast_radius_node_states_unknown"
     EXCLUSIONS_CAPPED = "exclusions_capped_to_keep_job_runnable"
     PAUSED = "paused"
+    WATCHDOG = "watchdog_not_acting"  # the receiver's own health failed (recovery/watchdog.py)
     MODE_MONITOR = "mode_monitor"
     MODE_APPROVE = "mode_approve"
     MODE_ACT = "mode_act"
@@ -158,6 +159,7 @@ class History:
     paused: bool = False
     reserved: tuple[str, ...] = ()  # nodes other open plans will drain (the budget they hold)
     excluded_before: tuple[str, ...] = ()  # this job's earlier Goodput exclusions, oldest first
+    not_acting: str = ""  # why the watchdog stopped acting ("" while it acts)
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,9 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     elif history.paused:
         disposition = "plan_only"
         reasons.append(Reason.PAUSED)
+    elif history.not_acting:
+        disposition = "plan_only"
+        reasons.append(Reason.WATCHDOG)
     elif mode == "monitor":
         disposition = "plan_only"
         reasons.append(Reason.MODE_MONITOR)

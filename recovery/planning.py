@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import audit, outbox
+from recovery import audit, outbox, watchdog
 from recovery.decide import (
     Action,
     Diagnosis,
@@ -82,6 +82,9 @@ def _history(
             )
         ).all()
         paused = _paused(conn)
+        not_acting = watchdog.reason_in(conn)
+    if not_acting == watchdog.OK or (not_acting == "scheduler_unreachable" and nodes):
+        not_acting = ""  # the scheduler just answered this planner: it is reachable
     bodies = [json.loads(r.body) for r in restarts]
     same = sum(1 for b in bodies if b.get("cause_key") == diag.cause_key)
     # every node an earlier restart excluded, in the order it was first excluded (oldest first)
@@ -120,6 +123,7 @@ def _history(
         paused=paused,
         reserved=tuple(sorted(reserved)),
         excluded_before=tuple(excluded_before),
+        not_acting=not_acting,
     )
 
 

@@ -70,6 +70,20 @@ class BlastRadius(_Frozen):
     min_healthy_nodes: int = Field(default=1, ge=0, le=100000)
 
 
+class WatchdogPolicy(_Frozen):
+    """Fail-open (recovery/watchdog.py): what the receiver's health needs, and how fast."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=15.0, ge=1.0, le=3600.0)
+    failures_before_stop: int = Field(default=2, ge=1, le=100)
+    required: tuple[Literal["scheduler", "prometheus", "loki", "logs"], ...] = (
+        "scheduler",
+        "prometheus",
+        "loki",
+    )
+    alert_silence_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+
+
 class Retention(_Frozen):
     payload_days: float = Field(default=30.0, gt=0, le=3650)
     audit_days: float = Field(default=365.0, gt=0, le=36500)
@@ -123,6 +137,7 @@ class Policy(_Frozen):
     directives: DirectiveBounds = DirectiveBounds()
     return_to_service: ReturnToService = ReturnToService()
     retention: Retention = Retention()
+    watchdog: WatchdogPolicy = WatchdogPolicy()
     # A signature's action hint (an XID's job_action, a pattern's action in the catalogue)
     # replaces the outcome's default action; off: the outcome alone decides.
     honour_catalogue_hints: bool = True

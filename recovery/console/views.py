@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from recovery import audit, validate
+from recovery import audit, validate, watchdog
 from recovery.console import actions_port, health, plot, queries, security
 from recovery.diagnosis import OUTCOMES
 from recovery.policy import DRAINS
@@ -124,6 +124,15 @@ def _secure(resp: Response) -> Response:
     return resp
 
 
+def _not_acting(request: Request) -> str:
+    """Why the watchdog stopped acting, or "" (the banner on every page)."""
+    try:
+        reason = watchdog.current(_engine(request))
+    except Exception:  # noqa: BLE001 - a page must not fail because the DB is busy
+        return ""
+    return "" if reason == watchdog.OK else reason
+
+
 def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
     settings = _settings(request)
     csrf = security.csrf_of(request)
@@ -140,6 +149,7 @@ def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLRe
             csrf=csrf,
             can_login=security.session_key(settings) is not None,
             auth_required=settings.require_auth,
+            not_acting=_not_acting(request),
             **ctx,
         )
     )
