@@ -230,7 +230,7 @@ def _start_watchdog(engine: Any, settings: Settings, registry: CollectorRegistry
 
 def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """A node's way back to service (checks after Goodput's drains) and node history metrics."""
-    from recovery import actions, node_checks, node_history
+    from recovery import actions, node_checks, node_history, watchdog
 
     def current() -> Any:
         cfg = actions.config(settings)
@@ -239,7 +239,7 @@ def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegis
     node_checks.start(
         engine,
         current,
-        paused=lambda: actions.is_paused(engine),
+        paused=lambda: actions.is_paused(engine) or watchdog.current(engine) != watchdog.OK,
         history=lambda now: node_history.events(
             engine, now - node_history.lookback_s(actions.config(settings).policy)
         ),

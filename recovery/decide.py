@@ -47,6 +47,7 @@ class Reason(StrEnum):
     PAUSED = "paused"
     WATCHDOG = "watchdog_not_acting"  # the receiver's own health failed (recovery/watchdog.py)
     MODE_MONITOR = "mode_monitor"
+    OUTSIDE_CANARY = "outside_canary_partitions"  # policy canary_partitions: monitor elsewhere
     MODE_APPROVE = "mode_approve"
     MODE_ACT = "mode_act"
 
@@ -332,6 +333,8 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     elif mode == "monitor":
         disposition = "plan_only"
         reasons.append(Reason.MODE_MONITOR)
+        if policy.outside_canary(job.partition if job else None):
+            reasons.append(Reason.OUTSIDE_CANARY)
     elif mode == "approve":
         disposition = "await_approval"
         reasons.append(Reason.MODE_APPROVE)

@@ -122,6 +122,9 @@ class Policy(_Frozen):
 
     mode: Mode = "monitor"
     partition_modes: dict[str, Mode] = Field(default_factory=dict)
+    # Canary: when set, Goodput acts only on jobs and nodes of these partitions (in the mode
+    # above); everywhere else it plans in monitor mode. partition_modes still wins.
+    canary_partitions: tuple[str, ...] = ()
     approval_expiry_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
     actions: dict[str, str] = Field(default_factory=_default_actions)
     min_confidence: dict[str, float] = Field(
@@ -174,9 +177,18 @@ class Policy(_Frozen):
                 return hint
         return action
 
+    def outside_canary(self, partition: str | None) -> bool:
+        """A canary list is set and `partition` (a job's may be a comma list: all of them) is
+        not on it, nor given a mode of its own."""
+        if not self.canary_partitions or (partition and partition in self.partition_modes):
+            return False
+        parts = {p.strip() for p in (partition or "").split(",") if p.strip()}
+        return not parts or not parts <= set(self.canary_partitions)
+
     def mode_for(self, partition: str | None) -> str:
-        """Cluster mode, replaced per partition, then narrowed (or widened) by the job."""
-        mode: str = self.mode
+        """Cluster mode (monitor outside the canary partitions), replaced per partition, then
+        narrowed (or widened) by the job."""
+        mode: str = "monitor" if self.outside_canary(partition) else self.mode
         if partition and partition in self.partition_modes:
             mode = self.partition_modes[partition]
         if self.job_mode is not None:
