@@ -22,7 +22,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from recovery import audit, validate, watchdog
-from recovery.console import actions_port, health, plot, queries, security
+from recovery.console import actions_port, ettr, health, plot, queries, security
 from recovery.diagnosis import OUTCOMES
 from recovery.policy import DRAINS
 
@@ -564,6 +564,33 @@ def policy_page(request: Request) -> Response:
         paused=actions_port.paused(engine),
         drain_kinds=DRAINS,
         policy_yaml=yaml.safe_dump(pol.model_dump(mode="json"), sort_keys=False) if pol else "",
+    )
+
+
+@router.get("/nodes")
+def nodes_page(request: Request) -> Response:
+    """ETTR (cluster and the jobs that lost the most) and each node's history."""
+    if not _can_read(request):
+        return _login_redirect(request)
+    settings, engine = _settings(request), _engine(request)
+    pol, source = actions_port.policy_in_force(settings)
+    rows, note = [], ""
+    if pol is None:
+        note = f"The policy could not be loaded: {source}"
+    else:
+        from recovery import node_checks, node_history
+
+        try:
+            node_checks.ensure(engine)  # a receiver that has run no check yet
+            rows = node_history.summary(engine, pol)
+        except Exception as exc:  # noqa: BLE001 - the page says so instead of a 500
+            note = f"node history unavailable ({type(exc).__name__})"
+    return render(
+        request,
+        "nodes.html",
+        ettr=ettr.read(settings.prometheus_url),
+        nodes=rows,
+        history_note=note,
     )
 
 
