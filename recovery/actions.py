@@ -368,7 +368,9 @@ def execute(
         if r is not None and r.state in from_states:
             _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
         return get_action(engine, action_id)
-    if watchdog.current(engine) != watchdog.OK:  # fail-open: it waits until acting resumes
+    # fail-open: while the watchdog does not act, ready and approved actions wait; one a dead
+    # process left executing is finished (a drained node without its requeue helps nobody)
+    if "executing" not in from_states and watchdog.current(engine) != watchdog.OK:
         return get_action(engine, action_id)
     r = _raw(engine, action_id)
     if r is None or r.state not in from_states:

@@ -129,3 +129,22 @@ def test_a_receiver_app_exports_the_metric(tmp_path, monkeypatch):
     with TestClient(app) as client:
         text = client.get("/metrics").text
     assert 'goodput_receiver_acting{reason="ok"} 1.0' in text
+
+
+def test_an_action_a_dead_process_left_executing_is_finished_even_when_not_acting(world):  # noqa: F811
+    """Crash safety outranks fail-open: half an action (a drain without its requeue) is worse
+    than finishing it, so the start-up reconcile completes it while the watchdog holds back."""
+    from sqlalchemy import update
+
+    world.submit("42", node="node2")
+    s = world.settings("act")
+    a = actions.on_diagnosis(world.engine, s, *diag(15))
+    with world.engine.begin() as conn:
+        conn.execute(
+            update(actions.actions_table)
+            .where(actions.actions_table.c.id == a["id"])
+            .values(state="executing", owner="dead-process")
+        )
+    watchdog._write(world.engine, "evidence_unreachable", "test", "test")
+    actions.reconcile(world.engine, s, startup=True)
+    assert actions.get_action(world.engine, a["id"])["state"] == "executed"
