@@ -822,6 +822,8 @@ def attribute(
         incident_id=incident_id,
         job_id=ctx.job_id,
         job_name=ctx.job_name,
+        job_user=bundle.slurm.job.get("user"),
+        job_nodes=list(bundle.slurm.job.get("nodes") or [])[:1000],
         connector_reports=[r.as_dict() for r in bundle.reports],
         symptoms=[_sym_doc(s) for s in syms[:200]],
     )

@@ -18,6 +18,7 @@ from recovery.scheduler.base import ACTIVE
 from recovery.settings import Settings
 
 _KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(\S*)")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
 _COMMENT = re.compile(r"\sComment=(.*?)\s+(?:StdErr|StdIn|StdOut|Power|[A-Z][A-Za-z]+)=")
 
 
@@ -60,6 +61,12 @@ def _ended_at(state: str, end: str | None) -> float | None:
     return None if not state or state in ACTIVE else slurm_time(end)
 
 
+def _user(raw: str) -> str | None:
+    """`alice(1000)` (scontrol's UserId) or `alice` (sacct's User) → `alice`; junk → None."""
+    name = raw.split("(", 1)[0].strip()
+    return name if _USER.fullmatch(name) else None
+
+
 def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
     """The job as scontrol (or, once forgotten, sacct) describes it."""
     validate.job_id(job_id)
@@ -77,6 +84,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "restarts": int(kv.get("Restarts", "0") or 0),
             "nodes": expand_hostlist(kv.get("NodeList", "")),
             "comment": kv.get("Comment", ""),
+            "user": _user(kv.get("UserId", "")),
             "start": kv.get("StartTime"),
             "start_time": slurm_time(kv.get("StartTime")),  # the current run's start
             "end": kv.get("EndTime"),
@@ -85,11 +93,11 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
         }
     except RuntimeError:
         pass
-    fields = "JobID,JobName,State,ExitCode,NodeList,Start,End,Comment"
+    fields = "JobID,JobName,State,ExitCode,NodeList,Start,End,User,Comment"
     text = run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields], timeout)
     for line in text.splitlines():
-        parts = line.split("|", 7)
-        if len(parts) < 8 or parts[0] != job_id:
+        parts = line.split("|", 8)
+        if len(parts) < 9 or parts[0] != job_id:
             continue
         code, sig = _exit(parts[3])
         return {
@@ -101,7 +109,8 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "signal": sig,
             "restarts": None,
             "nodes": expand_hostlist(parts[4]),
-            "comment": parts[7],
+            "comment": parts[8],
+            "user": _user(parts[7]),
             "start": parts[5],
             "start_time": slurm_time(parts[5]),
             "end": parts[6],

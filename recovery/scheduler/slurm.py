@@ -173,6 +173,7 @@ class SlurmScheduler(Scheduler):
                 start_time=float(start) if (start := _number(j.get("start_time"))) else None,
                 gpus=int(gres.group(1)) if gres else 0,
                 end_time=_ended_at(_first(j.get("job_state")), _number(j.get("end_time"))),
+                node_count=_number(j.get("node_count")) or 0,
             )
         return self._sacct_state(job_id)
 
