@@ -76,7 +76,8 @@ class Incident:
     opened_at: float
     resolved_at: float | None = None
     alert_names: list[str] = field(default_factory=list)
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None  # the one its action was planned on, else latest
+    latest: dict[str, Any] | None = None  # the latest (a later alert re-diagnoses an incident)
     action: ActionView | None = None
     result: str = ""  # executed | failed: ... | not executed (disposition) | "" (none yet)
     diagnose_s: float = 0.0
@@ -94,6 +95,7 @@ class Incident:
             "alerts": sorted(self.alert_names),
             "outcome": d.get("outcome"),
             "affected_nodes": d.get("affected_nodes", []),
+            "latest_affected_nodes": (self.latest or {}).get("affected_nodes", []),
             "confidence": d.get("confidence"),
             "root_cause": (d.get("root_cause") or "")[:200],
             "action": a.kind if a else None,
@@ -331,7 +333,7 @@ class Harness:
             v.opened_at, v.resolved_at = it["opened_at"], it["resolved_at"]
             v.alert_names = sorted(it["alert_summary"]["by_name"])
             if it["updated_at"] != v.updated_at and it["outcome"] is not None:
-                v.diagnosis = self._get(f"/api/v1/incidents/{it['id']}")["diagnosis"]
+                v.latest = self._get(f"/api/v1/incidents/{it['id']}")["diagnosis"]
             v.updated_at = it["updated_at"]
             v.diagnose_s = max(v.diagnose_s, diagnose_s.get(it["id"], 0.0))
             row = latest.get(str(it["id"]))
@@ -344,6 +346,7 @@ class Harness:
                     tuple(act.get("reasons") or ()),
                 )
             v.result = _result(row) if row else ""
+            v.diagnosis = (row or {}).get("body", {}).get("diagnosis") or v.latest
         self.incidents = [self._views[i] for i in sorted(self._views)]
 
     # ---------------------------------------------------------------- metric sources
