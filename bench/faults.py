@@ -77,10 +77,12 @@ NOTES = [
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "
     "happens. It is a limit of the sample, not an observed false alarm.",
-    "- **Repeat incidents** are node-level alerts still firing on a drained node after its job "
-    "moved away (the XID gauge keeps its last value until the GPU is reset): decided `none` (no "
-    "job); for fs_stall, the incidents of the other stalled jobs and idle nodes "
-    "(hold_for_person). None is destructive.",
+    "- **Repeat incidents** are node-level alerts (no job_id label) that reach the receiver when "
+    "the faulty job has already left the node (it failed, or was requeued elsewhere): the "
+    "receiver asks the scheduler which jobs run there when the alert arrives, finds none, and "
+    "opens a node incident (the XID gauge keeps its last value until the GPU is reset): decided "
+    "`none` (no job, the node already drained); for fs_stall, the incidents of the other stalled "
+    "jobs and idle nodes (hold_for_person). None is destructive.",
     "- **Timing model**: one sample every 5 s, so an alert's `for` counts samples (a 2 s `for` "
     "needs two: 10 s for XIDs). From the alert on it is the receiver's own code "
     "(recovery.app.create_app in process, on a simulated clock): each step the changes of the "
