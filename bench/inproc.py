@@ -4,8 +4,8 @@ Every `interval_s` the simulator advances; its dcgm samples, its logs (read by t
 exporter's own parser) and its scheduler state (as the Slurm exporter labels it) become the
 metric sources; the detector's `Engine` scores the instant exactly as the service does; the
 alert conditions of alertmanager/alerts.yaml are evaluated (bench.online_alerts). From there on
-it is the receiver itself (`recovery.app.create_app`, in process through a TestClient, on a
-simulated `recovery.clock.ManualClock`): the changes of the firing set are posted to its
+it is the receiver itself (`bench.receiver`: `recovery.app.create_app`, in process through a
+TestClient, on a simulated `recovery.clock.ManualClock`): the changes of the firing set are posted to its
 webhook as Alertmanager would post them (version 4 JSON; a new alert `firing` with its
 startsAt, an alert whose condition stopped `resolved`); then one pass of the production diagnosis
 worker (`recovery.worker.run_once`: settle, attribution, recheck, outbox) and of the action
@@ -17,12 +17,7 @@ What the bench scores is read back from the receiver's HTTP API (incidents, diag
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 import warnings
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from bench.online_alerts import OnlineAlerts
+from bench.receiver import Incident, Receiver
 from bench.sim_sources import SimSources
 from detector import exposition
 from detector import fields as F
@@ -39,71 +35,11 @@ from exporters.logmetrics.parser import LogState
 from exporters.sim import FIELD_NAMES, Scenario, Simulation
 from exporters.sim.dcgm import OFF_BUS_FIELDS
 from exporters.sim.logs import LogSink
-from recovery import actions, worker
 from recovery.clock import ManualClock
-from recovery.policy import DEFAULT_FILE
 from recovery.scheduler.simulated import SimulatedScheduler
-from recovery.settings import Settings
 
 SACCT_WINDOW_S = 3600.0  # the Slurm exporter shows ended jobs this long
 _NOT_OFF_BUS = np.array([i not in OFF_BUS_FIELDS for i in range(len(FIELD_NAMES))])
-_ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt of a firing alert
-
-
-@dataclass(frozen=True)
-class BenchSettings(Settings):
-    """The receiver's settings (production defaults) plus the scheduler adapter that
-    `recovery.actions.config` takes from its settings."""
-
-    scheduler_adapter: Any = None
-
-
-@dataclass
-class ActionView:
-    kind: str
-    default_kind: str | None
-    disposition: str | None
-    reasons: tuple[str, ...]
-
-
-@dataclass
-class Incident:
-    """An incident as the receiver's API shows it (its latest diagnosis and action)."""
-
-    id: int
-    job_id: str | None
-    node: str | None
-    opened_at: float
-    resolved_at: float | None = None
-    alert_names: list[str] = field(default_factory=list)
-    diagnosis: dict[str, Any] | None = None  # the one its action was planned on, else latest
-    latest: dict[str, Any] | None = None  # the latest (a later alert re-diagnoses an incident)
-    action: ActionView | None = None
-    result: str = ""  # executed | failed: ... | not executed (disposition) | "" (none yet)
-    diagnose_s: float = 0.0
-    updated_at: float | None = None
-
-    def summary(self) -> dict[str, Any]:
-        d = self.diagnosis or {}
-        a = self.action
-        return {
-            "id": self.id,
-            "job_id": self.job_id,
-            "node": self.node,
-            "opened_at": self.opened_at,
-            "resolved_at": self.resolved_at,
-            "alerts": sorted(self.alert_names),
-            "outcome": d.get("outcome"),
-            "affected_nodes": d.get("affected_nodes", []),
-            "latest_affected_nodes": (self.latest or {}).get("affected_nodes", []),
-            "confidence": d.get("confidence"),
-            "root_cause": (d.get("root_cause") or "")[:200],
-            "action": a.kind if a else None,
-            "default_action": a.default_kind if a else None,
-            "disposition": a.disposition if a else None,
-            "reasons": list(a.reasons) if a else [],
-            "result": self.result,
-        }
 
 
 def _exporter_state(state: str, reason: str) -> str:
@@ -115,32 +51,6 @@ def _exporter_state(state: str, reason: str) -> str:
     if state == "DRAINED":
         return "idle+drain"
     return state.lower()
-
-
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
-
-
-def _labels(raw: dict[str, Any]) -> dict[str, str]:
-    """An alert's labels as Prometheus sends them: strings, empty ones dropped."""
-    out = {}
-    for k, v in raw.items():
-        if v is None or (isinstance(v, float) and np.isnan(v)) or str(v) == "":
-            continue
-        out[str(k)] = str(v)
-    return out
-
-
-def _result(row: dict[str, Any]) -> str:
-    state = row["state"]
-    if state == "executed":
-        return "executed"
-    if state == "failed":
-        return f"failed: {row.get('last_error') or ''}"[:300]
-    if state in ("planning", "waiting_scheduler", "ready", "approved", "executing"):
-        return ""
-    disposition = (row["body"].get("action") or {}).get("disposition")
-    return f"not executed ({disposition or state})"
 
 
 def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
@@ -173,7 +83,6 @@ class Harness:
         from fastapi.testclient import TestClient
 
         from exporters.sim.api import build_app
-        from recovery.app import create_app
 
         self.interval_s = float(interval_s or scenario.interval_s)
         self.logdir = workdir / "logs"
@@ -189,34 +98,21 @@ class Harness:
             self.client = TestClient(build_app(self.sim))
         self.sched = SimulatedScheduler("http://sim", session=self.client)
         self.sched.verify_timeout_s = 1.0
-        self.clock = ManualClock(self.now)
-        self.settings = BenchSettings(
-            db_url=f"sqlite:///{workdir / 'receiver.db'}",
-            require_auth=False,
-            log_dir=str(self.logdir),
-            clock=self.clock,
-            sources=SimSources(self.sim.cluster, self.alerts.hist, self.sink),
-            scheduler_adapter=self.sched,
-            extra={
-                "GOODPUT_MODE": "act",
-                "GOODPUT_POLICY_FILE": str(DEFAULT_FILE),
-                "GOODPUT_ACTIONS_THREAD": "0",  # the bench runs the executor's passes
-            },
+        self.rx = Receiver(
+            workdir,
+            ManualClock(self.now),
+            SimSources(self.sim.cluster, self.alerts.hist, self.sink),
+            self.logdir,
+            self.sched,
         )
         # the evidence window reaches lookback_s before an incident's first alert
-        self.alerts.keep_s = max(self.alerts.keep_s, self.settings.lookback_s + 2 * self.interval_s)
-        self.app = create_app(self.settings, start_worker=False)
-        self.store = self.app.state.engine
-        self.receiver = TestClient(self.app)
+        lookback = self.rx.settings.lookback_s
+        self.alerts.keep_s = max(self.alerts.keep_s, lookback + 2 * self.interval_s)
         self._job_off: dict[str, int] = {}
         self._kern_off: dict[str, int] = {}
-        self._active: dict[str, tuple[dict[str, str], float]] = {}  # fingerprint -> (labels, start)
-        self._views: dict[int, Incident] = {}
-        self.incidents: list[Incident] = []
         self.iters: dict[str, list[tuple[float, float]]] = {}  # job -> (t, iteration)
         self.running: dict[str, list[tuple[float, int]]] = {}  # job -> (t, gpus) while running
         self.recovered: dict[str, float] = {}  # fault_id -> first time running again, progressing
-        self.posted = 0  # alerts posted to the receiver (firing and resolved)
 
     @property
     def now(self) -> float:
@@ -225,8 +121,11 @@ class Harness:
     def close(self) -> None:
         self.sink.close()
         self.client.close()
-        self.receiver.close()
-        self.store.dispose()
+        self.rx.close()
+
+    @property
+    def incidents(self) -> list[Incident]:
+        return self.rx.incidents
 
     # ---------------------------------------------------------------- one step
     def step(self) -> None:
@@ -253,101 +152,11 @@ class Harness:
         frames.update(score_frames(res, now))
         self.alerts.add(now, frames)
         self._track(now)
-        self.clock.t = now
-        posted = self._deliver(now, self.alerts.firing(now))
-        t0 = time.perf_counter()
-        diagnosed = worker.run_once(self.store, self.settings)  # the worker thread's one pass
-        took = time.perf_counter() - t0
-        executed = actions.reconcile(self.store, self.settings)  # the executor's one pass
-        if posted or diagnosed or executed:
-            self._refresh({i: took / len(diagnosed) for i in diagnosed})
+        self.rx.step(now, self.alerts.firing(now))
 
     def run_until(self, t: float) -> None:
         while self.now + 1e-6 < t:
             self.step()
-
-    # ---------------------------------------------------------------- the receiver
-    def _deliver(self, now: float, firing: list[dict[str, Any]]) -> int:
-        """Post what changed in the firing set, as Alertmanager's webhook would (every
-        group_interval, 5 s = one step): new alerts firing, ended ones resolved."""
-        current = {}
-        for raw in firing:
-            labels = _labels(raw)
-            key = json.dumps(sorted(labels.items()))
-            current[hashlib.sha256(key.encode()).hexdigest()[:16]] = labels
-        out = []
-        for fp, labels in current.items():
-            if fp not in self._active:
-                self._active[fp] = (labels, now)
-                out.append(self._alert(fp, labels, now, "firing"))
-        for fp in [fp for fp in self._active if fp not in current]:
-            labels, start = self._active.pop(fp)
-            out.append(self._alert(fp, labels, start, "resolved", now))
-        for i in range(0, len(out), 1000):  # the receiver's MAX_ALERTS per payload
-            batch = out[i : i + 1000]
-            status = "firing" if any(a["status"] == "firing" for a in batch) else "resolved"
-            doc = {"version": "4", "status": status, "receiver": "goodput", "alerts": batch}
-            resp = self.receiver.post("/api/v1/alerts", json=doc)
-            if resp.status_code != 200:
-                raise RuntimeError(f"receiver refused the alerts: {resp.status_code} {resp.text}")
-        self.posted += len(out)
-        return len(out)
-
-    @staticmethod
-    def _alert(
-        fp: str, labels: dict[str, str], start: float, status: str, end: float | None = None
-    ) -> dict[str, Any]:
-        return {
-            "status": status,
-            "labels": labels,
-            "annotations": {},
-            "startsAt": _rfc3339(start),
-            "endsAt": _rfc3339(end) if end is not None else _ZERO_TIME,
-            "fingerprint": fp,
-        }
-
-    def _get(self, path: str, **params: Any) -> Any:
-        resp = self.receiver.get(path, params=params)
-        resp.raise_for_status()
-        return resp.json()
-
-    def _refresh(self, diagnose_s: dict[int, float]) -> None:
-        """Read the incidents, their latest diagnoses and actions back from the receiver."""
-        items: list[dict[str, Any]] = []
-        while True:
-            page = self._get("/api/v1/incidents", limit=500, offset=len(items))
-            items += page["items"]
-            if len(items) >= page["total"] or not page["items"]:
-                break
-        latest: dict[str, dict[str, Any]] = {}
-        for a in sorted(
-            self._get("/api/v1/actions", limit=1000)["actions"],
-            key=lambda a: (a["created_at"], a["id"]),
-        ):
-            if a["incident_id"]:
-                latest[a["incident_id"]] = a
-        for it in items:
-            v = self._views.get(it["id"])
-            if v is None:
-                v = self._views[it["id"]] = Incident(it["id"], it["job_id"], it["node"], 0.0)
-            v.opened_at, v.resolved_at = it["opened_at"], it["resolved_at"]
-            v.alert_names = sorted(it["alert_summary"]["by_name"])
-            if it["updated_at"] != v.updated_at and it["outcome"] is not None:
-                v.latest = self._get(f"/api/v1/incidents/{it['id']}")["diagnosis"]
-            v.updated_at = it["updated_at"]
-            v.diagnose_s = max(v.diagnose_s, diagnose_s.get(it["id"], 0.0))
-            row = latest.get(str(it["id"]))
-            act = (row or {}).get("body", {}).get("action") if row else None
-            if act:
-                v.action = ActionView(
-                    act["kind"],
-                    act.get("default_kind"),
-                    act.get("disposition"),
-                    tuple(act.get("reasons") or ()),
-                )
-            v.result = _result(row) if row else ""
-            v.diagnosis = (row or {}).get("body", {}).get("diagnosis") or v.latest
-        self.incidents = [self._views[i] for i in sorted(self._views)]
 
     # ---------------------------------------------------------------- metric sources
     def _node_job(self) -> dict[str, str]:
