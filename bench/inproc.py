@@ -5,8 +5,8 @@ exporter's own parser) and its scheduler state (as the Slurm exporter labels it)
 metric sources; the detector's `Engine` scores the instant exactly as the service does; the
 alert conditions of alertmanager/alerts.yaml are evaluated (bench.online_alerts). From there on
 it is the receiver itself (`bench.receiver`: `recovery.app.create_app`, in process through a
-TestClient, on a simulated `recovery.clock.ManualClock`): the changes of the firing set are posted to its
-webhook as Alertmanager would post them (version 4 JSON; a new alert `firing` with its
+TestClient, on a simulated `recovery.clock.ManualClock`): the changes of the firing set are
+posted to its webhook as Alertmanager would post them (version 4 JSON; a new alert `firing` with its
 startsAt, an alert whose condition stopped `resolved`); then one pass of the production diagnosis
 worker (`recovery.worker.run_once`: settle, attribution, recheck, outbox) and of the action
 executor (`recovery.actions.reconcile`) runs at the simulated time. Evidence comes from the

@@ -35,6 +35,7 @@ class BenchSettings(Settings):
     `recovery.actions.config` takes from its settings."""
 
     scheduler_adapter: Any = None
+    alertmanager_url: str = ""  # off, whatever the environment says: no notices from the bench
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Receiver:
             db_url=f"sqlite:///{workdir / 'receiver.db'}",
             require_auth=False,
             log_dir=str(log_dir),
+            prometheus_url="",  # off for the receiver's accounting too (evidence: `sources`)
             clock=clock,
             sources=sources,
             scheduler_adapter=scheduler,

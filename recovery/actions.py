@@ -87,9 +87,11 @@ class Config:
 
 
 def _setting(settings: Any, attr: str, env: str, default: str | None = None) -> str | None:
+    """`settings.<attr>`, else `settings.extra[env]`, the environment, `default`; an attribute
+    set to "" turns the setting off (the environment is not read: the benchmark's receiver)."""
     value = getattr(settings, attr, None)
-    if value:
-        return str(value)
+    if value is not None:
+        return str(value) or None
     extra = getattr(settings, "extra", None) or {}
     return extra.get(env) or os.environ.get(env) or default
 
