@@ -1,7 +1,8 @@
 """`goodput bench faults`: every fault scenario through the production code, in simulated time.
 
 Each run drives `bench.inproc.Harness` (simulator → log parser / Slurm view → detector engine →
-alert conditions → incidents → attribution → decide (default policy, act mode) → simulated
+alert conditions → the receiver app itself: webhook, incidents, diagnosis worker, attribution,
+decide (default policy, act mode), outbox and executor on a simulated clock → simulated
 scheduler) and is scored against the simulator's ground truth (`cluster.faults`). Fault
 scenarios run with several seeds; the seed index also picks the faulty job's size (1, 2 or 3
 nodes; the cluster gets one spare node so that a requeue without the culprit can run).
@@ -76,16 +77,22 @@ NOTES = [
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "
     "happens. It is a limit of the sample, not an observed false alarm.",
-    "- **Repeat incidents** are node-level alerts still firing on a drained node after its job "
-    "moved away (the XID gauge keeps its last value until the GPU is reset): decided `none` (no "
-    "job); for fs_stall, the incidents of the other stalled jobs and idle nodes "
-    "(hold_for_person). None is destructive.",
+    "- **Repeat incidents** are node-level alerts (no job_id label) that reach the receiver when "
+    "the faulty job has already left the node (it failed, or was requeued elsewhere): the "
+    "receiver asks the scheduler which jobs run there when the alert arrives, finds none, and "
+    "opens a node incident (the XID gauge keeps its last value until the GPU is reset): decided "
+    "`none` (no job, the node already drained); for fs_stall, the incidents of the other stalled "
+    "jobs and idle nodes (hold_for_person). None is destructive.",
     "- **Timing model**: one sample every 5 s, so an alert's `for` counts samples (a 2 s `for` "
-    "needs two: 10 s for XIDs); the diagnosis runs 4 s after the first alert (Alertmanager "
-    "group_wait 1 s + receiver settle 3 s) on the evidence up to then; an `unknown` verdict is "
-    "diagnosed again every 10 s, up to 3 times, as the receiver does; the first conclusive "
-    "verdict's action is final for the incident. Conditions on scrape health (raw PromQL) are "
-    "not evaluated.",
+    "needs two: 10 s for XIDs). From the alert on it is the receiver's own code "
+    "(recovery.app.create_app in process, on a simulated clock): each step the changes of the "
+    "firing set are posted to its webhook as Alertmanager would (group_interval 5 s; an alert "
+    "resolves when its condition stops), then one pass of the diagnosis worker and one of the "
+    "action executor run. An incident is diagnosed settle_s (3 s) after its latest new alert, on "
+    "the evidence up to then (at most lookahead_s, 120 s, after its first alert); an `unknown` "
+    "verdict again every 10 s, up to 3 times; a later alert re-diagnoses it, and a plan that did "
+    "nothing may be replaced when the verdict changes. Conditions on scrape health (raw PromQL) "
+    "are not evaluated.",
 ]
 
 
@@ -329,7 +336,7 @@ def score(h: Any, spec: RunSpec, sc: Any) -> dict[str, Any]:
             eff = effective_action(inc.action)
             rec.update(
                 latency_s=round(inc.opened_at - f["onset"], 1),
-                first_alerts=sorted({a["alertname"] for a in inc.alerts.values()}),
+                first_alerts=sorted(inc.alert_names),
                 outcome=d.get("outcome"),
                 confidence=d.get("confidence"),
                 nodes=list(d.get("affected_nodes") or []),
@@ -604,8 +611,10 @@ def markdown(doc: dict[str, Any]) -> str:
         f"job of 1/2/3 nodes by seed; healthy: {', '.join(m['healthy_scenarios']) or 'none'}), "
         f"{m['simulated_hours']} simulated hours at a {m['interval_s']:g} s sampling interval, "
         f"in {m['wall_s']:g} s wall on {m['cpus']} CPU(s){' (--quick)' if m['quick'] else ''}. "
-        "Same detector engine, alert conditions (alertmanager/alerts.yaml), attribution and "
-        "policy (default, act mode) as production; actions through the simulated scheduler.",
+        "Same detector engine, alert conditions (alertmanager/alerts.yaml) and receiver "
+        "(webhook, incidents, worker, attribution, policy in act mode, outbox and executor: "
+        "recovery.app on a simulated clock) as production; actions through the simulated "
+        "scheduler.",
         "",
         *_table(s, "fault kind"),
     ]

@@ -3,18 +3,21 @@
 Every `interval_s` the simulator advances; its dcgm samples, its logs (read by the log-metrics
 exporter's own parser) and its scheduler state (as the Slurm exporter labels it) become the
 metric sources; the detector's `Engine` scores the instant exactly as the service does; the
-alert conditions of alertmanager/alerts.yaml are evaluated (bench.online_alerts); firing alerts
-fold into incidents per job as the receiver folds them; a new incident is attributed over the
-evidence available at that moment (metrics so far, the log files so far, the scheduler's state)
-by `recovery.attribution`, decided by `recovery.decide` under the default policy in act mode,
-and executed through `recovery.scheduler.simulated` against the simulator's own control API
-(an in-process HTTP client: no sockets).
+alert conditions of alertmanager/alerts.yaml are evaluated (bench.online_alerts). From there on
+it is the receiver itself (`bench.receiver`: `recovery.app.create_app`, in process through a
+TestClient, on a simulated `recovery.clock.ManualClock`): the changes of the firing set are
+posted to its webhook as Alertmanager would post them (version 4 JSON; a new alert `firing` with its
+startsAt, an alert whose condition stopped `resolved`); then one pass of the production diagnosis
+worker (`recovery.worker.run_once`: settle, attribution, recheck, outbox) and of the action
+executor (`recovery.actions.reconcile`) runs at the simulated time. Evidence comes from the
+simulation through `Settings.sources` (`bench.sim_sources`); actions go through
+`recovery.scheduler.simulated` to the simulator's own control API (in-process: no sockets).
+What the bench scores is read back from the receiver's HTTP API (incidents, diagnoses, actions).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from bench.online_alerts import OnlineAlerts
+from bench.receiver import Incident, Receiver
+from bench.sim_sources import SimSources
 from detector import exposition
 from detector import fields as F
 from detector.frame import Frame
@@ -30,76 +35,11 @@ from exporters.logmetrics.parser import LogState
 from exporters.sim import FIELD_NAMES, Scenario, Simulation
 from exporters.sim.dcgm import OFF_BUS_FIELDS
 from exporters.sim.logs import LogSink
-from recovery import attribution
-from recovery.decide import Action, Diagnosis, History, JobView, NodeView, decide
-from recovery.evidence import Bundle, Context, Report, Series, SlurmFacts
-from recovery.evidence import logs as log_evidence
-from recovery.evidence import prometheus as prom_evidence
-from recovery.policy import RESTARTS, Policy, load_policy
-from recovery.scheduler import SchedulerError
+from recovery.clock import ManualClock
 from recovery.scheduler.simulated import SimulatedScheduler
-from recovery.settings import Settings
 
-LOOKBACK_S = 900.0  # the receiver's default evidence window before the first alert
-RESOLVE_S = 60.0  # an incident resolves when none of its alerts fired for this long
-# Alertmanager's group_wait (1 s, alertmanager.yml) + the receiver's settle_s (3 s): a new
-# incident is diagnosed this long after its first alert, with the alerts that joined meanwhile
-SETTLE_S = 4.0
-# the receiver's defaults: an `unknown` verdict on an open incident is diagnosed again this
-# much later, at most this often, before any action (recovery.incidents.store_diagnosis)
-_RECEIVER = Settings(db_url="sqlite://")
-RECHECK_S, RECHECK_MAX = _RECEIVER.recheck_s, _RECEIVER.recheck_max
 SACCT_WINDOW_S = 3600.0  # the Slurm exporter shows ended jobs this long
-_XID = FIELD_NAMES.index("DCGM_FI_DEV_XID_ERRORS")
 _NOT_OFF_BUS = np.array([i not in OFF_BUS_FIELDS for i in range(len(FIELD_NAMES))])
-
-
-def act_policy() -> Policy:
-    """The default policy file, in act mode."""
-    return load_policy(env={"GOODPUT_MODE": "act"})
-
-
-@dataclass
-class Incident:
-    id: int
-    job_id: str | None
-    node: str | None
-    opened_at: float
-    alerts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    last_firing: float = 0.0
-    resolved_at: float | None = None
-    diagnosis: dict[str, Any] | None = None
-    action: Action | None = None
-    result: str = ""  # executed | failed: ... | not executed (disposition)
-    diagnose_s: float = 0.0
-    rechecks: int = 0
-    recheck_at: float | None = None
-
-    def summary(self) -> dict[str, Any]:
-        d = self.diagnosis or {}
-        a = self.action
-        return {
-            "id": self.id,
-            "job_id": self.job_id,
-            "node": self.node,
-            "opened_at": self.opened_at,
-            "resolved_at": self.resolved_at,
-            "alerts": sorted({al["alertname"] for al in self.alerts.values()}),
-            "outcome": d.get("outcome"),
-            "affected_nodes": d.get("affected_nodes", []),
-            "confidence": d.get("confidence"),
-            "root_cause": (d.get("root_cause") or "")[:200],
-            "action": a.kind if a else None,
-            "default_action": a.default_kind if a else None,
-            "disposition": a.disposition if a else None,
-            "reasons": list(a.reasons) if a else [],
-            "result": self.result,
-        }
-
-
-def _sinfo_state(state: str) -> str:
-    """The simulator's node state as sinfo's %T spells it."""
-    return {"DRAIN": "draining", "DRAINED": "drained"}.get(state, state.lower())
 
 
 def _exporter_state(state: str, reason: str) -> str:
@@ -138,12 +78,7 @@ class Harness:
     """One scenario run. `step()` advances one interval; `run_until(t)` loops."""
 
     def __init__(
-        self,
-        scenario: Scenario,
-        seed: int,
-        workdir: Path,
-        policy: Policy | None = None,
-        interval_s: float | None = None,
+        self, scenario: Scenario, seed: int, workdir: Path, interval_s: float | None = None
     ) -> None:
         from fastapi.testclient import TestClient
 
@@ -158,23 +93,26 @@ class Harness:
         self.engine = Engine(Config(interval_s=self.interval_s))
         self.logs = LogState()
         self.alerts = OnlineAlerts(interval_s=self.interval_s)
-        self.alerts.keep_s = max(self.alerts.keep_s, LOOKBACK_S + 2 * self.interval_s)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.client = TestClient(build_app(self.sim))
         self.sched = SimulatedScheduler("http://sim", session=self.client)
         self.sched.verify_timeout_s = 1.0
-        self.policy = policy or act_policy()
+        self.rx = Receiver(
+            workdir,
+            ManualClock(self.now),
+            SimSources(self.sim.cluster, self.alerts.hist, self.sink),
+            self.logdir,
+            self.sched,
+        )
+        # the evidence window reaches lookback_s before an incident's first alert
+        lookback = self.rx.settings.lookback_s
+        self.alerts.keep_s = max(self.alerts.keep_s, lookback + 2 * self.interval_s)
         self._job_off: dict[str, int] = {}
         self._kern_off: dict[str, int] = {}
-        self.incidents: list[Incident] = []
-        self.restarts_done: dict[str, int] = {}
-        self.same_cause: dict[tuple[str, str], int] = {}
-        self.drain_times: list[float] = []
         self.iters: dict[str, list[tuple[float, float]]] = {}  # job -> (t, iteration)
         self.running: dict[str, list[tuple[float, int]]] = {}  # job -> (t, gpus) while running
         self.recovered: dict[str, float] = {}  # fault_id -> first time running again, progressing
-        self.diagnose_s: list[float] = []
 
     @property
     def now(self) -> float:
@@ -183,6 +121,11 @@ class Harness:
     def close(self) -> None:
         self.sink.close()
         self.client.close()
+        self.rx.close()
+
+    @property
+    def incidents(self) -> list[Incident]:
+        return self.rx.incidents
 
     # ---------------------------------------------------------------- one step
     def step(self) -> None:
@@ -209,7 +152,7 @@ class Harness:
         frames.update(score_frames(res, now))
         self.alerts.add(now, frames)
         self._track(now)
-        self._fold(now, self.alerts.firing(now))
+        self.rx.step(now, self.alerts.firing(now))
 
     def run_until(self, t: float) -> None:
         while self.now + 1e-6 < t:
@@ -348,221 +291,3 @@ class Harness:
                 and fj.last_progress_t > fj.start_t
             ):
                 self.recovered[fid] = now
-
-    # ---------------------------------------------------------------- incidents
-    def _fold(self, now: float, firing: list[dict[str, Any]]) -> None:
-        c = self.sim.cluster
-        for labels in firing:
-            key = "|".join(f"{k}={v}" for k, v in sorted(labels.items()))
-            job, node = labels.get("job_id"), labels.get("node")
-            targets: list[Incident] = []
-            if job:
-                targets = [self._open(job, None, now)]
-            elif node:
-                jobs = set(c.nodes[node].jobs) if node in c.nodes else set()
-                jobs |= {
-                    i.job_id
-                    for i in self.incidents
-                    if i.resolved_at is None
-                    and i.job_id
-                    and any(a.get("node") == node for a in i.alerts.values())
-                }
-                targets = [self._open(j, None, now) for j in sorted(jobs)] or [
-                    self._open(None, node, now)
-                ]
-            else:
-                targets = [self._open(None, "", now)]
-            for inc in targets:
-                inc.alerts.setdefault(key, labels)
-                inc.last_firing = now
-        for inc in self.incidents:
-            first = inc.diagnosis is None and now >= inc.opened_at + SETTLE_S
-            if first or (inc.recheck_at is not None and now >= inc.recheck_at):
-                self._handle(inc, now)
-            if inc.resolved_at is None and now - inc.last_firing >= RESOLVE_S:
-                inc.resolved_at = now
-
-    def _open(self, job: str | None, node: str | None, now: float) -> Incident:
-        for inc in reversed(self.incidents):
-            if inc.resolved_at is None and inc.job_id == job and (job or inc.node == node):
-                return inc
-        inc = Incident(len(self.incidents) + 1, job, node, now, last_firing=now)
-        self.incidents.append(inc)
-        return inc
-
-    def _handle(self, inc: Incident, now: float) -> None:
-        import time
-
-        t0 = time.perf_counter()
-        ctx = self._context(inc, now)
-        bundle = self._evidence(ctx, now)
-        doc = attribution.attribute(bundle, ctx, incident_id=inc.id)
-        inc.diagnosis, inc.recheck_at = doc, None
-        if doc["outcome"] == "unknown" and inc.resolved_at is not None:
-            inc.result = "not executed (inconclusive, resolved)"
-            return
-        if doc["outcome"] == "unknown" and inc.rechecks < RECHECK_MAX:
-            inc.rechecks += 1
-            inc.recheck_at = now + RECHECK_S
-            return
-        diag = Diagnosis.from_dict(
-            {**doc, "incident_id": str(inc.id), "job_id": doc.get("job_id") or inc.job_id}
-        )
-        job = self.sched.job_state(diag.job_id) if diag.job_id else None
-        nodes = self.sched.node_states()
-        jv = (
-            JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
-            if (job)
-            else None
-        )
-        hist = History(
-            now=now,
-            job=jv,
-            restarts_done=self.restarts_done.get(diag.job_id or "", 0),
-            same_cause_restarts=self.same_cause.get((diag.job_id or "", diag.cause_key), 0),
-            drain_times=tuple(self.drain_times),
-            nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
-        )
-        action = decide(diag, hist, self.policy)
-        inc.action = action
-        inc.diagnose_s = time.perf_counter() - t0
-        if action.disposition != "execute":
-            inc.result = f"not executed ({action.disposition})"
-            return
-        inc.result = self._execute(action, diag, job.restarts if job else None, now)
-
-    def _execute(self, a: Action, diag: Diagnosis, restarts: int | None, now: float) -> str:
-        """What recovery.actions.execute does, step by step, through the scheduler port."""
-        try:
-            for node in a.nodes:
-                self.sched.drain(node, f"goodput: {diag.outcome} incident {a.incident_id}")
-                self.drain_times.append(now)
-            if a.kind in RESTARTS and a.job_id:
-                self.sched.requeue(
-                    a.job_id, a.exclude, expected_restarts=restarts, delay_s=a.delay_s
-                )
-                self.restarts_done[a.job_id] = self.restarts_done.get(a.job_id, 0) + 1
-                key = (a.job_id, diag.cause_key)
-                self.same_cause[key] = self.same_cause.get(key, 0) + 1
-            elif a.kind == "stop" and a.job_id:
-                self.sched.stop(a.job_id, expected_restarts=restarts)
-        except (SchedulerError, ValueError) as exc:
-            return f"failed: {exc}"[:300]
-        return "executed"
-
-    # ---------------------------------------------------------------- evidence
-    def _context(self, inc: Incident, now: float) -> Context:
-        alerts = list(inc.alerts.values())
-        nodes = {str(a["node"]) for a in alerts if a.get("node")}
-        if inc.node:
-            nodes.add(inc.node)
-        gpus = sorted({(a["node"], a["gpu"]) for a in alerts if a.get("node") and a.get("gpu")})
-        return Context(
-            job_id=inc.job_id,
-            nodes=sorted(nodes),
-            gpus=gpus,
-            start=inc.opened_at - LOOKBACK_S,
-            end=now,
-            alerts=[{"labels": a, **a} for a in alerts],
-        )
-
-    def _evidence(self, ctx: Context, now: float) -> Bundle:
-        c = self.sim.cluster
-        self.sink.flush()  # the log files as they are now
-        bundle = Bundle()
-        facts = SlurmFacts(query="simulator scheduler API")
-        job = c.jobs.get(ctx.job_id or "")
-        if job is not None:
-            facts.job = {
-                "job_id": job.job_id,
-                "name": job.name,
-                "state": job.state,
-                "exit_code": job.exit_code,
-                "restarts": job.restarts,
-                "nodes": list(job.nodes),
-                "comment": job.comment,
-                "argv": "GET /api/v1/scheduler/jobs/" + job.job_id,
-            }
-            for n in job.nodes:
-                if n not in ctx.nodes:
-                    ctx.nodes.append(n)
-            ctx.job_name = job.name
-        facts.nodes = {
-            n: {"state": _sinfo_state(c.node_state(c.nodes[n])), "reason": c.nodes[n].reason}
-            for n in ctx.nodes
-            if n in c.nodes
-        }
-        bundle.extend(Bundle(slurm=facts, reports=[Report("slurm", "ok")]))
-        bundle.extend(log_evidence.collect_dir(ctx, self.logdir))
-        bundle.extend(self._prometheus(ctx))
-        return bundle
-
-    def _window(self, src: str, ctx: Context) -> pd.DataFrame:
-        parts = [df for t, df in self.alerts.hist.get(src, ()) if ctx.start <= t <= ctx.end]
-        parts = [p for p in parts if len(p)]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-    def _prometheus(self, ctx: Context) -> Bundle:
-        """The series recovery.evidence.prometheus.queries(ctx) would return."""
-        out: list[Series] = []
-        dcgm = self._window("dcgm", ctx)
-
-        def add(df: pd.DataFrame, metric: str, keys: list[str], name: str | None = None) -> None:
-            if df.empty or metric not in df:
-                return
-            sub = df[["timestamp", *keys, metric]].dropna(subset=[metric])
-            for key, g in sub.groupby(keys, sort=True) if keys else [((), sub)]:
-                key = key if isinstance(key, tuple) else (key,)
-                lab = dict(zip(keys, key, strict=True))
-                out.append(
-                    Series(
-                        name=name or metric,
-                        points=list(
-                            zip(g["timestamp"].astype(float), g[metric].astype(float), strict=True)
-                        ),
-                        node=lab.get("node"),
-                        gpu=lab.get("gpu"),
-                        job_id=lab.get("job_id") or ctx.job_id,
-                        query=f"in-process:{name or metric}",
-                    )
-                )
-
-        if ctx.job_id and not dcgm.empty:
-            mine = dcgm[dcgm["job_id"] == ctx.job_id]
-            for m in prom_evidence.DCGM_FIELDS:
-                add(mine, m, ["node", "gpu"])
-            jobm = self._window("jobm", ctx)
-            if not jobm.empty:
-                jobm = jobm[jobm["job_id"] == ctx.job_id]
-                for m in prom_evidence.JOB_METRICS:
-                    add(jobm, m, [])
-            ns = self._window("node_score", ctx)
-            if not ns.empty:
-                add(ns[ns["job_id"] == ctx.job_id], "goodput_node_suspect_score", ["node"])
-            gs = self._window("gpu_score", ctx)
-            if not gs.empty:
-                add(
-                    gs[gs["job_id"] == ctx.job_id],
-                    "goodput_gpu_anomaly_score",
-                    ["node", "gpu"],
-                )
-        elif ctx.nodes and not dcgm.empty:
-            for m in prom_evidence.DCGM_FIELDS:
-                add(dcgm[dcgm["node"].isin(ctx.nodes)], m, ["node", "gpu"])
-        if ctx.nodes:
-            xid = self._window("xid", ctx)
-            if not xid.empty:
-                add(
-                    xid[xid["node"].isin(ctx.nodes)],
-                    "goodput_node_xid_errors_total",
-                    ["node", "xid"],
-                )
-            if not dcgm.empty:
-                add(
-                    dcgm[dcgm["node"].isin(ctx.nodes)],
-                    prom_evidence.PRESENCE,
-                    ["node", "gpu"],
-                    name="node_presence",
-                )
-        status = "ok" if out else "empty"
-        return Bundle(series=out, reports=[Report("prometheus", status, "in-process history")])

@@ -7,7 +7,6 @@ checkpoint before the onset, from the log metrics when Prometheus has them).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, 
 
 from catalogue import promql
 from clients.prometheus import PromClient, PromError
+from recovery import clock
 from recovery.scheduler.base import JOB_RE
 
 metadata = MetaData()
@@ -69,7 +69,7 @@ def open_incident(
                 incident_id=iid,
                 job_id=diag.job_id,
                 onset=diag.onset,
-                detected_at=float(opened) if isinstance(opened, int | float) else time.time(),
+                detected_at=float(opened) if isinstance(opened, int | float) else clock.now(engine),
                 checkpoint_at=_checkpoint(prom_url, diag.job_id),
                 gpus=0,
             )

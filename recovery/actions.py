@@ -65,8 +65,8 @@ _public = outbox.public
 _diag_dict = outbox.diag_dict
 
 
-def _now() -> float:
-    return outbox.now()
+def _now(db: Engine | Connection) -> float:
+    return outbox.now(db)
 
 
 class ActionError(ValueError):
@@ -87,9 +87,11 @@ class Config:
 
 
 def _setting(settings: Any, attr: str, env: str, default: str | None = None) -> str | None:
+    """`settings.<attr>`, else `settings.extra[env]`, the environment, `default`; an attribute
+    set to "" turns the setting off (the environment is not read: the benchmark's receiver)."""
     value = getattr(settings, attr, None)
-    if value:
-        return str(value)
+    if value is not None:
+        return str(value) or None
     extra = getattr(settings, "extra", None) or {}
     return extra.get(env) or os.environ.get(env) or default
 
@@ -157,12 +159,12 @@ def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None
         done = conn.execute(
             update(switches)
             .where(switches.c.name == "pause")
-            .values(value=value, updated_at=_now(), updated_by=who[:128])
+            .values(value=value, updated_at=_now(conn), updated_by=who[:128])
         ).rowcount
         if not done:
             conn.execute(
                 switches.insert().values(
-                    name="pause", value=value, updated_at=_now(), updated_by=who[:128]
+                    name="pause", value=value, updated_at=_now(conn), updated_by=who[:128]
                 )
             )
         audit.append(conn, "paused" if paused else "resumed", {"reason": reason[:500]}, actor=who)
@@ -295,7 +297,7 @@ def _claim(
             .values(
                 state="executing",
                 owner=OWNER,
-                updated_at=_now(),
+                updated_at=_now(conn),
                 attempts=actions_table.c.attempts + 1,
             )
         ).rowcount
@@ -318,7 +320,7 @@ def _finish(
         conn.execute(
             update(actions_table)
             .where(actions_table.c.id == row.id)
-            .values(state=state, updated_at=_now(), **values)
+            .values(state=state, updated_at=_now(conn), **values)
         )
         audit.append(conn, type_, payload, **_refs(row))
 
@@ -336,7 +338,7 @@ def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps:
             "retry_scheduled",
             {"error": str(exc), "steps": steps, "retry_in_s": delay},
             last_error=str(exc),
-            next_attempt_at=_now() + delay,
+            next_attempt_at=_now(engine) + delay,
         )
         return
     _finish(
@@ -583,7 +585,7 @@ def _decide_pending(
         conn.execute(
             update(actions_table)
             .where(actions_table.c.id == action_id)
-            .values(state=verdict, decided_by=who, updated_at=_now())
+            .values(state=verdict, decided_by=who, updated_at=_now(conn))
         )
         audit.append(conn, verdict, {"comment": comment[:1000]}, **_refs(row), actor=who)
 
@@ -592,7 +594,7 @@ def _decide_pending(
 
 def expire(engine: Engine) -> int:
     """Expire pending approvals past their deadline (audited)."""
-    now = _now()
+    now = _now(engine)
     with engine.connect() as conn:
         rows = conn.execute(
             select(actions_table).where(
@@ -642,7 +644,7 @@ def resume_node(
         "comment": comment[:1000],
     }
     action_id = f"resume-{node}-{uuid.uuid4().hex[:10]}"
-    now = _now()
+    now = _now(engine)
     row = {
         "id": action_id,
         "incident_id": None,
@@ -692,7 +694,7 @@ def _notify(
             "description": text[:2000],
             "runbook_url": f"alertmanager/runbooks.md#{alertname.lower()}",
         },
-        "startsAt": datetime.now(UTC).isoformat(),
+        "startsAt": datetime.fromtimestamp(_now(engine), UTC).isoformat(),
     }
     if until:
         alert["endsAt"] = datetime.fromtimestamp(until, UTC).isoformat()
@@ -718,7 +720,7 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     approved rows whose retry time has come."""
     ensure(engine)
     expire(engine)
-    now = _now()
+    now = _now(engine)
     with engine.connect() as conn:
         rows = conn.execute(
             select(actions_table)
@@ -758,14 +760,16 @@ def start(
 ) -> None:
     """Once per process and engine: reconcile at start-up, then keep retrying every
     `interval_s`, in a daemon thread (so the receiver serves at once, whatever the scheduler
-    does), or once in the caller when the thread is off (`GOODPUT_ACTIONS_THREAD=0`)."""
+    does), or once in the caller when the thread is off (`GOODPUT_ACTIONS_THREAD=0`, in the
+    environment or `settings.extra`; then the caller runs `reconcile`, the loop's one pass)."""
     with _lock:
         if engine in _running:
             return
         _running.add(engine)
     ensure(engine)
     if thread is None:
-        thread = os.environ.get("GOODPUT_ACTIONS_THREAD", "1") not in ("0", "false")
+        flag = _setting(settings, "actions_thread", "GOODPUT_ACTIONS_THREAD", "1")
+        thread = flag not in ("0", "false")
 
     def startup() -> None:
         try:

@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from recovery import store, validate
+from recovery import clock, store, validate
 
 metadata = MetaData()
 audit = Table(
@@ -158,7 +158,7 @@ def append(
     seq = int(last.seq) + 1 if last else 1
     row: dict[str, Any] = {
         "seq": seq,
-        "ts": round(ts if ts is not None else time.time(), 6),
+        "ts": round(ts if ts is not None else clock.now(conn), 6),
         "type": type_,
         "job_id": job_id,
         "incident_id": None if incident_id is None else str(incident_id),

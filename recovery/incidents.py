@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from recovery import failpoints, validate
+from recovery import clock, failpoints, validate
 from recovery.settings import Settings
 from recovery.store import (
     alerts,
@@ -50,6 +50,9 @@ class IngestResult:
 
 def default_node_jobs(settings: Settings) -> NodeJobs:
     """Slurm's answer to "which jobs run on this node" (empty when Slurm is off or fails)."""
+    sources = getattr(settings, "sources", None)  # a Settings, or a test's stand-in
+    if sources is not None:
+        return sources.jobs_on_node
     if not settings.slurm_enabled:
         return lambda _node: []
 
@@ -72,7 +75,7 @@ def ingest(
     now: float | None = None,
 ) -> IngestResult:
     """Store a validated webhook payload and fold its alerts into incidents (one transaction)."""
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     alert_docs = list(alert_docs)
     on_node = _jobs_on_nodes(engine, alert_docs, node_jobs or default_node_jobs(settings))
     result = IngestResult()
@@ -393,7 +396,7 @@ def list_incidents(
 
 def due_diagnoses(engine: Engine, now: float | None = None) -> list[tuple[int, int]]:
     """(incident id, generation) of incidents whose diagnosis is pending and due."""
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     with engine.connect() as conn:
         rows = conn.execute(
             select(incidents.c.id, incidents.c.diagnosis_gen)
@@ -428,7 +431,7 @@ def store_diagnosis(
     must not lower the confidence of the verdict for good. `on_final(conn)` runs inside the
     transaction that stores a "done" diagnosis (the action outbox is written with it).
     """
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     for attempt in range(20):
         try:
             return _store(
@@ -509,7 +512,11 @@ def _store(
 
 
 def record_failure(
-    engine: Engine, incident_id: int, max_attempts: int = 5, retry_s: float = 10.0
+    engine: Engine,
+    incident_id: int,
+    max_attempts: int = 5,
+    retry_s: float = 10.0,
+    now: float | None = None,
 ) -> None:
     """Count a failed diagnosis attempt; retry later, give up after `max_attempts`."""
     with _LOCK, engine.begin() as conn:
@@ -522,7 +529,7 @@ def record_failure(
             .where(incidents.c.id == incident_id)
             .values(
                 diagnosis_attempts=attempts,
-                diagnosis_due=time.time() + retry_s,
+                diagnosis_due=(clock.now(engine) if now is None else now) + retry_s,
                 diagnosis_state="failed" if attempts >= max_attempts else "pending",
             )
         )

@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import CreateIndex
 
-from recovery import accounting, audit
+from recovery import accounting, audit, clock
 from recovery.decide import Diagnosis
 
 metadata = MetaData()
@@ -88,8 +88,9 @@ _ensured: weakref.WeakSet[Engine] = weakref.WeakSet()
 _ensure_lock = threading.Lock()
 
 
-def now() -> float:
-    return time.time()
+def now(db: Engine | Connection | None = None) -> float:
+    """The time of `db`'s receiver (`recovery.clock`)."""
+    return clock.now(db)
 
 
 def ensure(engine: Engine) -> None:
@@ -112,7 +113,7 @@ def _create(engine: Engine) -> None:
             if not conn.execute(select(switches.c.name).where(switches.c.name == "budget")).first():
                 conn.execute(
                     switches.insert().values(
-                        name="budget", value="lock", updated_at=now(), updated_by="goodput"
+                        name="budget", value="lock", updated_at=now(engine), updated_by="goodput"
                     )
                 )
     except IntegrityError:
@@ -201,7 +202,7 @@ def enqueue(conn: Connection, incident: dict[str, Any], diagnosis: dict[str, Any
         "incident": {"opened_at": opened if isinstance(opened, int | float) else None},
     }
     prev = latest(conn, incident_id)
-    t = now()
+    t = now(conn)
     if prev is not None and prev.state in PLANNABLE:
         if json.loads(prev.body).get("diagnosis") == body["diagnosis"]:
             return str(prev.id)  # the same diagnosis delivered again

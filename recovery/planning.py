@@ -40,7 +40,7 @@ def lock_budget(conn: Connection) -> None:
     """Take the budget lock for the rest of `conn`'s transaction: a write to one row, so
     SQLite's writer lock or PostgreSQL's row lock serialises every budget decision."""
     conn.execute(
-        update(switches).where(switches.c.name == "budget").values(updated_at=outbox.now())
+        update(switches).where(switches.c.name == "budget").values(updated_at=outbox.now(conn))
     )
 
 
@@ -60,7 +60,7 @@ def _history(
     """What decide needs from the outbox: the job's executed restarts (all of them: the retry
     budget is per job), the drains done or reserved in the last hour, and the nodes reserved by
     other open plans (the blast radius)."""
-    now = outbox.now()
+    now = outbox.now(db)
     t = actions_table.c
     ctx = db.connect() if isinstance(db, Engine) else nullcontext(db)
     with ctx as conn:
@@ -154,7 +154,7 @@ def _scheduler_failed(
         delay = min(cfg.retry_base_s * 2 ** min(attempts - 1, 6), 600.0)
         state, event = "waiting_scheduler", "retry_scheduled"
         payload = {"reason": f"scheduler {kind} while planning: {exc}", "retry_in_s": delay}
-        values = {"next_attempt_at": outbox.now() + delay}
+        values = {"next_attempt_at": outbox.now(engine) + delay}
 
     def write(conn: Connection) -> None:
         done = conn.execute(
@@ -165,7 +165,7 @@ def _scheduler_failed(
                 mode=cfg.policy.mode,
                 attempts=attempts,
                 last_error=str(exc)[:2000],
-                updated_at=outbox.now(),
+                updated_at=outbox.now(conn),
                 **values,
             )
         ).rowcount
@@ -218,7 +218,7 @@ def plan_row(engine: Engine, cfg: Any, action_id: str) -> tuple[str, Action | No
             "await_approval": "pending_approval",
             "plan_only": "planned_only",
         }.get(action.disposition, "no_action")
-        now = outbox.now()
+        now = outbox.now(conn)
         values: dict[str, Any] = {
             "kind": action.kind,
             "state": state,

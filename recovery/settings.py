@@ -24,6 +24,12 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from recovery.clock import WALL, Clock
+
+if TYPE_CHECKING:
+    from recovery.evidence import Sources
 
 
 def _stack_dir() -> Path:
@@ -56,6 +62,10 @@ class Settings:
     lookahead_s: float = 120.0
     rules_dir: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # injected, not from the environment: the time (the benchmark's simulated clock) and the
+    # Slurm/Prometheus evidence sources (the benchmark's simulation); None: the live services
+    clock: Clock = field(default=WALL, compare=False, repr=False)
+    sources: Sources | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.recheck_s <= 3600.0:

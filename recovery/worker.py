@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import actions, attribution, evidence, failpoints, incidents
+from recovery import actions, attribution, clock, evidence, failpoints, incidents
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
@@ -40,7 +40,9 @@ def run_once(
     metrics: ReceiverMetrics | None = None,
     now: float | None = None,
 ) -> list[int]:
-    """Diagnose every due incident once; returns the ids diagnosed (final or not)."""
+    """Diagnose every due incident once; returns the ids diagnosed (final or not). One pass
+    of the worker thread; `now` defaults to the store's clock (`recovery.clock`)."""
+    now = clock.now(engine) if now is None else now
     done = []
     actions.ensure(engine)
     for incident_id, gen in incidents.due_diagnoses(engine, now):
@@ -52,7 +54,7 @@ def run_once(
             doc = diagnose(settings, inc)
         except Exception:
             log.exception("diagnosis of incident %s failed", incident_id)
-            incidents.record_failure(engine, incident_id)
+            incidents.record_failure(engine, incident_id, now=now)
             continue
         if metrics is not None:
             metrics.diagnosis_duration.observe(time.monotonic() - t0)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from recovery import validate
+from recovery.clock import WALL
 from recovery.settings import Settings
 
 
@@ -104,7 +105,7 @@ class Context:
     def from_incident(
         cls, incident: dict[str, Any], settings: Settings, now: float | None = None
     ) -> Context:
-        now = time.time() if now is None else now
+        now = getattr(settings, "clock", WALL).now() if now is None else now
         alerts = incident.get("alerts", [])
         nodes = sorted(
             {a["node"] for a in alerts if a.get("node")}
@@ -120,6 +121,17 @@ class Context:
             end=min(now, first + settings.lookahead_s) if first < now else now,
             alerts=alerts,
         )
+
+
+class Sources(Protocol):
+    """Slurm and Prometheus evidence from elsewhere than the live services (`Settings.sources`:
+    the benchmark's simulation, behind the same types); logs are read from `log_dir` either way."""
+
+    def slurm(self, ctx: Context, settings: Settings) -> Bundle: ...
+
+    def prometheus(self, ctx: Context, settings: Settings) -> Bundle: ...
+
+    def jobs_on_node(self, node: str) -> list[str]: ...
 
 
 def timed(connector: str, fn: Callable[[], Bundle]) -> Bundle:
@@ -143,9 +155,12 @@ def collect_live(ctx: Context, settings: Settings) -> Bundle:
     """Slurm first (it names the job's nodes), then logs and Prometheus over those nodes."""
     from recovery.evidence import logs, prometheus, slurm
 
+    src = getattr(settings, "sources", None)
+    slurm_collect = slurm.collect if src is None else src.slurm
+    prometheus_collect = prometheus.collect if src is None else src.prometheus
     bundle = Bundle()
     if settings.slurm_enabled:
-        bundle.extend(timed("slurm", lambda: slurm.collect(ctx, settings)))
+        bundle.extend(timed("slurm", lambda: slurm_collect(ctx, settings)))
     else:
         bundle.reports.append(Report("slurm", "error", "Slurm evidence is disabled"))
     job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if validate.NODE.fullmatch(n)]
@@ -155,5 +170,5 @@ def collect_live(ctx: Context, settings: Settings) -> Bundle:
     bundle.extend(timed("logs", lambda: logs.collect(ctx, settings)))
     if settings.loki_url:
         bundle.extend(timed("loki", lambda: logs.collect_loki(ctx, settings)))
-    bundle.extend(timed("prometheus", lambda: prometheus.collect(ctx, settings)))
+    bundle.extend(timed("prometheus", lambda: prometheus_collect(ctx, settings)))
     return bundle

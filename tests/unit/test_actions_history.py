@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
 
-from recovery import actions, outbox
+from recovery import actions, clock
 from recovery.decide import Diagnosis
 from recovery.policy import PolicyError
 from recovery.scheduler.base import NodeState
@@ -20,9 +20,9 @@ NOW = 1_800_000_000.0
 
 
 @pytest.fixture
-def engine(tmp_path, monkeypatch):
-    monkeypatch.setattr(outbox, "now", lambda: NOW)
+def engine(tmp_path):
     eng = create_engine(f"sqlite:///{tmp_path / 'h.db'}")
+    clock.bind(eng, clock.ManualClock(NOW))  # the store's time: outbox.now(eng) == NOW
     actions.ensure(eng)
     return eng
 
