@@ -45,18 +45,18 @@ def test_the_benchmark_runs_the_receivers_settle_and_executor(monkeypatch) -> No
 def test_the_benchmarks_receiver_reaches_no_real_service(monkeypatch) -> None:
     """With the local stack's URLs in the environment, the in-process receiver still notifies no
     Alertmanager and queries no Prometheus (a stop notifies on-call in production)."""
-    from recovery import accounting
+    import requests
 
     monkeypatch.setenv("GOODPUT_ALERTMANAGER_URL", "http://alertmanager.invalid:9093")
     monkeypatch.setenv("GOODPUT_PROMETHEUS_URL", "http://prometheus.invalid:9090")
     calls: list[str] = []
 
-    def record(url: str, *args: Any, **kwargs: Any) -> Any:
+    def record(_session: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         calls.append(url)
-        raise AssertionError(f"the bench's receiver called {url}")
+        raise AssertionError(f"the bench's receiver called {method} {url}")
 
-    monkeypatch.setattr(actions.requests, "post", record)
-    monkeypatch.setattr(accounting.requests, "get", record)
+    # every HTTP call of the receiver (notices, the clients package) goes through a Session
+    monkeypatch.setattr(requests.Session, "request", record)
     spec = next(r for r in B.plan(pattern="nan-divergence", seeds=1) if not r.healthy)
     (fault,) = B.run_one(spec)["faults"]
     assert fault["action"] == "stop" and fault["result"] == "executed"
