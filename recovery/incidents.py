@@ -8,6 +8,9 @@ Rules:
   Slurm before the ingest lock is taken, plus open incidents that already name the node);
   with none, a node incident;
 - each new alert in an incident schedules a diagnosis after `settings.settle_s`;
+- receivers sharing a PostgreSQL store ingest one at a time (an advisory lock: no two open
+  incidents for one job) and claim a due diagnosis with a lease (`claim_diagnoses`), so each
+  is made by one receiver; a new alert ends the claim (the diagnosis under way is superseded);
 - an incident resolves when all its alerts are resolved.
 """
 
@@ -20,18 +23,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, select, update
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from recovery import failpoints, validate
 from recovery.settings import Settings
 from recovery.store import (
+    INGEST_LOCK,
     alerts,
     diagnoses,
     dumps,
     incident_alerts,
     incidents,
     loads,
+    serialize,
     store_payload,
 )
 
@@ -78,6 +83,7 @@ def ingest(
     result = IngestResult()
     touched: set[int] = set()
     with _LOCK, engine.begin() as conn:
+        serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
         store_payload(conn, raw, group_key=group_key, status=status, now=now)
         for doc in alert_docs:
             alert_id, is_new, changed = _upsert_alert(conn, doc, now)
@@ -248,6 +254,8 @@ def _link(conn: Connection, incident_id: int, alert_id: int, now: float, settle:
             diagnosis_state="pending",
             diagnosis_due=now + settle,
             diagnosis_gen=incidents.c.diagnosis_gen + 1,
+            diagnosis_owner=None,
+            diagnosis_lease=None,
         )
     )
 
@@ -403,6 +411,45 @@ def due_diagnoses(engine: Engine, now: float | None = None) -> list[tuple[int, i
     return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
 
 
+def claim_diagnoses(
+    engine: Engine, owner: str, lease_s: float, now: float | None = None, limit: int = 100
+) -> list[tuple[int, int]]:
+    """Claim the due diagnoses nobody holds (or whose holder's lease expired) for `owner`,
+    for `lease_s` seconds: (incident id, generation), oldest due first. On PostgreSQL the rows
+    are locked `FOR UPDATE SKIP LOCKED`, so receivers claiming at once never get the same."""
+    now = time.time() if now is None else now
+    c = incidents.c
+    free = or_(c.diagnosis_lease.is_(None), c.diagnosis_lease < now, c.diagnosis_owner == owner)
+    with _LOCK, engine.begin() as conn:
+        rows = conn.execute(
+            select(c.id, c.diagnosis_gen)
+            .where(c.diagnosis_state == "pending", c.diagnosis_due <= now, free)
+            .order_by(c.diagnosis_due)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        if rows:
+            conn.execute(
+                update(incidents)
+                .where(c.id.in_([r.id for r in rows]))
+                .values(diagnosis_owner=owner, diagnosis_lease=now + lease_s)
+            )
+    return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
+
+
+def release_claims(engine: Engine, but: str) -> int:
+    """End every diagnosis claim not held by `but`: at start-up of the only receiver of a store
+    (SQLite), whatever another owner still holds was left by a process that is gone."""
+    c = incidents.c
+    with _LOCK, engine.begin() as conn:
+        done = conn.execute(
+            update(incidents)
+            .where(c.diagnosis_owner.is_not(None), c.diagnosis_owner != but)
+            .values(diagnosis_owner=None, diagnosis_lease=None)
+        )
+    return int(done.rowcount or 0)
+
+
 def store_diagnosis(
     engine: Engine,
     incident_id: int,
@@ -413,6 +460,7 @@ def store_diagnosis(
     now: float | None = None,
     on_final: Callable[[Connection], Any] | None = None,
     incomplete_max: int = 0,
+    owner: str | None = None,
 ) -> str:
     """Store a diagnosis and say what it settles:
 
@@ -427,12 +475,22 @@ def store_diagnosis(
     also diagnosed again `recheck_s` later, at most `incomplete_max` times: an outage of Slurm
     must not lower the confidence of the verdict for good. `on_final(conn)` runs inside the
     transaction that stores a "done" diagnosis (the action outbox is written with it).
+    With `owner` (the claim's, `claim_diagnoses`), nothing is stored unless the claim still
+    stands ("superseded": a new alert ended it, or another receiver took over after our lease
+    expired), and the claim is released.
     """
     now = time.time() if now is None else now
     for attempt in range(20):
         try:
             return _store(
-                engine, incident_id, gen, doc, recheck_s, recheck_max, now, on_final, incomplete_max
+                engine,
+                incident_id,
+                gen,
+                doc,
+                (recheck_s, recheck_max, incomplete_max),
+                now,
+                on_final,
+                owner,
             )
         except IntegrityError:  # another receiver won a race for a row id (audit seq)
             time.sleep(0.01 * (attempt + 1))
@@ -453,13 +511,26 @@ def _store(
     incident_id: int,
     gen: int,
     doc: dict[str, Any],
-    recheck_s: float,
-    recheck_max: int,
+    limits: tuple[float, int, int],
     now: float,
     on_final: Callable[[Connection], Any] | None,
-    incomplete_max: int,
+    owner: str | None,
 ) -> str:
+    recheck_s, recheck_max, incomplete_max = limits
     with _LOCK, engine.begin() as conn:
+        if owner is not None:
+            claim = conn.execute(
+                select(incidents.c.diagnosis_owner)
+                .where(incidents.c.id == incident_id)
+                .with_for_update()
+            ).first()
+            if claim is None or claim.diagnosis_owner != owner:
+                return "superseded"
+            conn.execute(
+                update(incidents)
+                .where(incidents.c.id == incident_id)
+                .values(diagnosis_owner=None, diagnosis_lease=None)
+            )
         conn.execute(
             insert(diagnoses).values(
                 incident_id=incident_id, created_at=now, outcome=doc["outcome"], body=dumps(doc)
@@ -497,7 +568,11 @@ def _store(
                 and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
             ):
                 return "recheck"
-        done = conn.execute(update(incidents).where(current).values(diagnosis_state="done"))
+        done = conn.execute(
+            update(incidents)
+            .where(current, incidents.c.diagnosis_state == "pending")
+            .values(diagnosis_state="done")
+        )
         if not done.rowcount:
             return "superseded"
         state = conn.execute(select(incidents.c.state).where(current)).scalar_one()
@@ -524,5 +599,7 @@ def record_failure(
                 diagnosis_attempts=attempts,
                 diagnosis_due=time.time() + retry_s,
                 diagnosis_state="failed" if attempts >= max_attempts else "pending",
+                diagnosis_owner=None,
+                diagnosis_lease=None,
             )
         )

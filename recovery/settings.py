@@ -16,6 +16,8 @@
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
 | `GOODPUT_RECEIVER_SLURM` | `1` (ask Slurm for evidence and node → jobs) |
 | `GOODPUT_RECEIVER_LOOKBACK_S` | `900` (evidence window before the first alert) |
+| `GOODPUT_RECEIVER_LEASE_S` | `30` (receivers in HA: a dead one's diagnosis or action is |
+| | taken over this long after its last heartbeat; `recovery.leases`) |
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Settings:
     lookback_s: float = 900.0
     lookahead_s: float = 120.0
     rules_dir: str | None = None
+    lease_s: float = 30.0
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -62,6 +65,8 @@ class Settings:
             raise ValueError(f"GOODPUT_RECEIVER_RECHECK_S must be 0..3600, not {self.recheck_s}")
         if self.recheck_max not in range(11):
             raise ValueError(f"GOODPUT_RECEIVER_RECHECK_MAX must be 0..10, not {self.recheck_max}")
+        if not 0.3 <= self.lease_s <= 3600.0:
+            raise ValueError(f"GOODPUT_RECEIVER_LEASE_S must be 0.3..3600, not {self.lease_s}")
         if not self.db_url:
             object.__setattr__(self, "db_url", default_db_url())
 
@@ -91,6 +96,7 @@ class Settings:
             "loki_url": opt("GOODPUT_LOKI_URL"),
             "slurm_enabled": (opt("GOODPUT_RECEIVER_SLURM") or "1") not in ("0", "false", "no"),
             "lookback_s": float(opt("GOODPUT_RECEIVER_LOOKBACK_S") or 900.0),
+            "lease_s": _number(opt("GOODPUT_RECEIVER_LEASE_S"), 30.0, "LEASE_S"),
             "extra": {k: v for k, v in e.items() if k.startswith("GOODPUT_")},
         }
         values.update(overrides)

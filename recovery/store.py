@@ -99,6 +99,9 @@ incidents = Table(
     Column("diagnosis_due", Float, nullable=True),
     Column("diagnosis_gen", Integer, nullable=False, default=0),  # bumped by each new alert
     Column("diagnosis_attempts", Integer, nullable=False, default=0),
+    # The receiver diagnosing it now, and until when (recovery.leases); NULL when nobody is.
+    Column("diagnosis_owner", String(64), nullable=True),
+    Column("diagnosis_lease", Float, nullable=True),
 )
 Index("ix_incident_job_state", incidents.c.job_id, incidents.c.state)
 Index("ix_incident_diag", incidents.c.diagnosis_state, incidents.c.diagnosis_due)
@@ -174,6 +177,18 @@ def add_missing_columns(engine: Engine, meta: MetaData) -> None:
                     conn.execute(text(add))  # IF NOT EXISTS: replicas may start together
             for index in table.indexes:
                 conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+# Keys of PostgreSQL's transaction-level advisory locks (`serialize`).
+INGEST_LOCK = 0x60_0D_0001
+
+
+def serialize(conn: Connection, key: int) -> None:
+    """Hold the advisory lock `key` until `conn`'s transaction ends, so receivers sharing one
+    PostgreSQL take turns (each waits for the other's commit). On SQLite, one receiver per
+    store, its in-process lock and SQLite's writer lock do the same: nothing to take here."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 def store_payload(conn: Connection, body: str, *, group_key: str, status: str, now: float) -> None:
