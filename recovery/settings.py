@@ -16,6 +16,7 @@
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
 | `GOODPUT_RECEIVER_SLURM` | `1` (ask Slurm for evidence and node → jobs) |
 | `GOODPUT_RECEIVER_LOOKBACK_S` | `900` (evidence window before the first alert) |
+| `GOODPUT_RECEIVER_WORKER_POLL_S` | `0.5` (how often the worker looks for due diagnoses) |
 | `GOODPUT_RECEIVER_LEASE_S` | `30` (receivers in HA: a dead one's diagnosis or action is |
 | | taken over this long after its last heartbeat; `recovery.leases`) |
 """
@@ -96,6 +97,7 @@ class Settings:
             "loki_url": opt("GOODPUT_LOKI_URL"),
             "slurm_enabled": (opt("GOODPUT_RECEIVER_SLURM") or "1") not in ("0", "false", "no"),
             "lookback_s": float(opt("GOODPUT_RECEIVER_LOOKBACK_S") or 900.0),
+            "worker_poll_s": _number(opt("GOODPUT_RECEIVER_WORKER_POLL_S"), 0.5, "WORKER_POLL_S"),
             "lease_s": _number(opt("GOODPUT_RECEIVER_LEASE_S"), 30.0, "LEASE_S"),
             "extra": {k: v for k, v in e.items() if k.startswith("GOODPUT_")},
         }
