@@ -23,7 +23,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from recovery import failpoints, validate
@@ -66,6 +77,32 @@ def default_node_jobs(settings: Settings) -> NodeJobs:
     return lookup
 
 
+@dataclass
+class Payload:
+    """One webhook payload, validated, with Slurm's jobs on its nodes already asked."""
+
+    docs: list[dict[str, Any]]
+    raw: str = ""
+    group_key: str = ""
+    status: str = "firing"
+    on_node: dict[str, list[str]] = field(default_factory=dict)
+
+
+def prepare(
+    engine: Engine,
+    settings: Settings,
+    alert_docs: Iterable[dict[str, Any]],
+    raw: str = "",
+    group_key: str = "",
+    status: str = "firing",
+    node_jobs: NodeJobs | None = None,
+) -> Payload:
+    """A payload ready to fold (the Slurm lookups done, outside any lock or transaction)."""
+    docs = list(alert_docs)
+    on_node = _jobs_on_nodes(engine, docs, node_jobs or default_node_jobs(settings))
+    return Payload(docs, raw, group_key, status, on_node)
+
+
 def ingest(
     engine: Engine,
     settings: Settings,
@@ -77,30 +114,45 @@ def ingest(
     now: float | None = None,
 ) -> IngestResult:
     """Store a validated webhook payload and fold its alerts into incidents (one transaction)."""
+    payload = prepare(engine, settings, alert_docs, raw, group_key, status, node_jobs)
+    (result,) = ingest_payloads(engine, settings, [payload], now)
+    failpoints.hit("ingested")
+    return result
+
+
+def ingest_payloads(
+    engine: Engine, settings: Settings, payloads: list[Payload], now: float | None = None
+) -> list[IngestResult]:
+    """Store and fold several payloads in ONE transaction, in order (the receiver's group
+    commit, `recovery.group_commit`): all are durable together, or none is."""
     now = time.time() if now is None else now
-    alert_docs = list(alert_docs)
-    on_node = _jobs_on_nodes(engine, alert_docs, node_jobs or default_node_jobs(settings))
-    result = IngestResult()
-    touched: set[int] = set()
     with _LOCK, engine.begin() as conn:
         serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
-        store_payload(conn, raw, group_key=group_key, status=status, now=now)
-        for doc in alert_docs:
-            alert_id, is_new, changed = _upsert_alert(conn, doc, now)
-            result.new += int(is_new)
-            result.changed += int(changed)
-            if doc["labels"].get("goodput_notification") == "true":
-                continue  # Goodput's own notices to on-call (approvals, stops) open nothing
-            if is_new and doc["status"] == "firing":
-                for inc in _incidents_for(conn, doc, on_node, now):
-                    _link(conn, inc, alert_id, now, settings.settle_s)
-                    touched.add(inc)
-            elif is_new or changed:
-                touched.update(_linked_incidents(conn, alert_id))
-        for inc in touched:
-            _maybe_resolve(conn, inc, now)
+        return [_fold(conn, settings, p, now) for p in payloads]
+
+
+def _fold(conn: Connection, settings: Settings, p: Payload, now: float) -> IngestResult:
+    result = IngestResult()
+    touched: set[int] = set()
+    ended: set[int] = set()  # incidents an alert's status change may resolve
+    store_payload(conn, p.raw, group_key=p.group_key, status=p.status, now=now)
+    for doc in p.docs:
+        alert_id, is_new, changed = _upsert_alert(conn, doc, now)
+        result.new += int(is_new)
+        result.changed += int(changed)
+        if doc["labels"].get("goodput_notification") == "true":
+            continue  # Goodput's own notices to on-call (approvals, stops) open nothing
+        if is_new and doc["status"] == "firing":
+            starts = validate.timestamp(doc["startsAt"])
+            for inc in _incidents_for(conn, doc, p.on_node, now):
+                _link(conn, inc, alert_id, now, settings.settle_s, starts)
+                touched.add(inc)
+        elif is_new or changed:
+            ended.update(_linked_incidents(conn, alert_id))
+    touched |= ended
+    for inc in ended:  # one with a new firing alert stays open: nothing to count there
+        _maybe_resolve(conn, inc, now)
     result.incident_ids = sorted(touched)
-    failpoints.hit("ingested")
     return result
 
 
@@ -143,12 +195,42 @@ def _jobs_on_nodes(
     return out
 
 
+# The webhook's hot statements, built once with bound parameters (building them per alert cost
+# as much as running them: `bench/webhook.py`).
+_ALERT_BY_IDENTITY = select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).where(
+    alerts.c.fingerprint == bindparam("b_fp"), alerts.c.starts_at == bindparam("b_starts")
+)
+_INSERT_ALERT = insert(alerts)
+_OPEN_OF_JOB = (
+    select(incidents.c.id)
+    .where(incidents.c.state == "open", incidents.c.job_id == bindparam("b_job"))
+    .order_by(incidents.c.id.desc())
+    .limit(1)
+)
+_INSERT_LINK = insert(incident_alerts)
+_was = incidents.c.first_alert_ts
+_LINK = (
+    update(incidents)
+    .where(incidents.c.id == bindparam("b_id"))
+    .values(
+        updated_at=bindparam("b_now"),
+        first_alert_ts=case(
+            (or_(_was.is_(None), _was > bindparam("b_starts")), bindparam("b_starts")),
+            else_=_was,
+        ),
+        diagnosis_state="pending",
+        diagnosis_due=bindparam("b_due"),
+        diagnosis_gen=incidents.c.diagnosis_gen + 1,
+        diagnosis_owner=None,
+        diagnosis_lease=None,
+    )
+)
+
+
 def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[int, bool, bool]:
     labels = doc["labels"]
     row = conn.execute(
-        select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).where(
-            and_(alerts.c.fingerprint == doc["fingerprint"], alerts.c.starts_at == doc["startsAt"])
-        )
+        _ALERT_BY_IDENTITY, {"b_fp": doc["fingerprint"], "b_starts": doc["startsAt"]}
     ).first()
     ends = validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
     if row is not None:
@@ -161,33 +243,35 @@ def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[in
         )
         return row.id, False, True
     new_id = conn.execute(
-        insert(alerts).values(
-            fingerprint=doc["fingerprint"],
-            starts_at=doc["startsAt"],
-            starts_ts=validate.timestamp(doc["startsAt"]),
-            ends_ts=ends,
-            status=doc["status"],
-            alertname=labels.get("alertname", "")[:128],
-            severity=labels.get("severity", "")[:32],
-            job_id=labels.get("job_id") or None,
-            node=labels.get("node") or None,
-            gpu=labels.get("gpu") or None,
-            labels=dumps(labels),
-            annotations=dumps(doc.get("annotations") or {}),
-            received_at=now,
-            updated_at=now,
-        )
+        _INSERT_ALERT,
+        {
+            "fingerprint": doc["fingerprint"],
+            "starts_at": doc["startsAt"],
+            "starts_ts": validate.timestamp(doc["startsAt"]),
+            "ends_ts": ends,
+            "status": doc["status"],
+            "alertname": labels.get("alertname", "")[:128],
+            "severity": labels.get("severity", "")[:32],
+            "job_id": labels.get("job_id") or None,
+            "node": labels.get("node") or None,
+            "gpu": labels.get("gpu") or None,
+            "labels": dumps(labels),
+            "annotations": dumps(doc.get("annotations") or {}),
+            "received_at": now,
+            "updated_at": now,
+        },
     ).inserted_primary_key[0]  # type: ignore[index]
     return int(new_id), True, False
 
 
 def _open_incident(conn: Connection, now: float, job_id: str | None, node: str | None) -> int:
-    q = select(incidents.c.id).where(incidents.c.state == "open")
     if job_id is not None:
-        q = q.where(incidents.c.job_id == job_id)
+        row = conn.execute(_OPEN_OF_JOB, {"b_job": job_id}).first()
     else:
-        q = q.where(and_(incidents.c.job_id.is_(None), incidents.c.node == node))
-    row = conn.execute(q.order_by(incidents.c.id.desc())).first()
+        q = select(incidents.c.id).where(
+            incidents.c.state == "open", incidents.c.job_id.is_(None), incidents.c.node == node
+        )
+        row = conn.execute(q.order_by(incidents.c.id.desc())).first()
     if row is not None:
         return int(row.id)
     new_id = conn.execute(
@@ -231,33 +315,20 @@ def _incidents_for(
     return [_open_incident(conn, now, j, None) for j in sorted(jobs)]
 
 
-def _link(conn: Connection, incident_id: int, alert_id: int, now: float, settle: float) -> None:
-    exists = conn.execute(
-        select(incident_alerts.c.alert_id).where(
-            and_(
-                incident_alerts.c.incident_id == incident_id, incident_alerts.c.alert_id == alert_id
-            )
-        )
-    ).first()
-    if exists:
-        return
-    conn.execute(insert(incident_alerts).values(incident_id=incident_id, alert_id=alert_id))
-    starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar_one()
-    inc = conn.execute(select(incidents).where(incidents.c.id == incident_id)).one()
-    first = starts if inc.first_alert_ts is None else min(inc.first_alert_ts, starts)
-    conn.execute(
-        update(incidents)
-        .where(incidents.c.id == incident_id)
-        .values(
-            updated_at=now,
-            first_alert_ts=first,
-            diagnosis_state="pending",
-            diagnosis_due=now + settle,
-            diagnosis_gen=incidents.c.diagnosis_gen + 1,
-            diagnosis_owner=None,
-            diagnosis_lease=None,
-        )
-    )
+def _link(
+    conn: Connection,
+    incident_id: int,
+    alert_id: int,
+    now: float,
+    settle: float,
+    starts: float | None = None,
+) -> None:
+    """Link a new alert (it has no link yet) to the incident and schedule its diagnosis."""
+    if starts is None:
+        starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar()
+    conn.execute(_INSERT_LINK, {"incident_id": incident_id, "alert_id": alert_id})
+    params = {"b_id": incident_id, "b_now": now, "b_starts": starts, "b_due": now + settle}
+    conn.execute(_LINK, params)
 
 
 def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:

@@ -12,6 +12,7 @@ Webhook bodies are kept once per distinct body (`store_payload`: a redelivery co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -194,21 +195,25 @@ def serialize(conn: Connection, key: int) -> None:
 def store_payload(conn: Connection, body: str, *, group_key: str, status: str, now: float) -> None:
     """Keep `body` once: a new body is inserted, a redelivered one counted (race-free upsert)."""
     digest = hashlib.sha256(body.encode()).hexdigest()
-    dialect = sqlite if conn.dialect.name == "sqlite" else postgresql
-    stmt = dialect.insert(payloads).values(
-        received_at=now,
-        group_key=group_key[:4096],
-        status=status,
-        body=body,
-        digest=digest,
-        deliveries=1,
-        last_seen=now,
-    )
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[payloads.c.digest],
-            set_={"deliveries": payloads.c.deliveries + 1, "last_seen": now},
-        )
+    values = {
+        "received_at": now,
+        "group_key": group_key[:4096],
+        "status": status,
+        "body": body,
+        "digest": digest,
+        "deliveries": 1,
+        "last_seen": now,
+    }
+    conn.execute(_payload_upsert(conn.dialect.name), values)
+
+
+@functools.cache
+def _payload_upsert(dialect_name: str) -> Any:
+    """The upsert, built once per dialect (the webhook runs it for every payload)."""
+    stmt = (sqlite if dialect_name == "sqlite" else postgresql).insert(payloads)
+    return stmt.on_conflict_do_update(
+        index_elements=[payloads.c.digest],
+        set_={"deliveries": payloads.c.deliveries + 1, "last_seen": stmt.excluded.last_seen},
     )
 
 
