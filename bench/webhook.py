@@ -168,6 +168,7 @@ def load(server: Server, threads: int, seconds: float, rate: float | None) -> di
         "max_ms": round(1000 * xs[-1], 2) if xs else None,
         "mean_ms": round(1000 * statistics.fmean(xs), 2) if xs else None,
         "server_cpu_ms_per_alert": round(1000 * cpu / len(xs), 3) if xs else None,
+        "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine's, other work included
     }
 
 
@@ -239,7 +240,7 @@ def markdown(report: dict[str, Any]) -> str:
     rows = [
         f"| {r['store']} | {r['mode']} | {r['threads']} | {r['requests']} | {r['errors']} | "
         f"{r['alerts_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
-        f"{r['server_cpu_ms_per_alert']} |"
+        f"{r['server_cpu_ms_per_alert']} | {r.get('load_avg_1m')} |"
         for r in report["results"]
     ]
     t = report["target"]
@@ -254,8 +255,8 @@ def markdown(report: dict[str, Any]) -> str:
             *(["", f"Run: {report['label']}"] if report.get("label") else []),
             "",
             "| store | load | threads | requests | errors | alerts/s | p50 ms | p99 ms | max ms "
-            "| receiver CPU ms/alert |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| receiver CPU ms/alert | load avg |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             f"Machine: {report['machine']}; measured {report['measured']}.",
