@@ -107,6 +107,7 @@ def cluster() -> d.Dashboard:
             )
         )
         .with_panel(st("Open incidents", 'sum(goodput_incidents{state="open"}) or vector(0)'))
+        .with_panel(st("ETTR (last hour)", "goodput:cluster_ettr:1h", "percentunit"))
         .with_row(d.Row("Health"))
         .with_panel(
             ts(
@@ -366,6 +367,33 @@ def incidents() -> d.Dashboard:
             )
         )
         .with_panel(st("Actions pending", "sum(goodput_actions_pending) or vector(0)", w=6))
+        .with_row(d.Row("Effective training time ratio (ETTR)"))
+        .with_panel(st("Cluster ETTR (last hour)", "goodput:cluster_ettr:1h", "percentunit", w=6))
+        .with_panel(
+            ts(
+                "ETTR (last hour): cluster and per job",
+                q("goodput:cluster_ettr:1h", "cluster"),
+                q("goodput:job_ettr:1h", "job {{job_id}}"),
+                unit="percentunit",
+                w=18,
+            )
+        )
+        .with_panel(
+            ts(
+                "GPU-seconds lost by cause (last hour)",
+                q(
+                    "sum by (cause) (increase(goodput_gpu_seconds_lost_total[1h]))",
+                    "{{cause}}",
+                ),
+                unit="s",
+            )
+        )
+        .with_panel(
+            ts(
+                "Receiver acting (0: its watchdog stopped it)",
+                q("goodput_receiver_acting", "{{reason}}"),
+            )
+        )
         .with_row(d.Row("Incidents"))
         .with_panel(ts("Incidents by state", q("sum by (state) (goodput_incidents)", "{{state}}")))
         .with_panel(

@@ -30,7 +30,16 @@ from typing import Any
 import requests
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import accounting, audit, failpoints, leases, node_health, outbox, planning
+from recovery import (
+    accounting,
+    audit,
+    failpoints,
+    leases,
+    node_health,
+    outbox,
+    planning,
+    watchdog,
+)
 from recovery.decide import Action, Diagnosis
 from recovery.outbox import (
     DRAIN_STATES,
@@ -380,6 +389,10 @@ def execute(
         r = _raw(engine, action_id)
         if r is not None and r.state in from_states:
             _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
+        return get_action(engine, action_id)
+    # fail-open: while the watchdog does not act, ready and approved actions wait; one a dead
+    # process left executing is finished (a drained node without its requeue helps nobody)
+    if "executing" not in from_states and watchdog.current(engine) != watchdog.OK:
         return get_action(engine, action_id)
     r = _raw(engine, action_id)
     if r is None or r.state not in from_states:
@@ -744,7 +757,7 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
         if r.state in PLANNABLE:
             plan(engine, settings, r.id)  # in place: the row is never absent
         else:
-            if startup:
+            if startup or r.state == "executing":  # a restart, or a dead owner's lease
                 was: dict[str, Any] = {"was": r.state}
                 if r.state == "executing":
                     was["owner"] = r.owner  # the process that died holding it

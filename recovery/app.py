@@ -12,6 +12,7 @@ import base64
 import binascii
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -213,12 +214,24 @@ def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry)
         return
     actions.start(engine, settings)
     registry.register(accounting.AccountingCollector(engine))
+    _start_watchdog(engine, settings, registry)
     _start_node_checks(engine, settings, registry)
+
+
+def _start_watchdog(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
+    """Fail-open: the receiver stops acting while its own health fails (recovery/watchdog.py)."""
+    from recovery import actions, watchdog
+
+    registry.register(watchdog.ActingCollector(engine))
+    if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") not in ("0", "false"):
+        watchdog.Watchdog(
+            engine, settings, lambda: actions.config(settings).policy.watchdog
+        ).start()
 
 
 def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """A node's way back to service (checks after Goodput's drains) and node history metrics."""
-    from recovery import actions, node_checks, node_history
+    from recovery import actions, node_checks, node_history, watchdog
 
     def current() -> Any:
         cfg = actions.config(settings)
@@ -227,7 +240,7 @@ def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegis
     node_checks.start(
         engine,
         current,
-        paused=lambda: actions.is_paused(engine),
+        paused=lambda: actions.is_paused(engine) or watchdog.current(engine) != watchdog.OK,
         history=lambda now: node_history.events(
             engine, now - node_history.lookback_s(actions.config(settings).policy)
         ),

@@ -112,6 +112,8 @@ TYPES = (
     "diagnostics_captured",
     "exported",
     "pruned",
+    "watchdog_stopped",
+    "watchdog_resumed",
 )
 
 

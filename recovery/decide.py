@@ -38,13 +38,17 @@ class Reason(StrEnum):
     STICKY_ROOT_CAUSE = "sticky_root_cause"
     BACKOFF = "backoff"
     JOB_ENDED = "job_ended"
+    ENDED_LONG_AGO = "job_ended_before_requeue_window"  # a late alert: no restart now
     NODES_ALREADY_UNAVAILABLE = "nodes_already_unavailable"
     BLAST_DRAINS_PER_HOUR = "blast_radius_drains_per_hour"
     BLAST_PARTITION_FRACTION = "blast_radius_partition_fraction"
     BLAST_LAST_HEALTHY = "blast_radius_last_healthy_nodes"
     BLAST_UNKNOWN = "blast_radius_node_states_unknown"
+    EXCLUSIONS_CAPPED = "exclusions_capped_to_keep_job_runnable"
     PAUSED = "paused"
+    WATCHDOG = "watchdog_not_acting"  # the receiver's own health failed (recovery/watchdog.py)
     MODE_MONITOR = "mode_monitor"
+    OUTSIDE_CANARY = "outside_canary_partitions"  # policy canary_partitions: monitor elsewhere
     MODE_APPROVE = "mode_approve"
     MODE_ACT = "mode_act"
 
@@ -121,6 +125,12 @@ class JobView:
     exit_code: int | None = None
     partition: str | None = None
     start_time: float | None = None
+    node_count: int = 0  # nodes the job asks for (0: unknown; its allocation's size is used)
+    end_time: float | None = None
+
+    @property
+    def need(self) -> int:
+        return max(self.node_count, 1)
 
     @property
     def ended(self) -> bool:
@@ -151,6 +161,8 @@ class History:
     nodes: tuple[NodeView, ...] = ()
     paused: bool = False
     reserved: tuple[str, ...] = ()  # nodes other open plans will drain (the budget they hold)
+    excluded_before: tuple[str, ...] = ()  # this job's earlier Goodput exclusions, oldest first
+    not_acting: str = ""  # why the watchdog stopped acting ("" while it acts)
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,7 @@ class Action:
     incident_id: str
     nodes: tuple[str, ...] = ()  # nodes to drain
     exclude: tuple[str, ...] = ()  # nodes to exclude when requeueing
+    dropped: tuple[str, ...] = ()  # earlier exclusions left out so the job can still run
     delay_s: float = 0.0
     default_kind: str = "none"
     reasons: tuple[str, ...] = field(default_factory=tuple)
@@ -175,6 +188,7 @@ class Action:
             "incident_id": self.incident_id,
             "nodes": list(self.nodes),
             "exclude": list(self.exclude),
+            "exclusions_dropped": list(self.dropped),
             "delay_s": self.delay_s,
             "default_kind": self.default_kind,
             "reasons": list(self.reasons),
@@ -212,6 +226,37 @@ def blast_radius_violation(
     return None, new
 
 
+def cap_exclusions(
+    culprits: tuple[str, ...],
+    earlier: tuple[str, ...],
+    need: int,
+    history: History,
+    partition: str | None,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(exclude, dropped) for a restart: this fault's `culprits` plus the job's `earlier`
+    exclusions (oldest first), less the oldest earlier ones that would leave fewer than `need`
+    up, non-drained nodes of the job's partition (not culprits, not reserved by other plans) to
+    run on. Culprits are always kept: they are being drained. Node states unknown: no earlier
+    exclusion is kept (one the scheduler cannot honour strands the job)."""
+    culprit_set = set(culprits)
+    older = [n for n in dict.fromkeys(earlier) if n not in culprit_set]
+    parts = set(partition.split(",")) if partition else set()
+    members = [v for v in history.nodes if not parts or parts & set(v.partitions)]
+    if not members:
+        return culprits, tuple(older)
+    healthy = {v.node for v in members if not v.unavailable} - culprit_set - set(history.reserved)
+    kept, dropped = list(older), []
+    free = len(healthy - set(kept))
+    for n in older:  # oldest first; dropping an unavailable node frees nothing
+        if free >= need:
+            break
+        if n in healthy:
+            kept.remove(n)
+            dropped.append(n)
+            free += 1
+    return (*kept, *culprits), tuple(dropped)
+
+
 def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     """The action for `diagnosis`, given what happened before and the (job's) policy."""
     default = policy.action_for(diagnosis.outcome, diagnosis.hint)
@@ -240,6 +285,13 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         elif _restarted_since_onset(job, diagnosis):
             kind = "drain" if kind == "drain_and_requeue" else "none"
             reasons.append(Reason.ALREADY_REQUEUED)
+        elif (
+            job.ended
+            and job.end_time is not None
+            and history.now - job.end_time > policy.retry.requeue_within_s
+        ):  # e.g. an exporter restart re-reports an hour of failed jobs: their users moved on
+            kind = "drain" if kind == "drain_and_requeue" else "none"
+            reasons.append(Reason.ENDED_LONG_AGO)
     if kind in RESTARTS:
         if history.same_cause_restarts >= policy.retry.sticky_after:
             kind = "stop"
@@ -266,7 +318,17 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
                 reasons.append(Reason.NODES_ALREADY_UNAVAILABLE)
             if not new and kind == "drain":
                 kind = "none"
-    exclude = nodes if kind == "drain_and_requeue" else ()
+    # a node that failed this job once stays excluded from its later restarts (one bad,
+    # "black-hole", node cannot burn the retry budget), capped so the job can still run
+    exclude: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    if kind in RESTARTS:
+        culprits = nodes if kind == "drain_and_requeue" else ()
+        need = job.need if job else 1
+        part = job.partition if job else None
+        exclude, dropped = cap_exclusions(culprits, history.excluded_before, need, history, part)
+        if dropped:
+            reasons.append(Reason.EXCLUSIONS_CAPPED)
 
     mode = policy.mode_for(job.partition if job else None)
     if kind == "none" or (kind == "hold_for_person"):
@@ -274,9 +336,14 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     elif history.paused:
         disposition = "plan_only"
         reasons.append(Reason.PAUSED)
+    elif history.not_acting:
+        disposition = "plan_only"
+        reasons.append(Reason.WATCHDOG)
     elif mode == "monitor":
         disposition = "plan_only"
         reasons.append(Reason.MODE_MONITOR)
+        if policy.outside_canary(job.partition if job else None):
+            reasons.append(Reason.OUTSIDE_CANARY)
     elif mode == "approve":
         disposition = "await_approval"
         reasons.append(Reason.MODE_APPROVE)
@@ -291,6 +358,7 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         incident_id=diagnosis.incident_id,
         nodes=drain_nodes if kind in (*DRAINS, "stop") else (),
         exclude=exclude,
+        dropped=dropped,
         delay_s=delay if kind in RESTARTS else 0.0,
         default_kind=default,
         reasons=tuple(str(r) for r in reasons),

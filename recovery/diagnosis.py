@@ -89,6 +89,10 @@ class Diagnosis(_Model):
     incident_id: int | None = None
     job_id: str | None = None
     job_name: str | None = None
+    job_user: str | None = Field(default=None, description="the job's owner (Slurm)")
+    job_nodes: list[str] = Field(
+        default=[], description="the nodes the job ran on (Slurm), whoever is to blame"
+    )
     outcome: Outcome
     category: Category
     root_cause: str = Field(description="one sentence")

@@ -121,7 +121,7 @@ class NodeEvent:
 
     at: float
     node: str
-    kind: Literal["incident", "drain", "check_passed", "check_failed", "resume"]
+    kind: Literal["incident", "job_failed", "drain", "check_passed", "check_failed", "resume"]
     gpu: str | None = None
     xid: int | None = None
     user: str | None = None
@@ -235,8 +235,9 @@ def escalations(
     out = []
     for rule in rules:
         recent = [e for e in events if e.kind == "incident" and now - rule.window_s <= e.at <= now]
-        if rule.distinct_users:
-            users = {e.user for e in recent if e.user}
+        if rule.distinct_users:  # a failed job counts here even when the node was not blamed
+            window = [e for e in events if now - rule.window_s <= e.at <= now]
+            users = {e.user for e in window if e.kind in ("incident", "job_failed") and e.user}
             if len(users) >= rule.distinct_users:
                 out.append((rule, f"failed jobs of {len(users)} users: {', '.join(sorted(users))}"))
             continue

@@ -20,6 +20,9 @@ from recovery.diagnosis import CATEGORY
 from recovery.policy import Policy
 
 WEEK_S = 7 * 86400.0
+# A verdict at least this sure says who is to blame; below it the job's failure counts on each
+# node it ran on towards the several-users rule (each diagnosis unsure, together telling).
+SURE = 0.7
 # "XID 79", "xid_79", and the kernel's "NVRM: Xid (PCI:0000:9b:00): 79, pid=…"
 XID = re.compile(r"\bxid(?:\s*\([^)]*\))?[\s_:]*(\d{1,3})\b", re.IGNORECASE)
 
@@ -35,8 +38,9 @@ def _xid(diag: dict[str, Any], node: str) -> int | None:
 
 def events(engine: Engine, since: float, node: str | None = None) -> dict[str, list[Any]]:
     """node -> its history events since `since`: one `incident` per final diagnosis that named
-    it (infrastructure or unknown outcomes: a workload's own bug is not the node's), and the
-    outcome of every health check."""
+    it (infrastructure or unknown outcomes: a workload's own bug is not the node's), one
+    `job_failed` (with the job's user) per other node the job ran on when the diagnosis was
+    unsure, and the outcome of every health check."""
     latest = (
         select(func.max(store.diagnoses.c.id))
         .where(store.diagnoses.c.created_at >= since)
@@ -52,14 +56,25 @@ def events(engine: Engine, since: float, node: str | None = None) -> dict[str, l
     for created, body in rows:
         diag = store.loads(body) or {}
         outcome = diag.get("outcome", "healthy")
-        if outcome == "healthy" or CATEGORY.get(outcome, "unknown") == "workload":
+        if outcome == "healthy":
             continue
-        gpus = {g.get("node"): g.get("gpu") for g in diag.get("affected_gpus") or []}
         at = float(diag.get("onset") or created)
-        for n in diag.get("affected_nodes") or []:
+        user = diag.get("job_user") or None
+        blamed = (
+            []
+            if CATEGORY.get(outcome, "unknown") == "workload"
+            else diag.get("affected_nodes") or []
+        )
+        gpus = {g.get("node"): g.get("gpu") for g in diag.get("affected_gpus") or []}
+        for n in blamed:
             if node is None or n == node:
-                ev = node_health.NodeEvent(at, n, "incident", gpus.get(n), _xid(diag, n))
+                ev = node_health.NodeEvent(at, n, "incident", gpus.get(n), _xid(diag, n), user)
                 out.setdefault(n, []).append(ev)
+        if user and float(diag.get("confidence") or 0.0) < SURE:  # a sure verdict says who
+            for n in diag.get("job_nodes") or []:
+                if n not in blamed and (node is None or n == node):
+                    ev = node_health.NodeEvent(at, n, "job_failed", user=user)
+                    out.setdefault(n, []).append(ev)
     for r in node_checks.rows(engine, node, limit=1000):
         if r["started_at"] >= since and r["state"] in ("passed", "failed", "held", "rma"):
             kind = "check_passed" if r["exit_code"] == 0 else "check_failed"

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import audit, outbox
+from recovery import audit, outbox, watchdog
 from recovery.decide import (
     Action,
     Diagnosis,
@@ -65,9 +65,9 @@ def _history(
     ctx = db.connect() if isinstance(db, Engine) else nullcontext(db)
     with ctx as conn:
         restarts = conn.execute(
-            select(t.body).where(
-                t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS)
-            )
+            select(t.body)
+            .where(t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS))
+            .order_by(t.created_at, t.id)
         ).all()
         recent = conn.execute(
             select(t.id, t.state, t.created_at, t.body).where(
@@ -82,7 +82,15 @@ def _history(
             )
         ).all()
         paused = _paused(conn)
-    same = sum(1 for r in restarts if json.loads(r.body).get("cause_key") == diag.cause_key)
+        not_acting = watchdog.reason_in(conn)
+    if not_acting == watchdog.OK or (not_acting == "scheduler_unreachable" and nodes):
+        not_acting = ""  # the scheduler just answered this planner: it is reachable
+    bodies = [json.loads(r.body) for r in restarts]
+    same = sum(1 for b in bodies if b.get("cause_key") == diag.cause_key)
+    # every node an earlier restart excluded, in the order it was first excluded (oldest first)
+    excluded_before = dict.fromkeys(
+        n for b in bodies for n in b.get("action", {}).get("exclude", [])
+    )
     drain_times: list[float] = []
     reserved: set[str] = set()
     for r in recent:
@@ -97,7 +105,15 @@ def _history(
             reserved.update(json.loads(o.body).get("action", {}).get("nodes", []))
     jv = None
     if job is not None:
-        jv = JobView(job.state, job.restarts, job.exit_code, job.partition, job.start_time)
+        jv = JobView(
+            job.state,
+            job.restarts,
+            job.exit_code,
+            job.partition,
+            job.start_time,
+            node_count=job.node_count or len(job.nodes),
+            end_time=job.end_time,
+        )
     return History(
         now=now,
         job=jv,
@@ -107,6 +123,8 @@ def _history(
         nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
         paused=paused,
         reserved=tuple(sorted(reserved)),
+        excluded_before=tuple(excluded_before),
+        not_acting=not_acting,
     )
 
 

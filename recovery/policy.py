@@ -51,6 +51,7 @@ class Retry(_Frozen):
     max_requeues_per_job: int = Field(default=3, ge=0, le=100)
     sticky_after: int = Field(default=1, ge=1, le=100)
     backoff_s: tuple[float, ...] = Field(default=(0.0, 60.0, 300.0), min_length=1)
+    requeue_within_s: float = Field(default=900.0, gt=0, le=7 * 86400)
 
     @field_validator("backoff_s")
     @classmethod
@@ -68,6 +69,20 @@ class BlastRadius(_Frozen):
     max_drains_per_hour: int = Field(default=4, ge=0, le=100000)
     max_partition_unavailable_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     min_healthy_nodes: int = Field(default=1, ge=0, le=100000)
+
+
+class WatchdogPolicy(_Frozen):
+    """Fail-open (recovery/watchdog.py): what the receiver's health needs, and how fast."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=15.0, ge=1.0, le=3600.0)
+    failures_before_stop: int = Field(default=2, ge=1, le=100)
+    required: tuple[Literal["scheduler", "prometheus", "loki", "logs"], ...] = (
+        "scheduler",
+        "prometheus",
+        "loki",
+    )
+    alert_silence_s: float | None = Field(default=None, gt=0, le=7 * 86400)
 
 
 class Retention(_Frozen):
@@ -108,6 +123,9 @@ class Policy(_Frozen):
 
     mode: Mode = "monitor"
     partition_modes: dict[str, Mode] = Field(default_factory=dict)
+    # Canary: when set, Goodput acts only on jobs and nodes of these partitions (in the mode
+    # above); everywhere else it plans in monitor mode. partition_modes still wins.
+    canary_partitions: tuple[str, ...] = ()
     approval_expiry_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
     actions: dict[str, str] = Field(default_factory=_default_actions)
     min_confidence: dict[str, float] = Field(
@@ -123,6 +141,7 @@ class Policy(_Frozen):
     directives: DirectiveBounds = DirectiveBounds()
     return_to_service: ReturnToService = ReturnToService()
     retention: Retention = Retention()
+    watchdog: WatchdogPolicy = WatchdogPolicy()
     # A signature's action hint (an XID's job_action, a pattern's action in the catalogue)
     # replaces the outcome's default action; off: the outcome alone decides.
     honour_catalogue_hints: bool = True
@@ -159,9 +178,18 @@ class Policy(_Frozen):
                 return hint
         return action
 
+    def outside_canary(self, partition: str | None) -> bool:
+        """A canary list is set and `partition` (a job's may be a comma list: all of them) is
+        not on it, nor given a mode of its own."""
+        if not self.canary_partitions or (partition and partition in self.partition_modes):
+            return False
+        parts = {p.strip() for p in (partition or "").split(",") if p.strip()}
+        return not parts or not parts <= set(self.canary_partitions)
+
     def mode_for(self, partition: str | None) -> str:
-        """Cluster mode, replaced per partition, then narrowed (or widened) by the job."""
-        mode: str = self.mode
+        """Cluster mode (monitor outside the canary partitions), replaced per partition, then
+        narrowed (or widened) by the job."""
+        mode: str = "monitor" if self.outside_canary(partition) else self.mode
         if partition and partition in self.partition_modes:
             mode = self.partition_modes[partition]
         if self.job_mode is not None:

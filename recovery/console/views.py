@@ -21,8 +21,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from recovery import audit, validate
-from recovery.console import actions_port, health, plot, queries, security
+from recovery import audit, validate, watchdog
+from recovery.console import actions_port, ettr, health, plot, queries, security
 from recovery.diagnosis import OUTCOMES
 from recovery.policy import DRAINS
 
@@ -124,6 +124,15 @@ def _secure(resp: Response) -> Response:
     return resp
 
 
+def _not_acting(request: Request) -> str:
+    """Why the watchdog stopped acting, or "" (the banner on every page)."""
+    try:
+        reason = watchdog.current(_engine(request))
+    except Exception:  # noqa: BLE001 - a page must not fail because the DB is busy
+        return ""
+    return "" if reason == watchdog.OK else reason
+
+
 def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
     settings = _settings(request)
     csrf = security.csrf_of(request)
@@ -140,6 +149,7 @@ def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLRe
             csrf=csrf,
             can_login=security.session_key(settings) is not None,
             auth_required=settings.require_auth,
+            not_acting=_not_acting(request),
             **ctx,
         )
     )
@@ -554,6 +564,33 @@ def policy_page(request: Request) -> Response:
         paused=actions_port.paused(engine),
         drain_kinds=DRAINS,
         policy_yaml=yaml.safe_dump(pol.model_dump(mode="json"), sort_keys=False) if pol else "",
+    )
+
+
+@router.get("/nodes")
+def nodes_page(request: Request) -> Response:
+    """ETTR (cluster and the jobs that lost the most) and each node's history."""
+    if not _can_read(request):
+        return _login_redirect(request)
+    settings, engine = _settings(request), _engine(request)
+    pol, source = actions_port.policy_in_force(settings)
+    rows, note = [], ""
+    if pol is None:
+        note = f"The policy could not be loaded: {source}"
+    else:
+        from recovery import node_checks, node_history
+
+        try:
+            node_checks.ensure(engine)  # a receiver that has run no check yet
+            rows = node_history.summary(engine, pol)
+        except Exception as exc:  # noqa: BLE001 - the page says so instead of a 500
+            note = f"node history unavailable ({type(exc).__name__})"
+    return render(
+        request,
+        "nodes.html",
+        ettr=ettr.read(settings.prometheus_url),
+        nodes=rows,
+        history_note=note,
     )
 
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from typing import Any
 
 from catalogue import names
 from recovery import validate
 from recovery.evidence import Bundle, Context, Report, SlurmFacts
+from recovery.scheduler.base import ACTIVE
 from recovery.settings import Settings
 
 _KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(\S*)")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
 _COMMENT = re.compile(r"\sComment=(.*?)\s+(?:StdErr|StdIn|StdOut|Power|[A-Z][A-Za-z]+)=")
 
 
@@ -51,13 +52,19 @@ def _exit(value: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def slurm_time(value: str | None) -> float | None:
-    """Slurm's `2026-11-29T20:41:12` (the controller's local time, like this host's) → unix
-    seconds; `Unknown`, `None` or junk → None."""
-    try:
-        return time.mktime(time.strptime(str(value or ""), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+slurm_time = names.slurm_time
+
+
+def _ended_at(state: str, end: str | None) -> float | None:
+    """When the job ended; None while it is active (Slurm's EndTime is then the time limit)."""
+    state = (state or "").split()[0].upper() if (state or "").strip() else ""
+    return None if not state or state in ACTIVE else slurm_time(end)
+
+
+def _user(raw: str) -> str | None:
+    """`alice(1000)` (scontrol's UserId) or `alice` (sacct's User) → `alice`; junk → None."""
+    name = raw.split("(", 1)[0].strip()
+    return name if _USER.fullmatch(name) else None
 
 
 def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
@@ -77,18 +84,20 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "restarts": int(kv.get("Restarts", "0") or 0),
             "nodes": expand_hostlist(kv.get("NodeList", "")),
             "comment": kv.get("Comment", ""),
+            "user": _user(kv.get("UserId", "")),
             "start": kv.get("StartTime"),
             "start_time": slurm_time(kv.get("StartTime")),  # the current run's start
             "end": kv.get("EndTime"),
+            "end_time": _ended_at(state, kv.get("EndTime")),
             "argv": f"scontrol show job -o {job_id}",
         }
     except RuntimeError:
         pass
-    fields = "JobID,JobName,State,ExitCode,NodeList,Start,End,Comment"
+    fields = "JobID,JobName,State,ExitCode,NodeList,Start,End,User,Comment"
     text = run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields], timeout)
     for line in text.splitlines():
-        parts = line.split("|", 7)
-        if len(parts) < 8 or parts[0] != job_id:
+        parts = line.split("|", 8)
+        if len(parts) < 9 or parts[0] != job_id:
             continue
         code, sig = _exit(parts[3])
         return {
@@ -100,10 +109,12 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "signal": sig,
             "restarts": None,
             "nodes": expand_hostlist(parts[4]),
-            "comment": parts[7],
+            "comment": parts[8],
+            "user": _user(parts[7]),
             "start": parts[5],
             "start_time": slurm_time(parts[5]),
             "end": parts[6],
+            "end_time": _ended_at(parts[2], parts[6]),
             "argv": f"sacct -j {job_id} -X -n -P -o {fields}",
         }
     return {}

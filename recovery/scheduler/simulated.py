@@ -86,6 +86,7 @@ class SimulatedScheduler(Scheduler):
             partition=j.get("partition") or "sim",
             start_time=j.get("start_time"),
             gpus=int(j.get("gpus") or 0),
+            node_count=int(j.get("node_count") or 0),
         )
 
     def _drain(self, node: str, reason: str) -> None:

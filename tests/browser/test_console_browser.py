@@ -255,6 +255,12 @@ def test_console_end_to_end(receiver):
         expect(page.locator("#modes")).to_contain_text("approve")
         expect(page.locator("#budget")).to_contain_text("Drains in the last hour: 1")
         page.screenshot(path=str(SHOTS / "policy.png"), full_page=True)
+        # goodput and nodes: node2's XID is in its history; ETTR needs Prometheus (none here)
+        page.click("nav a[href='/console/nodes']")
+        expect(page.locator("#node-history tbody tr")).to_have_count(1)
+        expect(page.locator("#node-history")).to_contain_text("node2")
+        expect(page.locator("#ettr-note")).to_contain_text("Prometheus is not configured")
+        page.screenshot(path=str(SHOTS / "nodes.png"), full_page=True)
         # the executed action shows on the incident page
         page.goto(f"{base}/console/incidents/{xid_action['incident_id']}")
         expect(page.locator("#action-state")).to_have_text("executed")

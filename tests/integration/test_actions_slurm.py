@@ -38,14 +38,15 @@ def cluster(local_stack, tmp_path, monkeypatch):
     tag = uuid.uuid4().hex[:8]
     db = f"sqlite:///{tmp_path / 'actions.db'}"
 
-    def submit() -> tuple[str, str]:
+    def submit(n_nodes: int = 1) -> tuple[str, str]:
         job = slurm(
             "sbatch",
             "--parsable",
             "--requeue",
+            f"--nodes={n_nodes}",
             f"--job-name=gp7-{tag}",
             "--output=/dev/null",
-            "--gpus=1",
+            "--gpus-per-node=1",
             "--wrap",
             "sleep 600",
         ).strip()
@@ -58,9 +59,9 @@ def cluster(local_stack, tmp_path, monkeypatch):
         time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
         return job, s.nodes[0]
 
-    def settings(mode: str):
+    def settings(mode: str, **extra):
         return SimpleNamespace(
-            policy=parse_policy({"mode": mode, **POLICY}, env={}),
+            policy=parse_policy({"mode": mode, **POLICY, **extra}, env={}),
             scheduler_adapter=sched,
             alertmanager_url=None,
             prometheus_url=None,
@@ -111,6 +112,69 @@ def test_act_drains_requeues_excluding_and_runs_again(cluster):
     chain = [e["type"] for e in audit.query(cluster.engine, job_id=job)[0]]
     assert chain == ["diagnosis", "planned", "executing", "executed"]
     assert audit.verify(cluster.engine).ok
+
+
+NO_BACKOFF = {"retry": {"max_requeues_per_job": 10, "sticky_after": 10, "backoff_s": [0]}}
+
+
+def running_again(cluster, job, restarts):
+    s = wait_until(
+        lambda: (j := cluster.sched.job_state(job)) and j.state == "RUNNING" and j,
+        timeout=30,
+        what=f"job {job} running again",
+    )
+    assert s.restarts == restarts, s
+    time.sleep(1.1)  # the next fault's onset comes after the restart (whole seconds)
+    return s
+
+
+def test_a_black_hole_node_is_excluded_on_every_later_requeue(cluster):
+    """XID 79 on node X: drain, requeue excluding X. X passes its check and is resumed; the job
+    then hits an ECC error on node Y: drain Y, requeue excluding Y and still X (Slurm keeps only
+    the ExcNodeList of the latest update); then it hangs (requeue, no culprit): X and Y stay
+    excluded, so neither bad node gets the job again."""
+    s = cluster.settings("act", **NO_BACKOFF)
+    job, x = cluster.submit()
+    a = actions.on_diagnosis(cluster.engine, s, *diag(cluster, job, x))
+    assert a["state"] == "executed", a
+    y = running_again(cluster, job, 1).nodes[0]
+    cluster.sched.resume(x)  # X passed its health check
+    b = actions.on_diagnosis(cluster.engine, s, *diag(cluster, job, y, cause="xid48 dbe"))
+    assert b["state"] == "executed" and b["kind"] == "drain_and_requeue", b
+    assert sorted(b["body"]["action"]["exclude"]) == sorted([x, y])
+    again = running_again(cluster, job, 2)
+    assert {x, y} <= set(again.excluded) and not {x, y} & set(again.nodes), again
+    cluster.sched.resume(y)
+    c = actions.on_diagnosis(
+        cluster.engine, s, *diag(cluster, job, None, outcome="workload_hang", cause="hang")
+    )
+    assert c["state"] == "executed" and c["kind"] == "requeue", c
+    third = running_again(cluster, job, 3)
+    assert {x, y} <= set(third.excluded) and not {x, y} & set(third.nodes), third
+
+
+def test_exclusions_never_leave_a_two_node_job_without_nodes(cluster):
+    """A 2-node job fails on a node three times in turn (each repaired after): excluding all
+    three would leave one node for two (the reverted code's job sat pending as BadConstraints).
+    The third restart drops the oldest exclusion, audits it, and the job runs."""
+    s = cluster.settings("act", **NO_BACKOFF)
+    job, _ = cluster.submit(n_nodes=2)
+    culprits = []
+    for i in range(3):
+        state = cluster.sched.job_state(job)
+        bad = sorted(state.nodes)[0]
+        culprits.append(bad)
+        a = actions.on_diagnosis(cluster.engine, s, *diag(cluster, job, bad, cause=f"xid79-{i}"))
+        assert a["state"] == "executed", a
+        running_again(cluster, job, i + 1)
+        cluster.sched.resume(bad)
+    plan = a["body"]["action"]
+    assert plan["exclusions_dropped"] == [culprits[0]], plan
+    assert set(plan["exclude"]) == set(culprits[1:])
+    final = cluster.sched.job_state(job)
+    assert final.state == "RUNNING" and set(final.excluded) == set(culprits[1:]), final
+    planned = [e for e in audit.query(cluster.engine, job_id=job)[0] if e["type"] == "planned"]
+    assert planned[-1]["payload"]["exclusions_dropped"] == [culprits[0]]
 
 
 def test_monitor_changes_nothing_in_slurm(cluster):

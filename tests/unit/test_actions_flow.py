@@ -317,3 +317,46 @@ def test_diagnostics_are_captured_before_the_drain_and_kept_with_the_action(worl
     [ev] = audit.query(world.engine, type_="diagnostics_captured")[0]
     assert ev["payload"]["output"].strip() == "bug report for node2"
     assert ev["payload"]["exit_code"] == 0 and ev["action_id"] == a["id"]
+
+
+def test_a_node_that_failed_the_job_stays_excluded_on_every_later_restart(world):
+    """Black-hole nodes: XID 79 on node2 (drain and requeue excluding it), then the job hangs
+    on node3 (requeue): the second requeue keeps node2 excluded, so even after node2 passes its
+    health check and is resumed, this job never lands there again."""
+    world.submit("42", node="node2")
+    first = actions.on_diagnosis(world.engine, world.settings("act"), *diag(1))
+    assert first["state"] == "executed" and world.st["jobs"]["42"]["excluded"] == ["node2"]
+    world.st["nodes"]["node2"].update(state="IDLE", reason="")  # passed its check, resumed
+    hang = diag(2, outcome="workload_hang", nodes=(), cause="hang", onset=time.time() + 1)
+    second = actions.on_diagnosis(world.engine, world.settings("act"), *hang)
+    assert second["kind"] == "requeue" and second["state"] == "executed"
+    assert second["body"]["action"]["exclude"] == ["node2"]
+    job = world.st["jobs"]["42"]
+    assert job["restarts"] == 2 and job["excluded"] == ["node2"] and job["nodes"] != ["node2"]
+
+
+def test_exclusions_are_capped_so_the_job_can_still_run(world):
+    """The job fails on each of the four nodes in turn (each repaired after): the union of its
+    exclusions would be every node (the reverted code left such a job pending for good); the
+    fourth restart drops the oldest exclusion, says so in the plan, and the job runs there."""
+    s = world.settings(
+        "act",
+        retry={"max_requeues_per_job": 10, "sticky_after": 10, "backoff_s": [0]},
+        blast_radius={"max_drains_per_hour": 10},
+    )
+    world.submit("42", node="node1")
+    order = []
+    for i in range(4):
+        node = world.st["jobs"]["42"]["nodes"][0]
+        order.append(node)
+        a = actions.on_diagnosis(
+            world.engine, s, *diag(i + 1, nodes=(node,), cause=f"xid79-{i}", onset=time.time() + 1)
+        )
+        assert a["state"] == "executed", a
+        world.st["nodes"][node].update(state="IDLE", reason="")  # passed its check, resumed
+    assert sorted(order) == ["node1", "node2", "node3", "node4"]
+    plan = a["body"]["action"]
+    assert plan["exclusions_dropped"] == [order[0]] and set(plan["exclude"]) == set(order[1:])
+    assert "exclusions_capped_to_keep_job_runnable" in plan["reasons"]
+    job = world.st["jobs"]["42"]
+    assert job["state"] == "RUNNING" and job["nodes"] == [order[0]]

@@ -125,3 +125,48 @@ def test_a_rule_window_longer_than_a_week_sees_its_whole_window(tmp_path):
     [row] = node_history.summary(engine, policy, now=NOW)
     assert [e["rule"] for e in row["escalations"]] == ["three-in-a-month"]
     assert row["incidents_7d"] == 1  # the weekly count stays a week
+
+
+def _failed(engine, at, outcome, user, job_nodes, conf, nodes=()):
+    with engine.begin() as conn:
+        iid = conn.execute(
+            store.incidents.insert().values(state="resolved", opened_at=at, updated_at=at)
+        ).inserted_primary_key[0]
+        body = {
+            "outcome": outcome,
+            "affected_nodes": list(nodes),
+            "job_user": user,
+            "job_nodes": job_nodes,
+            "confidence": conf,
+            "onset": at,
+        }
+        conn.execute(store.diagnoses.insert().values(
+            incident_id=iid, created_at=at, outcome=outcome, body=store.dumps(body)))  # fmt: skip
+
+
+def test_jobs_of_several_users_failing_on_a_node_make_it_suspect_though_each_was_unsure(tmp_path):
+    """Three users' jobs fail on node3 (with other nodes each time); no diagnosis was sure
+    enough to blame a node. Together they break the several-users rule for node3 only; a sure
+    verdict that a job's own bug killed it (a fourth user's OOM) does not count."""
+    engine = _engine(tmp_path)
+    _failed(engine, NOW - 3000, "unknown", "ana", ["node1", "node3"], 0.3)
+    _failed(engine, NOW - 2000, "workload_crash", "bo", ["node3", "node4"], 0.4)
+    _failed(engine, NOW - 1000, "workload_hang", "cy", ["node2", "node3"], 0.5)
+    _failed(engine, NOW - 900, "workload_oom", "dee", ["node1"], 0.95)
+    rows = {r["node"]: r for r in node_history.summary(engine, POLICY, now=NOW)}
+    assert [e["rule"] for e in rows["node3"]["escalations"]] == ["several-users"]
+    assert "ana, bo, cy" in rows["node3"]["escalations"][0]["why"]
+    assert rows["node3"]["incidents_7d"] == 0  # suspected, not blamed
+    assert all(not rows[n]["escalations"] for n in ("node1", "node2", "node4"))
+    evs = node_history.events(engine, NOW - 10_000)
+    assert [e.user for e in evs["node1"]] == ["ana"]  # dee's sure OOM is the job's own
+
+
+def test_a_sure_verdict_blames_its_node_alone_an_unsure_one_every_node_of_the_job(tmp_path):
+    engine = _engine(tmp_path)
+    _failed(engine, NOW - 200, "gpu_hardware_fault", "ana", ["node2", "node3"], 0.9, ["node2"])
+    _failed(engine, NOW - 100, "network_fault", "bo", ["node2", "node4"], 0.5, ["node2"])
+    evs = node_history.events(engine, NOW - 1000)
+    assert [(e.kind, e.user) for e in evs["node2"]] == [("incident", "ana"), ("incident", "bo")]
+    assert "node3" not in evs  # ana's job: node2 was to blame, surely
+    assert [(e.kind, e.user) for e in evs["node4"]] == [("job_failed", "bo")]

@@ -116,3 +116,38 @@ def test_outcomes_are_the_catalogues():
     from recovery import diagnosis, policy
 
     assert set(policy.OUTCOMES) == set(diagnosis.OUTCOMES) == set(catalogue.outcomes())
+
+
+def test_canary_partitions_act_and_the_rest_only_monitors():
+    p = parse_policy(
+        {"mode": "act", "canary_partitions": ["canary"], "partition_modes": {"debug": "approve"}},
+        env={},
+    )
+    assert p.mode_for("canary") == "act"
+    assert p.mode_for("gpu") == "monitor" and p.outside_canary("gpu")
+    assert p.mode_for(None) == "monitor"  # a job whose partition is unknown: not on the list
+    assert p.mode_for("canary,gpu") == "monitor"  # may run outside the canary
+    assert p.mode_for("debug") == "approve" and not p.outside_canary("debug")  # its own mode
+    assert parse_policy({"mode": "act"}, env={}).mode_for("gpu") == "act"  # no list: everywhere
+    d, _ = parse_directive('{"goodput": {"mode": "approve"}}')
+    assert merge(p, d).mode_for("canary") == "approve"  # a job still narrows inside the canary
+    with pytest.raises(PolicyError, match="canary_partitions"):
+        parse_policy({"canary_partitions": "canary"}, env={})
+
+
+def test_a_fault_outside_the_canary_is_planned_and_says_why():
+    from recovery.decide import Diagnosis, History, JobView, NodeView, decide
+
+    p = parse_policy({"mode": "act", "canary_partitions": ["canary"]}, env={})
+    nodes = tuple(NodeView(f"n{i}", "IDLE", ("gpu" if i < 4 else "canary",)) for i in range(8))
+
+    def plan(part: str, node: str):
+        h = History(now=2000.0, job=JobView("RUNNING", 0, None, part, 100.0), nodes=nodes)
+        return decide(
+            Diagnosis("1", "7", "gpu_hardware_fault", "xid79", (node,), 0.95, 1500.0), h, p
+        )
+
+    out = plan("gpu", "n1")
+    assert out.disposition == "plan_only" and "outside_canary_partitions" in out.reasons
+    inside = plan("canary", "n5")
+    assert inside.disposition == "execute" and "outside_canary_partitions" not in inside.reasons
