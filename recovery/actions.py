@@ -30,7 +30,16 @@ from typing import Any
 import requests
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import accounting, audit, failpoints, node_health, outbox, planning, watchdog
+from recovery import (
+    accounting,
+    audit,
+    failpoints,
+    leases,
+    node_health,
+    outbox,
+    planning,
+    watchdog,
+)
 from recovery.decide import Action, Diagnosis
 from recovery.outbox import (
     DRAIN_STATES,
@@ -57,7 +66,7 @@ from recovery.scheduler.base import check_node
 
 log = logging.getLogger("goodput.actions")
 MAX_ATTEMPTS = 50
-OWNER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+OWNER = leases.OWNER
 _running: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
 _refs = outbox.refs
@@ -84,6 +93,7 @@ class Config:
     alertmanager_url: str | None
     prometheus_url: str | None
     retry_base_s: float
+    lease_s: float = leases.DEFAULT_S
 
 
 def _setting(settings: Any, attr: str, env: str, default: str | None = None) -> str | None:
@@ -139,6 +149,7 @@ def config(settings: Any) -> Config:
         alertmanager_url=_setting(settings, "alertmanager_url", "GOODPUT_ALERTMANAGER_URL"),
         prometheus_url=_setting(settings, "prometheus_url", "GOODPUT_PROMETHEUS_URL"),
         retry_base_s=float(getattr(settings, "action_retry_s", 5.0)),
+        lease_s=float(getattr(settings, "lease_s", leases.DEFAULT_S)),
     )
 
 
@@ -277,16 +288,24 @@ def plan(engine: Engine, settings: Any, action_id: str) -> dict[str, Any] | None
 
 # ---- execution -----------------------------------------------------------------------------
 def _claim(
-    engine: Engine, cfg: Config, action_id: str, from_states: tuple[str, ...], nodes: Any
+    engine: Engine,
+    cfg: Config,
+    action_id: str,
+    from_states: tuple[str, ...],
+    nodes: Any,
+    owner: str | None = None,
 ) -> tuple[Any, str | None]:
-    """Move the row to `executing` (ours); with its drains checked against the blast radius
-    under the budget lock. Returns (row or None, the limit it would break or None)."""
+    """Move the row to `executing` (ours, leased); with its drains checked against the blast
+    radius under the budget lock. An `executing` row is taken over only from `owner` (the dead
+    process `reconcile` saw holding it). Returns (row or None, the limit it would break)."""
 
     def write(conn: Connection) -> tuple[Any, str | None]:
         planning.lock_budget(conn)
         cur = outbox.raw(conn, action_id)
         if cur is None or cur.state not in from_states:
             return None, None
+        if cur.state == "executing" and (owner is None or cur.owner != owner):
+            return None, None  # its owner lives, or another receiver took it over first
         if nodes is not None and cur.state != "executing":
             why = planning.budget_violation(conn, cur, nodes, cfg.policy)
             if why is not None:
@@ -297,6 +316,7 @@ def _claim(
             .values(
                 state="executing",
                 owner=OWNER,
+                lease_until=_now(conn) + cfg.lease_s,
                 updated_at=_now(conn),
                 attempts=actions_table.c.attempts + 1,
             )
@@ -361,8 +381,10 @@ def execute(
     settings: Any,
     action_id: str,
     from_states: tuple[str, ...] = ("ready", "approved"),
+    owner: str | None = None,
 ) -> dict[str, Any] | None:
-    """Execute one ready or approved action (a no-op if someone else holds it)."""
+    """Execute one ready or approved action (a no-op if someone else holds it), or finish an
+    executing one that `owner`, a dead process, left."""
     ensure(engine)
     cfg = config(settings)
     if is_paused(engine):
@@ -384,11 +406,11 @@ def execute(
         try:  # the blast radius is checked again with the nodes as they are now
             nodes = sched.node_states()
         except SchedulerError as exc:
-            row, _ = _claim(engine, cfg, action_id, from_states, None)
+            row, _ = _claim(engine, cfg, action_id, from_states, None, owner)
             if row is not None:
                 _retry_or_fail(engine, cfg, row, exc, [])
             return get_action(engine, action_id)
-    row, over = _claim(engine, cfg, action_id, from_states, nodes)
+    row, over = _claim(engine, cfg, action_id, from_states, nodes, owner)
     if row is None:
         return get_action(engine, action_id)
     if over is not None:
@@ -716,11 +738,12 @@ def _notify(
 # ---- start-up reconciliation and the retry loop -----------------------------------------------
 def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     """Finish what is due: rows with no plan yet (a final diagnosis whose planner died, or one
-    waiting for the scheduler), executing rows left by a dead process (at start-up), ready or
+    waiting for the scheduler), executing rows left by a dead process (`orphaned`), ready or
     approved rows whose retry time has come."""
     ensure(engine)
     expire(engine)
     now = _now(engine)
+    single = engine.dialect.name == "sqlite"
     with engine.connect() as conn:
         rows = conn.execute(
             select(actions_table)
@@ -731,12 +754,12 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     for r in rows:
         if r.next_attempt_at and r.next_attempt_at > now and r.state != "executing":
             continue
-        if r.state == "executing" and (not startup or r.owner == OWNER):
+        if r.state == "executing" and not orphaned(r, now, startup, single):
             continue  # executing is finished here only when a dead process left it
         if r.state in PLANNABLE:
             plan(engine, settings, r.id)  # in place: the row is never absent
         else:
-            if startup:
+            if startup or r.state == "executing":  # a restart, or a dead owner's lease
                 was: dict[str, Any] = {"was": r.state}
                 if r.state == "executing":
                     was["owner"] = r.owner  # the process that died holding it
@@ -746,13 +769,24 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
                     was,
                     **_refs(r),
                 )
-            execute(engine, settings, r.id, (r.state,))
+            execute(engine, settings, r.id, (r.state,), r.owner)
         n += 1
     try:
         accounting.update_recoveries(engine, config(settings).scheduler)
     except SchedulerError:
         pass
     return n
+
+
+def orphaned(row: Any, now: float, startup: bool, single: bool) -> bool:
+    """Is this executing row left by a dead process? Yes once its owner's lease has expired
+    (receivers in HA: the owner stopped renewing it), and at start-up when the row has no
+    lease or the store has one receiver only (SQLite): the process that held it is gone."""
+    if row.state != "executing" or row.owner == OWNER:
+        return False
+    if row.lease_until is not None and row.lease_until < now:
+        return True
+    return startup and (row.lease_until is None or single)
 
 
 def start(
@@ -780,6 +814,8 @@ def start(
     if not thread:
         startup()
         return
+
+    leases.start(engine, float(getattr(settings, "lease_s", leases.DEFAULT_S)))
 
     def loop() -> None:
         startup()

@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recovery import clock, incidents, retention, validate
+from recovery.group_commit import GroupCommit
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
 from recovery.store import make_engine
@@ -257,6 +258,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     registry = CollectorRegistry()
     metrics = ReceiverMetrics(registry, engine)
     auth = Auth(settings)
+    commits = GroupCommit(engine, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -347,9 +349,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
         except RecursionError:
             return _error(400, "payload nested too deeply")
         result = await run_in_threadpool(
-            incidents.ingest,
-            engine,
-            settings,
+            commits.ingest,
             [a.model_dump() for a in payload.alerts],
             raw=raw.decode("utf-8"),
             group_key=payload.groupKey,

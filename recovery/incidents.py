@@ -8,6 +8,9 @@ Rules:
   Slurm before the ingest lock is taken, plus open incidents that already name the node);
   with none, a node incident;
 - each new alert in an incident schedules a diagnosis after `settings.settle_s`;
+- receivers sharing a PostgreSQL store ingest one at a time (an advisory lock: no two open
+  incidents for one job) and claim a due diagnosis with a lease (`claim_diagnoses`), so each
+  is made by one receiver; a new alert ends the claim (the diagnosis under way is superseded);
 - an incident resolves when all its alerts are resolved.
 """
 
@@ -20,18 +23,31 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from recovery import clock, failpoints, validate
 from recovery.settings import Settings
 from recovery.store import (
+    INGEST_LOCK,
     alerts,
     diagnoses,
     dumps,
     incident_alerts,
     incidents,
     loads,
+    serialize,
     store_payload,
 )
 
@@ -64,6 +80,32 @@ def default_node_jobs(settings: Settings) -> NodeJobs:
     return lookup
 
 
+@dataclass
+class Payload:
+    """One webhook payload, validated, with Slurm's jobs on its nodes already asked."""
+
+    docs: list[dict[str, Any]]
+    raw: str = ""
+    group_key: str = ""
+    status: str = "firing"
+    on_node: dict[str, list[str]] = field(default_factory=dict)
+
+
+def prepare(
+    engine: Engine,
+    settings: Settings,
+    alert_docs: Iterable[dict[str, Any]],
+    raw: str = "",
+    group_key: str = "",
+    status: str = "firing",
+    node_jobs: NodeJobs | None = None,
+) -> Payload:
+    """A payload ready to fold (the Slurm lookups done, outside any lock or transaction)."""
+    docs = list(alert_docs)
+    on_node = _jobs_on_nodes(engine, docs, node_jobs or default_node_jobs(settings))
+    return Payload(docs, raw, group_key, status, on_node)
+
+
 def ingest(
     engine: Engine,
     settings: Settings,
@@ -75,29 +117,45 @@ def ingest(
     now: float | None = None,
 ) -> IngestResult:
     """Store a validated webhook payload and fold its alerts into incidents (one transaction)."""
+    payload = prepare(engine, settings, alert_docs, raw, group_key, status, node_jobs)
+    (result,) = ingest_payloads(engine, settings, [payload], now)
+    failpoints.hit("ingested")
+    return result
+
+
+def ingest_payloads(
+    engine: Engine, settings: Settings, payloads: list[Payload], now: float | None = None
+) -> list[IngestResult]:
+    """Store and fold several payloads in ONE transaction, in order (the receiver's group
+    commit, `recovery.group_commit`): all are durable together, or none is."""
     now = clock.now(engine) if now is None else now
-    alert_docs = list(alert_docs)
-    on_node = _jobs_on_nodes(engine, alert_docs, node_jobs or default_node_jobs(settings))
+    with _LOCK, engine.begin() as conn:
+        serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
+        return [_fold(conn, settings, p, now) for p in payloads]
+
+
+def _fold(conn: Connection, settings: Settings, p: Payload, now: float) -> IngestResult:
     result = IngestResult()
     touched: set[int] = set()
-    with _LOCK, engine.begin() as conn:
-        store_payload(conn, raw, group_key=group_key, status=status, now=now)
-        for doc in alert_docs:
-            alert_id, is_new, changed = _upsert_alert(conn, doc, now)
-            result.new += int(is_new)
-            result.changed += int(changed)
-            if doc["labels"].get("goodput_notification") == "true":
-                continue  # Goodput's own notices to on-call (approvals, stops) open nothing
-            if is_new and doc["status"] == "firing":
-                for inc in _incidents_for(conn, doc, on_node, now):
-                    _link(conn, inc, alert_id, now, settings.settle_s)
-                    touched.add(inc)
-            elif is_new or changed:
-                touched.update(_linked_incidents(conn, alert_id))
-        for inc in touched:
-            _maybe_resolve(conn, inc, now)
+    ended: set[int] = set()  # incidents an alert's status change may resolve
+    store_payload(conn, p.raw, group_key=p.group_key, status=p.status, now=now)
+    for doc in p.docs:
+        alert_id, is_new, changed = _upsert_alert(conn, doc, now)
+        result.new += int(is_new)
+        result.changed += int(changed)
+        if doc["labels"].get("goodput_notification") == "true":
+            continue  # Goodput's own notices to on-call (approvals, stops) open nothing
+        if is_new and doc["status"] == "firing":
+            starts = validate.timestamp(doc["startsAt"])
+            for inc in _incidents_for(conn, doc, p.on_node, now):
+                _link(conn, inc, alert_id, now, settings.settle_s, starts)
+                touched.add(inc)
+        elif is_new or changed:
+            ended.update(_linked_incidents(conn, alert_id))
+    touched |= ended
+    for inc in ended:  # one with a new firing alert stays open: nothing to count there
+        _maybe_resolve(conn, inc, now)
     result.incident_ids = sorted(touched)
-    failpoints.hit("ingested")
     return result
 
 
@@ -140,12 +198,42 @@ def _jobs_on_nodes(
     return out
 
 
+# The webhook's hot statements, built once with bound parameters (building them per alert cost
+# as much as running them: `bench/webhook.py`).
+_ALERT_BY_IDENTITY = select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).where(
+    alerts.c.fingerprint == bindparam("b_fp"), alerts.c.starts_at == bindparam("b_starts")
+)
+_INSERT_ALERT = insert(alerts)
+_OPEN_OF_JOB = (
+    select(incidents.c.id)
+    .where(incidents.c.state == "open", incidents.c.job_id == bindparam("b_job"))
+    .order_by(incidents.c.id.desc())
+    .limit(1)
+)
+_INSERT_LINK = insert(incident_alerts)
+_was = incidents.c.first_alert_ts
+_LINK = (
+    update(incidents)
+    .where(incidents.c.id == bindparam("b_id"))
+    .values(
+        updated_at=bindparam("b_now"),
+        first_alert_ts=case(
+            (or_(_was.is_(None), _was > bindparam("b_starts")), bindparam("b_starts")),
+            else_=_was,
+        ),
+        diagnosis_state="pending",
+        diagnosis_due=bindparam("b_due"),
+        diagnosis_gen=incidents.c.diagnosis_gen + 1,
+        diagnosis_owner=None,
+        diagnosis_lease=None,
+    )
+)
+
+
 def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[int, bool, bool]:
     labels = doc["labels"]
     row = conn.execute(
-        select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).where(
-            and_(alerts.c.fingerprint == doc["fingerprint"], alerts.c.starts_at == doc["startsAt"])
-        )
+        _ALERT_BY_IDENTITY, {"b_fp": doc["fingerprint"], "b_starts": doc["startsAt"]}
     ).first()
     ends = validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
     if row is not None:
@@ -158,33 +246,35 @@ def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[in
         )
         return row.id, False, True
     new_id = conn.execute(
-        insert(alerts).values(
-            fingerprint=doc["fingerprint"],
-            starts_at=doc["startsAt"],
-            starts_ts=validate.timestamp(doc["startsAt"]),
-            ends_ts=ends,
-            status=doc["status"],
-            alertname=labels.get("alertname", "")[:128],
-            severity=labels.get("severity", "")[:32],
-            job_id=labels.get("job_id") or None,
-            node=labels.get("node") or None,
-            gpu=labels.get("gpu") or None,
-            labels=dumps(labels),
-            annotations=dumps(doc.get("annotations") or {}),
-            received_at=now,
-            updated_at=now,
-        )
+        _INSERT_ALERT,
+        {
+            "fingerprint": doc["fingerprint"],
+            "starts_at": doc["startsAt"],
+            "starts_ts": validate.timestamp(doc["startsAt"]),
+            "ends_ts": ends,
+            "status": doc["status"],
+            "alertname": labels.get("alertname", "")[:128],
+            "severity": labels.get("severity", "")[:32],
+            "job_id": labels.get("job_id") or None,
+            "node": labels.get("node") or None,
+            "gpu": labels.get("gpu") or None,
+            "labels": dumps(labels),
+            "annotations": dumps(doc.get("annotations") or {}),
+            "received_at": now,
+            "updated_at": now,
+        },
     ).inserted_primary_key[0]  # type: ignore[index]
     return int(new_id), True, False
 
 
 def _open_incident(conn: Connection, now: float, job_id: str | None, node: str | None) -> int:
-    q = select(incidents.c.id).where(incidents.c.state == "open")
     if job_id is not None:
-        q = q.where(incidents.c.job_id == job_id)
+        row = conn.execute(_OPEN_OF_JOB, {"b_job": job_id}).first()
     else:
-        q = q.where(and_(incidents.c.job_id.is_(None), incidents.c.node == node))
-    row = conn.execute(q.order_by(incidents.c.id.desc())).first()
+        q = select(incidents.c.id).where(
+            incidents.c.state == "open", incidents.c.job_id.is_(None), incidents.c.node == node
+        )
+        row = conn.execute(q.order_by(incidents.c.id.desc())).first()
     if row is not None:
         return int(row.id)
     new_id = conn.execute(
@@ -228,31 +318,20 @@ def _incidents_for(
     return [_open_incident(conn, now, j, None) for j in sorted(jobs)]
 
 
-def _link(conn: Connection, incident_id: int, alert_id: int, now: float, settle: float) -> None:
-    exists = conn.execute(
-        select(incident_alerts.c.alert_id).where(
-            and_(
-                incident_alerts.c.incident_id == incident_id, incident_alerts.c.alert_id == alert_id
-            )
-        )
-    ).first()
-    if exists:
-        return
-    conn.execute(insert(incident_alerts).values(incident_id=incident_id, alert_id=alert_id))
-    starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar_one()
-    inc = conn.execute(select(incidents).where(incidents.c.id == incident_id)).one()
-    first = starts if inc.first_alert_ts is None else min(inc.first_alert_ts, starts)
-    conn.execute(
-        update(incidents)
-        .where(incidents.c.id == incident_id)
-        .values(
-            updated_at=now,
-            first_alert_ts=first,
-            diagnosis_state="pending",
-            diagnosis_due=now + settle,
-            diagnosis_gen=incidents.c.diagnosis_gen + 1,
-        )
-    )
+def _link(
+    conn: Connection,
+    incident_id: int,
+    alert_id: int,
+    now: float,
+    settle: float,
+    starts: float | None = None,
+) -> None:
+    """Link a new alert (it has no link yet) to the incident and schedule its diagnosis."""
+    if starts is None:
+        starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar()
+    conn.execute(_INSERT_LINK, {"incident_id": incident_id, "alert_id": alert_id})
+    params = {"b_id": incident_id, "b_now": now, "b_starts": starts, "b_due": now + settle}
+    conn.execute(_LINK, params)
 
 
 def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:
@@ -406,6 +485,45 @@ def due_diagnoses(engine: Engine, now: float | None = None) -> list[tuple[int, i
     return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
 
 
+def claim_diagnoses(
+    engine: Engine, owner: str, lease_s: float, now: float | None = None, limit: int = 100
+) -> list[tuple[int, int]]:
+    """Claim the due diagnoses nobody holds (or whose holder's lease expired) for `owner`,
+    for `lease_s` seconds: (incident id, generation), oldest due first. On PostgreSQL the rows
+    are locked `FOR UPDATE SKIP LOCKED`, so receivers claiming at once never get the same."""
+    now = clock.now(engine) if now is None else now
+    c = incidents.c
+    free = or_(c.diagnosis_lease.is_(None), c.diagnosis_lease < now, c.diagnosis_owner == owner)
+    with _LOCK, engine.begin() as conn:
+        rows = conn.execute(
+            select(c.id, c.diagnosis_gen)
+            .where(c.diagnosis_state == "pending", c.diagnosis_due <= now, free)
+            .order_by(c.diagnosis_due)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        if rows:
+            conn.execute(
+                update(incidents)
+                .where(c.id.in_([r.id for r in rows]))
+                .values(diagnosis_owner=owner, diagnosis_lease=now + lease_s)
+            )
+    return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
+
+
+def release_claims(engine: Engine, but: str) -> int:
+    """End every diagnosis claim not held by `but`: at start-up of the only receiver of a store
+    (SQLite), whatever another owner still holds was left by a process that is gone."""
+    c = incidents.c
+    with _LOCK, engine.begin() as conn:
+        done = conn.execute(
+            update(incidents)
+            .where(c.diagnosis_owner.is_not(None), c.diagnosis_owner != but)
+            .values(diagnosis_owner=None, diagnosis_lease=None)
+        )
+    return int(done.rowcount or 0)
+
+
 def store_diagnosis(
     engine: Engine,
     incident_id: int,
@@ -416,6 +534,7 @@ def store_diagnosis(
     now: float | None = None,
     on_final: Callable[[Connection], Any] | None = None,
     incomplete_max: int = 0,
+    owner: str | None = None,
 ) -> str:
     """Store a diagnosis and say what it settles:
 
@@ -430,12 +549,22 @@ def store_diagnosis(
     also diagnosed again `recheck_s` later, at most `incomplete_max` times: an outage of Slurm
     must not lower the confidence of the verdict for good. `on_final(conn)` runs inside the
     transaction that stores a "done" diagnosis (the action outbox is written with it).
+    With `owner` (the claim's, `claim_diagnoses`), nothing is stored unless the claim still
+    stands ("superseded": a new alert ended it, or another receiver took over after our lease
+    expired), and the claim is released.
     """
     now = clock.now(engine) if now is None else now
     for attempt in range(20):
         try:
             return _store(
-                engine, incident_id, gen, doc, recheck_s, recheck_max, now, on_final, incomplete_max
+                engine,
+                incident_id,
+                gen,
+                doc,
+                (recheck_s, recheck_max, incomplete_max),
+                now,
+                on_final,
+                owner,
             )
         except IntegrityError:  # another receiver won a race for a row id (audit seq)
             time.sleep(0.01 * (attempt + 1))
@@ -456,13 +585,26 @@ def _store(
     incident_id: int,
     gen: int,
     doc: dict[str, Any],
-    recheck_s: float,
-    recheck_max: int,
+    limits: tuple[float, int, int],
     now: float,
     on_final: Callable[[Connection], Any] | None,
-    incomplete_max: int,
+    owner: str | None,
 ) -> str:
+    recheck_s, recheck_max, incomplete_max = limits
     with _LOCK, engine.begin() as conn:
+        if owner is not None:
+            claim = conn.execute(
+                select(incidents.c.diagnosis_owner)
+                .where(incidents.c.id == incident_id)
+                .with_for_update()
+            ).first()
+            if claim is None or claim.diagnosis_owner != owner:
+                return "superseded"
+            conn.execute(
+                update(incidents)
+                .where(incidents.c.id == incident_id)
+                .values(diagnosis_owner=None, diagnosis_lease=None)
+            )
         conn.execute(
             insert(diagnoses).values(
                 incident_id=incident_id, created_at=now, outcome=doc["outcome"], body=dumps(doc)
@@ -500,7 +642,11 @@ def _store(
                 and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
             ):
                 return "recheck"
-        done = conn.execute(update(incidents).where(current).values(diagnosis_state="done"))
+        done = conn.execute(
+            update(incidents)
+            .where(current, incidents.c.diagnosis_state == "pending")
+            .values(diagnosis_state="done")
+        )
         if not done.rowcount:
             return "superseded"
         state = conn.execute(select(incidents.c.state).where(current)).scalar_one()
@@ -531,5 +677,7 @@ def record_failure(
                 diagnosis_attempts=attempts,
                 diagnosis_due=(clock.now(engine) if now is None else now) + retry_s,
                 diagnosis_state="failed" if attempts >= max_attempts else "pending",
+                diagnosis_owner=None,
+                diagnosis_lease=None,
             )
         )

@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import CreateIndex
 
-from recovery import accounting, audit, clock
+from recovery import accounting, audit, clock, store
 from recovery.decide import Diagnosis
 
 metadata = MetaData()
@@ -57,6 +57,7 @@ actions_table = Table(
     Column("next_attempt_at", Float, nullable=True),
     Column("attempts", Integer, nullable=False, default=0),
     Column("owner", String(64), nullable=True),
+    Column("lease_until", Float, nullable=True),  # an executing row's owner lease (leases)
     Column("decided_by", String(128), nullable=True),
     Column("last_error", Text, nullable=True),
     Column("result", Text, nullable=True),
@@ -105,6 +106,7 @@ def ensure(engine: Engine) -> None:
 
 def _create(engine: Engine) -> None:
     metadata.create_all(engine)
+    store.add_missing_columns(engine, metadata)
     with engine.begin() as conn:  # create_all skips the indexes of a table that already exists
         for index in actions_table.indexes:
             conn.execute(CreateIndex(index, if_not_exists=True))
@@ -141,6 +143,7 @@ def public(r: Any) -> dict[str, Any]:
     d["body"] = json.loads(d["body"])
     d["result"] = json.loads(d["result"]) if d.get("result") else None
     d.pop("owner", None)
+    d.pop("lease_until", None)
     return d
 
 

@@ -16,6 +16,9 @@
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
 | `GOODPUT_RECEIVER_SLURM` | `1` (ask Slurm for evidence and node → jobs) |
 | `GOODPUT_RECEIVER_LOOKBACK_S` | `900` (evidence window before the first alert) |
+| `GOODPUT_RECEIVER_WORKER_POLL_S` | `0.5` (how often the worker looks for due diagnoses) |
+| `GOODPUT_RECEIVER_LEASE_S` | `30` (receivers in HA: a dead one's diagnosis or action is |
+| | taken over this long after its last heartbeat; `recovery.leases`) |
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Settings:
     lookback_s: float = 900.0
     lookahead_s: float = 120.0
     rules_dir: str | None = None
+    lease_s: float = 30.0
     extra: dict[str, str] = field(default_factory=dict)
     # injected, not from the environment: the time (the benchmark's simulated clock) and the
     # Slurm/Prometheus evidence sources (the benchmark's simulation); None: the live services
@@ -72,6 +76,8 @@ class Settings:
             raise ValueError(f"GOODPUT_RECEIVER_RECHECK_S must be 0..3600, not {self.recheck_s}")
         if self.recheck_max not in range(11):
             raise ValueError(f"GOODPUT_RECEIVER_RECHECK_MAX must be 0..10, not {self.recheck_max}")
+        if not 0.3 <= self.lease_s <= 3600.0:
+            raise ValueError(f"GOODPUT_RECEIVER_LEASE_S must be 0.3..3600, not {self.lease_s}")
         if not self.db_url:
             object.__setattr__(self, "db_url", default_db_url())
 
@@ -101,6 +107,8 @@ class Settings:
             "loki_url": opt("GOODPUT_LOKI_URL"),
             "slurm_enabled": (opt("GOODPUT_RECEIVER_SLURM") or "1") not in ("0", "false", "no"),
             "lookback_s": float(opt("GOODPUT_RECEIVER_LOOKBACK_S") or 900.0),
+            "worker_poll_s": _number(opt("GOODPUT_RECEIVER_WORKER_POLL_S"), 0.5, "WORKER_POLL_S"),
+            "lease_s": _number(opt("GOODPUT_RECEIVER_LEASE_S"), 30.0, "LEASE_S"),
             "extra": {k: v for k, v in e.items() if k.startswith("GOODPUT_")},
         }
         values.update(overrides)

@@ -12,6 +12,7 @@ Webhook bodies are kept once per distinct body (`store_payload`: a redelivery co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -99,6 +100,9 @@ incidents = Table(
     Column("diagnosis_due", Float, nullable=True),
     Column("diagnosis_gen", Integer, nullable=False, default=0),  # bumped by each new alert
     Column("diagnosis_attempts", Integer, nullable=False, default=0),
+    # The receiver diagnosing it now, and until when (recovery.leases); NULL when nobody is.
+    Column("diagnosis_owner", String(64), nullable=True),
+    Column("diagnosis_lease", Float, nullable=True),
 )
 Index("ix_incident_job_state", incidents.c.job_id, incidents.c.state)
 Index("ix_incident_diag", incidents.c.diagnosis_state, incidents.c.diagnosis_due)
@@ -176,24 +180,40 @@ def add_missing_columns(engine: Engine, meta: MetaData) -> None:
                 conn.execute(CreateIndex(index, if_not_exists=True))
 
 
+# Keys of PostgreSQL's transaction-level advisory locks (`serialize`).
+INGEST_LOCK = 0x60_0D_0001
+
+
+def serialize(conn: Connection, key: int) -> None:
+    """Hold the advisory lock `key` until `conn`'s transaction ends, so receivers sharing one
+    PostgreSQL take turns (each waits for the other's commit). On SQLite, one receiver per
+    store, its in-process lock and SQLite's writer lock do the same: nothing to take here."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
 def store_payload(conn: Connection, body: str, *, group_key: str, status: str, now: float) -> None:
     """Keep `body` once: a new body is inserted, a redelivered one counted (race-free upsert)."""
     digest = hashlib.sha256(body.encode()).hexdigest()
-    dialect = sqlite if conn.dialect.name == "sqlite" else postgresql
-    stmt = dialect.insert(payloads).values(
-        received_at=now,
-        group_key=group_key[:4096],
-        status=status,
-        body=body,
-        digest=digest,
-        deliveries=1,
-        last_seen=now,
-    )
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[payloads.c.digest],
-            set_={"deliveries": payloads.c.deliveries + 1, "last_seen": now},
-        )
+    values = {
+        "received_at": now,
+        "group_key": group_key[:4096],
+        "status": status,
+        "body": body,
+        "digest": digest,
+        "deliveries": 1,
+        "last_seen": now,
+    }
+    conn.execute(_payload_upsert(conn.dialect.name), values)
+
+
+@functools.cache
+def _payload_upsert(dialect_name: str) -> Any:
+    """The upsert, built once per dialect (the webhook runs it for every payload)."""
+    stmt = (sqlite if dialect_name == "sqlite" else postgresql).insert(payloads)
+    return stmt.on_conflict_do_update(
+        index_elements=[payloads.c.digest],
+        set_={"deliveries": payloads.c.deliveries + 1, "last_seen": stmt.excluded.last_seen},
     )
 
 

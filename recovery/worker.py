@@ -1,9 +1,11 @@
 """The diagnosis worker: a background thread that diagnoses incidents once they settle.
 
 Pending diagnoses live in the store (`diagnosis_state='pending'`, `diagnosis_due`), so a
-restarted receiver resumes them. A final diagnosis (not one superseded by a newer alert, nor an
-inconclusive one, nor one made while Slurm was down, still to be rechecked) is stored together
-with its action's outbox row (`recovery.actions.enqueue`, one transaction); then
+restarted receiver resumes them; each is claimed with a lease (`recovery.leases`), so of two
+receivers on one store one makes it, and the other takes over if the first dies. A final
+diagnosis (not one superseded by a newer alert, nor an inconclusive one, nor one made while
+Slurm was down, still to be rechecked) is stored together with its action's outbox row
+(`recovery.actions.enqueue`, one transaction); then
 `recovery.actions.on_diagnosis` plans it, and if this process dies first, `reconcile` does.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import actions, attribution, clock, evidence, failpoints, incidents
+from recovery import actions, attribution, clock, evidence, failpoints, incidents, leases
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
@@ -45,7 +47,8 @@ def run_once(
     now = clock.now(engine) if now is None else now
     done = []
     actions.ensure(engine)
-    for incident_id, gen in incidents.due_diagnoses(engine, now):
+    lease_s = float(getattr(settings, "lease_s", leases.DEFAULT_S))
+    for incident_id, gen in incidents.claim_diagnoses(engine, leases.OWNER, lease_s, now):
         inc = incidents.incident(engine, incident_id)
         if inc is None:
             continue
@@ -73,6 +76,7 @@ def run_once(
             now,
             on_final=functools.partial(actions.enqueue, incident=inc, diagnosis=doc),
             incomplete_max=INCOMPLETE_MAX if settings.slurm_enabled else 0,
+            owner=leases.OWNER,
         )
         done.append(incident_id)
         if stored != "done":  # superseded, rechecked later, or inconclusive and over
@@ -100,6 +104,9 @@ class DiagnosisWorker:
         self._thread = threading.Thread(target=self._loop, name="goodput-diagnosis", daemon=True)
 
     def start(self) -> None:
+        if self.engine.dialect.name == "sqlite":  # one receiver per SQLite store
+            incidents.release_claims(self.engine, leases.OWNER)
+        leases.start(self.engine, float(getattr(self.settings, "lease_s", leases.DEFAULT_S)))
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -169,3 +169,26 @@ def scale(
     else:
         bench_scale.run(counts, shards, cycles, out)
     typer.echo((out / "scale.md").read_text())
+
+
+@app.command("webhook")
+def webhook(
+    stores: str = typer.Option("sqlite,postgresql", "--stores", help="sqlite and/or postgresql"),
+    threads: int = typer.Option(16, "--threads", min=1, max=128, help="client threads"),
+    seconds: float = typer.Option(15.0, "--seconds", min=1.0, max=600.0, help="per run"),
+    rate: float = typer.Option(500.0, "--rate", min=1.0, max=100_000.0, help="open-loop alerts/s"),
+    label: str = typer.Option("", "--label", help="a note kept with the results"),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="where webhook.json/.md go"),
+) -> None:
+    """Alertmanager webhook payloads posted over HTTP to the production receiver process
+    (SQLite and PostgreSQL): alerts/s and p50/p99 latency, closed loop and at --rate."""
+    from bench import webhook as bench_webhook
+
+    chosen = [s.strip() for s in stores.split(",") if s.strip()]
+    if not chosen or any(s not in ("sqlite", "postgresql") for s in chosen):
+        raise typer.BadParameter("--stores: a comma list of sqlite, postgresql")
+    try:
+        bench_webhook.run(chosen, threads, seconds, rate, out, label[:200])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo((out / "webhook.md").read_text())

@@ -1,0 +1,88 @@
+"""The webhook's group commit: payloads waiting together are written in one transaction, each
+request returns after the commit that holds its payload, and a bad payload fails only its own
+request (the batch is written again one by one)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from recovery import incidents
+from recovery.group_commit import GroupCommit
+from recovery.settings import Settings
+from recovery.store import alerts, make_engine
+
+
+def _alert(fp: str, job: str) -> dict:
+    return {
+        "status": "firing",
+        "labels": {"alertname": "GoodputJobHung", "job_id": job},
+        "annotations": {},
+        "startsAt": "2026-01-01T00:00:10Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "fingerprint": fp,
+    }
+
+
+@pytest.fixture
+def gc(tmp_path, monkeypatch):
+    s = Settings(db_url=f"sqlite:///{tmp_path}/g.db", require_auth=False, slurm_enabled=False)
+    engine = make_engine(s.db_url)
+    batches: list[int] = []
+    real = incidents.ingest_payloads
+
+    def slow(engine, settings, payloads, now=None):  # a slow commit: the others queue meanwhile
+        batches.append(len(payloads))
+        time.sleep(0.2)
+        return real(engine, settings, payloads, now)
+
+    monkeypatch.setattr(incidents, "ingest_payloads", slow)
+    return GroupCommit(engine, s), engine, batches
+
+
+def _run(gc: GroupCommit, docs: list[list[dict]]) -> list:
+    out: list = [None] * len(docs)
+
+    def one(k: int) -> None:
+        try:
+            out[k] = gc.ingest(docs[k], raw=f"body {k}")
+        except Exception as exc:  # noqa: BLE001
+            out[k] = exc
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(len(docs))]
+    for k, t in enumerate(threads):
+        t.start()
+        if k == 0:
+            time.sleep(0.05)  # the first one is writing when the others arrive
+    for t in threads:
+        t.join(10)
+    return out
+
+
+def test_payloads_waiting_together_commit_together(gc):
+    commits, engine, batches = gc
+    out = _run(commits, [[_alert(f"{k:x}", str(100 + k % 3))] for k in range(12)])
+    assert all(isinstance(r, incidents.IngestResult) and r.new == 1 for r in out), out
+    assert batches[0] == 1 and sum(batches) == 12 and len(batches) < 12, batches
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(alerts)).scalar_one() == 12
+    # one incident per job, whichever batch its alerts were in
+    assert sorted({r.incident_ids[0] for r in out}) == [1, 2, 3]
+
+
+def test_a_bad_payload_fails_alone(gc):
+    commits, engine, batches = gc
+    docs = [[_alert(f"{k:x}", "7")] for k in range(6)]
+    # no startsAt: the fold fails, inside the batch's transaction
+    docs[3] = [
+        {"status": "firing", "labels": {"alertname": "X", "job_id": "7"}, "fingerprint": "b"}
+    ]
+    out = _run(commits, docs)
+    assert isinstance(out[3], KeyError)
+    assert max(batches) > 1 and sum(batches) > 6, batches  # a failed batch, then one by one
+    assert all(isinstance(r, incidents.IngestResult) for k, r in enumerate(out) if k != 3), out
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(alerts)).scalar_one() == 5
