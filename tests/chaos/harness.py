@@ -136,6 +136,7 @@ class Chaos:
             "GOODPUT_RECEIVER_RECHECK_S": "2",
             "GOODPUT_RECEIVER_RECHECK_MAX": "0",
             "GOODPUT_RECEIVER_LOOKBACK_S": "60",
+            "GOODPUT_RECEIVER_LEASE_S": "5",  # a killed receiver's work is taken over 5 s on
             "GOODPUT_LOG_DIR": str(self.logs),
             "GOODPUT_POLICY_FILE": str(policy),
             "GOODPUT_MODE": "act",
