@@ -28,6 +28,8 @@ from pathlib import Path
 import requests
 import yaml
 
+from clients.prometheus import PromClient
+
 ROOT = Path(__file__).resolve().parents[1]
 PROM_PORT = 19191
 CONTROL_PORT = 19397
@@ -58,10 +60,8 @@ def _wait(url: str, timeout: float = 60) -> None:
 
 
 def _q(expr: str) -> list[dict]:
-    r = requests.get(
-        f"http://127.0.0.1:{PROM_PORT}/api/v1/query", params={"query": expr}, timeout=30
-    )
-    return r.json()["data"]["result"]
+    with PromClient(f"http://127.0.0.1:{PROM_PORT}", timeout=30) as prom:
+        return prom.raw(expr)
 
 
 def _prom_query_time() -> tuple[float, float]:

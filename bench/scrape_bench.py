@@ -21,6 +21,8 @@ from pathlib import Path
 import requests
 import yaml
 
+from clients.prometheus import PromClient
+
 PROM_PORT = 19190
 CONTROL_PORT = 19398
 NODE_BASE = 19700
@@ -107,22 +109,11 @@ def main() -> int:
         )
         wait(f"http://127.0.0.1:{PROM_PORT}/-/ready")
         time.sleep(args.seconds + 6)
-        r = requests.get(
-            f"http://127.0.0.1:{PROM_PORT}/api/v1/query",
-            timeout=30,
-            params={"query": f'scrape_duration_seconds{{job="dcgm"}}[{args.seconds}s]'},
-        )
-        series = r.json()["data"]["result"]
-        up = requests.get(
-            f"http://127.0.0.1:{PROM_PORT}/api/v1/query",
-            timeout=30,
-            params={"query": 'sum(up{job="dcgm"})'},
-        ).json()["data"]["result"]
-        samples = requests.get(
-            f"http://127.0.0.1:{PROM_PORT}/api/v1/query",
-            timeout=30,
-            params={"query": 'sum(scrape_samples_scraped{job="dcgm"})'},
-        ).json()["data"]["result"]
+        with PromClient(f"http://127.0.0.1:{PROM_PORT}", timeout=30) as api:
+            window = f'scrape_duration_seconds{{job="dcgm"}}[{args.seconds}s]'
+            series = api.raw(window, want="matrix")
+            up = api.raw('sum(up{job="dcgm"})')
+            samples = api.raw('sum(scrape_samples_scraped{job="dcgm"})')
         tick = requests.get(f"http://127.0.0.1:{CONTROL_PORT}/metrics", timeout=5).text
     finally:
         for p in (prom, sim):

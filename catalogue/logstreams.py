@@ -52,22 +52,3 @@ def job_selector(job_id: str) -> str:
 def kernel_selector(node: str) -> str:
     """LogQL stream selector for a node's kernel log."""
     return promql.selector(**stream_labels(KERNEL, node))
-
-
-def parse_streams(payload: object) -> list[tuple[dict[str, str], int, str]]:
-    """(labels, ts_ns, line) of a `query_range` answer for a log query; ValueError if it is
-    not one (Loki: `{"status":"success","data":{"resultType":"streams","result":[{"stream":
-    {labels},"values":[["<ns>","line"], ...]}, ...]}}`)."""
-    try:
-        data = payload["data"]  # type: ignore[index]
-        kind = data["resultType"]
-        if kind != "streams":
-            raise ValueError(f"not a log query (result type {kind!r})")
-        out = []
-        for s in data["result"]:
-            labels = {str(k): str(v) for k, v in dict(s["stream"]).items()}
-            for ts, line in s["values"]:
-                out.append((labels, int(ts), str(line)))
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"unreadable Loki answer: {exc!r}") from None
-    return out

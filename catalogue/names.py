@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import time
 
 JOB_ID_PATTERN = r"[0-9]+(?:_[0-9]+)?"  # `<job>` or `<array job>_<task>`, as in slurm-%A_%a.out
 NODE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # no leading '.'/'-': '..' cannot stand alone
@@ -115,3 +116,12 @@ __all__ = [
     "valid_job_id",
     "valid_node",
 ]
+
+
+def slurm_time(value: object) -> float | None:
+    """Slurm's `2026-11-29T20:41:12` (the controller's local time, like this host's) → unix
+    seconds; `Unknown`, `None` or junk → None."""
+    try:
+        return time.mktime(time.strptime(str(value or ""), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None

@@ -17,69 +17,33 @@ import csv
 import gzip
 import json
 import math
-import re
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from catalogue import promql, recording
+from clients.prometheus import PromClient, PromError
 from detector.frame import JOB_RE, NODE_RE
 
 FORMAT = recording.FORMAT
-MAX_POINTS = 10_000  # per series per query (Prometheus refuses > 11,000)
 MAX_RANGE_S = 31 * 86400
 JOB_METRICS = recording.JOB_METRICS
 HOST_LABELS = ("Hostname", "hostname")
+MAX_BYTES = 512 << 20  # one answer: every DCGM field of the nodes over up to 10,000 steps
 
 
 class ExportError(ValueError):
     """Bad input, Prometheus unreachable or in error, or nothing to export."""
 
 
-class RangeClient:
-    """Prometheus `/api/v1/query_range`, chunked so each answer stays under the point limit."""
-
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
-        if not re.match(r"^https?://[^\s]+$", url):
-            raise ExportError(f"--prometheus must be an http(s) URL, not {url!r}")
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.session = requests.Session()
-
-    def range(
-        self, expr: str, start: float, end: float, step: float
-    ) -> Iterator[tuple[dict[str, str], list[tuple[float, float]]]]:
-        span = step * MAX_POINTS
-        t = start
-        while t <= end:
-            stop = min(end, t + span)
-            yield from self._query(expr, t, stop, step)
-            t = stop + step
-
-    def _query(self, expr: str, start: float, end: float, step: float) -> Iterator[Any]:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        try:
-            r = self.session.get(
-                f"{self.url}/api/v1/query_range", params=params, timeout=self.timeout
-            )
-            doc = r.json()
-        except (requests.RequestException, ValueError) as exc:
-            raise ExportError(f"Prometheus at {self.url}: {exc}") from exc
-        if r.status_code != 200 or not isinstance(doc, dict) or doc.get("status") != "success":
-            err = doc.get("error") if isinstance(doc, dict) else doc
-            raise ExportError(f"Prometheus said {r.status_code}: {str(err)[:200]}")
-        for s in doc.get("data", {}).get("result", []):
-            values = []
-            for t, v in s.get("values", []):
-                try:
-                    values.append((float(t), float(v)))
-                except (TypeError, ValueError):
-                    continue
-            yield dict(s.get("metric", {})), values
+def _range(
+    prom: PromClient, expr: str, start: float, end: float, step: float
+) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+    try:
+        return prom.query_range(expr, start, end, step)
+    except PromError as exc:
+        raise ExportError(str(exc)) from exc
 
 
 def _num(v: float) -> str:
@@ -106,12 +70,16 @@ def export_recording(
         raise ExportError(f"the range is longer than {MAX_RANGE_S // 86400} days; export less")
     if not 0.1 <= step <= 3600:
         raise ExportError("--step must be between 0.1 and 3600 seconds")
-    prom = RangeClient(prometheus_url)
+    try:
+        prom = PromClient(prometheus_url, timeout=30.0, max_bytes=MAX_BYTES)
+    except ValueError as exc:
+        raise ExportError(f"--prometheus: {exc}") from None
     grid = (start, end, step)
 
     placed: dict[str, set[float]] = defaultdict(set)  # node -> times Slurm had the job there
     name = job_id
-    for labels, values in prom.range(
+    for labels, values in _range(
+        prom,
         "max by (node, job_name) "
         f"({promql.selector('goodput_slurm_job_node_info', job_id=job_id)})",
         *grid,
@@ -121,8 +89,10 @@ def export_recording(
             placed[node].update(t for t, _ in values)
             name = labels.get("job_name") or name
     for host in HOST_LABELS:
-        for labels, _ in prom.range(
-            f"count by ({host}) ({promql.selector('DCGM_FI_DEV_GPU_TEMP', hpc_job=job_id)})", *grid
+        for labels, _ in _range(
+            prom,
+            f"count by ({host}) ({promql.selector('DCGM_FI_DEV_GPU_TEMP', hpc_job=job_id)})",
+            *grid,
         ):
             if NODE_RE.match(labels.get(host, "")):
                 placed.setdefault(labels[host], set())
@@ -137,7 +107,7 @@ def export_recording(
     fields: set[str] = set()
     for host in HOST_LABELS:
         expr = promql.selector("", '__name__=~"DCGM_FI_.+"', **{host: nodes})
-        for labels, values in prom.range(expr, *grid):
+        for labels, values in _range(prom, expr, *grid):
             metric, node, gpu = labels.get("__name__", ""), labels.get(host, ""), labels.get("gpu")
             if node not in placed or gpu is None or not gpu.isdigit():
                 continue
@@ -155,8 +125,8 @@ def export_recording(
 
     job_rows: dict[float, dict[str, float]] = defaultdict(dict)
     for metric in JOB_METRICS:
-        for _, values in prom.range(
-            f"max by (job_id) ({promql.selector(metric, job_id=job_id)})", *grid
+        for _, values in _range(
+            prom, f"max by (job_id) ({promql.selector(metric, job_id=job_id)})", *grid
         ):
             for t, v in values:
                 job_rows[t][metric] = v

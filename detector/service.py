@@ -31,12 +31,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import promql
+from clients.prometheus import PromClient, PromError, column
 from detector import exposition
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.frame import JOB_RE, NODE_RE, Frame, FrameError
 from detector.pipeline import Config, Engine
-from detector.promclient import PromClient, PromError, column
 from detector.thresholds import level
 
 log = logging.getLogger("goodput.detector")

@@ -35,9 +35,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import logstreams, logtime
+from clients.loki import Entry, LokiClient, LokiError, labels_key
 from exporters.logmetrics.exporter import JOB_FILE, KERNEL_FILE
 from exporters.logmetrics.tailer import DirectoryFollower
-from exporters.lokiapi import Entry, labels_key, push_body, refused, retry_after
+from exporters.lokiapi import refused, retry_after
 from exporters.lokispool import Spool, write_atomic
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,6 @@ class LokiShipper(Collector):
         session: requests.Session | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.url = url.rstrip("/") + "/loki/api/v1/push"
         self.static_labels = dict(static_labels or {})
         for name, value in self.static_labels.items():
             if not LABEL_NAME.match(name) or name in (logstreams.SOURCE, "job_id", "node"):
@@ -86,10 +86,7 @@ class LokiShipper(Collector):
         self.interval, self.timeout, self.clock = interval, timeout, clock
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.retry_after_max = retry_after_max
-        self.headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-        if tenant:
-            self.headers["X-Scope-OrgID"] = tenant
-        self.session = session or requests.Session()
+        self.loki = LokiClient(url, timeout, tenant, session=session)
         self._last_ns: dict[Path, int] = {}
         resume = self._load_positions()
         self.followers = (
@@ -210,32 +207,34 @@ class LokiShipper(Collector):
             self.refused["unreadable_spool"] += 1
             return True
         try:
-            r = self.session.post(
-                self.url, data=push_body(entries), headers=self.headers, timeout=self.timeout
-            )
-        except requests.RequestException as exc:
+            self.loki.push(entries)
+        except LokiError as exc:
+            return self._answer(path, entries, resent, exc)
+        self.sent += len(entries)
+        self.failures = 0
+        path.unlink()
+        return True
+
+    def _answer(self, path: Path, entries: list[Entry], resent: bool, exc: LokiError) -> bool:
+        """What a push Loki did not take means for the batch; False when it must wait."""
+        if exc.status is None:
             return self._failed("connection", str(exc), None)
-        if 200 <= r.status_code < 300:
-            self.sent += len(entries)
-            self.failures = 0
-            path.unlink()
+        if exc.status == 400:
+            self._refused(path, entries, resent, exc.body)
             return True
-        if r.status_code == 400:
-            self._refused(path, entries, resent, r.text)
-            return True
-        if r.status_code == 413 and len(entries) > 1:
+        if exc.status == 413 and len(entries) > 1:
             self.errors["413"] += 1
             half, seq = len(entries) // 2, int(path.stem)
             path.unlink()
             self.spool.append(entries[half:], resent, seq=seq)
             self.spool.append(entries[:half], resent, seq=seq - 1)
             return True
-        if r.status_code == 413:
+        if exc.status == 413:
             self.errors["413"] += 1
             self.refused["too_large"] += 1
             path.unlink()
             return True
-        return self._failed(str(r.status_code), r.text, r.headers.get("Retry-After"))
+        return self._failed(str(exc.status), exc.body, exc.headers.get("Retry-After"))
 
     def _refused(self, path: Path, entries: list[Entry], resent: bool, body: str) -> None:
         self.errors["400"] += 1

@@ -1,9 +1,6 @@
-"""Loki's HTTP API as the shipper meets it: the push body, what each answer means, query_range.
+"""What Loki's answers to a push mean to the shipper (the client is `clients/loki.py`).
 
-`push_body(entries)` groups entries (labels, ts_ns, line) into streams, each sorted by time,
-and gzips `{"streams":[{"stream":{labels},"values":[["<ns>","line"], ...]}]}`.
-
-`refused(status, body, entries)` reads a 400 the way Loki writes it and says which entries it
+`refused(body, entries)` reads a 400 the way Loki writes it and says which entries it
 refused and why; Loki stores the rest of the request (the distributor drops only the invalid
 entries and answers with the last error; the ingester pushes every other stream and answers
 with the last stream's error), so the shipper sends the rest again once — Loki keeps one copy
@@ -21,21 +18,14 @@ of an entry with the same stream, time and line, so a resend stores nothing twic
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
 
-import requests
-
-from catalogue import logstreams, logtime
-
-Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
-Entry = tuple[Labels, int, str]  # (labels, ts_ns, line)
+from catalogue import logtime
+from clients.loki import Entry, Labels
 
 _STREAM = r"(\{(?:[^{}\"]|\"(?:[^\"\\]|\\.)*\")*\})"
 _TOO_OLD = re.compile(
@@ -50,27 +40,6 @@ _FOR_STREAM = re.compile(rf"for stream: {_STREAM}")
 _TOTAL = re.compile(r"total ignored: (\d+) out of (\d+)")
 _TOO_LONG = re.compile(rf"Max entry size '(\d+)' bytes exceeded for stream '{_STREAM}'")
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-class LokiError(RuntimeError):
-    """Loki refused a request or answered something unreadable."""
-
-
-def labels_key(labels: dict[str, str]) -> Labels:
-    return tuple(sorted(labels.items()))
-
-
-def push_body(entries: Sequence[Entry]) -> bytes:
-    streams: dict[Labels, list[list[str]]] = {}
-    for key, ts, line in entries:
-        streams.setdefault(key, []).append([str(ts), line])
-    payload = {
-        "streams": [
-            {"stream": dict(k), "values": sorted(v, key=lambda e: int(e[0]))}
-            for k, v in streams.items()
-        ]
-    }
-    return gzip.compress(json.dumps(payload).encode(), compresslevel=5)
 
 
 def _stream(text: str) -> Labels:
@@ -136,56 +105,3 @@ def retry_after(value: str | None, now: float) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - now)
     except (TypeError, ValueError, IndexError):
         return None
-
-
-@dataclass(frozen=True)
-class LogLine:
-    ts_ns: int
-    labels: dict[str, str]
-    line: str
-
-
-def query_range(
-    url: str,
-    query: str,
-    start: float | None = None,
-    end: float | None = None,
-    limit: int = 100,
-    direction: str = "backward",
-    timeout: float = 10.0,
-    session: requests.Session | None = None,
-    tenant: str | None = None,
-) -> list[LogLine]:
-    """Lines matching a LogQL log query (e.g. `{source="job", job_id="42"} |= "NCCL"`), newest
-    first by default. `start`/`end` are unix seconds (default: the last hour)."""
-    if direction not in ("backward", "forward"):
-        raise ValueError("direction is 'backward' or 'forward'")
-    end = time.time() if end is None else end
-    start = end - 3600 if start is None else start
-    params: dict[str, Any] = {
-        "query": query,
-        "start": str(int(start * 1e9)),
-        "end": str(int(end * 1e9)),
-        "limit": int(limit),
-        "direction": direction,
-    }
-    headers = {"X-Scope-OrgID": tenant} if tenant else {}
-    http = session or requests
-    try:
-        r = http.get(
-            url.rstrip("/") + "/loki/api/v1/query_range",
-            params=params,
-            headers=headers,
-            timeout=timeout,
-        )
-    except requests.RequestException as exc:
-        raise LokiError(f"Loki unreachable: {exc}") from None
-    if r.status_code != 200:
-        raise LokiError(f"Loki query failed ({r.status_code}): {r.text.strip()[:300]}")
-    try:
-        got = logstreams.parse_streams(r.json())
-    except ValueError as exc:
-        raise LokiError(str(exc)) from None
-    out = [LogLine(ts, labels, line) for labels, ts, line in got]
-    out.sort(key=lambda e: e.ts_ns, reverse=direction == "backward")
-    return out[:limit]

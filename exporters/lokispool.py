@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from exporters.lokiapi import Entry, labels_key
+from clients.loki import Entry, labels_key
 
 
 class Spool:

@@ -18,6 +18,7 @@ from typing import Any
 import requests
 
 from catalogue import names
+from clients.prometheus import PromClient
 from goodput import stack
 from recovery import slurm_hooks
 
@@ -219,10 +220,8 @@ def ettr(prometheus_url: str) -> dict[str, float]:
     """ETTR over the last hour from Prometheus' recording rules: 'cluster' and each job id."""
     out: dict[str, float] = {}
     for rule, key in (("goodput:cluster_ettr:1h", None), ("goodput:job_ettr:1h", "job_id")):
-        r = requests.get(f"{prometheus_url}/api/v1/query", params={"query": rule}, timeout=5)
-        for sample in r.json().get("data", {}).get("result", []):
-            name = sample["metric"].get(key, "") if key else "cluster"
-            out[name] = float(sample["value"][1])
+        for labels, value in PromClient(prometheus_url, timeout=5).query(rule):
+            out[labels.get(key, "") if key else "cluster"] = value
     return out
 
 

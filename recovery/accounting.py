@@ -11,12 +11,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, select, update
 
 from catalogue import promql
+from clients.prometheus import PromClient, PromError
 from recovery.scheduler.base import JOB_RE
 
 metadata = MetaData()
@@ -46,15 +46,11 @@ def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
     if not prom_url or not job_id or not JOB_RE.match(job_id):
         return None
     try:
-        r = requests.get(
-            f"{prom_url.rstrip('/')}/api/v1/query",
-            timeout=3,
-            params={"query": "max(" + promql.selector(CHECKPOINT, job_id=job_id) + ")"},
-        )
-        result = r.json()["data"]["result"]
-        return float(result[0]["value"][1]) if result else None
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+        with PromClient(prom_url, timeout=3) as prom:
+            result = prom.query("max(" + promql.selector(CHECKPOINT, job_id=job_id) + ")")
+    except (PromError, ValueError):
         return None
+    return result[0][1] if result else None
 
 
 def open_incident(

@@ -658,12 +658,21 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
 class Extracted:
     symptoms: list[Sym]
     progress: list[str]  # what shows the job working (progress lines, an advancing metric)
-    dropped: int  # symptoms from before the job's current run
+    dropped: int  # symptoms from before the job's current run or after its end
+
+
+END_SLACK_S = 60.0  # lines and samples may trail an ended job's EndTime (whole seconds, flush)
 
 
 def run_start(bundle: Bundle) -> float | None:
     """When the job's current run started (Slurm's StartTime), if a source said."""
     t = bundle.slurm.job.get("start_time")
+    return float(t) if isinstance(t, int | float) and t > 0 else None
+
+
+def run_end(bundle: Bundle) -> float | None:
+    """When an ended job ended (None while it runs or when no source said)."""
+    t = bundle.slurm.job.get("end_time")
     return float(t) if isinstance(t, int | float) and t > 0 else None
 
 
@@ -674,10 +683,17 @@ def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> Extract
     syms, lines, pause_open = _log_symptoms(bundle.lines, rules, gpn, job_nodes)
     syms += _metric_symptoms(bundle.series, rules, pause_open)
     syms += _slurm_symptoms(bundle, ctx, rules)
-    # a line or sample from before the current run (an earlier run's XID, a requeue ago) is
-    # neither the onset nor the culprit of this one
-    since = run_start(bundle)
-    kept = [s for s in syms if since is None or s.time is None or s.time >= since]
+    # a line or sample from before the current run (an earlier run's XID, a requeue ago), or
+    # from after an ended job's end (a later fault on a node it once used), is neither the
+    # onset nor the culprit of this run
+    since, until = run_start(bundle), run_end(bundle)
+    until = None if until is None else until + END_SLACK_S
+    kept = [
+        s
+        for s in syms
+        if s.time is None
+        or ((since is None or s.time >= since) and (until is None or s.time <= until))
+    ]
     first: dict[tuple[str, str | None, str | None, str], Sym] = {}
     for sym in sorted(kept, key=_key):  # one symptom per (id, node, gpu, source): the earliest
         first.setdefault((sym.id, sym.node, sym.gpu, sym.source), sym)

@@ -38,6 +38,7 @@ class Reason(StrEnum):
     STICKY_ROOT_CAUSE = "sticky_root_cause"
     BACKOFF = "backoff"
     JOB_ENDED = "job_ended"
+    ENDED_LONG_AGO = "job_ended_before_requeue_window"  # a late alert: no restart now
     NODES_ALREADY_UNAVAILABLE = "nodes_already_unavailable"
     BLAST_DRAINS_PER_HOUR = "blast_radius_drains_per_hour"
     BLAST_PARTITION_FRACTION = "blast_radius_partition_fraction"
@@ -125,6 +126,7 @@ class JobView:
     partition: str | None = None
     start_time: float | None = None
     node_count: int = 0  # nodes the job asks for (0: unknown; its allocation's size is used)
+    end_time: float | None = None
 
     @property
     def need(self) -> int:
@@ -283,6 +285,13 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         elif _restarted_since_onset(job, diagnosis):
             kind = "drain" if kind == "drain_and_requeue" else "none"
             reasons.append(Reason.ALREADY_REQUEUED)
+        elif (
+            job.ended
+            and job.end_time is not None
+            and history.now - job.end_time > policy.retry.requeue_within_s
+        ):  # e.g. an exporter restart re-reports an hour of failed jobs: their users moved on
+            kind = "drain" if kind == "drain_and_requeue" else "none"
+            reasons.append(Reason.ENDED_LONG_AGO)
     if kind in RESTARTS:
         if history.same_cause_restarts >= policy.retry.sticky_after:
             kind = "stop"

@@ -111,7 +111,8 @@ def _history(
             job.exit_code,
             job.partition,
             job.start_time,
-            job.node_count or len(job.nodes),
+            node_count=job.node_count or len(job.nodes),
+            end_time=job.end_time,
         )
     return History(
         now=now,

@@ -51,6 +51,7 @@ class Retry(_Frozen):
     max_requeues_per_job: int = Field(default=3, ge=0, le=100)
     sticky_after: int = Field(default=1, ge=1, le=100)
     backoff_s: tuple[float, ...] = Field(default=(0.0, 60.0, 300.0), min_length=1)
+    requeue_within_s: float = Field(default=900.0, gt=0, le=7 * 86400)
 
     @field_validator("backoff_s")
     @classmethod

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from clients.prometheus import PromError
 from goodput import demo as loop
 from goodput import stack
 
@@ -79,7 +80,7 @@ def demo(ctx: typer.Context) -> None:
             if j in jobs  # the demo's jobs
         )
         console.print(f"ETTR, last hour: cluster {e.get('cluster', float('nan')):.1%} ({per_job})")
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, PromError) as exc:
         console.print(f"[yellow]ETTR not available: {exc}[/]")
     handled = sum(
         r.action == r.fault.expect_action and r.action_state == "executed" for r in results

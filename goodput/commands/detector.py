@@ -59,4 +59,8 @@ def serve(
         host_map=mapping,
         shard=owned,
     )
-    Service(cfg, store=BaselineStore(state_dir)).serve()
+    try:
+        service = Service(cfg, store=BaselineStore(state_dir))
+    except ValueError as exc:  # the Prometheus URL
+        raise typer.BadParameter(str(exc)) from None
+    service.serve()

@@ -11,10 +11,10 @@ import math
 import time
 from typing import Any
 
-import requests
 from markupsafe import Markup, escape
 
 from catalogue import promql
+from clients.prometheus import PromClient, PromError
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 640, 220, 48, 110, 14, 28
 MAX_SERIES, MAX_POINTS = 12, 400
@@ -87,20 +87,14 @@ def series_from_prometheus(
         return None, "onset is in the future"
     step = max(5.0, (end - start) / 120)
     try:
-        resp = requests.get(
-            f"{base_url.rstrip('/')}/api/v1/query_range",
-            params={"query": expr, "start": str(start), "end": str(end), "step": str(step)},
-            timeout=timeout_s,
-        )
-        resp.raise_for_status()
-        result = resp.json()["data"]["result"]
-    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        with PromClient(base_url, timeout=timeout_s) as prom:
+            result = prom.query_range(expr, start, end, step)
+    except (PromError, ValueError) as exc:
         return None, f"Prometheus did not answer ({type(exc).__name__})"
     series = []
-    for r in result[:MAX_SERIES]:
-        m = r.get("metric", {})
+    for m, values in result[:MAX_SERIES]:
         node = str(m.get("Hostname") or m.get("hostname") or m.get("node") or "?")
-        pts = _points(r.get("values"))
+        pts = _points(values)
         if pts:
             series.append({"label": node, "culprit": node in culprits, "points": pts})
     if not series:

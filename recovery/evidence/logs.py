@@ -14,9 +14,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-import requests
-
 from catalogue import logstreams, logtime
+from clients.loki import LokiClient, LokiError
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report
 from recovery.settings import Settings
@@ -148,33 +147,24 @@ def collect_loki(ctx: Context, settings: Settings, limit: int = 5000) -> Bundle:
         return Bundle(reports=[Report("loki", "error", "Loki is not configured")])
     lines: list[LogLine] = []
     counts: list[str] = []
+    loki = LokiClient(settings.loki_url, timeout=settings.http_timeout_s)
     for query, kind, node in loki_queries(ctx):
-        resp = requests.get(
-            f"{settings.loki_url.rstrip('/')}/loki/api/v1/query_range",
-            params={
-                "query": query,
-                "start": str(int(ctx.start * 1e9)),
-                "end": str(int(ctx.end * 1e9)),
-                "limit": str(limit),
-                "direction": "forward",
-            },
-            timeout=settings.http_timeout_s,
-        )
-        if resp.status_code != 200:
-            reason = f"{query}: Loki answered {resp.status_code}: {resp.text.strip()[:200]}"
+        try:
+            got = loki.query_range(query, ctx.start, ctx.end, limit, "forward")
+        except LokiError as exc:
+            reason = f"{query}: {exc}"[:300]
             return Bundle(lines=lines, reports=[Report("loki", "error", reason)])
-        got = logstreams.parse_streams(resp.json())
         full = " (limit reached)" if len(got) >= limit else ""
         counts.append(f"{len(got)} {kind} lines{full}" + (f" ({node})" if node else ""))
-        for labels, ts, text in got:
-            n = labels.get("node") or node
+        for e in got:
+            n = e.labels.get("node") or node
             n = n if validate.NODE.fullmatch(n or "") else node
             lines.append(
                 LogLine(
                     path=f"loki:{query}",
                     line=None,
-                    text=text[:8192],
-                    time=ts / 1e9,
+                    text=e.line[:8192],
+                    time=e.ts_ns / 1e9,
                     node=n,
                     job_id=ctx.job_id,
                     kind=kind,

@@ -7,9 +7,8 @@ and the log-derived job metrics. The first transport error ends the collection w
 
 from __future__ import annotations
 
-import requests
-
 from catalogue import promql
+from clients.prometheus import PromClient, PromError
 from recovery import validate
 from recovery.evidence import Bundle, Context, Report, Series
 from recovery.settings import Settings
@@ -61,7 +60,9 @@ def queries(ctx: Context) -> list[str]:
     return out
 
 
-def _series(name: str, metric: dict[str, str], values: list, query: str) -> Series | None:
+def _series(
+    name: str, metric: dict[str, str], points: list[tuple[float, float]], query: str
+) -> Series | None:
     node = metric.get("node") or metric.get("Hostname") or metric.get("hostname")
     gpu = metric.get("gpu")
     job = metric.get("job_id") or metric.get("hpc_job")
@@ -71,47 +72,31 @@ def _series(name: str, metric: dict[str, str], values: list, query: str) -> Seri
         gpu = None
     if job is not None and not validate.JOB_ID.fullmatch(job):
         job = None
-    points = []
-    for t, v in values:
-        try:
-            points.append((float(t), float(v)))
-        except (TypeError, ValueError):
-            continue
     return Series(name=name, points=points, node=node, gpu=gpu, job_id=job, query=query)
 
 
 def collect(ctx: Context, settings: Settings) -> Bundle:
     if not settings.prometheus_url:
         return Bundle(reports=[Report("prometheus", "error", "Prometheus is not configured")])
-    base = settings.prometheus_url.rstrip("/")
+    prom = PromClient(settings.prometheus_url, timeout=settings.http_timeout_s)
     step = max(5.0, (ctx.end - ctx.start) / 300.0)
     series: list[Series] = []
     failed = []
     for q in queries(ctx):
         try:
-            resp = requests.get(
-                f"{base}/api/v1/query_range",
-                params={
-                    "query": q,
-                    "start": str(ctx.start),
-                    "end": str(ctx.end),
-                    "step": str(step),
-                },
-                timeout=settings.http_timeout_s,
-            )
-        except requests.RequestException as exc:
-            return Bundle(
-                series=series,
-                reports=[Report("prometheus", "error", f"{type(exc).__name__}: {exc}"[:300])],
-            )
-        if resp.status_code != 200:
-            failed.append(f"{q}: HTTP {resp.status_code}")
+            result = prom.query_range(q, ctx.start, ctx.end, step)
+        except PromError as exc:
+            if exc.status is None:  # no answer: the next query would wait as long
+                return Bundle(
+                    series=series, reports=[Report("prometheus", "error", str(exc)[:300])]
+                )
+            failed.append(f"{q}: HTTP {exc.status}: {exc.reason[:100]}")
             continue
-        for r in resp.json().get("data", {}).get("result", []):
-            name = r.get("metric", {}).get("__name__") or q.split("{", 1)[0]
+        for metric, points in result:
+            name = metric.get("__name__") or q.split("{", 1)[0]
             if q.startswith("max by ("):
                 name = "node_presence"  # the nodes' GPUs whatever job runs there
-            s = _series(name, r.get("metric", {}), r.get("values", []), q)
+            s = _series(name, metric, points, q)
             if s is not None and s.points:
                 series.append(s)
     if failed and not series:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from typing import Any
 
 from catalogue import names
 from recovery import validate
 from recovery.evidence import Bundle, Context, Report, SlurmFacts
+from recovery.scheduler.base import ACTIVE
 from recovery.settings import Settings
 
 _KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(\S*)")
@@ -52,13 +52,13 @@ def _exit(value: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def slurm_time(value: str | None) -> float | None:
-    """Slurm's `2026-11-29T20:41:12` (the controller's local time, like this host's) → unix
-    seconds; `Unknown`, `None` or junk → None."""
-    try:
-        return time.mktime(time.strptime(str(value or ""), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+slurm_time = names.slurm_time
+
+
+def _ended_at(state: str, end: str | None) -> float | None:
+    """When the job ended; None while it is active (Slurm's EndTime is then the time limit)."""
+    state = (state or "").split()[0].upper() if (state or "").strip() else ""
+    return None if not state or state in ACTIVE else slurm_time(end)
 
 
 def _user(raw: str) -> str | None:
@@ -88,6 +88,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "start": kv.get("StartTime"),
             "start_time": slurm_time(kv.get("StartTime")),  # the current run's start
             "end": kv.get("EndTime"),
+            "end_time": _ended_at(state, kv.get("EndTime")),
             "argv": f"scontrol show job -o {job_id}",
         }
     except RuntimeError:
@@ -113,6 +114,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
             "start": parts[5],
             "start_time": slurm_time(parts[5]),
             "end": parts[6],
+            "end_time": _ended_at(parts[2], parts[6]),
             "argv": f"sacct -j {job_id} -X -n -P -o {fields}",
         }
     return {}

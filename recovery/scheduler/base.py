@@ -68,6 +68,7 @@ class JobState:
     partition: str | None = None
     start_time: float | None = None
     gpus: int = 0
+    end_time: float | None = None  # when an ended job ended (None while active)
     node_count: int = 0  # nodes the job asks for (0: unknown)
 
     @property

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from catalogue import names
 from recovery import failpoints
 from recovery.scheduler.base import (
+    ACTIVE,
     JobState,
     NodeState,
     Scheduler,
@@ -77,6 +78,11 @@ def held(job: dict[str, object]) -> bool:
         or "REQUEUE_HOLD" in flags
         or str(job.get("state_reason") or "") in HELD_REASONS
     )
+
+
+def _ended_at(state: str, end: int | None) -> float | None:
+    """An ended job's end; squeue's `end_time` of an active job is its time limit, not an end."""
+    return float(end) if end and state.upper() not in ACTIVE else None
 
 
 def _first(raw: object) -> str:
@@ -166,6 +172,7 @@ class SlurmScheduler(Scheduler):
                 partition=str(j.get("partition") or "") or None,
                 start_time=float(start) if (start := _number(j.get("start_time"))) else None,
                 gpus=int(gres.group(1)) if gres else 0,
+                end_time=_ended_at(_first(j.get("job_state")), _number(j.get("end_time"))),
                 node_count=_number(j.get("node_count")) or 0,
             )
         return self._sacct_state(job_id)
@@ -180,12 +187,12 @@ class SlurmScheduler(Scheduler):
                 "-n",
                 "-P",
                 "-o",
-                "JobID,JobName,State,ExitCode,NodeList,Partition,Comment",
+                "JobID,JobName,State,ExitCode,NodeList,Partition,End,Comment",
             ]
         )
         for line in out.splitlines():
-            p = line.split("|", 6)
-            if len(p) == 7 and p[0] == job_id:
+            p = line.split("|", 7)
+            if len(p) == 8 and p[0] == job_id:
                 return JobState(
                     job_id=job_id,
                     name=p[1],
@@ -193,7 +200,8 @@ class SlurmScheduler(Scheduler):
                     nodes=expand_hostlist(p[4]),
                     exit_code=_exit_code(p[3]),
                     partition=p[5] or None,
-                    comment=p[6],
+                    comment=p[7],
+                    end_time=names.slurm_time(p[6]),
                 )
         return None
 

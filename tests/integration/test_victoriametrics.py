@@ -29,6 +29,7 @@ from recovery.evidence import Context
 from recovery.evidence import prometheus as evidence
 from recovery.settings import Settings
 from tests.conftest import wait_until
+from tests.integration.test_prom_client import check_the_client
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "compose" / "local" / "stack.sh"
@@ -177,3 +178,7 @@ def test_receiver_evidence_queries_work_on_victoriametrics(vm):
     assert {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_UTIL", "node_presence"} <= names
     xid = [s for s in bundle.series if s.name == "DCGM_FI_DEV_XID_ERRORS" and s.gpu == "3"]
     assert xid and xid[0].points[-1][1] == 79
+
+
+def test_the_prometheus_client_works_on_victoriametrics(vm):
+    check_the_client(vm[0], exact=False)

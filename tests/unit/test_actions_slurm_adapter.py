@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -118,3 +119,23 @@ def test_rejects_unsafe_names():
         s.drain("node1 State=RESUME", "x")
     with pytest.raises(ValueError):
         s.job_state("1;scancel -u root")
+
+
+def test_an_ended_jobs_end_is_known_and_an_active_jobs_time_limit_is_not(monkeypatch):
+    jobs = {
+        "jobs": [
+            {"job_id": 8, "job_state": "FAILED", "end_time": 1796129630, "start_time": 1796129000},
+            {"job_id": 9, "job_state": "RUNNING", "end_time": {"set": True, "number": 1796999999}},
+        ]
+    }
+    monkeypatch.setattr(subprocess, "run", Runner([(0, json.dumps(jobs), "")] * 2))
+    assert SlurmScheduler().job_state("8").end_time == 1796129630.0
+    assert SlurmScheduler().job_state("9").end_time is None
+    forgotten = "31|train|FAILED|1:0|node1|gpu|2026-11-29T20:41:12|\n"
+    monkeypatch.setattr(subprocess, "run", Runner([(0, '{"jobs": []}', ""), (0, forgotten, "")]))
+    j = SlurmScheduler().job_state("31")
+    assert (
+        j.state == "FAILED"
+        and j.comment == ""
+        and j.end_time == time.mktime(time.strptime("2026-11-29T20:41:12", "%Y-%m-%dT%H:%M:%S"))
+    )

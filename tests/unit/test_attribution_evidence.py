@@ -355,3 +355,32 @@ def test_slurm_evidence_carries_the_runs_start_time(monkeypatch):
         time.strptime("2026-11-29T20:41:12", "%Y-%m-%dT%H:%M:%S")
     )
     assert slurm_evidence.slurm_time("Unknown") is None
+
+
+def test_a_fault_after_an_ended_jobs_end_is_not_its_cause():
+    """Seen on the local stack: a Slurm exporter restart re-reported an hour of failed jobs
+    (GoodputJobFailed); node1's XID of today was pinned on every one of them that had once run
+    on node1, and the repeat-offender rule then held a node for 16 invented incidents."""
+    xid = _line(
+        f"{_stamp(T + 3600)} node1 kernel: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+        "kernel",
+        "node1",
+    )
+    ended = {"state": "FAILED", "nodes": ["node1"], "start_time": float(T - 600), "exit_code": 1}
+    late = _run(xid, job={**ended, "end_time": float(T)})
+    assert late["affected_nodes"] == [] and late["outcome"] != "gpu_hardware_fault", late
+    # the same XID a few seconds before (or just after) the job's end is its cause
+    for end in (T + 3600 + 5, T + 3600 - 30):
+        doc = _run(xid, job={**ended, "end_time": float(end)})
+        assert _verdict(doc) == ("gpu_hardware_fault", ["node1"]), doc
+
+
+def test_slurm_evidence_says_when_an_ended_job_ended(monkeypatch):
+    running = "JobId=12 JobName=t JobState=RUNNING ExitCode=0:0 StartTime=2026-11-29T20:41:12 EndTime=2026-11-30T20:41:12"
+    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: running)
+    assert slurm_evidence.job_facts("12", 1.0)["end_time"] is None  # a time limit, not an end
+    failed = running.replace("RUNNING", "FAILED").replace("ExitCode=0:0", "ExitCode=1:0")
+    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: failed)
+    assert slurm_evidence.job_facts("12", 1.0)["end_time"] == time.mktime(
+        time.strptime("2026-11-30T20:41:12", "%Y-%m-%dT%H:%M:%S")
+    )

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from catalogue import logtime
 from catalogue.logtime import BootClock, parse
-from exporters.lokiapi import labels_key, refused
+from clients.loki import labels_key
+from exporters.lokiapi import refused
 
 
 def utc(text: str) -> float:

@@ -238,3 +238,16 @@ def test_root_symptoms_key_the_cause():
         }
     )
     assert a.cause_key == b.cause_key == "workload_crash:cuda_illegal_address"
+
+
+def test_a_job_that_ended_long_before_the_decision_is_not_restarted():
+    """A late alert (an exporter restart re-reports an hour of failed jobs) must not requeue a
+    job whose user has moved on; its culprit node is still drained."""
+    window = DEFAULTS.retry.requeue_within_s
+    old = JobView("FAILED", 0, 1, "gpu", 100.0, end_time=2000.0 - window - 1)
+    a = decide(diag("gpu_hardware_fault"), hist(job=old), DEFAULTS)
+    assert a.kind == "drain" and a.nodes == ("node2",) and Reason.ENDED_LONG_AGO in a.reasons
+    assert decide(diag("node_lost", nodes=()), hist(job=old), DEFAULTS).kind == "none"
+    recent = JobView("FAILED", 0, 1, "gpu", 100.0, end_time=2000.0 - window + 60)
+    b = decide(diag("gpu_hardware_fault"), hist(job=recent), DEFAULTS)
+    assert b.kind == "drain_and_requeue" and Reason.ENDED_LONG_AGO not in b.reasons

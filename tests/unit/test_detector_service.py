@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from bench.scale_data import Cluster, answers
+from clients.prometheus import PromClient, PromError, decode
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.promclient import PromClient, PromError, decode
 from detector.service import KEY, Service, ServiceConfig, Shard, fetch, queries
 from detector.thresholds import level
 
@@ -23,7 +23,7 @@ class Recorded(PromClient):
         super().__init__("http://127.0.0.1:9")
         self.recorded, self.down, self.calls = recorded, False, 0
 
-    def raw(self, expr):
+    def raw(self, expr, at=None, want="vector"):
         self.calls += 1
         if self.down:
             raise PromError("connection refused")

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from clients.loki import LokiClient, LokiError, labels_key
 from exporters.loki import LokiShipper, host_boot_time
-from exporters.lokiapi import LokiError, labels_key, query_range, refused, retry_after
+from exporters.lokiapi import refused, retry_after
 from tests.lokifake import FakeLoki
 
 NOW = float(int(time.time()))
@@ -185,7 +186,7 @@ def test_the_spool_is_bounded_and_reading_waits_for_loki(loki, logs):
     assert s.spool.full() and s.poll_once() == 0  # stopped reading; the file keeps the rest
     held = s.spool.bytes()
     assert held < 2_000 + 12 * 200
-    s.url = loki.url + "/loki/api/v1/push"
+    s.loki.url = loki.url
     s.next_try = 0
     for _ in range(10):
         s.poll_once()
@@ -314,17 +315,17 @@ def test_query_range_reads_what_was_shipped(loki, logs):
     s = shipper(loki.url, logs)
     s.poll_once()
     s.send_once()
-    got = query_range(
-        loki.url, '{source="job", job_id="42"} |= "NCCL"', start=NOW - 60, end=NOW + 1
+    got = LokiClient(loki.url).query_range(
+        '{source="job", job_id="42"} |= "NCCL"', start=NOW - 60, end=NOW + 1
     )
     assert [g.line.split(" ", 1)[1] for g in got] == [
         "NCCL WARN NET/IB : Got async event : port error"
     ]
     assert got[0].labels == {"source": "job", "job_id": "42"}
     with pytest.raises(LokiError, match="400.*parse error"):
-        query_range(loki.url, "not logql")
+        LokiClient(loki.url).query_range("not logql")
     with pytest.raises(LokiError, match="unreachable"):
-        query_range("http://127.0.0.1:9", '{job_id="1"}')
+        LokiClient("http://127.0.0.1:9").query_range('{job_id="1"}')
 
 
 def test_metrics_and_label_checks(loki, logs):

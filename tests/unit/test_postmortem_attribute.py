@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from goodput.cli import app
 from recovery.evidence import recording as rec
+from tests.h200 import import_h200
 
 runner = CliRunner()
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200-ckpt"
 XID = "NVRM: Xid (PCI:0000:2b:00): 79, pid=1234, GPU has fallen off the bus."
 
 
@@ -61,22 +61,7 @@ def test_the_job_given_is_used_and_said(tmp_path):
 
 def test_one_job_is_picked_and_said(tmp_path):
     out = tmp_path / "rec"
-    r = runner.invoke(
-        app,
-        [
-            "import",
-            "--metrics",
-            str(DATA / "metrics.csv"),
-            "--job-log",
-            str(DATA / "app.log.gz"),
-            "--slurm",
-            str(DATA / "slurm.txt"),
-            "--node",
-            "h200a",
-            "--out",
-            str(out),
-        ],
-    )
+    r = import_h200(out)
     assert r.exit_code == 0, r.output
     r = _attr("--recording", out)
     assert r.exit_code == 0, r.output

@@ -17,8 +17,8 @@ from catalogue.columns import load as load_columns
 from detector import samples
 from exporters import importer
 from goodput.cli import app
+from tests.h200 import DATA, import_h200
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200-ckpt"
 runner = CliRunner()
 
 
@@ -28,18 +28,7 @@ def _import(*args: str):
 
 def test_the_real_h200_cut_becomes_a_recording(tmp_path):
     out = tmp_path / "rec"
-    r = _import(
-        "--metrics",
-        str(DATA / "metrics.csv"),
-        "--job-log",
-        str(DATA / "app.log.gz"),
-        "--slurm",
-        str(DATA / "slurm.txt"),
-        "--node",
-        "h200a",
-        "--out",
-        str(out),
-    )
+    r = import_h200(out)
     assert r.exit_code == 0, r.output
     assert "column 'ts' read as timestamp" in r.output
     assert "column 'gpm_sm_active' read as DCGM_FI_PROF_SM_ACTIVE x 0.01" in r.output
@@ -190,18 +179,7 @@ def test_kernel_log_import_is_read_by_attribution(tmp_path):
     k = tmp_path / "h200a.log"
     k.write_text(f"[Sun Nov 29 19:03:00 2026] {XID}\n")
     out = tmp_path / "rec"
-    r = _import(
-        "--metrics",
-        str(DATA / "metrics.csv"),
-        "--slurm",
-        str(DATA / "slurm.txt"),
-        "--node",
-        "h200a",
-        "--kernel-log",
-        str(k),
-        "--out",
-        str(out),
-    )
+    r = import_h200(out, "--kernel-log", str(k), job_log=False)
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["attribute", "--recording", str(out)])
     assert r.exit_code == 0, r.output
@@ -263,16 +241,7 @@ def test_the_alias_table_refuses_a_name_listed_twice(tmp_path):
 
 def test_written_recording_keeps_millisecond_timestamps(tmp_path):
     out = tmp_path / "rec"
-    r = _import(
-        "--metrics",
-        str(DATA / "metrics.csv"),
-        "--job-id",
-        "5",
-        "--node",
-        "h200a",
-        "--out",
-        str(out),
-    )
+    r = import_h200(out, "--job-id", "5", job_log=False, slurm=False)
     assert r.exit_code == 0, r.output
     with gzip.open(out / "gpu_metrics.csv.gz", "rt") as fh:
         fh.readline()

@@ -1,0 +1,173 @@
+"""The Prometheus HTTP API client: instant and range queries, for Prometheus and
+VictoriaMetrics (the same API). Queries are POSTed (selectors can be long), answers read within
+the timeout and size bound of `clients.http`, decoded with orjson and checked; every failure is a
+`PromError` naming the URL and the status. `column` reads one label and the values of a vector
+straight into a list and a float64 array, for the large per-GPU answers.
+
+Expressions come built and quoted (`catalogue.promql`): the client puts nothing into PromQL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import orjson
+import requests
+
+from clients import http
+
+MAX_POINTS = 10_000  # per series per range request (Prometheus refuses more than 11,000)
+IDENTITY = {"Accept-Encoding": "identity"}  # loopback/LAN: gzip costs more CPU than it saves
+
+Points = list[tuple[float, float]]
+
+
+class PromError(http.ClientError):
+    """Prometheus unreachable, or it answered an error or something that is not an answer."""
+
+    SERVICE = "Prometheus"
+
+
+def decode(body: bytes, status: int = 200, url: str = "", want: str = "vector") -> list[Any]:
+    """The `result` list of an answer of type `want` (vector, matrix); PromError otherwise,
+    with Prometheus' `errorType: error` when it gave one."""
+    try:
+        doc: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        text = body[:200].decode("utf-8", "replace").strip()
+        reason = text if status != 200 and text else f"answer is not JSON: {exc}"
+        raise PromError(reason, url, status) from exc
+    if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
+        raise PromError("answer is not a Prometheus API answer", url, status)
+    if status != 200 or doc["status"] != "success":
+        kind = doc.get("errorType") or "error"
+        raise PromError(f"{kind}: {str(doc.get('error'))[:300]}", url, status)
+    data = doc.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != want:
+        got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise PromError(f"expected a {want}, got {got}", url, status)
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise PromError(f"{want} result is not a list", url, status)
+    return result
+
+
+def column(result: list[dict[str, Any]], label: str) -> tuple[list[Any], np.ndarray]:
+    """(value of `label` per series, float64 sample values). A malformed series gets label
+    "" and NaN; a label value may still be any JSON value: callers check the distinct ones."""
+    try:
+        keys = [s["metric"].get(label, "") for s in result]
+        return keys, np.array([s["value"][1] for s in result], dtype=np.float64)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        pass
+    keys, out = [], np.full(len(result), np.nan)  # slow path, only for a damaged answer
+    for i, s in enumerate(result):
+        try:
+            k = s["metric"].get(label, "")
+            out[i] = float(s["value"][1])
+            keys.append(k)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            keys.append("")
+    return keys, out
+
+
+def _labels(series: Any) -> dict[str, str] | None:
+    metric = series.get("metric") if isinstance(series, dict) else None
+    return {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else None
+
+
+def _points(values: Any) -> Points:
+    out: Points = []
+    for p in values if isinstance(values, list) else ():
+        try:
+            out.append((float(p[0]), float(p[1])))
+        except (TypeError, ValueError, IndexError):
+            continue
+    return out
+
+
+class PromClient:
+    """`PromClient(url)`: `query`/`raw` (instant), `query_range`; `with` closes it."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        parallel: int = 4,
+        max_bytes: int = http.MAX_BYTES,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.url = http.check_url(url, "Prometheus")
+        self.timeout, self.parallel, self.max_bytes = timeout, parallel, max_bytes
+        self.session = session if session is not None else requests.Session()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> PromClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self.session.close()
+
+    def _post(self, path: str, form: dict[str, str], want: str) -> list[Any]:
+        url = self.url + path
+        status, body, _ = http.request(
+            self.session, "POST", url, PromError, self.timeout, self.max_bytes,
+            data=form, headers=IDENTITY,
+        )  # fmt: skip
+        return decode(body, status, http.redact(url), want)
+
+    def raw(self, expr: str, at: float | None = None, want: str = "vector") -> list[Any]:
+        """Instant query at `at` (unix seconds; default now): the `result` list."""
+        form = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        return self._post("/api/v1/query", form, want)
+
+    def raw_many(self, exprs: list[str]) -> Iterator[list[dict[str, Any]]]:
+        """`raw` of each expression, in order, `parallel` in flight at once: Prometheus
+        evaluates and sends the next answers while this process decodes one."""
+        if self.parallel <= 1 or len(exprs) <= 1:
+            return map(self.raw, exprs)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="promclient")
+        return self._pool.map(self.raw, exprs)
+
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """Instant vector: [(labels, value)] (for small answers; malformed samples skipped)."""
+        out = []
+        for s in self.raw(expr, at):
+            labels, pts = _labels(s), _points([s.get("value")])
+            if labels is not None and pts:
+                out.append((labels, pts[0][1]))
+        return out
+
+    def query_range(
+        self, expr: str, start: float, end: float, step: float
+    ) -> list[tuple[dict[str, str], Points]]:
+        """[(labels, [(t, v)])] on the grid start, start+step, ... <= end; a range of more than
+        MAX_POINTS steps is asked in parts and each series' parts joined, in time order."""
+        if not (math.isfinite(start) and math.isfinite(end) and start <= end):
+            raise ValueError(f"range query needs finite start <= end, not {start!r}..{end!r}")
+        if not (math.isfinite(step) and step > 0):
+            raise ValueError(f"range query needs a step > 0, not {step!r}")
+        merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Points]] = {}
+        t = start
+        while t <= end:
+            stop = min(end, t + step * MAX_POINTS)
+            form = {"query": expr, "start": f"{t:.3f}", "end": f"{stop:.3f}", "step": f"{step:g}"}
+            for s in self._post("/api/v1/query_range", form, "matrix"):
+                labels = _labels(s)
+                if labels is None:
+                    continue
+                got = merged.setdefault(tuple(sorted(labels.items())), (labels, []))[1]
+                last = got[-1][0] if got else -math.inf  # a TSDB that aligns to the step
+                got.extend(p for p in _points(s.get("values")) if p[0] > last)  # repeats a seam
+            t = stop + step
+        return list(merged.values())
