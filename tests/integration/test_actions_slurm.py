@@ -158,6 +158,8 @@ def test_exclusions_never_leave_a_two_node_job_without_nodes(cluster):
     three would leave one node for two (the reverted code's job sat pending as BadConstraints).
     The third restart drops the oldest exclusion, audits it, and the job runs."""
     s = cluster.settings("act", **NO_BACKOFF)
+    out = [n.node for n in cluster.sched.node_states() if n.drained or "DOWN" in n.state]
+    assert not out, f"this test needs all four nodes up; {out} are drained or down"
     job, _ = cluster.submit(n_nodes=2)
     culprits = []
     for i in range(3):
