@@ -55,7 +55,7 @@ def hang(i: int, nodes: tuple[str, ...] = (), outcome: str = "workload_hang") ->
 def test_earlier_exclusions_are_kept_while_the_job_can_still_run():
     h = History(
         now=2000.0,
-        job=JobView("RUNNING", 1, None, "gpu", 1000.0, 1),
+        job=JobView("RUNNING", 1, None, "gpu", 1000.0, node_count=1),
         nodes=views(dict.fromkeys(NODES[:4], "IDLE")),
         excluded_before=("node1",),
     )
@@ -71,7 +71,7 @@ def test_the_oldest_exclusion_goes_first_and_the_drop_is_a_reason():
     exactly such a job as BadConstraints. node1, the oldest, is dropped and said so."""
     h = History(
         now=2000.0,
-        job=JobView("RUNNING", 2, None, "gpu", 1000.0, 2),
+        job=JobView("RUNNING", 2, None, "gpu", 1000.0, node_count=2),
         nodes=views(dict.fromkeys(NODES[:4], "IDLE")),
         excluded_before=("node1", "node2"),
     )
@@ -85,7 +85,7 @@ def test_the_oldest_exclusion_goes_first_and_the_drop_is_a_reason():
 def test_a_drained_earlier_node_frees_nothing_so_it_is_kept():
     h = History(
         now=2000.0,
-        job=JobView("RUNNING", 2, None, "gpu", 1000.0, 2),
+        job=JobView("RUNNING", 2, None, "gpu", 1000.0, node_count=2),
         nodes=views({"node1": "DRAIN", "node2": "IDLE", "node3": "IDLE", "node4": "IDLE"}),
         excluded_before=("node1", "node2"),
     )
@@ -152,7 +152,7 @@ def test_a_job_restarted_again_and_again_always_has_room(need, events):
             continue
         h = History(
             now=2000.0 + i,
-            job=JobView("RUNNING", i, None, "gpu", 1000.0, need),
+            job=JobView("RUNNING", i, None, "gpu", 1000.0, node_count=need),
             nodes=views(states),
             excluded_before=tuple(earlier),
         )
