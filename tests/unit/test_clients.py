@@ -222,7 +222,7 @@ def test_timeouts_a_silent_server_and_one_that_drips(serve):
         t0 = time.monotonic()
         with pytest.raises(PromError, match=want) as got:
             PromClient(srv.url + way, timeout=0.5).raw("up")
-        assert time.monotonic() - t0 < 1.5
+        assert time.monotonic() - t0 < 2.5  # the server answers at 3 s: gave up before it
         assert got.value.status is None and "unreachable" in str(got.value)
 
 
