@@ -27,7 +27,9 @@ def test_the_benchmark_runs_the_receivers_settle_and_executor(monkeypatch) -> No
     # the receiver's settle (recovery.incidents): diagnose 60 s after an alert, not settle_s
     link = incidents._link  # noqa: SLF001
     monkeypatch.setattr(
-        incidents, "_link", lambda conn, inc, alert, now, settle: link(conn, inc, alert, now, 60.0)
+        incidents,
+        "_link",
+        lambda conn, inc, alert, now, settle, *rest: link(conn, inc, alert, now, 60.0, *rest),
     )
     late = _xid79()
     assert late["latency_s"] == base["latency_s"]  # detection is not the receiver's
