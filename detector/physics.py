@@ -61,7 +61,12 @@ def _holds(x: np.ndarray, op: str, v: float) -> np.ndarray:
 
 def _job_size(frame: Frame) -> np.ndarray:
     """Each row's count of its job's GPUs at the same instant (1 for rows without a job)."""
-    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
+    if not len(frame):
+        return np.ones(0)
+    if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): the cached codes
+        codes, _ = frame.job_codes
+    else:
+        codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
     return np.maximum(np.bincount(codes)[codes], 1).astype(float)
 
 
@@ -112,7 +117,7 @@ class Physics(_PerJob):
         step = frame.col(F.ITER_SECONDS)
         size = _job_size(frame)
         idle_col, wait_col = len(ids) - 2, len(ids) - 1
-        for model in np.unique(models):
+        for model in pd.unique(models):
             rows = models == model
             p = pri.params(str(model))
             for rule in pri.rules:
