@@ -176,9 +176,10 @@ class Level(Detector):
 
     The engine scores a cycle, then calls `update` with the jobs whose alert is on: an alerting
     window is never learned (nor taken as a new normal), a sustained shift nobody alerted on is
-    (see `Univariate`). Samples inside a pause the job's log announced (checkpoint, start-up)
-    are neither scored nor learned. Score = max over series, Bonferroni-corrected (each series
-    at p / len(SERIES)), so 1.0 is the alert level on watts and on ratios alike. State per job:
+    (see `Univariate`). Samples inside a pause the job's log announced (checkpoint, start-up),
+    and while the job settles after one, are neither scored nor learned. Score = max over
+    series, Bonferroni-corrected (each series at p / len(SERIES)), so 1.0 is the alert level on
+    watts and on ratios alike. State per job:
     each series' level and scale, stored by job name like the other baselines.
 
     >>> from detector.synthetic import healthy_frame
@@ -202,6 +203,7 @@ class Level(Detector):
     def _ensure(self) -> None:
         if not hasattr(self, "series_"):
             self.series_: dict[str, list[Univariate]] = {}
+            self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
 
     def _new(self) -> list[Univariate]:
         return [
@@ -209,9 +211,13 @@ class Level(Detector):
             for _ in SERIES
         ]
 
-    def _groups(self, frame: Frame) -> tuple[np.ndarray, list[tuple[str, float]], np.ndarray]:
-        """Row -> (job, instant) group, the groups, and their (g, series) medians (NaN while a
-        pause is open)."""
+    def _groups(
+        self, frame: Frame, learn: bool = False
+    ) -> tuple[np.ndarray, list[tuple[str, float]], np.ndarray]:
+        """Row -> (job, instant) group, the groups, and their (g, series) medians: NaN while a
+        pause is open and while the job settles after one (its first steps run slow), for 1.5 x
+        the job's longest pause seen (30 s before one) + max(10 s, 30 steps), as `progress`
+        does. `learn` records the pauses' lengths."""
         from detector.physics import _open  # the one definition of an open pause
 
         if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
@@ -219,16 +225,26 @@ class Level(Detector):
             uniq = list(zip(jobs, np.full(len(jobs), frame.time[0]), strict=True))
         else:
             codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
-        med = group_median(frame.cols(SERIES), codes, len(uniq))
-        paused = _open(frame.col(F.STALL_SECONDS), frame.col(F.SINCE_PAUSE))
-        med[np.bincount(codes, weights=paused, minlength=len(uniq)) > 0] = np.nan
-        return codes, [(str(j), float(t)) for j, t in uniq], med
+        n = len(uniq)
+        med = group_median(frame.cols(SERIES), codes, n)
+        since = frame.col(F.SINCE_PAUSE)
+        is_open = np.bincount(codes, _open(frame.col(F.STALL_SECONDS), since), n) > 0
+        sp = group_median(since[:, None], codes, n)[:, 0]
+        groups = [(str(j), float(t)) for j, t in uniq]
+        step = np.nan_to_num(med[:, SERIES.index(F.ITER_SECONDS)])
+        for g, (job, _) in enumerate(groups):
+            if is_open[g] and learn and np.isfinite(sp[g]):
+                self.pause_[job] = max(self.pause_.get(job, 0.0), float(sp[g]))
+            settle = 1.5 * self.pause_.get(job, 30.0) + max(10.0, 30.0 * step[g])
+            if is_open[g] or sp[g] <= settle:
+                med[g] = np.nan
+        return codes, groups, med
 
     def fit(self, frame: Frame) -> Detector:
         """Learn from a recording: each job's instants in time order, none confirmed."""
         self._ensure()
         if len(frame):
-            _, groups, med = self._groups(frame)
+            _, groups, med = self._groups(frame, learn=True)
             for g in sorted(range(len(groups)), key=lambda g: groups[g][1]):
                 job = groups[g][0]
                 if job:
@@ -241,7 +257,7 @@ class Level(Detector):
         self._ensure()
         if not len(frame):
             return
-        _, groups, med = self._groups(frame)
+        _, groups, med = self._groups(frame, learn=True)
         for g, (job, _) in enumerate(groups):
             if job:
                 on = job in alerting
@@ -301,3 +317,4 @@ class Level(Detector):
         self._ensure()
         for j in jobs:
             self.series_.pop(j, None)
+            self.pause_.pop(j, None)
