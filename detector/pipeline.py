@@ -35,6 +35,7 @@ LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point a
 PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
 GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
+ONLINE = ("level",)  # learn every cycle in `_learn_online`, not from the reservoir
 KNOWN: tuple[type[Detector], ...] = (
     *ALL,
     Physics,
@@ -182,8 +183,8 @@ class Engine:
         )
         gpu = self._persist(idx, job, raw, now)
         self._phase(frame, job, gpu)
-        jobs, nodes, missing, combined = self._aggregate(frame, idx, job, gpu, now)
-        self._learn(frame, job, combined, now)
+        jobs, nodes, missing, combined, calm = self._aggregate(frame, idx, job, gpu, now)
+        self._learn(frame, job, calm, now)
         self._learn_online(frame, combined)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
 
@@ -328,7 +329,13 @@ class Engine:
         )
         comb = np.full(n, -1.0)
         comb[codes] = combined
-        return jobs, nodes, missing, comb
+        # the reservoir's gate leaves out the online detectors: they learn on their own guard,
+        # and a shift they are adopting as the new normal must not starve the reservoir of it
+        gate = [i for i, nm in enumerate(names) if nm not in ONLINE]
+        calm = np.full(n, -1.0)
+        if len(codes):
+            calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
+        return jobs, nodes, missing, comb, calm
 
     def _missing(self, now: float) -> pd.DataFrame:
         """GPUs that went silent while labelled with a job (a lost node stops answering; a
@@ -464,7 +471,7 @@ class Engine:
             rows,
         )
         for name, det in self.det.items():
-            if name != "hardware" and not isinstance(det, Level):  # these learn online
+            if name != "hardware" and name not in ONLINE:
                 det.fit(train)
         info.fitted_at = now
         info.fitted_rows = 0 if info.fitted_rows else max(info.seen, 1)  # one early refit
