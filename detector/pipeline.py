@@ -28,14 +28,18 @@ from detector.detectors import (
 )
 from detector.frame import Frame
 from detector.physics import Physics
+from detector.thresholds import level as alert_level
+from detector.univariate import Level
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
-PHASED = ("deviation", "multivariate")  # job-wide baseline detectors (see Engine._phase)
+PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
 GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
+ONLINE = ("level",)  # learn every cycle in `_learn_online`, not from the reservoir
 KNOWN: tuple[type[Detector], ...] = (
     *ALL,
     Physics,
+    Level,
 )  # every detector whose per-job state a stored baseline may hold
 
 
@@ -57,6 +61,7 @@ class Config:
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
     phase_calm: float = 1.0  # ... a phase (eval, checkpoint), not a fault (see `_phase`)
     multivariate: bool = False  # RobustCovariance: off the per-cycle path unless asked for
+    level: bool = True  # Level: each job's adaptive, unit-free series baselines (univariate.py)
 
 
 @dataclass
@@ -94,6 +99,8 @@ def default_detectors(cfg: Config) -> dict[str, Detector]:
         HardwareEvents(),
         Physics(),
     ]
+    if cfg.level:
+        dets.append(Level())
     if cfg.multivariate:
         dets.append(RobustCovariance())
     return {d.name: d for d in dets}
@@ -176,8 +183,9 @@ class Engine:
         )
         gpu = self._persist(idx, job, raw, now)
         self._phase(frame, job, gpu)
-        jobs, nodes, missing, combined = self._aggregate(frame, idx, job, gpu, now)
-        self._learn(frame, job, combined, now)
+        jobs, nodes, missing, combined, calm = self._aggregate(frame, idx, job, gpu, now)
+        self._learn(frame, job, calm, now)
+        self._learn_online(frame, combined)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
 
     def _slots(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
@@ -321,7 +329,13 @@ class Engine:
         )
         comb = np.full(n, -1.0)
         comb[codes] = combined
-        return jobs, nodes, missing, comb
+        # the reservoir's gate leaves out the online detectors: they learn on their own guard,
+        # and a shift they are adopting as the new normal must not starve the reservoir of it
+        gate = [i for i, nm in enumerate(names) if nm not in ONLINE]
+        calm = np.full(n, -1.0)
+        if len(codes):
+            calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
+        return jobs, nodes, missing, comb, calm
 
     def _missing(self, now: float) -> pd.DataFrame:
         """GPUs that went silent while labelled with a job (a lost node stops answering; a
@@ -411,6 +425,18 @@ class Engine:
             if due:
                 self.fit_job(self._job_ids[info.code], now)
 
+    def _learn_online(self, frame: Frame, combined: np.ndarray) -> None:
+        """Online detectors (`Level`) learn every instant, except from jobs whose alert is on
+        (their persisted, phase-capped combined score at the job alert's level): a shift no
+        alert confirmed can become the new normal, an alerting window never does."""
+        online = [d for d in self.det.values() if isinstance(d, Level)]
+        if not online:
+            return
+        on = np.flatnonzero(combined >= alert_level("job"))
+        alerting = {self._job_ids[c] for c in on if c > 0}
+        for det in online:
+            det.update(frame, alerting)
+
     def _reservoir(self, info: JobInfo, rows: np.ndarray) -> None:
         """Algorithm R, vectorised: a uniform sample over the job's healthy life."""
         size = self.cfg.reservoir
@@ -445,7 +471,7 @@ class Engine:
             rows,
         )
         for name, det in self.det.items():
-            if name != "hardware":
+            if name != "hardware" and name not in ONLINE:
                 det.fit(train)
         info.fitted_at = now
         info.fitted_rows = 0 if info.fitted_rows else max(info.seen, 1)  # one early refit

@@ -31,10 +31,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from detector.base import z_crit
+from detector import fields as F
+from detector.base import Detector, group_median, z_crit
+from detector.frame import Frame
 
 MAD_TO_SIGMA = 1.4826
 
@@ -52,7 +56,11 @@ class Univariate:
         relearn_after: int = 30,
         rel_floor: float = 0.01,
         learn_below: float = 1.0,  # below the alert level: a tighter cut biases the scale low
+        robust: str = "mad",
     ) -> None:
+        if robust not in ("mad", "qn"):
+            raise ValueError(f"robust scale must be 'mad' or 'qn', got {robust!r}")
+        self.robust = robust
         self.p = p
         self.period = period
         self.window = max(window, 2 * (period or 0) + 1)
@@ -97,7 +105,12 @@ class Univariate:
             season = np.convolve(ring, np.ones(2 * w + 1) / (2 * w + 1), mode="same")[w:-w]
         level = float(np.median(x - season[ph % len(season)]))
         resid = x - season[ph % len(season)] - level
-        mad = float(np.median(np.abs(resid - np.median(resid)))) * MAD_TO_SIGMA
+        if self.robust == "qn" and len(resid) >= 8:
+            from statsmodels.robust.scale import qn_scale
+
+            mad = float(qn_scale(resid))
+        else:
+            mad = float(np.median(np.abs(resid - np.median(resid)))) * MAD_TO_SIGMA
         typical = float(np.median(np.abs(x)))
         spread = float(np.percentile(x, 95) - np.percentile(x, 5))
         floor = self.rel_floor * (typical if typical > 1e-12 * max(spread, 1e-300) else spread)
@@ -146,3 +159,162 @@ class Univariate:
         ):
             self._fit()
         return s
+
+
+# the job-level series the engine follows: watts, a 0..1 ratio, MiB and seconds, one threshold
+SERIES = (
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_DEV_FB_USED",
+    "goodput_job_iteration_seconds",
+)
+
+
+class Level(Detector):
+    """Each job's level of `SERIES` (the median over its GPUs at each instant) against its own
+    adaptive baseline (`Univariate`, one per series, unit-free), learned online.
+
+    The engine scores a cycle, then calls `update` with the jobs whose alert is on: an alerting
+    window is never learned (nor taken as a new normal), a sustained shift nobody alerted on is
+    (see `Univariate`). Samples inside a pause the job's log announced (checkpoint, start-up),
+    and while the job settles after one, are neither scored nor learned. Score = max over
+    series, Bonferroni-corrected (each series at p / len(SERIES)), so 1.0 is the alert level on
+    watts and on ratios alike. State per job:
+    each series' level and scale, stored by job name like the other baselines.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> det = Level().fit(healthy_frame(jobs=1, nodes=1, steps=60, seed=1))
+    >>> test = healthy_frame(jobs=1, nodes=1, steps=1, seed=2, start=600.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> test.values[:, test.fields.index("DCGM_FI_DEV_POWER_USAGE")] *= 0.8  # the job draws less
+    >>> bool(det.score(test).min() > 1.0)
+    True
+    """
+
+    name = "level"
+    params = ("p", "relearn_after", "period")
+
+    def __init__(self, p: float = 1e-4, relearn_after: int = 30, period: int | None = None):
+        self.p = p
+        self.relearn_after = relearn_after
+        self.period = period
+
+    def _ensure(self) -> None:
+        if not hasattr(self, "series_"):
+            self.series_: dict[str, list[Univariate]] = {}
+            self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
+
+    def _new(self) -> list[Univariate]:
+        return [
+            Univariate(self.p / len(SERIES), self.period, relearn_after=self.relearn_after)
+            for _ in SERIES
+        ]
+
+    def _groups(
+        self, frame: Frame, learn: bool = False
+    ) -> tuple[np.ndarray, list[tuple[str, float]], np.ndarray]:
+        """Row -> (job, instant) group, the groups, and their (g, series) medians: NaN while a
+        pause is open and while the job settles after one (its first steps run slow), for 1.5 x
+        the job's longest pause seen (30 s before one) + max(10 s, 30 steps), as `progress`
+        does. `learn` records the pauses' lengths."""
+        from detector.physics import _open  # the one definition of an open pause
+
+        if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
+            codes, jobs = frame.job_codes
+            uniq = list(zip(jobs, np.full(len(jobs), frame.time[0]), strict=True))
+        else:
+            codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
+        n = len(uniq)
+        med = group_median(frame.cols(SERIES), codes, n)
+        since = frame.col(F.SINCE_PAUSE)
+        is_open = np.bincount(codes, _open(frame.col(F.STALL_SECONDS), since), n) > 0
+        sp = group_median(since[:, None], codes, n)[:, 0]
+        groups = [(str(j), float(t)) for j, t in uniq]
+        step = np.nan_to_num(med[:, SERIES.index(F.ITER_SECONDS)])
+        for g, (job, _) in enumerate(groups):
+            if is_open[g] and learn and np.isfinite(sp[g]):
+                self.pause_[job] = max(self.pause_.get(job, 0.0), float(sp[g]))
+            settle = 1.5 * self.pause_.get(job, 30.0) + max(10.0, 30.0 * step[g])
+            if is_open[g] or sp[g] <= settle:
+                med[g] = np.nan
+        return codes, groups, med
+
+    def fit(self, frame: Frame) -> Detector:
+        """Learn from a recording: each job's instants in time order, none confirmed."""
+        self._ensure()
+        if len(frame):
+            _, groups, med = self._groups(frame, learn=True)
+            for g in sorted(range(len(groups)), key=lambda g: groups[g][1]):
+                job = groups[g][0]
+                if job:
+                    for u, v in zip(self.series_.setdefault(job, self._new()), med[g], strict=True):
+                        u.update(float(v))
+        return self
+
+    def update(self, frame: Frame, alerting: set[str]) -> None:
+        """Learn this instant: the jobs in `alerting` (their alert is on) are not learned."""
+        self._ensure()
+        if not len(frame):
+            return
+        _, groups, med = self._groups(frame, learn=True)
+        for g, (job, _) in enumerate(groups):
+            if job:
+                on = job in alerting
+                for u, v in zip(self.series_.setdefault(job, self._new()), med[g], strict=True):
+                    u.update(float(v), confirmed=on)
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        self._ensure()
+        out = np.zeros((len(frame), len(SERIES)))
+        if not len(frame) or not self.series_:
+            return out
+        codes, groups, med = self._groups(frame)
+        per = np.zeros((len(groups), len(SERIES)))
+        for g, (job, _) in enumerate(groups):
+            us = self.series_.get(job)
+            if us is not None:
+                per[g] = [u.score(float(v)) for u, v in zip(us, med[g], strict=True)]
+        return per[codes]
+
+    def score(self, frame: Frame) -> np.ndarray:
+        z = self._z(frame)
+        return z.max(axis=1) if len(z) else np.zeros(0)
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        z = self._z(frame.take(rows))
+        return [
+            f"the job's {SERIES[a]} moved {z[i, a]:.2f}x the alert level from its learned level"
+            for i, a in enumerate(z.argmax(axis=1))
+        ]
+
+    def job_state(self, job: str) -> dict[str, Any] | None:
+        self._ensure()
+        us = self.series_.get(job)
+        if us is None or not any(u.fitted() for u in us):
+            return None
+        pairs = zip(SERIES, us, strict=True)
+        return {n: [u.level_, u.scale_] if u.fitted() else None for n, u in pairs}
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        self._ensure()
+        us = self._new()
+        for n, u in zip(SERIES, us, strict=True):
+            v = state.get(n)
+            if v is None:
+                continue
+            level, scale = (float(x) for x in v)
+            if not (math.isfinite(level) and math.isfinite(scale) and scale > 0):
+                raise ValueError(f"level state for {n}: want a finite level and scale > 0")
+            u.level_, u.scale_, u.season_ = level, scale, np.zeros(1)
+        self.series_[job] = us
+
+    def jobs(self) -> list[str]:
+        self._ensure()
+        return list(self.series_)
+
+    def drop_jobs(self, jobs: set[str]) -> None:
+        self._ensure()
+        for j in jobs:
+            self.series_.pop(j, None)
+            self.pause_.pop(j, None)

@@ -133,3 +133,40 @@ def test_one_gpu_spin_from_its_first_sample_alerts_without_baseline(tmp_path) ->
     assert max(combined[:6]) < 1.0
     first = next(i for i, c in enumerate(combined) if c >= 1.25)
     assert (first - 6) * 5.0 <= 10.0  # three samples: onset + 10 s
+
+
+def _never(f: Frame, since_pause: float, stall: float = np.nan) -> None:
+    """Idle with memory held, no step time yet, `since_pause` s since a start-up line."""
+    f.values[:, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    f.values[:, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
+    f.values[:, COL[F.ITER_SECONDS]] = np.nan
+    f.values[:, COL[F.STALL_SECONDS]] = stall
+    f.values[:, COL[F.SINCE_PAUSE]] = since_pause
+
+
+def test_never_started_allowance_from_the_model_and_the_job_size() -> None:
+    """H200 start-up measured 8-12 s (0.3-0.5 s after the last start-up line): 30 s for one
+    GPU, + 15 s per doubling of the job's GPUs; the old prior waited 600 s whatever the job."""
+    det = Physics()
+    one = _one_gpu(1)
+    _never(one, since_pause=30.0)
+    assert det.score(one)[0] == pytest.approx(1.0)
+    f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=1, seed=3)
+    eight = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
+    _never(eight, since_pause=30.0)
+    assert det.score(eight) == pytest.approx(np.full(8, 30.0 / 75.0))
+    _never(one, since_pause=30.0, stall=30.0)  # 'training ...' logged: progress, no step yet
+    assert det.score(one)[0] == pytest.approx(1.0)
+    other = _one_gpu(1, model="some new GPU")  # an unknown model keeps the generic 120 s
+    _never(other, since_pause=30.0)
+    assert det.score(other)[0] == pytest.approx(0.25)
+
+
+def test_a_pause_after_iterating_keeps_the_long_allowance() -> None:
+    f = _one_gpu(1)
+    _never(f, since_pause=60.0, stall=61.0)  # a checkpoint save after the job iterated ...
+    f.values[:, COL[F.ITER_SECONDS]] = 0.5
+    assert Physics().score(f)[0] == pytest.approx(60.0 / 600.0)
+    _never(f, since_pause=np.nan)  # no log at all: the job's age, the long allowance
+    f.values[:, COL[F.JOB_AGE]] = 300.0
+    assert Physics().score(f)[0] == pytest.approx(0.5)
