@@ -165,7 +165,9 @@ class Harness:
     def _dcgm(self, now: float) -> pd.DataFrame:
         gpus = [g for n in self.sim.cluster.nodes.values() if n.alive for g in n.gpus]
         if not gpus:
-            return pd.DataFrame(columns=["timestamp", "node", "gpu", "job_id", *FIELD_NAMES])
+            return pd.DataFrame(
+                columns=["timestamp", "node", "gpu", "job_id", "modelName", *FIELD_NAMES]
+            )
         vals = np.array([g.values for g in gpus], dtype=float)
         off = np.array([g.off_bus for g in gpus])
         if off.any():
@@ -187,6 +189,7 @@ class Harness:
                 for g in gpus
             ],
         )
+        df.insert(4, "modelName", [g.model_name for g in gpus])  # as dcgm-exporter labels it
         return df
 
     def _feed_logs(self, now: float) -> None:
