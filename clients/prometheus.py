@@ -75,6 +75,17 @@ def column(result: list[dict[str, Any]], label: str) -> tuple[list[Any], np.ndar
     return keys, out
 
 
+def samples(result: list[Any]) -> list[tuple[dict[str, str], float]]:
+    """A vector's `result` as [(labels, value)] (malformed samples skipped): `query`'s answer
+    from a `raw` one."""
+    out = []
+    for s in result:
+        labels, pts = _labels(s), _points([s.get("value")])
+        if labels is not None and pts:
+            out.append((labels, pts[0][1]))
+    return out
+
+
 def _labels(series: Any) -> dict[str, str] | None:
     metric = series.get("metric") if isinstance(series, dict) else None
     return {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else None
@@ -141,12 +152,7 @@ class PromClient:
 
     def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """Instant vector: [(labels, value)] (for small answers; malformed samples skipped)."""
-        out = []
-        for s in self.raw(expr, at):
-            labels, pts = _labels(s), _points([s.get("value")])
-            if labels is not None and pts:
-                out.append((labels, pts[0][1]))
-        return out
+        return samples(self.raw(expr, at))
 
     def query_range(
         self, expr: str, start: float, end: float, step: float
