@@ -4,20 +4,48 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
+import uuid
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
+from exporters.slurm_exporter import serve
 from recovery.app import create_app
-from tests.helpers import prom_query
+from tests.conftest import wait_until
+from tests.helpers import add_scrape_target, prom_query, slurm
+from tests.integration.test_exporters_slurm import _free_port
 from tests.unit.test_console_pages import TOKEN, ConsoleSettings
 
 
-def test_the_console_shows_the_clusters_ettr(prometheus_url, tmp_path, monkeypatch):
+@pytest.fixture
+def a_running_job(prometheus_url) -> Iterator[str]:
+    """A real 1-GPU Slurm job, seen by a Slurm exporter the stack's Prometheus scrapes, so the
+    ETTR rules have GPU-time to count whatever ran before this test."""
+    port, stop, tag = _free_port(), threading.Event(), uuid.uuid4().hex[:8]
+    t = threading.Thread(target=serve, kwargs={"port": port, "interval": 1.0, "stop": stop})
+    t.start()
+    target = add_scrape_target(f"ettr-{tag}", port)
+    job = slurm("sbatch", "--parsable", "-J", f"gp-ettr-{tag}", "-o", "/dev/null", "--gpus=1",
+                "--wrap", "sleep 300").strip().split(";")[0]  # fmt: skip
+    try:
+        wait_until(
+            lambda: prom_query(prometheus_url, "goodput:cluster_ettr:1h"),
+            timeout=90,
+            what="goodput:cluster_ettr:1h has a value",
+        )
+        yield job
+    finally:
+        slurm("scancel", job, check=False)
+        target.unlink(missing_ok=True)
+        stop.set()
+        t.join(timeout=10)
+
+
+def test_the_console_shows_the_clusters_ettr(prometheus_url, a_running_job, tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
     now = prom_query(prometheus_url, "goodput:cluster_ettr:1h")
-    if not now:
-        pytest.skip("no running jobs in the last hour: the recording rule has no value")
     (tmp_path / "token").write_text(TOKEN)
     settings = ConsoleSettings(
         db_url=f"sqlite:///{tmp_path / 'c.db'}",

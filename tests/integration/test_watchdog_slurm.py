@@ -101,8 +101,14 @@ def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, t
         assert registry.get_sample_value("goodput_receiver_acting", {"reason": "ok"}) == 1.0
         assert len(audit.query(engine, type_="watchdog_resumed")[0]) == 1
         wait_until(lambda: not active_notice(am), timeout=10, what="on-call notice ended")
-        actions.reconcile(engine, settings)
-        assert actions.get_action(engine, pending["id"])["state"] == "executed"
+        actions.reconcile(engine, settings)  # or the receiver's own retry loop gets there first
+        done = wait_until(
+            lambda: (a := actions.get_action(engine, pending["id"]))["state"] == "executed" and a,
+            timeout=30,
+            what="the held action executed once the watchdog acts again",
+        )
+        events = [e["type"] for e in audit.query(engine, action_id=pending["id"])[0]]
+        assert events.count("executed") == 1, (done, events)
         again = wait_until(
             lambda: (j := sched.job_state(job)) and j.restarts == 1 and j,
             timeout=30,
