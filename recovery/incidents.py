@@ -38,16 +38,15 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from recovery import clock, failpoints, validate
+from recovery.schema import INGEST_LOCK, serialize
 from recovery.settings import Settings
 from recovery.store import (
-    INGEST_LOCK,
     alerts,
     diagnoses,
     dumps,
     incident_alerts,
     incidents,
     loads,
-    serialize,
     store_payload,
 )
 
