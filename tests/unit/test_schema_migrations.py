@@ -117,3 +117,17 @@ def test_an_in_memory_engine_on_a_static_pool_is_migrated_once_for_every_thread(
     assert seen == ["0001"]
     with engine.connect() as conn:
         assert conn.execute(select(accounting.incidents)).all() == []
+
+
+def test_the_cli_reports_and_runs_the_migration(tmp_path):
+    from typer.testing import CliRunner
+
+    from goodput.cli import app as cli
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    runner = CliRunner()
+    before = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
+    assert before.exit_code == 1 and "not migrated" in before.output
+    assert runner.invoke(cli, ["receiver", "db", "upgrade", "--db-url", url]).output == "at 0001\n"
+    after = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
+    assert after.exit_code == 0 and after.output == "0001 (head 0001)\n"
