@@ -113,7 +113,7 @@ def test_history_without_a_job_counts_no_restarts(engine):
     assert h.restarts_done == 0 and h.same_cause_restarts == 0
 
 
-def test_ensure_adds_the_indexes_to_an_existing_outbox(tmp_path):
+def test_upgrade_adds_the_indexes_to_an_existing_outbox(tmp_path):
     eng = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
     old = MetaData()
     Table("goodput_actions", old, *(Column(c.name, c.type) for c in actions.actions_table.c))
