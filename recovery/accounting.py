@@ -12,14 +12,14 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, select, update
+from sqlalchemy import Column, Engine, Float, Integer, String, Table, select, update
 
 from catalogue import promql
 from clients.prometheus import PromClient, PromError
 from recovery import clock
 from recovery.scheduler.base import JOB_RE
+from recovery.schema import metadata
 
-metadata = MetaData()
 incidents = Table(
     "goodput_accounting",
     metadata,
@@ -33,10 +33,6 @@ incidents = Table(
     Column("gpus", Integer, nullable=False, default=0),
     Column("gpu_hours_lost", Float, nullable=True),
 )
-
-
-def ensure(engine: Engine) -> None:
-    metadata.create_all(engine)
 
 
 CHECKPOINT = "goodput_job_last_checkpoint_timestamp_seconds"

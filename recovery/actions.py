@@ -38,6 +38,7 @@ from recovery import (
     node_health,
     outbox,
     planning,
+    schema,
     watchdog,
 )
 from recovery.decide import Action, Diagnosis
@@ -50,7 +51,6 @@ from recovery.outbox import (
     RUNNABLE,
     actions_table,
     enqueue,
-    ensure,
     metadata,
     switches,
 )
@@ -155,7 +155,7 @@ def config(settings: Any) -> Config:
 
 # ---- the pause switch ---------------------------------------------------------------------
 def is_paused(engine: Engine) -> bool:
-    ensure(engine)
+    schema.upgrade(engine)
     with engine.connect() as conn:
         row = conn.execute(select(switches.c.value).where(switches.c.name == "pause")).first()
     return bool(row and row.value == "on")
@@ -163,7 +163,7 @@ def is_paused(engine: Engine) -> bool:
 
 def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None:
     """Flip the global pause switch (audited)."""
-    ensure(engine)
+    schema.upgrade(engine)
     value = "on" if paused else "off"
 
     def write(conn: Connection) -> None:
@@ -211,7 +211,7 @@ def on_diagnosis(
 
     Idempotent per incident. Never raises for bad input: it is audited and None returned.
     """
-    ensure(engine)
+    schema.upgrade(engine)
     start(engine, settings)
     action_id = outbox.write(engine, enqueue, incident, diagnosis)
     if action_id is None:
@@ -221,7 +221,7 @@ def on_diagnosis(
 
 def incident_action(engine: Engine, incident_id: str) -> dict[str, Any] | None:
     """The incident's latest action (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
-    ensure(engine)
+    schema.upgrade(engine)
     with engine.connect() as conn:
         row = outbox.latest(conn, str(incident_id))
     return _public(row) if row is not None else None
@@ -385,7 +385,7 @@ def execute(
 ) -> dict[str, Any] | None:
     """Execute one ready or approved action (a no-op if someone else holds it), or finish an
     executing one that `owner`, a dead process, left."""
-    ensure(engine)
+    schema.upgrade(engine)
     cfg = config(settings)
     if is_paused(engine):
         r = _raw(engine, action_id)
@@ -529,7 +529,7 @@ def _raw(engine: Engine, action_id: str) -> Any:
 
 
 def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:
-    ensure(engine)
+    schema.upgrade(engine)
     r = _raw(engine, action_id)
     return _public(r) if r else None
 
@@ -537,7 +537,7 @@ def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:
 def list_actions(
     engine: Engine, state: str | None = None, job_id: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
-    ensure(engine)
+    schema.upgrade(engine)
     expire(engine)
     q = (
         select(actions_table)
@@ -557,7 +557,7 @@ def approve(
 ) -> dict[str, Any]:
     """Approve a pending action (recording who) and execute it. The blast radius is checked
     again first, with every other reserved drain and the nodes as the scheduler shows them."""
-    ensure(engine)
+    schema.upgrade(engine)
     cfg = config(settings)
     row = _raw(engine, action_id)
     nodes = None
@@ -584,7 +584,7 @@ def _decide_pending(
     comment: str,
     budget: tuple[Policy, Any] | None = None,
 ) -> None:
-    ensure(engine)
+    schema.upgrade(engine)
     expire(engine)
     if not who or len(who) > 128:
         raise ActionError("who must be a non-empty name of at most 128 characters")
@@ -643,7 +643,7 @@ def resume_node(
     """Return a repaired node to service: an audited action, executed at once (not while
     paused); the port refuses nodes a person drained. `UnknownNode` if the scheduler does not
     know the node (nothing is recorded); an unreachable scheduler leaves the action retried."""
-    ensure(engine)
+    schema.upgrade(engine)
     check_node(node)
     cfg = config(settings)
     try:
@@ -740,7 +740,7 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     """Finish what is due: rows with no plan yet (a final diagnosis whose planner died, or one
     waiting for the scheduler), executing rows left by a dead process (`orphaned`), ready or
     approved rows whose retry time has come."""
-    ensure(engine)
+    schema.upgrade(engine)
     expire(engine)
     now = _now(engine)
     single = engine.dialect.name == "sqlite"
@@ -800,7 +800,7 @@ def start(
         if engine in _running:
             return
         _running.add(engine)
-    ensure(engine)
+    schema.upgrade(engine)
     if thread is None:
         flag = _setting(settings, "actions_thread", "GOODPUT_ACTIONS_THREAD", "1")
         thread = flag not in ("0", "false")
@@ -831,7 +831,7 @@ def start(
 
 def counts(engine: Engine) -> dict[tuple[str, str], int]:
     """(kind, state) -> number of actions: for metrics."""
-    ensure(engine)
+    schema.upgrade(engine)
     out: dict[tuple[str, str], int] = {}
     with engine.connect() as conn:
         for r in conn.execute(select(actions_table.c.kind, actions_table.c.state)).all():
@@ -852,7 +852,6 @@ __all__ = [
     "actions_table",
     "approve",
     "enqueue",
-    "ensure",
     "execute",
     "get_action",
     "is_paused",

@@ -28,7 +28,6 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
@@ -41,8 +40,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from recovery import clock, store, validate
+from recovery.schema import metadata
 
-metadata = MetaData()
 audit = Table(
     "goodput_audit",
     metadata,
@@ -123,10 +122,6 @@ class Verification:
     rows: int
     first_bad_seq: int | None = None
     problem: str = ""
-
-
-def ensure(engine: Engine) -> None:
-    metadata.create_all(engine)
 
 
 def _canonical(row: dict[str, Any]) -> str:

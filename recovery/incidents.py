@@ -49,14 +49,13 @@ from recovery.diagnosis_queue import (
     store_diagnosis,
 )
 from recovery.incident_views import get_incident, incident, latest_diagnosis, list_incidents
+from recovery.schema import INGEST_LOCK, serialize
 from recovery.settings import Settings
 from recovery.store import (
-    INGEST_LOCK,
     alerts,
     dumps,
     incident_alerts,
     incidents,
-    serialize,
     store_payload,
 )
 

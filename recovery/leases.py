@@ -20,7 +20,7 @@ import weakref
 
 from sqlalchemy import Engine, update
 
-from recovery import clock
+from recovery import clock, schema
 
 log = logging.getLogger("goodput.leases")
 OWNER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this process, in the store's owner columns
@@ -32,10 +32,9 @@ _lock = threading.Lock()
 def renew(engine: Engine, lease_s: float, owner: str = OWNER, now: float | None = None) -> int:
     """Move the leases `owner` holds `lease_s` ahead; returns how many rows were renewed."""
     from recovery.outbox import actions_table as a
-    from recovery.outbox import ensure
     from recovery.store import incidents as i
 
-    ensure(engine)
+    schema.upgrade(engine)
     until = (clock.now(engine) if now is None else now) + lease_s
     with engine.begin() as conn:
         n = conn.execute(

@@ -19,14 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, Text, select
+from sqlalchemy import Column, Engine, Float, Integer, String, Table, Text, select
 
-from recovery import audit, node_health, slurm_hooks
+from recovery import audit, node_health, schema, slurm_hooks
 from recovery.policy import Policy
 from recovery.scheduler.base import REASON_PREFIX, NodeState, Scheduler, SchedulerError
+from recovery.schema import metadata
 
 log = logging.getLogger(__name__)
-metadata = MetaData()
 checks = Table(
     "goodput_node_checks",
     metadata,
@@ -45,10 +45,6 @@ checks = Table(
 FAILED_PREFIX = f"{REASON_PREFIX} failed"  # a check verdict: failed, or failed N times: RMA
 OPEN = ("planned", "running")
 GRACE_S = 60.0  # beyond a check's own time limit before a `running` row counts as abandoned
-
-
-def ensure(engine: Engine) -> None:
-    metadata.create_all(engine)
 
 
 def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: float) -> bool:
@@ -228,7 +224,7 @@ def start(
     `history(now)` each node's recent events; the Prolog holds go to `$GOODPUT_HOLD_DIR`."""
     if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") in ("0", "false"):
         return None
-    ensure(engine)
+    schema.upgrade(engine)
     hold = os.environ.get("GOODPUT_HOLD_DIR")
 
     def loop() -> None:

@@ -14,9 +14,7 @@ States: `planning` → `waiting_scheduler` (retried) | `pending_approval` | `rea
 from __future__ import annotations
 
 import json
-import threading
 import time
-import weakref
 from typing import Any
 
 from sqlalchemy import (
@@ -26,7 +24,6 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
@@ -34,12 +31,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.schema import CreateIndex
 
-from recovery import accounting, audit, clock, store
+from recovery import audit, clock
 from recovery.decide import Diagnosis
+from recovery.schema import metadata
 
-metadata = MetaData()
 actions_table = Table(
     "goodput_actions",
     metadata,
@@ -85,43 +81,11 @@ DRAIN_STATES = ("executed", *RESERVING)
 # nothing in the scheduler and the verdict (outcome or culprit nodes) changed.
 REPLANNABLE = ("no_action", "planned_only", "skipped")
 MAX_PLANS_PER_INCIDENT = 5
-_ensured: weakref.WeakSet[Engine] = weakref.WeakSet()
-_ensure_lock = threading.Lock()
 
 
 def now(db: Engine | Connection | None = None) -> float:
     """The time of `db`'s receiver (`recovery.clock`)."""
     return clock.now(db)
-
-
-def ensure(engine: Engine) -> None:
-    """Create the outbox, audit and accounting tables (once per engine; thread-safe)."""
-    if engine in _ensured:
-        return
-    with _ensure_lock:
-        if engine not in _ensured:
-            _create(engine)
-            _ensured.add(engine)
-
-
-def _create(engine: Engine) -> None:
-    metadata.create_all(engine)
-    store.add_missing_columns(engine, metadata)
-    with engine.begin() as conn:  # create_all skips the indexes of a table that already exists
-        for index in actions_table.indexes:
-            conn.execute(CreateIndex(index, if_not_exists=True))
-    try:
-        with engine.begin() as conn:  # the row the budget lock takes (see planning.lock_budget)
-            if not conn.execute(select(switches.c.name).where(switches.c.name == "budget")).first():
-                conn.execute(
-                    switches.insert().values(
-                        name="budget", value="lock", updated_at=now(engine), updated_by="goodput"
-                    )
-                )
-    except IntegrityError:
-        pass  # another process created it first
-    audit.ensure(engine)
-    accounting.ensure(engine)
 
 
 def refs(row: Any) -> dict[str, Any]:

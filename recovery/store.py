@@ -1,8 +1,8 @@
 """The receiver's durable store: SQLAlchemy Core tables on SQLite (WAL) or PostgreSQL.
 
-`make_engine(url)` returns a ready engine with the receiver's tables created (and columns
-added since a database was made: `add_missing_columns`). Other recovery modules may define
-their own tables on their own `MetaData`; the engine is shared. Times are stored as float unix
+`make_engine(url)` returns a ready engine, its database migrated to the newest schema
+(`recovery.schema.upgrade`). The receiver's tables are here; other recovery modules define
+theirs, all on the one `recovery.schema.metadata`. Times are stored as float unix
 seconds (portable across both databases); JSON as text.
 
 Webhook bodies are kept once per distinct body (`store_payload`: a redelivery counts
@@ -25,7 +25,6 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
@@ -34,16 +33,12 @@ from sqlalchemy import (
     delete,
     event,
     func,
-    inspect,
-    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.schema import CreateIndex
 
 from recovery import validate
-
-metadata = MetaData()
+from recovery.schema import metadata, upgrade
 
 # Every distinct accepted webhook body, verbatim (the durable record before the 200); a
 # redelivery of the same bytes counts in `deliveries` and moves `last_seen`.
@@ -135,7 +130,7 @@ def normalize_url(url: str) -> str:
 
 
 def make_engine(url: str, create: bool = True) -> Engine:
-    """An engine for `url` (SQLite in WAL mode, or PostgreSQL), with the tables created."""
+    """An engine for `url` (SQLite in WAL mode, or PostgreSQL), its database migrated."""
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -159,37 +154,8 @@ def make_engine(url: str, create: bool = True) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True, future=True)
     if create:
-        metadata.create_all(engine)
-        add_missing_columns(engine, metadata)
+        upgrade(engine)
     return engine
-
-
-def add_missing_columns(engine: Engine, meta: MetaData) -> None:
-    """Add the nullable columns (and indexes) a table gained since the database was made."""
-    with engine.begin() as conn:
-        seen = inspect(conn)
-        for table in meta.sorted_tables:
-            have = {c["name"] for c in seen.get_columns(table.name)}
-            for col in table.columns:
-                if col.name not in have and col.nullable:
-                    kind = col.type.compile(dialect=engine.dialect)
-                    ine = "IF NOT EXISTS " if engine.dialect.name == "postgresql" else ""
-                    add = f'ALTER TABLE {table.name} ADD COLUMN {ine}"{col.name}" {kind}'
-                    conn.execute(text(add))  # IF NOT EXISTS: replicas may start together
-            for index in table.indexes:
-                conn.execute(CreateIndex(index, if_not_exists=True))
-
-
-# Keys of PostgreSQL's transaction-level advisory locks (`serialize`).
-INGEST_LOCK = 0x60_0D_0001
-
-
-def serialize(conn: Connection, key: int) -> None:
-    """Hold the advisory lock `key` until `conn`'s transaction ends, so receivers sharing one
-    PostgreSQL take turns (each waits for the other's commit). On SQLite, one receiver per
-    store, its in-process lock and SQLite's writer lock do the same: nothing to take here."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 def store_payload(conn: Connection, body: str, *, group_key: str, status: str, now: float) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import actions, attribution, clock, evidence, failpoints, incidents, leases
+from recovery import actions, attribution, clock, evidence, failpoints, incidents, leases, schema
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
@@ -46,7 +46,7 @@ def run_once(
     of the worker thread; `now` defaults to the store's clock (`recovery.clock`)."""
     now = clock.now(engine) if now is None else now
     done = []
-    actions.ensure(engine)
+    schema.upgrade(engine)
     lease_s = float(getattr(settings, "lease_s", leases.DEFAULT_S))
     for incident_id, gen in incidents.claim_diagnoses(engine, leases.OWNER, lease_s, now):
         inc = incidents.incident(engine, incident_id)

@@ -13,12 +13,10 @@ DB = typer.Option(None, "--db", help="database URL (default: $GOODPUT_RECEIVER_D
 
 
 def _engine(db: str | None):
-    from recovery import audit
     from recovery.settings import Settings
     from recovery.store import make_engine
 
     engine = make_engine(db or Settings.from_env().db_url)
-    audit.ensure(engine)
     return engine
 
 

@@ -19,11 +19,10 @@ def _fmt_s(s: float | None) -> str:
 @app.command("history")
 def history(as_json: bool = typer.Option(False, "--json"), db: str = DB) -> None:
     """Nodes with incidents or checks in the last 7 days, most incidents first."""
-    from recovery import node_checks, node_history
+    from recovery import node_history
     from recovery.policy import load_policy
 
     engine, _ = _ctx(db)
-    node_checks.ensure(engine)
     rows = node_history.summary(engine, load_policy())
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
@@ -48,7 +47,6 @@ def checks(
     from recovery import node_checks
 
     engine, _ = _ctx(db)
-    node_checks.ensure(engine)
     rows = node_checks.rows(engine, node)
     if as_json:
         typer.echo(json.dumps(rows, indent=1, default=str))

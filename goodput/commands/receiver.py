@@ -1,4 +1,5 @@
-"""`goodput receiver serve`: the recovery receiver (webhook, incidents API, /metrics)."""
+"""`goodput receiver serve`: the recovery receiver (webhook, incidents API, /metrics);
+`goodput receiver db upgrade|current`: its database schema."""
 
 from __future__ import annotations
 
@@ -34,3 +35,34 @@ def serve(
         log_level="info",
         access_log=False,
     )
+
+
+db = typer.Typer(help="The receiver's database schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(db, name="db")
+DB_URL = typer.Option(None, "--db-url", help="SQLAlchemy URL (default: $GOODPUT_RECEIVER_DB_URL)")
+
+
+def _url(db_url: str | None) -> str:
+    from recovery.settings import Settings
+
+    return db_url or Settings.from_env().db_url
+
+
+@db.command("upgrade")
+def db_upgrade(db_url: str | None = DB_URL) -> None:
+    """Migrate the database to the newest revision (the receiver also does this at start)."""
+    from recovery import schema
+    from recovery.store import make_engine
+
+    typer.echo(f"at {schema.current(make_engine(_url(db_url)))}")
+
+
+@db.command("current")
+def db_current(db_url: str | None = DB_URL) -> None:
+    """The database's revision and the newest; exit 1 when it is behind."""
+    from recovery import schema
+    from recovery.store import make_engine
+
+    have, head = schema.current(make_engine(_url(db_url), create=False)), schema.head()
+    typer.echo(f"{have or 'none (not migrated)'} (head {head})")
+    raise typer.Exit(0 if have == head else 1)

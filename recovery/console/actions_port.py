@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import audit
+from recovery import audit, schema
 from recovery.policy import DRAINS, Policy, PolicyError, load_policy
 
 #: States whose drains count against the blast radius (as `recovery.actions` counts them).
@@ -134,7 +134,7 @@ def paused(engine: Engine) -> bool | None:
 
 def incident_events(engine: Engine, incident_id: int) -> list[dict[str, Any]]:
     """Every audit event of the incident (planned, approved, executed, ...), oldest first."""
-    audit.ensure(engine)
+    schema.upgrade(engine)
     out: list[dict[str, Any]] = []
     cursor: int | None = 0
     while cursor is not None and len(out) < 5000:

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from recovery import audit, validate, watchdog
+from recovery import audit, schema, validate, watchdog
 from recovery.console import actions_port, ettr, health, plot, queries, security
 from recovery.diagnosis import OUTCOMES
 from recovery.policy import DRAINS
@@ -498,7 +498,7 @@ def audit_page(request: Request) -> Response:
     if not _can_read(request):
         return _login_redirect(request)
     engine = _engine(request)
-    audit.ensure(engine)
+    schema.upgrade(engine)
     q = request.query_params
     f = {
         "job": q.get("job", "").strip(),
@@ -578,10 +578,10 @@ def nodes_page(request: Request) -> Response:
     if pol is None:
         note = f"The policy could not be loaded: {source}"
     else:
-        from recovery import node_checks, node_history
+        from recovery import node_history
 
         try:
-            node_checks.ensure(engine)  # a receiver that has run no check yet
+            schema.upgrade(engine)  # a receiver that has run no check yet
             rows = node_history.summary(engine, pol)
         except Exception as exc:  # noqa: BLE001 - the page says so instead of a 500
             note = f"node history unavailable ({type(exc).__name__})"

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine
 
-from recovery import actions, audit
+from recovery import actions, audit, schema
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
 from tests.conftest import wait_until
@@ -302,7 +302,7 @@ AFTER_KILL = {
 def test_kill_9_neither_loses_nor_repeats(cluster, crash):
     job, x = cluster.submit()
     inc, d = diag(cluster, job, x)
-    actions.ensure(cluster.engine)
+    schema.upgrade(cluster.engine)
     died = run_child(cluster, inc, d, crash)
     assert died.returncode == -9, died.stderr
     row = actions.get_action(cluster.engine, f"inc-{inc['id']}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from recovery import audit, node_checks, slurm_hooks
+from recovery import audit, node_checks, schema, slurm_hooks
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
 from tests.conftest import wait_until
@@ -36,8 +36,8 @@ def _policy(passes: bool, hook: Path | None = None):
 @pytest.fixture
 def env(local_stack, tmp_path):
     engine = create_engine(f"sqlite:///{tmp_path / 'r.db'}")
-    node_checks.ensure(engine)
-    audit.ensure(engine)
+    schema.upgrade(engine)
+    schema.upgrade(engine)
     sched = SlurmScheduler()
     yield engine, sched, Path(os.environ["GOODPUT_HOLD_DIR"])
     for n in (NODE, OTHER):

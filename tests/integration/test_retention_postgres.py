@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
-from recovery import audit
+from recovery import audit, schema
 from recovery.app import create_app
 from recovery.settings import Settings
 from recovery.store import make_engine, payloads
@@ -44,7 +44,7 @@ def test_redeliveries_upsert_and_audit_prune_on_postgres(pg_url):  # noqa: F811
         rows = conn.execute(select(payloads.c.deliveries)).all()
     assert [r.deliveries for r in rows] == [40]
 
-    audit.ensure(engine)
+    schema.upgrade(engine)
     for i in range(4):
         audit.record(engine, "notified", {"i": i}, ts=1000.0 + i)
     buf = io.StringIO()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, select
 
-from recovery import accounting
+from recovery import accounting, schema
 
 
 def _row(**values):
     engine = create_engine("sqlite://")
-    accounting.ensure(engine)
+    schema.upgrade(engine)
     base = {"incident_id": "1", "job_id": "42", "gpus": 8}
     with engine.begin() as conn:
         conn.execute(accounting.incidents.insert().values(**base, **values))

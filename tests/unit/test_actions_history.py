@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
 
-from recovery import actions, clock
+from recovery import actions, clock, schema
 from recovery.decide import Diagnosis
 from recovery.policy import PolicyError
 from recovery.scheduler.base import NodeState
@@ -23,7 +23,7 @@ NOW = 1_800_000_000.0
 def engine(tmp_path):
     eng = create_engine(f"sqlite:///{tmp_path / 'h.db'}")
     clock.bind(eng, clock.ManualClock(NOW))  # the store's time: outbox.now(eng) == NOW
-    actions.ensure(eng)
+    schema.upgrade(eng)
     return eng
 
 
@@ -113,14 +113,14 @@ def test_history_without_a_job_counts_no_restarts(engine):
     assert h.restarts_done == 0 and h.same_cause_restarts == 0
 
 
-def test_ensure_adds_the_indexes_to_an_existing_outbox(tmp_path):
+def test_upgrade_adds_the_indexes_to_an_existing_outbox(tmp_path):
     eng = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
     old = MetaData()
     Table("goodput_actions", old, *(Column(c.name, c.type) for c in actions.actions_table.c))
     Table("unrelated", old, Column("x", String(4)))
     old.create_all(eng)
     assert inspect(eng).get_indexes("goodput_actions") == []
-    actions.ensure(eng)
+    schema.upgrade(eng)
     names = {ix["name"] for ix in inspect(eng).get_indexes("goodput_actions")}
     assert names == {ix.name for ix in actions.actions_table.indexes} and len(names) == 3
 

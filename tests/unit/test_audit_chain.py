@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, delete, update
 
-from recovery import audit
+from recovery import audit, schema
 
 
 @pytest.fixture
 def engine(tmp_path):
     e = create_engine(f"sqlite:///{tmp_path / 'audit.db'}")
-    audit.ensure(e)
+    schema.upgrade(e)
     for i in range(25):
         audit.record(
             e,

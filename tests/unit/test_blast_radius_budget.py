@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine
 
-from recovery import actions, audit
+from recovery import actions, audit, schema
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
 from tests.unit.actions_fakes import make_fake_sim
@@ -74,7 +74,7 @@ def _no_thread(monkeypatch):
 def test_no_interleaving_drains_past_a_limit(limits, mode, ops):
     client, sim, submit = make_fake_sim(NODES)
     engine = create_engine(f"sqlite:///{Path(tempfile.mkdtemp()) / 'b.db'}")
-    actions.ensure(engine)
+    schema.upgrade(engine)
     sched = SimulatedScheduler("http://testserver", session=client)
     s = SimpleNamespace(
         policy=parse_policy({"mode": mode, "blast_radius": limits}, env={}),

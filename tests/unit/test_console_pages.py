@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery import actions, audit, incidents
+from recovery import actions, audit, incidents, schema
 from recovery.app import create_app
 from recovery.console import plot, security
 from recovery.policy import parse_policy
@@ -366,7 +366,7 @@ def test_odd_data_never_breaks_a_page(env):
     # hundreds of incidents
     docs = [alert(str(5000 + i), f"node{i % 4 + 1}", fp=f"bulk{i}") for i in range(300)]
     incidents.ingest(engine, app.state.settings, docs, node_jobs=lambda n: [])
-    audit.ensure(engine)
+    schema.upgrade(engine)
     audit.record(engine, "notified", {"text": HOSTILE * 50}, actor=HOSTILE, job_id="3001")
     h = {"Authorization": f"Bearer {TOKEN}"}
     pages = [

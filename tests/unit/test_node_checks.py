@@ -11,7 +11,7 @@ import time
 import pytest
 from sqlalchemy import create_engine
 
-from recovery import audit, node_checks, slurm_hooks
+from recovery import audit, node_checks, schema, slurm_hooks
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
 from tests.unit.actions_fakes import make_fake_sim
@@ -36,8 +36,8 @@ def world(tmp_path):
     sched = SimulatedScheduler("http://sim", session=client)
     sched.verify_timeout_s = 1.0
     engine = create_engine(f"sqlite:///{tmp_path / 'r.db'}")
-    node_checks.ensure(engine)
-    audit.ensure(engine)
+    schema.upgrade(engine)
+    schema.upgrade(engine)
     st["nodes"]["node2"].update(state="DRAINED", reason="goodput: XID 79 on GPU 3")
     st["nodes"]["node3"].update(state="DRAINED", reason="maintenance (alice)")
     return sched, engine, st, tmp_path / "holds"

@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from recovery import node_checks, node_health, node_history, store
+from recovery import node_checks, node_health, node_history, schema, store
 from recovery.policy import load_policy
 
 NOW = 1_000_000.0
@@ -40,7 +40,7 @@ def _diagnose(engine, at, outcome, nodes, gpu=None, xid=None):
 
 def _engine(tmp_path):
     engine = store.make_engine(f"sqlite:///{tmp_path / 'r.db'}")
-    node_checks.ensure(engine)
+    schema.upgrade(engine)
     return engine
 
 

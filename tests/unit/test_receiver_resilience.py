@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
-from recovery import actions, audit, incidents, worker
+from recovery import actions, audit, incidents, schema, worker
 from recovery.api_actions import router
 from recovery.app import create_app
 from recovery.policy import parse_policy
@@ -67,7 +67,7 @@ def test_serves_healthz_at_once_while_the_scheduler_hangs(tmp_path, monkeypatch)
     monkeypatch.setattr(actions, "_sched_cache", {})
     s = _settings(tmp_path)
     engine = make_engine(s.db_url)
-    actions.ensure(engine)
+    schema.upgrade(engine)
     now = time.time()
     with engine.begin() as conn:  # an action a dead process left ready: start-up finishes it
         conn.execute(

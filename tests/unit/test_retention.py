@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, delete, func, select, text, update
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
-from recovery import audit, incidents, retention
+from recovery import audit, incidents, retention, schema
 from recovery.app import create_app
 from recovery.policy import PolicyError, Retention, parse_policy
 from recovery.settings import Settings
@@ -29,7 +29,7 @@ NOW = 1_900_000_000.0
 @pytest.fixture
 def engine(tmp_path):
     e = make_engine(f"sqlite:///{tmp_path}/r.db")
-    audit.ensure(e)
+    schema.upgrade(e)
     return e
 
 
@@ -170,7 +170,7 @@ def _export_lines_edited(engine) -> list[str]:
 def test_cli_export_verify_file_and_prune(tmp_path, monkeypatch):
     db = f"sqlite:///{tmp_path}/cli.db"
     engine = make_engine(db)
-    audit.ensure(engine)
+    schema.upgrade(engine)
     _events(engine, 3, age_days=1000, now=time.time())
     policy = tmp_path / "policy.yaml"
     policy.write_text("retention: {audit_days: 30, payload_days: 30}\n")
@@ -206,7 +206,7 @@ def test_an_export_to_stdout_is_not_a_durable_copy(tmp_path, monkeypatch):
     # deleted every old event that no file holds
     db = f"sqlite:///{tmp_path}/cli.db"
     engine = make_engine(db)
-    audit.ensure(engine)
+    schema.upgrade(engine)
     _events(engine, 3, age_days=1000, now=time.time())
     policy = tmp_path / "policy.yaml"
     policy.write_text("retention: {audit_days: 30, payload_days: 30}\n")
