@@ -317,8 +317,10 @@ def _metric_symptoms(series: list[Series], rules: Rules, pause_open: bool = Fals
         elif kind == "prior":
             out += _prior(series, rule)
         elif kind == "idle":
-            if rule.get("from_start") and _advanced(series, float("-inf")):
-                continue  # the job iterated in the window: it started
+            if rule.get("from_start") and any(
+                v > 0 for s in _by_name(series, "goodput_job_iteration") for _, v in s.points
+            ):
+                continue  # an iteration was reported (in the window or before it): it started
             if not (rule.get("unless_pause") and pause_open):
                 peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
                 scores = _by_name(series, rule.get("confirm") or "")

@@ -73,6 +73,15 @@ def test_a_job_that_began_iterating_is_not_never_started() -> None:
     assert not any(s["id"] == "job_never_started" for s in doc["symptoms"])
 
 
+def test_a_job_that_trained_before_the_window_is_not_never_started() -> None:
+    """Idle through the whole window after iterating before it (a long idle hang): its
+    counter is frozen at 5000, so the job started; job_idle's rules judge it, not this one."""
+    series = [s for s in _job(1, score=1.6) if s.name != "goodput_job_iteration"]
+    frozen = Series("goodput_job_iteration", [(START + STEP * i, 5000.0) for i in range(N)])
+    doc = _doc([*series, frozen])
+    assert not any(s["id"] == "job_never_started" for s in doc["symptoms"])
+
+
 def test_without_the_detectors_score_the_rule_is_silent() -> None:
     series = [s for s in _job(1, score=1.6) if s.name != "goodput_gpu_anomaly_score"]
     assert _doc(series)["outcome"] != "workload_hang"
