@@ -205,6 +205,14 @@ class Level(Detector):
             self.series_: dict[str, list[Univariate]] = {}
             self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
 
+    def _of(self, job: str) -> list[Univariate]:
+        """The job's series baselines, created on first sight (not built and thrown away on
+        every later one, as `setdefault(job, self._new())` would)."""
+        us = self.series_.get(job)
+        if us is None:
+            us = self.series_[job] = self._new()
+        return us
+
     def _new(self) -> list[Univariate]:
         return [
             Univariate(self.p / len(SERIES), self.period, relearn_after=self.relearn_after)
@@ -248,7 +256,7 @@ class Level(Detector):
             for g in sorted(range(len(groups)), key=lambda g: groups[g][1]):
                 job = groups[g][0]
                 if job:
-                    for u, v in zip(self.series_.setdefault(job, self._new()), med[g], strict=True):
+                    for u, v in zip(self._of(job), med[g], strict=True):
                         u.update(float(v))
         return self
 
@@ -261,7 +269,7 @@ class Level(Detector):
         for g, (job, _) in enumerate(groups):
             if job:
                 on = job in alerting
-                for u, v in zip(self.series_.setdefault(job, self._new()), med[g], strict=True):
+                for u, v in zip(self._of(job), med[g], strict=True):
                     u.update(float(v), confirmed=on)
 
     def _z(self, frame: Frame) -> np.ndarray:

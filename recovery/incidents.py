@@ -1,4 +1,4 @@
-"""Incidents: alerts grouped per job, opened, updated and resolved; the list/detail queries.
+"""Incidents: alerts grouped per job, opened, updated and resolved.
 
 Rules:
 - an alert is identified by (fingerprint, startsAt); a redelivery with the same status changes
@@ -12,13 +12,15 @@ Rules:
   incidents for one job) and claim a due diagnosis with a lease (`claim_diagnoses`), so each
   is made by one receiver; a new alert ends the claim (the diagnosis under way is superseded);
 - an incident resolves when all its alerts are resolved.
+
+This module folds webhook payloads into incidents; the diagnosis claims and their storage are
+`recovery.diagnosis_queue`, the list/detail queries `recovery.incident_views`, both
+re-exported here so callers use `recovery.incidents` alone.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,26 +37,51 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
 
 from recovery import clock, failpoints, validate
+from recovery.diagnosis_queue import (
+    _LOCK,
+    claim_diagnoses,
+    due_diagnoses,
+    incomplete,
+    record_failure,
+    release_claims,
+    store_diagnosis,
+)
+from recovery.incident_views import get_incident, incident, latest_diagnosis, list_incidents
 from recovery.settings import Settings
 from recovery.store import (
     INGEST_LOCK,
     alerts,
-    diagnoses,
     dumps,
     incident_alerts,
     incidents,
-    loads,
     serialize,
     store_payload,
 )
 
+__all__ = [
+    "IngestResult",
+    "NodeJobs",
+    "Payload",
+    "claim_diagnoses",
+    "default_node_jobs",
+    "due_diagnoses",
+    "get_incident",
+    "incident",
+    "incomplete",
+    "ingest",
+    "ingest_payloads",
+    "latest_diagnosis",
+    "list_incidents",
+    "prepare",
+    "record_failure",
+    "release_claims",
+    "store_diagnosis",
+]
+
 log = logging.getLogger("goodput.receiver.incidents")
 NodeJobs = Callable[[str], list[str]]
-
-_LOCK = threading.Lock()  # one writer at a time inside this process (incident creation races)
 
 
 @dataclass
@@ -356,328 +383,4 @@ def _maybe_resolve(conn: Connection, incident_id: int, now: float) -> None:
             update(incidents)
             .where(incidents.c.id == incident_id)
             .values(state="resolved", resolved_at=now, updated_at=now)
-        )
-
-
-# --- queries --------------------------------------------------------------------------------
-
-
-def _alert_dict(row: Any) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "fingerprint": row.fingerprint,
-        "alertname": row.alertname,
-        "status": row.status,
-        "severity": row.severity,
-        "job_id": row.job_id,
-        "node": row.node,
-        "gpu": row.gpu,
-        "starts_at": row.starts_ts,
-        "ends_at": row.ends_ts,
-        "labels": loads(row.labels),
-        "annotations": loads(row.annotations),
-    }
-
-
-def _incident_dict(row: Any, alert_rows: list[Any]) -> dict[str, Any]:
-    names: dict[str, int] = {}
-    for a in alert_rows:
-        names[a.alertname] = names.get(a.alertname, 0) + 1
-    return {
-        "id": row.id,
-        "job_id": row.job_id,
-        "node": row.node,
-        "state": row.state,
-        "opened_at": row.opened_at,
-        "updated_at": row.updated_at,
-        "resolved_at": row.resolved_at,
-        "first_alert_at": row.first_alert_ts,
-        "outcome": row.outcome,
-        "diagnosis_state": row.diagnosis_state,
-        "alerts": [_alert_dict(a) for a in alert_rows],
-        "alert_summary": {
-            "total": len(alert_rows),
-            "firing": sum(1 for a in alert_rows if a.status == "firing"),
-            "by_name": names,
-            "nodes": sorted({a.node for a in alert_rows if a.node}),
-        },
-    }
-
-
-def _alerts_of(conn: Connection, incident_id: int) -> list[Any]:
-    return list(
-        conn.execute(
-            select(alerts)
-            .select_from(alerts.join(incident_alerts))
-            .where(incident_alerts.c.incident_id == incident_id)
-            .order_by(alerts.c.starts_ts, alerts.c.id)
-        ).all()
-    )
-
-
-def incident(engine: Engine, incident_id: int) -> dict[str, Any] | None:
-    """The incident dict (with its alerts), or None."""
-    with engine.connect() as conn:
-        row = conn.execute(select(incidents).where(incidents.c.id == incident_id)).first()
-        if row is None:
-            return None
-        return _incident_dict(row, _alerts_of(conn, incident_id))
-
-
-def latest_diagnosis(engine: Engine, incident_id: int) -> dict[str, Any] | None:
-    with engine.connect() as conn:
-        body = conn.execute(
-            select(diagnoses.c.body)
-            .where(diagnoses.c.incident_id == incident_id)
-            .order_by(diagnoses.c.id.desc())
-            .limit(1)
-        ).scalar()
-    return loads(body)
-
-
-def get_incident(engine: Engine, incident_id: int) -> dict[str, Any] | None:
-    """Detail view: the incident, its alerts, and its latest diagnosis."""
-    found = incident(engine, incident_id)
-    if found is not None:
-        found["diagnosis"] = latest_diagnosis(engine, incident_id)
-    return found
-
-
-def list_incidents(
-    engine: Engine,
-    state: str | None = None,
-    job_id: str | None = None,
-    limit: int = 50,
-    offset: int = 0,
-) -> dict[str, Any]:
-    """A page of incidents, newest first: `{"items", "total", "limit", "offset"}`."""
-    where = []
-    if state:
-        where.append(incidents.c.state == state)
-    if job_id:
-        where.append(incidents.c.job_id == job_id)
-    with engine.connect() as conn:
-        total = conn.execute(select(func.count()).select_from(incidents).where(*where)).scalar()
-        rows = conn.execute(
-            select(incidents)
-            .where(*where)
-            .order_by(incidents.c.id.desc())
-            .limit(limit)
-            .offset(offset)
-        ).all()
-        items = []
-        for r in rows:
-            d = _incident_dict(r, _alerts_of(conn, r.id))
-            d.pop("alerts")
-            items.append(d)
-    return {"items": items, "total": int(total or 0), "limit": limit, "offset": offset}
-
-
-def due_diagnoses(engine: Engine, now: float | None = None) -> list[tuple[int, int]]:
-    """(incident id, generation) of incidents whose diagnosis is pending and due."""
-    now = clock.now(engine) if now is None else now
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(incidents.c.id, incidents.c.diagnosis_gen)
-            .where(and_(incidents.c.diagnosis_state == "pending", incidents.c.diagnosis_due <= now))
-            .order_by(incidents.c.diagnosis_due)
-        ).all()
-    return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
-
-
-def claim_diagnoses(
-    engine: Engine, owner: str, lease_s: float, now: float | None = None, limit: int = 100
-) -> list[tuple[int, int]]:
-    """Claim the due diagnoses nobody holds (or whose holder's lease expired) for `owner`,
-    for `lease_s` seconds: (incident id, generation), oldest due first. On PostgreSQL the rows
-    are locked `FOR UPDATE SKIP LOCKED`, so receivers claiming at once never get the same."""
-    now = clock.now(engine) if now is None else now
-    c = incidents.c
-    free = or_(c.diagnosis_lease.is_(None), c.diagnosis_lease < now, c.diagnosis_owner == owner)
-    with _LOCK, engine.begin() as conn:
-        rows = conn.execute(
-            select(c.id, c.diagnosis_gen)
-            .where(c.diagnosis_state == "pending", c.diagnosis_due <= now, free)
-            .order_by(c.diagnosis_due)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        ).all()
-        if rows:
-            conn.execute(
-                update(incidents)
-                .where(c.id.in_([r.id for r in rows]))
-                .values(diagnosis_owner=owner, diagnosis_lease=now + lease_s)
-            )
-    return [(int(r.id), int(r.diagnosis_gen)) for r in rows]
-
-
-def release_claims(engine: Engine, but: str) -> int:
-    """End every diagnosis claim not held by `but`: at start-up of the only receiver of a store
-    (SQLite), whatever another owner still holds was left by a process that is gone."""
-    c = incidents.c
-    with _LOCK, engine.begin() as conn:
-        done = conn.execute(
-            update(incidents)
-            .where(c.diagnosis_owner.is_not(None), c.diagnosis_owner != but)
-            .values(diagnosis_owner=None, diagnosis_lease=None)
-        )
-    return int(done.rowcount or 0)
-
-
-def store_diagnosis(
-    engine: Engine,
-    incident_id: int,
-    gen: int,
-    doc: dict[str, Any],
-    recheck_s: float = 0.0,
-    recheck_max: int = 0,
-    now: float | None = None,
-    on_final: Callable[[Connection], Any] | None = None,
-    incomplete_max: int = 0,
-    owner: str | None = None,
-) -> str:
-    """Store a diagnosis and say what it settles:
-
-    - "done": final, plan an action on it;
-    - "superseded": a newer alert re-pended the incident; its diagnosis will decide;
-    - "recheck": an inconclusive verdict (`unknown`) on an open incident, diagnosed again
-      `recheck_s` later, at most `recheck_max` times per incident: the symptoms that settle it
-      (a GPU idle for 30 s, a peer slower for 20 s) may not have had the time to show yet;
-    - "resolved": inconclusive, and the incident has resolved meanwhile: nothing to ask anyone.
-
-    A diagnosis made while a source was unreachable (`incomplete(doc)`) of an open incident is
-    also diagnosed again `recheck_s` later, at most `incomplete_max` times: an outage of Slurm
-    must not lower the confidence of the verdict for good. `on_final(conn)` runs inside the
-    transaction that stores a "done" diagnosis (the action outbox is written with it).
-    With `owner` (the claim's, `claim_diagnoses`), nothing is stored unless the claim still
-    stands ("superseded": a new alert ended it, or another receiver took over after our lease
-    expired), and the claim is released.
-    """
-    now = clock.now(engine) if now is None else now
-    for attempt in range(20):
-        try:
-            return _store(
-                engine,
-                incident_id,
-                gen,
-                doc,
-                (recheck_s, recheck_max, incomplete_max),
-                now,
-                on_final,
-                owner,
-            )
-        except IntegrityError:  # another receiver won a race for a row id (audit seq)
-            time.sleep(0.01 * (attempt + 1))
-    raise RuntimeError("could not store the diagnosis")
-
-
-def incomplete(doc: dict[str, Any]) -> bool:
-    """Slurm could not be asked: the verdict lacks the job's and the nodes' state."""
-    return any(
-        r.get("connector") == "slurm" and r.get("status") == "error"
-        for r in doc.get("connector_reports") or []
-        if isinstance(r, dict)
-    )
-
-
-def _store(
-    engine: Engine,
-    incident_id: int,
-    gen: int,
-    doc: dict[str, Any],
-    limits: tuple[float, int, int],
-    now: float,
-    on_final: Callable[[Connection], Any] | None,
-    owner: str | None,
-) -> str:
-    recheck_s, recheck_max, incomplete_max = limits
-    with _LOCK, engine.begin() as conn:
-        if owner is not None:
-            claim = conn.execute(
-                select(incidents.c.diagnosis_owner)
-                .where(incidents.c.id == incident_id)
-                .with_for_update()
-            ).first()
-            if claim is None or claim.diagnosis_owner != owner:
-                return "superseded"
-            conn.execute(
-                update(incidents)
-                .where(incidents.c.id == incident_id)
-                .values(diagnosis_owner=None, diagnosis_lease=None)
-            )
-        conn.execute(
-            insert(diagnoses).values(
-                incident_id=incident_id, created_at=now, outcome=doc["outcome"], body=dumps(doc)
-            )
-        )
-        conn.execute(
-            update(incidents)
-            .where(incidents.c.id == incident_id)
-            .values(outcome=doc["outcome"], updated_at=now)
-        )
-        current = and_(incidents.c.id == incident_id, incidents.c.diagnosis_gen == gen)
-        if doc["outcome"] == "unknown" and recheck_max > 0:
-            unknowns = conn.execute(
-                select(func.count())
-                .select_from(diagnoses)
-                .where(diagnoses.c.incident_id == incident_id, diagnoses.c.outcome == "unknown")
-            ).scalar_one()
-            open_now = and_(current, incidents.c.state == "open")
-            due = {"diagnosis_due": now + recheck_s}
-            if (
-                unknowns <= recheck_max
-                and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
-            ):
-                return "recheck"
-        if incomplete(doc) and incomplete_max > 0:
-            tries = conn.execute(  # this one included
-                select(func.count())
-                .select_from(diagnoses)
-                .where(diagnoses.c.incident_id == incident_id)
-            ).scalar_one()
-            open_now = and_(current, incidents.c.state == "open")
-            due = {"diagnosis_due": now + recheck_s}
-            if (
-                tries <= incomplete_max
-                and conn.execute(update(incidents).where(open_now).values(**due)).rowcount
-            ):
-                return "recheck"
-        done = conn.execute(
-            update(incidents)
-            .where(current, incidents.c.diagnosis_state == "pending")
-            .values(diagnosis_state="done")
-        )
-        if not done.rowcount:
-            return "superseded"
-        state = conn.execute(select(incidents.c.state).where(current)).scalar_one()
-        if doc["outcome"] == "unknown" and state != "open":
-            return "resolved"
-        if on_final is not None:
-            on_final(conn)
-    return "done"
-
-
-def record_failure(
-    engine: Engine,
-    incident_id: int,
-    max_attempts: int = 5,
-    retry_s: float = 10.0,
-    now: float | None = None,
-) -> None:
-    """Count a failed diagnosis attempt; retry later, give up after `max_attempts`."""
-    with _LOCK, engine.begin() as conn:
-        row = conn.execute(
-            select(incidents.c.diagnosis_attempts).where(incidents.c.id == incident_id)
-        ).scalar_one()
-        attempts = int(row or 0) + 1
-        conn.execute(
-            update(incidents)
-            .where(incidents.c.id == incident_id)
-            .values(
-                diagnosis_attempts=attempts,
-                diagnosis_due=(clock.now(engine) if now is None else now) + retry_s,
-                diagnosis_state="failed" if attempts >= max_attempts else "pending",
-                diagnosis_owner=None,
-                diagnosis_lease=None,
-            )
         )

@@ -376,3 +376,27 @@ def test_loki_size_bound_timeout_and_unreachable(serve):
         LokiClient("http://127.0.0.1:9").query_range('{job_id="1"}')
     with pytest.raises(ValueError, match="Loki URL"):
         LokiClient("loki:3100")
+
+
+def test_raw_many_keeps_the_order_and_sends_at_most_parallel_ahead():
+    """The answers come in query order, and a query leaves only when an answer is taken: on
+    the code before this every query was sent (and its answer decoded and held) at once."""
+
+    class Counting(PromClient):
+        def __init__(self) -> None:
+            super().__init__("http://127.0.0.1:9", parallel=3)
+            self.sent: list[str] = []
+
+        def raw(self, expr, at=None, want="vector"):
+            self.sent.append(expr)
+            time.sleep(0.01 * (int(expr) % 3))  # out of order if the order were not kept
+            return [expr]
+
+    c = Counting()
+    answers = c.raw_many([str(i) for i in range(12)])
+    first = next(answers)
+    time.sleep(0.2)
+    assert first == ["0"] and len(c.sent) <= 4
+    assert [a[0] for a in answers] == [str(i) for i in range(1, 12)]
+    assert sorted(c.sent, key=int) == [str(i) for i in range(12)]
+    c.close()

@@ -187,3 +187,23 @@ def test_the_gpu_model_reaches_the_frame(tmp_path):
     """modelName rides in the per-GPU key (the priors read it per model)."""
     frame, _ = fetch(Recorded(answers(cluster(1), None, 1000.0)), now=1000.0)
     assert set(frame.models) == {"NVIDIA H200"} and len(frame.take(np.arange(3)).models) == 3
+
+
+def test_fetch_follows_a_new_join_or_new_gpus_from_one_cycle_to_the_next():
+    """The label split is reused between cycles only while nothing it reads changed: the same
+    GPUs with another job -> node join, or other GPUs, give the frame of a first fetch."""
+    c = Cluster.make(16, seed=3)
+    rec = answers(c, None, 1000.0, hpc_job=False)
+    first, _ = fetch(Recorded(rec), now=1000.0)
+    assert set(first.job) == {"100000"}
+    info = queries()["goodput_slurm_job_node_info"]
+    rec[info] = rec[info].replace(b'"100000"', b'"100009"').replace(b"train-100000", b"t")
+    again, _ = fetch(Recorded(rec), now=1005.0)
+    assert set(again.job) == {"100009"}
+    c.node = [n.replace("node", "host") for n in c.node]
+    moved, _ = fetch(Recorded(answers(c, None, 1010.0, hpc_job=False)), now=1010.0)
+    assert set(moved.node) == {"host1", "host2"} and set(moved.job) == {"100000"}
+    fresh, _ = fetch(Recorded(answers(c, None, 1010.0, hpc_job=False)), now=1010.0)
+    for a, b in ((moved.node, fresh.node), (moved.job, fresh.job), (moved.gpu, fresh.gpu)):
+        assert a.tolist() == b.tolist()
+    assert np.array_equal(moved.values, fresh.values, equal_nan=True)

@@ -172,3 +172,17 @@ def test_the_slow_steps_after_a_pause_are_neither_scored_nor_learned() -> None:
     assert det.score(slow).max() == 0.0
     slow.values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = 400.0  # long after it: a slowdown
     assert det.score(slow).max() > 1.0
+
+
+def test_a_known_job_keeps_its_series_and_builds_no_new_ones(monkeypatch) -> None:
+    """Per cycle, `update` on a job it knows reuses its baselines: on the code before this it
+    built (and threw away) a fresh set per job per cycle, a third of the engine's time at
+    10,000 GPUs (bench/results/scale.md)."""
+    det = Level()
+    det.update(_frame(0.0, 700.0), set())
+    kept = det.series_["42"]
+    built = []
+    monkeypatch.setattr(Univariate, "__init__", lambda *a, **k: built.append(1))
+    for k in range(1, 4):
+        det.update(_frame(5.0 * k, 700.0), set())
+    assert built == [] and det.series_["42"] is kept

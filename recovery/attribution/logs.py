@@ -1,0 +1,120 @@
+"""Stage 1 for log lines: catalogue matches of job and kernel lines as symptoms, with XIDs
+classified by the catalogue's table (`_xid_symptom`, also used for the XID metric) and the
+line matching (`_hits`, also used for Slurm node reasons); a rank-only line is placed on its
+node by Slurm's block placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import catalogue
+from recovery import validate
+from recovery.attribution.model import PROGRESS, Rules, Sym
+from recovery.evidence import LogLine
+
+_XID_KIND = {
+    "gpu_hardware_fault": "xid_fatal",
+    "workload_crash": "xid_app",
+    "gpu_degradation": "xid_degradation",
+}
+
+
+def _xid_symptom(code: int) -> tuple[str, str, str, str] | None:
+    """(symptom, role, outcome hint, action hint) of an XID by the catalogue's table. A code
+    the table does not know is `xid_unknown` and one that needs a person `xid_other` (both
+    initiating: never healthy); one NVIDIA says to ignore (job action none) is no symptom."""
+    info = catalogue.xid_info(code)
+    if info is None:  # the catalogue's `unlisted` entry says what it means; never healthy
+        unlisted = catalogue.loader.default().xid_unlisted
+        if unlisted is None or unlisted.outcome not in _XID_KIND:
+            return "xid_unknown", "initiating", "", ""
+        return _XID_KIND[unlisted.outcome], "initiating", unlisted.outcome, unlisted.job_action
+    if info.consequence:
+        return "xid_cascade", "cascade", "", ""
+    if info.outcome in _XID_KIND:
+        return _XID_KIND[info.outcome], "initiating", info.outcome, info.job_action
+    if info.job_action == "none":
+        return None
+    return "xid_other", "initiating", "", info.job_action
+
+
+def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
+    """The node of a rank under Slurm's block placement: `gpn` ranks per node, in the job's
+    node list order (Slurm's NodeList)."""
+    if isinstance(rank, int) and job_nodes and 0 <= rank // gpn < len(job_nodes):
+        return job_nodes[rank // gpn]
+    return None
+
+
+# symptom, role, outcome, groups, pattern, action hint
+Hit = tuple[str, str, str, dict[str, Any], str, str]
+
+
+def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool]:
+    """Catalogue matches of one line as symptoms (XIDs classified, overrides applied), whether
+    the line shows progress, and whether it opens a pause (checkpoint save/load, start-up)."""
+    overrides = {r["pattern"]: r for r in rules.log}
+    hits: list[Hit] = []
+    progress = pause = False
+    for m in catalogue.match_line(text, source):
+        if m.role == "info":
+            progress = progress or m.symptom in PROGRESS
+            pause = pause or m.symptom == "pause"
+            continue
+        symptom, role, outcome, action = m.symptom, m.role, m.outcome, m.action
+        if symptom == "xid" and "xid" in m.groups:
+            kind = _xid_symptom(int(m.groups["xid"]))
+            if kind is None:
+                continue
+            symptom, role, outcome, action = kind
+        ov = overrides.get(m.pattern, {})
+        role, outcome = ov.get("role", role), ov.get("outcome", outcome)
+        hits.append((symptom, role, outcome, m.groups, m.pattern, action))
+    return hits, progress, pause
+
+
+def _log_symptoms(
+    lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str]
+) -> tuple[list[Sym], list[LogLine], bool]:
+    """Symptoms of the log lines, the lines that show the job progressing, and whether a pause
+    is still open (the last pause line comes after the last progress line)."""
+    out: list[Sym] = []
+    progress: list[LogLine] = []
+    last = {"progress": float("-inf"), "pause": float("-inf")}
+    for ln in lines:
+        kind = "kernel" if ln.kind == "kernel" else "job"
+        hits, progressing, pausing = _hits(ln.text, kind, rules)
+        if progressing:
+            progress.append(ln)
+        for word, flag in (("progress", progressing), ("pause", pausing)):
+            if flag and ln.time is not None:
+                last[word] = max(last[word], ln.time)
+        for symptom, role, outcome, groups, pattern, action in hits:
+            node = ln.node
+            g = groups.get("node")
+            if node is None and isinstance(g, str) and validate.NODE.fullmatch(g):
+                node = g
+            if node is None:
+                node = _rank_node(groups.get("rank"), job_nodes, gpn)
+            out.append(
+                Sym(
+                    id=symptom,
+                    role=role,
+                    time=ln.time,
+                    source="log",
+                    node=node,
+                    detail=f"{pattern}: {ln.text.strip()[:200]}",
+                    outcome=outcome,
+                    evidence={
+                        "source": "log",
+                        "query_or_path": ln.path,
+                        "line": ln.line,
+                        "time": ln.time,
+                        "node": node,
+                        "gpu": None,
+                        "excerpt": ln.text.strip()[:300],
+                    },
+                    action=action,
+                )
+            )
+    return out, progress, last["pause"] > last["progress"]

@@ -1,0 +1,386 @@
+"""Stage 1 for metric series: the metric rules (XID values, counters that rose, GPUs that
+vanished, physics priors, idle GPUs, stalled progress, slowdowns, a node or GPU below its
+peers) as symptoms with their evidence, in rule order."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from catalogue import priors as physics_priors
+from recovery.attribution.logs import _xid_symptom
+from recovery.attribution.model import FB_USED, PROGRESS_METRICS, Rules, Sym
+from recovery.evidence import Series
+
+
+def _ev(s: Series, t: float | None, excerpt: str) -> dict[str, Any]:
+    return {
+        "source": "prometheus",
+        "query_or_path": s.query or s.name,
+        "line": None,
+        "time": t,
+        "node": s.node,
+        "gpu": s.gpu,
+        "excerpt": excerpt[:300],
+    }
+
+
+def _sym(
+    rule: dict[str, Any], s: Series, t: float | None, detail: str, node: str | None = "series"
+) -> Sym:
+    n = s.node if node == "series" else node
+    return Sym(
+        id=rule["id"],
+        role=rule.get("role", "initiating"),
+        time=t,
+        source="prometheus",
+        node=n,
+        gpu=s.gpu if n == s.node else None,
+        detail=detail,
+        outcome=rule.get("outcome", ""),
+        evidence=_ev(s, t, f"{s.name}: {detail}"),
+    )
+
+
+def _by_name(series: list[Series], name: str) -> list[Series]:
+    return [s for s in series if s.name == name and s.points]
+
+
+def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None, float]:
+    """Start and duration of the longest run of points satisfying `pred`."""
+    best_start, best, start = None, 0.0, None
+    for t, v in points:
+        if pred(v):
+            start = t if start is None else start
+            if t - start >= best:
+                best_start, best = start, t - start
+        else:
+            start = None
+    return best_start, best
+
+
+def _metric_symptoms(series: list[Series], rules: Rules, pause_open: bool = False) -> list[Sym]:
+    """Symptoms of the metric rules, in their order (a rule may read an earlier one's)."""
+    out: list[Sym] = []
+    gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
+    for rule in rules.metrics:
+        kind = rule.get("kind")
+        metric = rule.get("metric", "")
+        if kind == "xid":
+            for s in _by_name(series, metric):
+                prev = 0
+                for t, v in s.points:
+                    code = int(v)
+                    xk = _xid_symptom(code) if code and code != prev else None
+                    if xk is not None:
+                        sid, role, outcome, action = xk
+                        out.append(
+                            Sym(
+                                sid,
+                                role,
+                                t,
+                                "prometheus",
+                                s.node,
+                                s.gpu,
+                                f"XID {code}",
+                                outcome,
+                                _ev(s, t, f"{s.name} = {code}"),
+                                action,
+                            )
+                        )
+                    prev = code
+        elif kind in ("increase", "above"):
+            for s in _by_name(series, metric):
+                base = s.points[0][1]
+                for t, v in s.points:
+                    hit = v - base >= rule["min"] if kind == "increase" else v >= rule["min"]
+                    if hit:
+                        word = f"rose by {v - base:g}" if kind == "increase" else f"= {v:g}"
+                        out.append(_sym(rule, s, t, f"{metric} {word}"))
+                        break
+        elif kind == "vanished" and (present := _by_name(series, metric)):
+            last_seen = max(s.points[-1][0] for s in present)
+            gap = float(rule.get("gap_s", 30))
+            gone = [s for s in present if last_seen - s.points[-1][0] > gap]
+            for s in gone:
+                out.append(_sym(rule, s, s.points[-1][0], "GPU stopped reporting"))
+            by_node: dict[str, list[Series]] = {}
+            for s in present:
+                by_node.setdefault(s.node or "", []).append(s)
+            for node, group in by_node.items():
+                if node and len(by_node) > 1 and all(g in gone for g in group):
+                    t = max(g.points[-1][0] for g in group)
+                    out.append(
+                        Sym(
+                            "node_silent",
+                            "initiating",
+                            t,
+                            "prometheus",
+                            node,
+                            None,
+                            "every GPU of the node stopped reporting",
+                            "node_lost",
+                            _ev(group[0], t, "node stopped answering"),
+                        )
+                    )
+        elif kind == "prior":
+            out += _prior(series, rule)
+        elif kind == "idle":
+            if rule.get("from_start") and any(
+                v > 0 for s in _by_name(series, "goodput_job_iteration") for _, v in s.points
+            ):
+                continue  # an iteration was reported (in the window or before it): it started
+            if not (rule.get("unless_pause") and pause_open):
+                peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
+                scores = _by_name(series, rule.get("confirm") or "")
+                out += _idle(gpu_util, rule, _by_name(series, FB_USED), peers, scores)
+        elif kind == "stall":
+            for s in _by_name(series, metric):
+                start, dur = _frozen(s.points)
+                if dur >= rule["min_s"]:
+                    out.append(_sym(rule, s, start, f"no progress for {dur:.0f} s", node=None))
+        elif kind == "slowdown":
+            for s in _by_name(series, metric):
+                vals = [v for _, v in s.points if v > 0]
+                if len(vals) < 6:
+                    continue
+                early = statistics.median(vals[: len(vals) // 3])
+                if early <= 0:
+                    continue
+                # it must last `min_s`: the first steps after a checkpoint save run ~18 % slow
+                limit = early * rule["ratio"]
+                start, dur = _run_len(s.points[len(vals) // 3 :], lambda v, lim=limit: v >= lim)
+                if start is not None and dur >= rule.get("min_s", 0):
+                    v = dict(s.points)[start]
+                    out.append(
+                        _sym(rule, s, start, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
+                    )
+        elif kind == "peer_low":
+            out += _peer_low(_by_name(series, metric), rule)
+    return out
+
+
+def _frozen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
+    """Longest stretch where a value did not change (progress timestamp frozen)."""
+    best_start, best, start, prev = None, 0.0, None, None
+    for t, v in points:
+        if prev is not None and v == prev:
+            start = start if start is not None else t
+            if t - start >= best:
+                best_start, best = start, t - start
+        else:
+            start = None
+        prev = v
+    return best_start, best
+
+
+def _idle(
+    util: list[Series],
+    rule: dict[str, Any],
+    fb: list[Series],
+    spinning: set[Any],
+    scores: list[Series] | None = None,
+) -> list[Sym]:
+    """GPUs of a running job at ~0 % for min_s after having worked (some or all of them). With
+    `fb_min`, a GPU whose memory was released (the process is gone) is not idle but ended;
+    with `peers_spin` (a spin rule's id), a GPU idle from the start counts when every other GPU
+    of the job spins: the rank a collective waits on. `from_start`: only GPUs that never worked
+    count, idle from their first sample; `confirm` (a detector score) with `min`: only GPUs
+    whose score reached `min` in the window (the detector's own allowance, e.g. start-up)."""
+    held = {(s.node, s.gpu): s.points[-1][1] for s in fb}
+    score = {(s.node, s.gpu): max(v for _, v in s.points) for s in scores or []}
+    idle: list[tuple[Series, float]] = []
+    for s in util:
+        if held.get((s.node, s.gpu), float("inf")) < rule.get("fb_min", float("-inf")):
+            continue  # an FB series that is not reported says nothing: the rule holds as before
+        if rule.get("confirm") and score.get((s.node, s.gpu), float("-inf")) < rule["min"]:
+            continue  # the detector did not score it over its allowance (or is silent)
+        worked = next((i for i, (_, v) in enumerate(s.points) if v > 50), None)
+        others = {(g.node, g.gpu) for g in util if g is not s}
+        if rule.get("from_start"):
+            if worked is not None:
+                continue  # it worked: an idle hang after start is another rule's
+            worked = 0
+        elif worked is None and others and others <= spinning:
+            worked = 0
+        if worked is None:
+            continue
+        start, dur = _run_len(s.points[worked:], lambda v: v <= rule["util_max"])
+        # the run must last to the end of the series: a job that ended is not idle
+        if start is not None and dur >= rule["min_s"] and s.points[-1][1] <= rule["util_max"]:
+            idle.append((s, start))
+    if not util or not idle:
+        return []
+    if rule.get("scope") == "all":
+        if len(idle) == len(util):
+            t = min(st for _, st in idle)
+            what = f"all {len(util)} GPUs" if len(util) > 1 else "the job's only GPU"
+            how = "never iterated" if rule.get("from_start") else "idle"
+            return [_sym(rule, idle[0][0], t, f"{what} {how}, memory held", node=None)]
+        return []
+    if len(idle) < len(util):
+        return [_sym(rule, s, t, "GPU idle while its peers are not") for s, t in idle]
+    return []
+
+
+_OPS = {
+    ">=": lambda x, v: x >= v,
+    "<=": lambda x, v: x <= v,
+    ">": lambda x, v: x > v,
+    "<": lambda x, v: x < v,
+    "&": lambda x, v: (int(x) & int(v)) != 0,
+}
+
+
+def _prior_holds(rule_id: str, sample: dict[str, float]) -> bool:
+    """Whether a physics prior (catalogue/priors.yaml, any alternative with this id) holds on
+    one sample of one GPU; a field not reported or a parameter the generic model lacks makes
+    that alternative silent, as in the detector."""
+    pri = physics_priors.load()
+    params = pri.params(physics_priors.GENERIC)
+    for alt in (r for r in pri.rules if r.id == rule_id):
+        vals = [
+            (sample.get(c.field), params.get(c.value) if isinstance(c.value, str) else c.value)
+            for c in alt.when
+        ]
+        if all(
+            x is not None and v is not None and _OPS[c.op](x, v)
+            for (x, v), c in zip(vals, alt.when, strict=True)
+        ):
+            return True
+    return False
+
+
+def _tail(points: list[tuple[float, float]]) -> float | None:
+    """Start of the run of truthy points that reaches the last point (None: the last is not)."""
+    start = None
+    for t, v in points:
+        start = (t if start is None else start) if v else None
+    return start
+
+
+def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    """GPUs on which the physics prior `rule` held for min_s (`scope: gpu`, one symptom each);
+    `scope: all`: every GPU of a job on at most `max_nodes` nodes, to the last sample, while
+    the job's progress metrics did not advance (one symptom, no node: nothing localises it)."""
+    per_gpu: dict[tuple[str | None, str | None], dict[float, dict[str, float]]] = {}
+    first: dict[tuple[str | None, str | None], Series] = {}
+    for s in series:
+        if s.gpu is not None and s.name.startswith("DCGM_"):
+            first.setdefault((s.node, s.gpu), s)
+            for t, v in s.points:
+                per_gpu.setdefault((s.node, s.gpu), {}).setdefault(t, {})[s.name] = v
+    flags = {
+        k: [(t, float(_prior_holds(rule["rule"], smp[t]))) for t in sorted(smp)]
+        for k, smp in per_gpu.items()
+    }
+    min_s = float(rule.get("min_s", 30))
+    if rule.get("scope") != "all":
+        out = []
+        for k, pts in flags.items():
+            start, dur = _run_len(pts, lambda v: v > 0)
+            if start is not None and dur >= min_s:
+                out.append(
+                    _sym(rule, first[k], start, f"physics prior {rule['rule']} for {dur:.0f} s")
+                )
+        return out
+    nodes = {k[0] for k in flags}
+    if not flags or len(nodes) > int(rule.get("max_nodes", 1)):
+        return []
+    last = max(pts[-1][0] for pts in flags.values() if pts)
+    starts = [
+        _tail(pts) if pts and pts[-1][0] >= last - float(rule.get("gap_s", 15)) else None
+        for pts in flags.values()
+    ]
+    if any(st is None for st in starts):
+        return []
+    start = max(st for st in starts if st is not None)
+    if last - start < min_s or _advanced(series, start):
+        return []
+    k = next(iter(flags))
+    what = f"all {len(flags)} GPUs" if len(flags) > 1 else "the job's only GPU"
+    detail = f"physics prior {rule['rule']} on {what} for {last - start:.0f} s, no progress"
+    return [_sym(rule, first[k], start, detail, node=None)]
+
+
+def _advanced(series: list[Series], since: float) -> bool:
+    """Whether a job progress metric (iteration, last progress time) rose after `since`."""
+    for s in series:
+        if s.name in PROGRESS_METRICS and s.points:
+            before = [v for t, v in s.points if t <= since] or [s.points[0][1]]
+            if s.points[-1][1] > before[-1]:
+                return True
+    return False
+
+
+def _peer_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    """A node whose GPUs sit below `ratio` × the other nodes' median for min_s; else one GPU
+    below `ratio` × both the job's other GPUs and its own node's others, yet above a quarter of
+    them (slowed, not stuck: an idle GPU is a hang's) -- one slow GPU among eight moves its
+    node's average by ~5 %, so it is named by itself."""
+    per_node: dict[str, list[Series]] = {}
+    for s in series:
+        if s.node:
+            per_node.setdefault(s.node, []).append(s)
+    out = _gpu_low(series, rule)
+    if len(per_node) < 2:
+        return out
+    times = sorted({t for s in series for t, _ in s.points})
+    node_vals = {n: [dict(s.points) for s in g] for n, g in per_node.items()}
+
+    def mean_at(n: str, t: float) -> float | None:
+        vals = [d[t] for d in node_vals[n] if t in d]
+        return sum(vals) / len(vals) if vals else None
+
+    for n in per_node:
+        flags = []
+        for t in times:
+            mine = mean_at(n, t)
+            others = [v for m in per_node if m != n if (v := mean_at(m, t)) is not None]
+            if mine is None or not others:
+                continue
+            ref = statistics.median(others)
+            flags.append((t, 1.0 if ref > 0.2 and mine < ref * rule["ratio"] else 0.0))
+        start, dur = _run_len(flags, lambda v: v > 0)
+        if dur >= rule.get("min_s", 60):
+            out.append(
+                _sym(
+                    rule,
+                    per_node[n][0],
+                    start,
+                    f"{rule['metric']} below {rule['ratio']:.0%} of peers for {dur:.0f} s",
+                )
+            )
+            out[-1].gpu = None
+    slow_nodes = {s.node for s in out if s.gpu is None}
+    return [s for s in out if s.gpu is None or s.node not in slow_nodes]
+
+
+def _gpu_low(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
+    gpus = [s for s in series if s.node]
+    if len(gpus) < 3:
+        return []
+    vals = [dict(s.points) for s in gpus]
+    times = sorted({t for s in gpus for t, _ in s.points})
+    job = {t: statistics.median(d[t] for d in vals if t in d) for t in times}
+    node = {
+        (n, t): statistics.median(
+            d[t] for d, g in zip(vals, gpus, strict=True) if t in d and g.node == n
+        )
+        for n in {g.node for g in gpus}
+        for t in times
+        if any(t in d for d, g in zip(vals, gpus, strict=True) if g.node == n)
+    }
+    out = []
+    for s, d in zip(gpus, vals, strict=True):
+        flags = []
+        for t in times:
+            if t in d:
+                ref = min(job[t], node[(s.node, t)])
+                slow = ref * 0.25 <= d[t] < ref * rule["ratio"]  # slowed, not stopped (stuck)
+                flags.append((t, 1.0 if ref > 0.2 and slow else 0.0))
+        start, dur = _run_len(flags, lambda v: v > 0)
+        if dur >= rule.get("min_s", 60):
+            detail = f"{rule['metric']} below {rule['ratio']:.0%} of the job's other GPUs"
+            out.append(_sym(rule, s, start, f"{detail} for {dur:.0f} s"))
+    return out
