@@ -455,6 +455,7 @@ def execute(
                     tuple(action.get("exclude", [])),
                     expected_restarts=row.restarts_before,
                     delay_s=float(action.get("delay_s", 0.0)),
+                    drop=tuple(action.get("exclusions_dropped", [])),
                 ).detail
             )
         elif kind == "stop" and row.job_id:

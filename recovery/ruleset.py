@@ -71,6 +71,8 @@ class MetricRule(_Rule):
     fb_min: float | str | None = None  # a number, or the name of a generic physics prior
     unless_pause: bool | None = None
     peers_spin: str | None = None  # an earlier metric rule's symptom
+    from_start: bool | None = None  # kind idle: GPUs idle since their first sample
+    confirm: str | None = None  # kind idle: a detector score that must reach `min`
     role: Role | None = None
     outcome: str | None = None
     min: float | None = None

@@ -29,7 +29,7 @@ class DrainIn(_In):
 
 
 class RequeueIn(_In):
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[str] | None = None  # the job's exclusions become these ([] clears); None keeps
     hold: bool = False
     delay_s: float = Field(default=0.0, ge=0.0, le=86400.0)  # Slurm's StartTime=now+delay
 

@@ -294,7 +294,8 @@ class Cluster:
     def requeue(
         self, job_id: str, exclude: list[str] | None = None, hold: bool = False, delay_s: float = 0
     ) -> Job:
-        """Slurm's requeue: end the run, exclude nodes, pend (held, or not before now+delay)."""
+        """Slurm's requeue: end the run, set the excluded nodes (exactly `exclude`, as
+        `scontrol update ExcNodeList=`; None keeps them), pend (held, or not before now+delay)."""
         job = self.job(job_id)
         if job.state == "PENDING":
             raise SchedulerError(f"job {job_id} is pending: nothing to requeue")
@@ -306,7 +307,8 @@ class Cluster:
             )
             job.end(self.now, "CANCELLED", 0)
             self._release(job)
-        job.excluded = sorted(set(job.excluded) | set(exclude or []))
+        if exclude is not None:
+            job.excluded = sorted(set(exclude))
         self._requeue(job, hold, "JobHeldUser" if hold else "BeginTime")
         job.not_before = self.now + delay_s
         return job

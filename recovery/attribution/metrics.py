@@ -126,9 +126,14 @@ def _metric_symptoms(series: list[Series], rules: Rules, pause_open: bool = Fals
         elif kind == "prior":
             out += _prior(series, rule)
         elif kind == "idle":
+            if rule.get("from_start") and any(
+                v > 0 for s in _by_name(series, "goodput_job_iteration") for _, v in s.points
+            ):
+                continue  # an iteration was reported (in the window or before it): it started
             if not (rule.get("unless_pause") and pause_open):
                 peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
-                out += _idle(gpu_util, rule, _by_name(series, FB_USED), peers)
+                scores = _by_name(series, rule.get("confirm") or "")
+                out += _idle(gpu_util, rule, _by_name(series, FB_USED), peers, scores)
         elif kind == "stall":
             for s in _by_name(series, metric):
                 start, dur = _frozen(s.points)
@@ -170,20 +175,33 @@ def _frozen(points: list[tuple[float, float]]) -> tuple[float | None, float]:
 
 
 def _idle(
-    util: list[Series], rule: dict[str, Any], fb: list[Series], spinning: set[Any]
+    util: list[Series],
+    rule: dict[str, Any],
+    fb: list[Series],
+    spinning: set[Any],
+    scores: list[Series] | None = None,
 ) -> list[Sym]:
     """GPUs of a running job at ~0 % for min_s after having worked (some or all of them). With
     `fb_min`, a GPU whose memory was released (the process is gone) is not idle but ended;
     with `peers_spin` (a spin rule's id), a GPU idle from the start counts when every other GPU
-    of the job spins: the rank a collective waits on."""
+    of the job spins: the rank a collective waits on. `from_start`: only GPUs that never worked
+    count, idle from their first sample; `confirm` (a detector score) with `min`: only GPUs
+    whose score reached `min` in the window (the detector's own allowance, e.g. start-up)."""
     held = {(s.node, s.gpu): s.points[-1][1] for s in fb}
+    score = {(s.node, s.gpu): max(v for _, v in s.points) for s in scores or []}
     idle: list[tuple[Series, float]] = []
     for s in util:
         if held.get((s.node, s.gpu), float("inf")) < rule.get("fb_min", float("-inf")):
             continue  # an FB series that is not reported says nothing: the rule holds as before
+        if rule.get("confirm") and score.get((s.node, s.gpu), float("-inf")) < rule["min"]:
+            continue  # the detector did not score it over its allowance (or is silent)
         worked = next((i for i, (_, v) in enumerate(s.points) if v > 50), None)
         others = {(g.node, g.gpu) for g in util if g is not s}
-        if worked is None and others and others <= spinning:
+        if rule.get("from_start"):
+            if worked is not None:
+                continue  # it worked: an idle hang after start is another rule's
+            worked = 0
+        elif worked is None and others and others <= spinning:
             worked = 0
         if worked is None:
             continue
@@ -197,7 +215,8 @@ def _idle(
         if len(idle) == len(util):
             t = min(st for _, st in idle)
             what = f"all {len(util)} GPUs" if len(util) > 1 else "the job's only GPU"
-            return [_sym(rule, idle[0][0], t, f"{what} idle, memory held", node=None)]
+            how = "never iterated" if rule.get("from_start") else "idle"
+            return [_sym(rule, idle[0][0], t, f"{what} {how}, memory held", node=None)]
         return []
     if len(idle) < len(util):
         return [_sym(rule, s, t, "GPU idle while its peers are not") for s, t in idle]

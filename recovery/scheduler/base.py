@@ -119,12 +119,14 @@ class Scheduler(ABC):
 
     @abstractmethod
     def _requeue(
-        self, job_id: str, exclude: tuple[str, ...], hold: bool, delay_s: float
-    ) -> None: ...
+        self, job_id: str, exclude: tuple[str, ...] | None, hold: bool, delay_s: float
+    ) -> None:
+        """Requeue; `exclude` (when not None) becomes the job's exclusion list exactly."""
 
     @abstractmethod
-    def _set_exclude(self, job_id: str, exclude: tuple[str, ...], delay_s: float) -> None:
-        """Set the excluded nodes (and begin time) of a pending, held job."""
+    def _set_exclude(self, job_id: str, exclude: tuple[str, ...] | None, delay_s: float) -> None:
+        """Set the excluded nodes (exactly `exclude`, () clears; None: leave them) and begin
+        time of a pending, held job."""
 
     @abstractmethod
     def _hold(self, job_id: str) -> None: ...
@@ -193,8 +195,13 @@ class Scheduler(ABC):
         hold: bool = False,
         expected_restarts: int | None = None,
         delay_s: float = 0.0,
+        drop: tuple[str, ...] = (),
     ) -> OpResult:
         """Requeue a job, excluding nodes, without racing the restart.
+
+        The job's exclusions become its current ones less `drop` (earlier Goodput exclusions
+        the plan left out) plus `exclude`, set only where that differs from the current ones:
+        a dropped exclusion is cleared, a person's own (`--exclude`) is kept.
 
         `expected_restarts` is the job's restart count when the action was planned: a job
         whose count has moved on was already requeued (by Slurm, a person, or an earlier
@@ -206,9 +213,12 @@ class Scheduler(ABC):
         """
         check_job(job_id)
         exclude = tuple(check_node(n) for n in exclude)
+        gone = {check_node(n) for n in drop} - set(exclude)
         before = self.job_state(job_id)
         if before is None:
             raise SchedulerError(f"job {job_id} is unknown to the scheduler")
+        want = tuple(dict.fromkeys([*(n for n in before.excluded if n not in gone), *exclude]))
+        target = want if set(want) != set(before.excluded) else None
         if before.exit_code == 93 and not before.active:
             raise GuardRefused(f"job {job_id} exited with 93: do not requeue")
         if expected_restarts is not None and before.restarts > expected_restarts:
@@ -218,23 +228,23 @@ class Scheduler(ABC):
                 and before.restarts == expected_restarts + 1
                 and not hold
             ):
-                self._set_exclude(job_id, exclude, delay_s)
+                self._set_exclude(job_id, target, delay_s)
                 self._release(job_id)
                 return OpResult(True, f"job {job_id} was requeued-held; exclusion set, released")
             return OpResult(False, f"job {job_id} already requeued (restarts {before.restarts})")
-        self._requeue(job_id, exclude, hold, delay_s)
+        self._requeue(job_id, target, hold, delay_s)
 
         def done() -> bool:
             s = self.job_state(job_id)
             return bool(
                 s
                 and s.restarts > before.restarts
-                and set(exclude) <= set(s.excluded)
+                and set(s.excluded) == set(want)
                 and (s.held if hold else not s.held)
             )
 
         self._await(done, f"job {job_id} requeued")
-        return OpResult(True, f"job {job_id} requeued excluding {list(exclude)}")
+        return OpResult(True, f"job {job_id} requeued excluding {list(want)}")
 
     def stop(self, job_id: str, expected_restarts: int | None = None) -> OpResult:
         """Stop: a running job is requeue-held (a person releases or cancels it); a pending

@@ -95,13 +95,17 @@ class SimulatedScheduler(Scheduler):
     def _resume(self, node: str) -> None:
         self._call("POST", f"/nodes/{check_node(node)}/resume")
 
-    def _requeue(self, job_id: str, exclude: tuple[str, ...], hold: bool, delay_s: float) -> None:
-        body: dict[str, Any] = {"exclude": list(exclude), "hold": hold}
+    def _requeue(
+        self, job_id: str, exclude: tuple[str, ...] | None, hold: bool, delay_s: float
+    ) -> None:
+        body: dict[str, Any] = {"hold": hold}
+        if exclude is not None:  # the job's exclusions become exactly these ([] clears them)
+            body["exclude"] = list(exclude)
         if delay_s > 0:  # not in the simulator's requeue body (docs/contracts.md): only if asked
             body["delay_s"] = delay_s
         self._call("POST", f"/jobs/{check_job(job_id)}/requeue", body)
 
-    def _set_exclude(self, job_id: str, exclude: tuple[str, ...], delay_s: float) -> None:
+    def _set_exclude(self, job_id: str, exclude: tuple[str, ...] | None, delay_s: float) -> None:
         # The simulator's requeue is atomic (exclusion set before the restart): nothing to do.
         return None
 

@@ -220,8 +220,10 @@ class SlurmScheduler(Scheduler):
     def _resume(self, node: str) -> None:
         self._run(["scontrol", "update", f"NodeName={check_node(node)}", "State=RESUME"])
 
-    def _requeue(self, job_id: str, exclude: tuple[str, ...], hold: bool, delay_s: float) -> None:
-        if not exclude and not hold and delay_s <= 0:
+    def _requeue(
+        self, job_id: str, exclude: tuple[str, ...] | None, hold: bool, delay_s: float
+    ) -> None:
+        if exclude is None and not hold and delay_s <= 0:
             self._run(["scontrol", "requeue", job_id])
             return
         self._run(["scontrol", "requeuehold", job_id])
@@ -230,23 +232,26 @@ class SlurmScheduler(Scheduler):
             f"job {job_id} requeue-held",
         )
         failpoints.hit("requeue_held")
-        if exclude or delay_s > 0:
+        if exclude is not None or delay_s > 0:
             self._set_exclude(job_id, exclude, delay_s)
         failpoints.hit("excluded")
         if not hold:
             self._release(job_id)
 
-    def _set_exclude(self, job_id: str, exclude: tuple[str, ...], delay_s: float) -> None:
+    def _set_exclude(self, job_id: str, exclude: tuple[str, ...] | None, delay_s: float) -> None:
         argv = ["scontrol", "update", f"JobId={job_id}"]
-        if exclude:
+        if exclude is not None:  # exactly this list; `ExcNodeList=` clears it (Slurm 22.05)
             argv.append("ExcNodeList=" + ",".join(check_node(n) for n in exclude))
         if delay_s > 0:
             argv.append(f"StartTime=now+{int(delay_s)}")
         if len(argv) > 3:
             self._run(argv)
+            want = set(exclude) if exclude is not None else None
             self._await(
-                lambda: bool((s := self.job_state(job_id)) and set(exclude) <= set(s.excluded)),
-                f"job {job_id} excludes {list(exclude)}",
+                lambda: bool(
+                    (s := self.job_state(job_id)) and (want is None or set(s.excluded) == want)
+                ),
+                f"job {job_id} excludes {sorted(want or ())}",
             )
 
     def _hold(self, job_id: str) -> None:

@@ -68,7 +68,7 @@ def make_fake_sim(nodes=("node1", "node2", "node3", "node4")):
         free(j)
         j.update(
             restarts=j["restarts"] + 1,
-            excluded=list(body.get("exclude", [])),
+            excluded=list(body.get("exclude", j["excluded"])),
             held=bool(body.get("hold")),
             state="PENDING",
             reason="requeued",

@@ -360,3 +360,22 @@ def test_exclusions_are_capped_so_the_job_can_still_run(world):
     assert "exclusions_capped_to_keep_job_runnable" in plan["reasons"]
     job = world.st["jobs"]["42"]
     assert job["state"] == "RUNNING" and job["nodes"] == [order[0]]
+
+
+def test_a_restart_that_drops_every_earlier_exclusion_clears_the_jobs_list(world):
+    """Issue 20: XID 79 on node2 (excluded), node2 repaired; the job runs elsewhere; then every
+    other node is drained by a person and the job hangs (no culprit). The cap drops node2 and
+    the requeue must clear it in the scheduler (the job's `drop` reaches the adapter), else
+    the job waits for node2 forever."""
+    world.submit("42", node="node2")
+    first = actions.on_diagnosis(world.engine, world.settings("act"), *diag(1))
+    assert first["state"] == "executed" and world.st["jobs"]["42"]["excluded"] == ["node2"]
+    world.st["nodes"]["node2"].update(state="IDLE", reason="")  # passed its check, resumed
+    for n in ("node1", "node3", "node4"):
+        world.st["nodes"][n].update(state="DRAINED", reason="maintenance")
+    hang = diag(2, outcome="workload_hang", nodes=(), cause="hang", onset=time.time() + 1)
+    second = actions.on_diagnosis(world.engine, world.settings("act"), *hang)
+    plan = second["body"]["action"]
+    assert second["state"] == "executed" and plan["exclude"] == []
+    assert plan["exclusions_dropped"] == ["node2"]
+    assert world.st["jobs"]["42"]["excluded"] == []

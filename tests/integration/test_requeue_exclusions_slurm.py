@@ -1,0 +1,120 @@
+"""Issue 20 on the local stack's real Slurm (22.05): a requeue sets the job's `ExcNodeList` to
+exactly the planned list. An exclusion Goodput set before and the plan dropped is cleared
+(before, a requeue with nothing to exclude was a plain `scontrol requeue` and Slurm kept it); a
+person's own `sbatch --exclude` survives a Goodput requeue (before, it was replaced)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import create_engine
+
+from recovery import actions
+from recovery.policy import parse_policy
+from recovery.scheduler.slurm import SlurmScheduler
+from tests.conftest import wait_until
+from tests.helpers import slurm
+
+POLICY = {
+    "blast_radius": {
+        "max_drains_per_hour": 100,
+        "max_partition_unavailable_fraction": 0.75,
+        "min_healthy_nodes": 1,
+    }
+}
+
+
+@pytest.fixture
+def cluster(local_stack, tmp_path, monkeypatch):
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
+    monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
+    sched = SlurmScheduler()
+    jobs: list[str] = []
+    tag = uuid.uuid4().hex[:8]
+
+    def submit(*extra: str) -> str:
+        job = slurm(
+            "sbatch",
+            "--parsable",
+            "--requeue",
+            "--nodes=1",
+            f"--job-name=gp20-{tag}",
+            "--output=/dev/null",
+            "--gpus-per-node=1",
+            *extra,
+            "--wrap",
+            "sleep 600",
+        ).strip()
+        jobs.append(job)
+        return job
+
+    def running(job: str, restarts: int = 0):
+        return wait_until(
+            lambda: (
+                (j := sched.job_state(job))
+                and j.state == "RUNNING"
+                and j.restarts == restarts
+                and j
+            ),
+            timeout=30,
+            what=f"job {job} running (restarts {restarts})",
+        )
+
+    settings = SimpleNamespace(
+        policy=parse_policy({"mode": "act", **POLICY}, env={}),
+        scheduler_adapter=sched,
+        alertmanager_url=None,
+        prometheus_url=None,
+    )
+    engine = create_engine(f"sqlite:///{tmp_path / 'actions.db'}")
+    yield SimpleNamespace(
+        sched=sched, submit=submit, running=running, tag=tag, settings=settings, engine=engine
+    )
+    for job in jobs:
+        slurm("scancel", job, check=False)
+    for n in sched.node_states():
+        if n.drained and tag in n.reason:
+            slurm("scontrol", "update", f"NodeName={n.node}", "State=RESUME", check=False)
+
+
+def test_a_dropped_exclusion_is_cleared_on_requeue(cluster):
+    job = cluster.submit()
+    first = cluster.running(job)
+    other = next(n.node for n in cluster.sched.node_states() if n.node not in first.nodes)
+    cluster.sched.requeue(job, (other,), expected_restarts=0)  # an earlier Goodput exclusion
+    assert cluster.running(job, 1).excluded == (other,)
+    # the cap dropped it and this restart has no culprit: the list must end empty
+    r = cluster.sched.requeue(job, (), expected_restarts=1, drop=(other,))
+    assert r.changed
+    again = cluster.running(job, 2)
+    assert again.excluded == ()
+    assert "ExcNodeList=(null)" in slurm("scontrol", "show", "job", job)
+
+
+def test_a_persons_exclude_survives_a_goodput_requeue(cluster):
+    job = cluster.submit("--exclude=node4")
+    first = cluster.running(job)
+    assert first.excluded == ("node4",)
+    x = first.nodes[0]
+    time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
+    iid = f"{cluster.tag}{uuid.uuid4().hex[:4]}"
+    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
+    d = {
+        "schema_version": 1,
+        "incident_id": iid,
+        "job_id": job,
+        "outcome": "gpu_hardware_fault",
+        "root_cause": "xid79",
+        "affected_nodes": [x],
+        "confidence": 0.95,
+        "onset": time.time() - 0.5,
+    }
+    a = actions.on_diagnosis(cluster.engine, cluster.settings, inc, d)
+    assert a["state"] == "executed" and a["kind"] == "drain_and_requeue", a
+    assert a["body"]["action"]["exclude"] == [x]  # Goodput's own list: not the person's node
+    again = cluster.running(job, 1)
+    assert set(again.excluded) == {x, "node4"}
+    assert not set(again.nodes) & {x, "node4"}
