@@ -17,14 +17,7 @@ from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
 from tests.conftest import wait_until
 from tests.helpers import slurm
-
-POLICY = {
-    "blast_radius": {
-        "max_drains_per_hour": 100,
-        "max_partition_unavailable_fraction": 0.75,
-        "min_healthy_nodes": 1,
-    }
-}
+from tests.integration.test_actions_slurm import POLICY
 
 
 @pytest.fixture
