@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -53,3 +54,14 @@ def forget_faults(prometheus_url: str, log_dir: str) -> None:
     from goodput import demo
 
     demo.archive_logs(Path(log_dir), Path(log_dir).parent / "archive")
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM a process we started, then SIGKILL it if it is still there after 15 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -33,6 +33,7 @@ from sqlalchemy import select, text
 from recovery import audit, outbox
 from recovery.scheduler.slurm import SlurmScheduler
 from recovery.store import alerts, incident_alerts, incidents, make_engine
+from tests.helpers import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = ROOT / "compose" / "local" / "stack.sh"
@@ -191,13 +192,8 @@ class Chaos:
         raise AssertionError(f"receiver did not serve within 60 s ({self.tmp}/receiver.log)")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc)
 
     def _next_crash(self) -> str | None:
         if not self.killing:

@@ -30,6 +30,7 @@ from recovery import audit, outbox
 from recovery.store import diagnoses, incidents, payloads
 from tests.chaos.harness import ROOT, Chaos, _free_port, pg_schema
 from tests.conftest import wait_until
+from tests.helpers import terminate
 
 pytestmark = pytest.mark.timeout(600)
 LEASE_S = 3.0
@@ -58,13 +59,7 @@ class Receiver:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
 
 def alertmanager(tmp: Path, name: str, hooks: list[str], token_file: str) -> tuple[str, Any]:

@@ -15,18 +15,9 @@ from recovery import actions, failpoints, incidents, leases, outbox
 from recovery.failpoints import Crash
 from recovery.settings import Settings
 from recovery.store import diagnoses, make_engine
-from tests.unit.test_actions_durable import _check_once, world  # noqa: F401 - fixtures
+from tests.unit.test_actions_durable import _check_once, _clean, world  # noqa: F401 - fixtures
 
 DOC = {"outcome": "crash", "root_cause": "cuda", "confidence": 0.9, "connector_reports": []}
-
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
-    monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
-    failpoints.disarm()
-    yield
-    failpoints.disarm()
 
 
 def _alert(fp, job="77"):
