@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import faults
+from bench.faults_plan import ROOT
 from catalogue import alerts as A
 from detector.tuning import direction
 
@@ -60,7 +61,7 @@ def alerts_file(path: Path) -> Iterator[None]:
 def describe(path: Path) -> dict[str, str]:
     """The file's name (relative to the repository where inside it) and content digest."""
     p = path.resolve()
-    name = str(p.relative_to(faults.ROOT)) if p.is_relative_to(faults.ROOT) else p.name
+    name = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
     return {"file": name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()[:12]}
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench import faults as B
+from bench import faults_plan as P
+from bench.faults_summary import TARGETS
 from catalogue import alerts as A
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -21,24 +22,24 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def test_plan_varies_job_size_and_covers_every_kind() -> None:
     from exporters.sim import FAULT_KINDS
 
-    runs = B.plan(seeds=3)
+    runs = P.plan(seeds=3)
     fault = [r for r in runs if not r.healthy]
-    kinds = {B.scenario_for(r).faults[0].kind for r in fault if r.seed_index == 0}
+    kinds = {P.scenario_for(r).faults[0].kind for r in fault if r.seed_index == 0}
     assert kinds == set(FAULT_KINDS) - {"healthy"}
     assert {r.job_nodes for r in fault} == {1, 2, 3}
     assert [r.scenario for r in runs if r.healthy] == ["healthy-long"]
-    quick = B.plan(quick=True)
-    assert len(quick) == len(B.QUICK) and {r.seed_index for r in quick} == {0}
-    cold = B.plan_cold(seeds=2)
+    quick = P.plan(quick=True)
+    assert len(quick) == len(P.QUICK) and {r.seed_index for r in quick} == {0}
+    cold = P.plan_cold(seeds=2)
     assert {r.group for r in cold} == {"cold-start"} and all(r.job_nodes is None for r in cold)
     assert [r.scenario for r in cold if r.healthy] == ["healthy-small"]
     spec = next(r for r in cold if r.seed_index == 1)
-    assert B.scenario_for(spec).seed == spec.seed  # the run's seed, the job as written
+    assert P.scenario_for(spec).seed == spec.seed  # the run's seed, the job as written
 
 
 def test_scenario_for_keeps_the_culprit_on_the_job_and_a_spare_node() -> None:
-    spec = next(r for r in B.plan(seeds=3, pattern="spin-hang") if r.job_nodes == 1)
-    sc = B.scenario_for(spec)
+    spec = next(r for r in P.plan(seeds=3, pattern="spin-hang") if r.job_nodes == 1)
+    sc = P.scenario_for(spec)
     assert sc.jobs[0].nodes == 1 and sc.nodes == sum(j.nodes for j in sc.jobs) + 1
     assert sc.faults[0].node == "node1"  # the scenario names node2: not on a 1-node job
     assert sc.seed == spec.seed
@@ -49,8 +50,8 @@ def test_online_alerts_match_a_full_evaluation(tmp_path: Path) -> None:
     whole history at every step of a run with a fault."""
     from bench.inproc import Harness
 
-    spec = B.plan(pattern="xid79-off-bus", seeds=1)[0]
-    sc = B.scenario_for(spec)
+    spec = P.plan(pattern="xid79-off-bus", seeds=1)[0]
+    sc = P.scenario_for(spec)
     h = Harness(sc, spec.seed, tmp_path)
     online: set[tuple[float, str, str, str]] = set()
     frames: dict[str, list[pd.DataFrame]] = {}
@@ -105,8 +106,8 @@ def test_quick_benchmark_writes_a_complete_report(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "faults.json").read_text())
     md = (tmp_path / "faults.md").read_text()
     s = doc["summary"]
-    assert doc["meta"]["quick"] and doc["meta"]["runs"] == len(B.QUICK)
-    assert set(s["targets"]) == set(B.TARGETS)
+    assert doc["meta"]["quick"] and doc["meta"]["runs"] == len(P.QUICK)
+    assert set(s["targets"]) == set(TARGETS)
     for group in [*s["per_kind"].values(), s["overall"]]:
         for key in (
             "faults",
@@ -131,11 +132,11 @@ def test_quick_benchmark_writes_a_complete_report(tmp_path: Path) -> None:
         assert f["detected"] and f["outcome"] and f["action"] and f["result"]
         assert "gpu_hours_lost" in f and "time_to_recover_s" in f
     assert "| **overall** |" in md and "healthy GPU-hours" in md
-    for name in B.TARGETS:
+    for name in TARGETS:
         assert f"| {name} |" in md
     # the cold-start and real-signal rows are reported apart from the simulator rows
     cold = doc["cold_start"]
-    assert set(cold["per_kind"]) == set(B.QUICK_COLD) - {"healthy-small"}
+    assert set(cold["per_kind"]) == set(P.QUICK_COLD) - {"healthy-small"}
     assert {r["run"]["group"] for r in doc["cold_start_runs"]} == {"cold-start"}
     assert cold["false_incidents"]["healthy_gpu_hours"] > 0
     assert {r["kind"] for r in doc["real_signal"]} == {

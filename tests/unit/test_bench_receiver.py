@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from bench import faults as B
+from bench.faults_plan import plan
 from recovery import actions, incidents
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 def _xid79() -> dict[str, Any]:
-    spec = next(r for r in B.plan(pattern="xid79-off-bus", seeds=1) if not r.healthy)
+    spec = next(r for r in plan(pattern="xid79-off-bus", seeds=1) if not r.healthy)
     (fault,) = B.run_one(spec)["faults"]
     return fault
 
@@ -59,7 +60,7 @@ def test_the_benchmarks_receiver_reaches_no_real_service(monkeypatch) -> None:
 
     # every HTTP call of the receiver (notices, the clients package) goes through a Session
     monkeypatch.setattr(requests.Session, "request", record)
-    spec = next(r for r in B.plan(pattern="nan-divergence", seeds=1) if not r.healthy)
+    spec = next(r for r in plan(pattern="nan-divergence", seeds=1) if not r.healthy)
     (fault,) = B.run_one(spec)["faults"]
     assert fault["action"] == "stop" and fault["result"] == "executed"
     assert calls == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from bench import faults as B
+from bench import faults_plan as P
 from recovery import attribution
 from recovery.evidence import Bundle, Context, LogLine, Report, Series
 
@@ -92,7 +93,7 @@ def test_without_the_detectors_score_the_rule_is_silent() -> None:
 
 @pytest.mark.parametrize("scenario", ["never-started-1gpu", "never-started-1node"])
 def test_never_started_scenarios_are_a_hang_requeued_without_a_culprit(scenario: str) -> None:
-    spec = next(r for r in B.plan_cold(seeds=1, pattern=scenario) if not r.healthy)
+    spec = next(r for r in P.plan_cold(seeds=1, pattern=scenario) if not r.healthy)
     (fault,) = B.run_one(spec)["faults"]
     assert fault["detected"]
     assert (fault["outcome"], fault["nodes"]) == ("workload_hang", [])
@@ -102,10 +103,10 @@ def test_never_started_scenarios_are_a_hang_requeued_without_a_culprit(scenario:
 def test_healthy_jobs_with_long_start_ups_open_no_incident(monkeypatch) -> None:  # noqa: ANN001
     """healthy-small with start-ups near the detector's H200 allowance (30 s + 15 s per
     doubling of the GPUs: one GPU 30 s, eight 75 s): no incident."""
-    spec = next(r for r in B.plan_cold(seeds=1, pattern="healthy-small"))
-    plain = B.scenario_for
+    spec = next(r for r in P.plan_cold(seeds=1, pattern="healthy-small"))
+    plain = P.scenario_for
 
-    def slow_start(spec: B.RunSpec, directory=None):  # noqa: ANN001, ANN202
+    def slow_start(spec: P.RunSpec, directory=None):  # noqa: ANN001, ANN202
         sc = plain(spec, directory)
         jobs = [
             j.model_copy(update={"init_s": 25.0 if j.gpus_per_node == 1 else 60.0}) for j in sc.jobs

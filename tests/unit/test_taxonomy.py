@@ -195,8 +195,9 @@ def test_a_new_signature_is_one_catalogue_entry_and_one_scenario():
     """nvswitch_sxid_fatal (a real fatal NVSwitch SXid line) through the fault benchmark:
     simulated kernel line, alerts, attribution, decision, simulated scheduler."""
     from bench import faults as B
+    from bench.faults_plan import plan
 
-    (spec,) = B.plan(seeds=1, pattern="nvswitch-sxid-fatal")
+    (spec,) = plan(seeds=1, pattern="nvswitch-sxid-fatal")
     (fault,) = B.run_one(spec)["faults"]
     assert fault["kind"] == "log_signature:nvswitch_sxid_fatal" and fault["detected"]
     assert fault["truth"] == {
