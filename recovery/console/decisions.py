@@ -1,0 +1,93 @@
+"""What a person decides in the console: approve or reject planned actions, the pause switch."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from recovery.console import actions_port
+from recovery.console.page import (
+    can_read,
+    engine_of,
+    error,
+    login_redirect,
+    mutation,
+    render,
+    secure,
+    settings_of,
+)
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+@router.get("/approvals")
+def approvals_page(request: Request) -> Response:
+    if not can_read(request):
+        return login_redirect(request)
+    pol, source = actions_port.policy_in_force(settings_of(request))
+    engine = engine_of(request)
+    return render(
+        request,
+        "approvals.html",
+        pending=actions_port.pending(engine),
+        policy=pol,
+        policy_source=source,
+        now=time.time(),
+        can_decide=actions_port.available(),
+        paused=actions_port.paused(engine),
+        notice=request.query_params.get("done", "")[:200],
+    )
+
+
+@router.post("/actions/{action_id}/{verdict}")
+async def decide_action(request: Request, action_id: str, verdict: str) -> Response:
+    settings = settings_of(request)
+    if verdict not in ("approve", "reject"):
+        return error(request, 404, "unknown verdict")
+    if (
+        not action_id
+        or len(action_id) > 64
+        or not all(c.isalnum() or c in "-_:." for c in action_id)
+    ):
+        return error(request, 404, "no such action")
+    checked = await mutation(request, settings, "decide actions")
+    if isinstance(checked, Response):
+        return checked
+    who, form = checked
+    reason = " ".join(form.get("reason", "").split())[:500]
+    if verdict == "reject" and not reason:
+        return error(request, 400, "a rejection needs a reason")
+    try:
+        message = await run_in_threadpool(
+            actions_port.decide, engine_of(request), settings, action_id, verdict, who.actor, reason
+        )
+    except (LookupError, ValueError) as exc:
+        return error(request, 409, f"{verdict} refused: {exc}"[:500])
+    except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry
+        return error(request, 409, f"{verdict} failed: {type(exc).__name__}: {exc}"[:500])
+    done = f"{verdict}d {action_id}: {message}"
+    return secure(RedirectResponse("/console/approvals?" + urlencode({"done": done}), 303))
+
+
+@router.post("/pause")
+async def pause_switch(request: Request) -> Response:
+    """Flip the global pause switch (audited by `recovery.actions`)."""
+    settings = settings_of(request)
+    checked = await mutation(request, settings, "pause actions")
+    if isinstance(checked, Response):
+        return checked
+    who, form = checked
+    reason = " ".join(form.get("reason", "").split())[:500]
+    if form.get("paused") not in ("on", "off") or not reason:
+        return error(request, 400, "say on or off, and give a reason")
+    try:
+        await run_in_threadpool(
+            actions_port.set_paused, engine_of(request), form["paused"] == "on", who.actor, reason
+        )
+    except LookupError as exc:
+        return error(request, 409, str(exc))
+    return secure(RedirectResponse("/console/policy", 303))

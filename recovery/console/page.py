@@ -1,0 +1,129 @@
+"""Rendering a console page and guarding it: security headers, the CSRF cookie, the watchdog
+banner. Reads need credentials unless `GOODPUT_CONSOLE_OPEN_READ=1`; every mutation needs
+credentials and passes the CSRF checks in `security` (`mutation`)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from recovery import watchdog
+from recovery.console import security
+from recovery.console.templating import templates
+
+MAX_FORM_BYTES = 16 * 1024
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+
+
+def settings_of(request: Request) -> Any:
+    return request.app.state.settings
+
+
+def engine_of(request: Request) -> Any:
+    return request.app.state.engine
+
+
+def secure(resp: Response) -> Response:
+    resp.headers["Content-Security-Policy"] = CSP
+    resp.headers["X-Frame-Options"] = "DENY"
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "same-origin"
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+def _not_acting(request: Request) -> str:
+    """Why the watchdog stopped acting, or "" (the banner on every page)."""
+    try:
+        reason = watchdog.current(engine_of(request))
+    except Exception:  # noqa: BLE001 - a page must not fail because the DB is busy
+        return ""
+    return "" if reason == watchdog.OK else reason
+
+
+def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+    settings = settings_of(request)
+    csrf = security.csrf_of(request)
+    fresh = csrf is None
+    if csrf is None:
+        csrf = security.new_csrf()
+    who = security.identity(settings, request)
+    body = (
+        templates()
+        .get_template(name)
+        .render(
+            request_path=request.url.path,
+            who=who,
+            csrf=csrf,
+            can_login=security.session_key(settings) is not None,
+            auth_required=settings.require_auth,
+            not_acting=_not_acting(request),
+            **ctx,
+        )
+    )
+    resp = HTMLResponse(body, status_code=status)
+    if fresh:
+        resp.set_cookie(
+            security.CSRF_COOKIE,
+            csrf,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/console",
+        )
+    return secure(resp)  # type: ignore[return-value]
+
+
+def can_read(request: Request) -> bool:
+    settings = settings_of(request)
+    return security.open_read(settings) or security.identity(settings, request) is not None
+
+
+def login_redirect(request: Request) -> Response:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return secure(RedirectResponse("/console/login?" + urlencode({"next": target}), 303))
+
+
+def error(request: Request, status: int, message: str) -> HTMLResponse:
+    return render(request, "error.html", status=status, message=message)
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        return None
+    try:
+        form = await request.form(max_files=0, max_fields=20)
+    except Exception:  # noqa: BLE001 - malformed bodies are the client's error
+        return None
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+def prom_link(base: str | None, expr: str) -> str | None:
+    if not base or not expr:
+        return None
+    return f"{base.rstrip('/')}/graph?" + urlencode(
+        {"g0.expr": expr, "g0.tab": "0", "g0.range_input": "1h"}
+    )
+
+
+async def mutation(
+    request: Request, settings: Any, what: str
+) -> tuple[Any, dict[str, str]] | Response:
+    """Who may change things, and their form: logged in, readable form, CSRF token and Origin."""
+    who = security.identity(settings, request)
+    if who is None:
+        return error(request, 401, f"log in with the receiver's credentials to {what}")
+    form = await read_form(request)
+    if form is None:
+        return error(request, 400, "the form could not be read")
+    problem = security.csrf_problem(request, form.get("csrf_token"))
+    if problem:
+        return error(request, 403, problem)
+    return who, form
