@@ -33,7 +33,7 @@ demo-stop:
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check goodput catalogue clients exporters detector recovery bench dashboards tests
+	$(BIN)/ruff format --check goodput catalogue alertdsl clients exporters detector recovery bench dashboards tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

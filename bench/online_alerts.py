@@ -1,6 +1,6 @@
 """Goodput's alert conditions (alertmanager/alerts.yaml), evaluated online, one sample at a time.
 
-The conditions are evaluated by `catalogue.alerts.evaluate` itself, over the recent history of
+The conditions are evaluated by `alertdsl.evaluation.evaluate` itself, over the recent history of
 each metric source. Evaluating every alert over its whole window at every step would cost
 seconds per simulated hour, so a cheap, conservative pre-check skips an alert at a step only
 when none of its conditions can be active then (threshold: no current row passes; increase: no
@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from catalogue import alerts as A
+from alertdsl import evaluation as E
+from alertdsl import spec as A
 
 SOURCE_OF = {
     "goodput_gpu_anomaly_score": "gpu_score",
@@ -124,7 +125,7 @@ class OnlineAlerts:
             vals = cur[cond.metric].to_numpy(dtype=float)
             mask = ~np.isnan(vals)
             if cond.labels:
-                mask &= A._match(cur, cond.labels).to_numpy()
+                mask &= E.label_mask(cur, cond.labels).to_numpy()
             vals = vals[mask]
         n = len(vals)
 
@@ -238,7 +239,7 @@ class OnlineAlerts:
             if sub.empty:
                 continue
             self.evaluations += 1
-            fired = A.evaluate(conds[0].alert, sub)
+            fired = E.evaluate(conds[0].alert, sub)
             if fired.empty:
                 continue
             fired = fired[fired["timestamp"] == now]

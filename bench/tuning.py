@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from alertdsl import spec as A
 from bench import faults
 from bench.faults_plan import ROOT
-from catalogue import alerts as A
 from detector.tuning import direction
 
 KIND_FIGURES = (

@@ -1,5 +1,5 @@
 """The alert-worthy level of each score, read from the single source of alert conditions
-(`alertmanager/alerts.yaml` through `catalogue.alerts`; `$GOODPUT_ALERTS_FILE` overrides the
+(`alertmanager/alerts.yaml` through `alertdsl.spec`; `$GOODPUT_ALERTS_FILE` overrides the
 path, as for the tuning tools), so tuning changes one file.
 
 Scores are calibrated so that 1.0 is every detector's nominal alarm level; the alerts' own
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from catalogue import alerts as A
+from alertdsl import spec as A
 
 # which alert watches which score (detector names as in the engine's Result)
 ALERT_OF = {

@@ -1,8 +1,8 @@
 """Threshold tuning over recordings: score, fire the alert conditions, sweep, write back.
 
 The alert conditions come from the one source (`alertmanager/alerts.yaml`, through
-`catalogue.alerts`), so a sweep measures what production would alert on: the detector's scores
-become the `goodput_*_score` series the rules read, `catalogue.alerts.evaluate` fires them with
+`alertdsl`), so a sweep measures what production would alert on: the detector's scores
+become the `goodput_*_score` series the rules read, `alertdsl.evaluation.evaluate` fires them with
 a candidate threshold and `for`, firings become incidents (one per job while it keeps firing),
 and incidents are matched against the recording's ground truth.
 
@@ -31,7 +31,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from catalogue import alerts as A
+from alertdsl import evaluation as E
+from alertdsl import spec as A
+from alertdsl.rules import dump_rules
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
 from detector.replay import load, steps
@@ -180,14 +182,14 @@ def with_threshold(alert: A.Alert, threshold: float, for_: str | None = None) ->
 
 
 def fire(run: Run, alert: A.Alert) -> pd.DataFrame:
-    """Where `alert` fires over the run's score series (catalogue.alerts.evaluate)."""
+    """Where `alert` fires over the run's score series (alertdsl.evaluation.evaluate)."""
     cond = score_condition(alert)
     series = run.series(cond.metric)
     if cond.op in (">", ">=") and len(series):  # a series that never crosses cannot fire
         labels = [c for c in series.columns if c not in ("timestamp", cond.metric)]
         peak = series.groupby(labels, sort=False)[cond.metric].transform("max")
         series = series[A.OPS[cond.op](peak, cond.threshold)]
-    return A.evaluate(alert, series)
+    return E.evaluate(alert, series)
 
 
 def incidents(fired: pd.DataFrame, gap_s: float = 30.0) -> pd.DataFrame:
@@ -456,7 +458,7 @@ def write_thresholds(
     tmp.replace(src)
     rules = Path(rules_path) if rules_path else src.parent / "rules" / "goodput.yml"
     rules.parent.mkdir(parents=True, exist_ok=True)
-    rules.write_text(A.dump_rules(A.load(src)))
+    rules.write_text(dump_rules(A.load(src)))
     return {"alerts": src, "rules": rules}
 
 

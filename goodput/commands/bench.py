@@ -82,8 +82,8 @@ def tuning(
     """The fault benchmark with two alert condition files, side by side (before/after tuning)."""
     import json
 
+    from alertdsl import spec as A
     from bench import tuning as bench_tuning
-    from catalogue import alerts as A
 
     _quiet()
     _check_pattern(scenario)

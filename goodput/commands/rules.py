@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from catalogue import alerts
+from alertdsl import promtool, rules
+from alertdsl import spec as alerts
 
 app = typer.Typer(help="Prometheus rules generated from alertmanager/alerts.yaml.")
 
@@ -20,9 +21,9 @@ def outputs() -> dict[Path, str]:
     """Every generated file and its expected content (from the project's alerts.yaml, which
     `$GOODPUT_ALERTS_FILE` does not redirect: these are the project's files)."""
     spec = alerts.load(alerts.DEFAULT_PATH)
-    out = {RULES: alerts.dump_rules(spec)}
+    out = {RULES: rules.dump_rules(spec)}
     if CASES.exists():
-        out[TESTS] = alerts.dump_promtool_tests(spec, CASES, rule_file="../rules/goodput.yml")
+        out[TESTS] = promtool.dump_promtool_tests(spec, CASES, rule_file="../rules/goodput.yml")
     return out
 
 

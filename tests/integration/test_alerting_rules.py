@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from catalogue import alerts as A
+from alertdsl import spec as A
 from tests.conftest import wait_until
 from tests.helpers import add_scrape_target, prom_query
 

@@ -6,7 +6,7 @@ Found by `goodput bench faults`: GoodputGPUDegradation fires on a correctable-EC
 
 from __future__ import annotations
 
-from catalogue import alerts as A
+from alertdsl import spec as A
 from recovery import attribution
 from recovery.evidence import Bundle, Context, Report, Series
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from alertdsl import evaluation as E
 from bench import faults_plan as P
 from bench.faults_summary import TARGETS
-from catalogue import alerts as A
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -84,7 +84,7 @@ def test_online_alerts_match_a_full_evaluation(tmp_path: Path) -> None:
         if not parts:
             continue
         df = pd.concat(parts, ignore_index=True)
-        fired = A.evaluate(c.alert, df)
+        fired = E.evaluate(c.alert, df)
         for row in fired.to_dict("records"):
             node = "" if pd.isna(row.get("node", "")) else str(row.get("node", ""))
             job = "" if pd.isna(row.get("job_id", "")) else str(row.get("job_id", ""))

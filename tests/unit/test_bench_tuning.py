@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from alertdsl import spec as A
 from bench import tuning as BT
-from catalogue import alerts as A
 from detector import tuning as T
 
 pytestmark = pytest.mark.filterwarnings("ignore")

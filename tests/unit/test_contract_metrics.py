@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from catalogue import alerts as A
+from alertdsl import rules
+from alertdsl import spec as A
 from dashboards import build
 from detector import fields as F
 
@@ -91,7 +92,7 @@ def read_by() -> dict[str, set[str]]:
     spec = A.load()
     for a in spec.alerts:
         for c in a.conditions:
-            add(names_in(A.condition_expr(c)), f"alert {a.name}")
+            add(names_in(rules.condition_expr(c)), f"alert {a.name}")
     for r in spec.recording:
         add(names_in(r["expr"]), f"recording {r['record']}")
     for file, model in build.build_all().items():

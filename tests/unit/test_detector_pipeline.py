@@ -230,7 +230,7 @@ def test_bad_inputs_give_clear_errors(tmp_path):
 def test_alert_levels_come_from_alerts_yaml(tmp_path, monkeypatch):
     import yaml
 
-    from catalogue import alerts as A
+    from alertdsl import spec as A
     from detector import thresholds
     from detector.replay import detections
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from catalogue import alerts as A
+from alertdsl import spec as A
 
 AM = Path(__file__).resolve().parents[2] / "alertmanager"
 CONFIG = AM / "alertmanager.yml"

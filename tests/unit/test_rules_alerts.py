@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 import catalogue
-from catalogue import alerts as A
+from alertdsl import evaluation as E
+from alertdsl import rules
+from alertdsl import spec as A
 from goodput.commands import rules as rules_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,9 +121,9 @@ def test_every_alert_carries_severity_scope_and_runbook(spec):
 
 
 def test_dcgm_conditions_map_host_and_job_labels(spec):
-    expr = A.condition_expr(spec.alert("GoodputGPUFatalXid").conditions[0])
+    expr = rules.condition_expr(spec.alert("GoodputGPUFatalXid").conditions[0])
     for needle in ('"node", "$1", "Hostname"', '"node", "$1", "hostname"',
-                   '"job_id", "$1", "hpc_job"', "group_left (job_id)", A.JOB_INFO):  # fmt: skip
+                   '"job_id", "$1", "hpc_job"', "group_left (job_id)", rules.JOB_INFO):  # fmt: skip
         assert needle in expr
 
 
@@ -254,7 +256,7 @@ EVALUABLE_CASES = [
 @pytest.mark.parametrize("case", EVALUABLE_CASES, ids=lambda c: f"{c['alert']}: {c['name']}")
 def test_in_process_evaluation_agrees_with_promtool_cases(case, spec):
     frame = case_frame(case)
-    fired = A.evaluate(case["alert"], frame, spec)
+    fired = E.evaluate(case["alert"], frame, spec)
     at = fired[np.isclose(fired["timestamp"].astype(float), _seconds(case["eval_time"]))]
     expected = case.get("expect") or []
     if not expected:
@@ -275,17 +277,17 @@ def test_evaluate_respects_for_and_reports_first_firing(spec):
     frame = pd.DataFrame(
         {"timestamp": t, "job_id": "7", "detector": "combined", "goodput_job_anomaly_score": score}
     )
-    fired = A.evaluate("GoodputJobAnomaly", frame, spec)
+    fired = E.evaluate("GoodputJobAnomaly", frame, spec)
     assert fired["timestamp"].min() == 10 + _seconds(spec.alert("GoodputJobAnomaly").for_)
     assert set(fired["job_id"]) == {"7"}
-    assert A.evaluate("GoodputJobAnomaly", frame.assign(detector="progress"), spec).empty
+    assert E.evaluate("GoodputJobAnomaly", frame.assign(detector="progress"), spec).empty
 
 
 def test_evaluate_skips_missing_metrics_and_needs_timestamps(spec):
     frame = pd.DataFrame({"timestamp": [0.0], "node": ["node1"], "goodput_other": [1.0]})
-    assert A.evaluate("GoodputGPUFatalXid", frame, spec).empty
+    assert E.evaluate("GoodputGPUFatalXid", frame, spec).empty
     with pytest.raises(ValueError, match="timestamp"):
-        A.evaluate("GoodputGPUFatalXid", frame.drop(columns="timestamp"), spec)
+        E.evaluate("GoodputGPUFatalXid", frame.drop(columns="timestamp"), spec)
 
 
 def test_a_counter_rise_is_seen_when_the_job_label_changes_at_the_fault(spec):
@@ -299,10 +301,10 @@ def test_a_counter_rise_is_seen_when_the_job_label_changes_at_the_fault(spec):
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": np.where(t < 30, 0.0, 1.0),
         }
     )
-    fired = A.evaluate("GoodputGPUDoubleBitECC", frame, spec)
+    fired = E.evaluate("GoodputGPUDoubleBitECC", frame, spec)
     assert fired["timestamp"].min() == 35.0  # first sample at 1 (t=30) + `for` (2s) -> next one
     reset = frame.assign(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=np.where(t < 30, 3.0, 0.0))
-    assert A.evaluate("GoodputGPUDoubleBitECC", reset, spec).empty
+    assert E.evaluate("GoodputGPUDoubleBitECC", reset, spec).empty
 
 
 def test_evaluate_all_names_each_firing_alert(spec):
@@ -316,7 +318,7 @@ def test_evaluate_all_names_each_firing_alert(spec):
             "DCGM_FI_DEV_XID_ERRORS": np.where(t >= 10, 79.0, 0.0),
         }
     )
-    fired = A.evaluate_all(frame, spec)
+    fired = E.evaluate_all(frame, spec)
     assert set(fired["alertname"]) == {"GoodputGPUFatalXid"}
     assert fired["timestamp"].min() == 15.0 and set(fired["severity"]) == {"critical"}
-    assert A.evaluate_all(frame.assign(DCGM_FI_DEV_XID_ERRORS=13.0), spec).empty
+    assert E.evaluate_all(frame.assign(DCGM_FI_DEV_XID_ERRORS=13.0), spec).empty

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import catalogue
-from catalogue import alerts as A
+from alertdsl import spec as A
 from catalogue.loader import HERE, load
 from recovery import attribution, decide, diagnosis, policy
 from recovery.evidence import Bundle, Context, Report, Series

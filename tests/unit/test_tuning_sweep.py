@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from catalogue import alerts as A
+from alertdsl import spec as A
 from detector import tuning as T
 from detector.frame import Frame
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from catalogue import alerts as A
+from alertdsl import spec as A
+from alertdsl.rules import dump_rules
 from detector import tuning as T
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def test_write_changes_only_the_asked_lines_and_regenerates_rules(copy: Path) ->
     assert A.threshold("GoodputJobAnomaly", spec) == 2.35
     rules = written["rules"]
     assert rules == copy.parent / "rules" / "goodput.yml"
-    assert rules.read_text() == A.dump_rules(spec)
+    assert rules.read_text() == dump_rules(spec)
     assert "goodput_node_suspect_score >= 0.65" in rules.read_text()
 
 

@@ -1,0 +1,103 @@
+"""`promtool test rules` documents from hand-written cases (alertmanager/tests/cases.yaml)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alertdsl.rules import HEADER, Dumper, fmt_number
+from alertdsl.spec import AlertsError, Spec, required
+
+_TEMPLATE = re.compile(r"\{\{\s*\$(labels\.([a-zA-Z_][a-zA-Z0-9_]*)|value)\s*\}\}")
+
+
+def expand(template: str, labels: Mapping[str, str], value: float) -> str:
+    """Prometheus' annotation templating, for the two forms alerts.yaml uses."""
+
+    def sub(m: re.Match[str]) -> str:
+        return fmt_number(value) if m.group(1) == "value" else str(labels.get(m.group(2), ""))
+
+    return _TEMPLATE.sub(sub, template)
+
+
+def promtool_tests(spec: Spec, cases: Any, rule_file: str) -> dict[str, Any]:
+    """A `promtool test rules` document from hand-written cases (see tests/cases.yaml).
+
+    Each case names an alert, its input series, an eval time and the alerts expected then
+    (labels without severity/scope, plus `value` for the annotations; empty = stays quiet).
+    """
+    if not isinstance(cases, list):
+        raise AlertsError("cases: expected a list")
+    tests = []
+    records = {r["record"] for r in spec.recording}
+    for i, case in enumerate(cases):
+        where = f"case {i} ({case.get('name', '?')})"
+        if "record" in case:  # a recording rule: the samples it must produce
+            if case["record"] not in records:
+                raise AlertsError(f"{where}: no recording rule {case['record']!r}")
+            tests.append(
+                {
+                    "name": f"{case['record']}: {required(case, 'name', where)}",
+                    "interval": case.get("interval", "1s"),
+                    "input_series": required(case, "series", where),
+                    "promql_expr_test": [
+                        {
+                            "expr": case["record"],
+                            "eval_time": required(case, "eval_time", where),
+                            "exp_samples": required(case, "expect", where),
+                        }
+                    ],
+                }
+            )
+            continue
+        alert = spec.alert(required(case, "alert", where))
+        expected = []
+        for exp in case.get("expect") or []:
+            value = float(exp.get("value", 1))
+            labels = {str(k): str(v) for k, v in exp.items() if k != "value"}
+            if "signal" not in labels:
+                if len(alert.conditions) != 1:
+                    raise AlertsError(f"{where}: say which condition fires ('signal')")
+                labels["signal"] = alert.conditions[0].signal
+            labels |= {"severity": alert.severity, "scope": alert.scope}
+            ann_labels = labels | {"alertname": alert.name}
+            expected.append(
+                {
+                    "exp_labels": labels,
+                    "exp_annotations": {
+                        "summary": expand(alert.summary, ann_labels, value),
+                        "description": expand(alert.description, ann_labels, value),
+                        "runbook_url": spec.runbook_url(alert.name),
+                    },
+                }
+            )
+        tests.append(
+            {
+                "name": f"{alert.name}: {required(case, 'name', where)}",
+                "interval": case.get("interval", "1s"),
+                "input_series": required(case, "series", where),
+                "alert_rule_test": [
+                    {
+                        "eval_time": required(case, "eval_time", where),
+                        "alertname": alert.name,
+                        "exp_alerts": expected,
+                    }
+                ],
+            }
+        )
+    return {"rule_files": [rule_file], "evaluation_interval": "1s", "tests": tests}
+
+
+def dump_promtool_tests(spec: Spec, cases_path: str | Path, rule_file: str) -> str:
+    try:
+        cases = yaml.safe_load(Path(cases_path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise AlertsError(f"cannot read {cases_path}: {e}") from e
+    body = yaml.dump(
+        promtool_tests(spec, cases, rule_file), Dumper=Dumper, sort_keys=False, width=100
+    )
+    return HEADER.replace("alertmanager/alerts.yaml", "alerts.yaml and tests/cases.yaml") + body
