@@ -36,17 +36,8 @@ iteration, loss, step_ms, samples, exitcode, pid, node, ... (declared in pattern
 
 from __future__ import annotations
 
-from catalogue.loader import (
-    Action,
-    Catalogue,
-    CatalogueError,
-    Match,
-    Outcome,
-    Pattern,
-    XidInfo,
-    default,
-    load,
-)
+from catalogue.loader import CatalogueError, default, load
+from catalogue.model import Action, Catalogue, Match, Outcome, Pattern, XidInfo
 
 __all__ = [
     "Action",
