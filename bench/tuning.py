@@ -22,7 +22,7 @@ from typing import Any
 from alertdsl import spec as A
 from bench import faults
 from bench.faults_plan import ROOT
-from detector.tuning import direction
+from detector.tuning_sweep import direction
 
 KIND_FIGURES = (
     "detected",

@@ -6,9 +6,8 @@ become the `goodput_*_score` series the rules read, `alertdsl.evaluation.evaluat
 a candidate threshold and `for`, firings become incidents (one per job while it keeps firing),
 and incidents are matched against the recording's ground truth.
 
-Figures per candidate: recall (faults whose job got an incident after onset), detection latency
-(onset -> first firing, seconds), and false incidents per 1,000 GPU-hours (incidents on a job
-outside its fault windows, over the GPU-hours the recordings' jobs ran).
+This module scores recordings and fires candidate alerts over them; `detector.tuning_sweep`
+sweeps and chooses, `detector.tuning_write` writes the choice back into alerts.yaml.
 
 >>> import pandas as pd
 >>> fired = pd.DataFrame({"timestamp": [0, 5, 10, 100], "job_id": ["1"] * 4})
@@ -20,8 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,11 +27,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from alertdsl import evaluation as E
 from alertdsl import spec as A
-from alertdsl.rules import dump_rules
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
 from detector.replay import load, steps
@@ -227,7 +223,7 @@ def match(inc: pd.DataFrame, windows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return det, false
 
 
-# ------------------------------------------------------------------------------ sweep
+# ------------------------------------------------------------------------------ over recordings
 
 
 def evaluate_runs(
@@ -259,252 +255,3 @@ def score_alerts(spec: A.Spec) -> list[A.Alert]:
             continue
         out.append(a)
     return out
-
-
-def by_kind(det: pd.DataFrame) -> pd.DataFrame:
-    """Per fault kind: faults, detected, recall and median detection latency (s)."""
-    g = det.groupby("kind", sort=True)
-    return pd.DataFrame(
-        {
-            "faults": g.size(),
-            "detected": g.detected.sum().astype(int),
-            "recall": g.detected.mean(),
-            "latency_median_s": g.latency_s.median(),
-        }
-    )
-
-
-def summarise(det: pd.DataFrame, false: int, hours: float) -> dict[str, float]:
-    lat = det.loc[det.detected, "latency_s"] if len(det) else pd.Series(dtype=float)
-    return {
-        "faults": len(det),
-        "detected": int(det.detected.sum()) if len(det) else 0,
-        "recall": float(det.detected.mean()) if len(det) else float("nan"),
-        "latency_median_s": float(lat.median()) if len(lat) else float("nan"),
-        "latency_max_s": float(lat.max()) if len(lat) else float("nan"),
-        "false_incidents": false,
-        "gpu_hours": hours,
-        "false_per_1000_gpu_h": 1000.0 * false / hours if hours else float("nan"),
-    }
-
-
-def sweep(
-    runs: Sequence[Run],
-    alert_name: str,
-    thresholds: Iterable[float],
-    fors: Iterable[str] | None = None,
-    spec: A.Spec | None = None,
-    gap_s: float = 30.0,
-) -> pd.DataFrame:
-    """Recall, latency and false incidents per 1,000 GPU-hours for each (threshold, for)."""
-    spec = spec or A.load(alerts_path())
-    base = spec.alert(alert_name)
-    rows = []
-    for for_ in list(fors) if fors is not None else [base.for_]:
-        A.duration_seconds(for_)
-        for thr in thresholds:
-            det, false, hours = evaluate_runs(runs, with_threshold(base, thr, for_), gap_s)
-            rows.append({"alert": alert_name, "threshold": float(thr), "for": for_})
-            rows[-1].update(summarise(det, false, hours))
-    return pd.DataFrame(rows)
-
-
-def choose(
-    table: pd.DataFrame, max_false_per_1000_gpu_h: float = 0.0, guard: bool = True
-) -> dict[str, Any]:
-    """The candidate to ship. It must stay within the false-incident budget and, with `guard`,
-    so must the next lower threshold swept with the same alert and `for` (a threshold just
-    clear of a false alarm on this data is likely to meet one on the next; the lowest threshold
-    swept has no guard and does not qualify). Among those: the highest recall, then the lowest
-    median latency, then the lowest worst latency, then the highest threshold (most margin)."""
-    table = table.reset_index(drop=True)
-    fits = table.false_per_1000_gpu_h <= max_false_per_1000_gpu_h
-    ok = table[fits & _guarded(table, fits)] if guard else table[fits]
-    if ok.empty:
-        raise ValueError(
-            f"no candidate stays within {max_false_per_1000_gpu_h} false incidents per "
-            f"1,000 GPU-hours{' with a guard band' if guard else ''} "
-            f"(best: {table.false_per_1000_gpu_h.min():.1f})"
-        )
-    keys = {"_med": ok.latency_median_s, "_max": ok.get("latency_max_s", ok.latency_median_s)}
-    ranked = ok.assign(**{k: v.fillna(np.inf) for k, v in keys.items()}).sort_values(
-        ["recall", "_med", "_max", "threshold"],
-        ascending=[False, True, True, False],
-        kind="stable",
-    )
-    return dict(ranked.drop(columns=list(keys)).iloc[0])
-
-
-def _guarded(table: pd.DataFrame, fits: pd.Series) -> pd.Series:
-    """Per row: whether every row at the next lower distinct threshold of the same alert and
-    `for` fits the budget too (False for the lowest threshold of each group)."""
-    keys = [c for c in ("alert", "for") if c in table]
-    group = table[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", table.index)
-    level = pd.DataFrame({"g": group, "t": table.threshold, "fits": fits})
-    per = level.groupby(["g", "t"], sort=True).fits.all().reset_index()
-    per["guard"] = per.groupby("g").fits.shift(1, fill_value=False).astype(bool)
-    guard = level.merge(per[["g", "t", "guard"]], on=["g", "t"], how="left").guard
-    return pd.Series(guard.to_numpy(dtype=bool), index=table.index)
-
-
-# ------------------------------------------------------------------------------ write back
-
-_NAME_LINE = re.compile(r"^(\s*)- name:\s*(\S+)\s*$")
-
-
-def _set_key(lines: list[str], lo: int, hi: int, indent: int, key: str, value: str) -> bool:
-    """Replace `key: ...` at exactly `indent` spaces within lines[lo:hi]; False if absent."""
-    pat = re.compile(rf"^ {{{indent}}}{re.escape(key)}:\s*(\S.*?)?(\s+#.*)?$")
-    for i in range(lo, hi):
-        m = pat.match(lines[i])
-        if m:
-            lines[i] = f"{' ' * indent}{key}: {value}{m.group(2) or ''}"
-            return True
-    return False
-
-
-def _block(lines: list[str], name: str) -> tuple[int, int, int]:
-    """(first line, end, indent) of the `- name: NAME` entry."""
-    found = [
-        (i, len(m.group(1)))
-        for i, ln in enumerate(lines)
-        if (m := _NAME_LINE.match(ln)) and m.group(2) == name
-    ]
-    if len(found) != 1:
-        raise ValueError(f"alert {name} is not a single `- name:` entry in the file")
-    lo, ind = found[0]
-    for i in range(lo + 1, len(lines)):
-        ln = lines[i]
-        if not ln.strip() or ln.lstrip().startswith("#"):
-            continue
-        if len(ln) - len(ln.lstrip()) <= ind:
-            return lo, i, ind
-    return lo, len(lines), ind
-
-
-def _decimal(x: float) -> str:
-    """Fixed-point text YAML reads back as the same float: 1.0, 1.25, 0.000001."""
-    text = f"{x:.6f}".rstrip("0")
-    return text + "0" if text.endswith(".") else text
-
-
-def set_thresholds(text: str, changes: dict[str, dict[str, Any]]) -> str:
-    """alerts.yaml text with new `threshold` (score condition) and `for` (alert) values.
-
-    `changes` = {alert name: {"threshold": float, "for": "30s"}} (either key optional). The
-    edit is textual so comments and layout survive; the result is validated and checked to
-    differ from the input only in the requested values.
-    """
-    lines = text.splitlines()
-    before = A.parse(yaml.safe_load(text))
-    for name, change in changes.items():
-        unknown = set(change) - {"threshold", "for"}
-        if unknown:
-            raise ValueError(f"{name}: only 'threshold' and 'for' can be tuned, not {unknown}")
-        cond = score_condition(before.alert(name))
-        lo, hi, ind = _block(lines, name)
-        if "for" in change:
-            A.duration_seconds(str(change["for"]))
-            if not _set_key(lines, lo + 1, hi, ind + 2, "for", str(change["for"])):
-                raise ValueError(f"alert {name}: no `for:` line to change")
-        if "threshold" in change:
-            thr = float(change["threshold"])
-            if not 1e-6 <= thr <= 1e6:
-                raise ValueError(f"alert {name}: threshold must be within 1e-6..1e6, not {thr}")
-            sig = next(
-                (
-                    i
-                    for i in range(lo, hi)
-                    if re.match(rf"^\s*signal:\s*{re.escape(cond.signal)}\s*$", lines[i])
-                ),
-                None,
-            )
-            if sig is None:
-                raise ValueError(f"alert {name}: cannot find condition signal {cond.signal}")
-            c_lo = max(i for i in range(lo + 1, sig + 1) if lines[i].lstrip().startswith("- "))
-            c_ind = len(lines[c_lo]) - len(lines[c_lo].lstrip()) + 2
-            c_hi = next((i for i in range(sig + 1, hi) if lines[i].lstrip().startswith("- ")), hi)
-            if not _set_key(lines, c_lo, c_hi, c_ind, "threshold", _decimal(thr)):
-                raise ValueError(f"alert {name}: no `threshold:` line in its score condition")
-    out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
-    after = A.parse(yaml.safe_load(out))
-    if after.recording != before.recording or len(after.alerts) != len(before.alerts):
-        raise ValueError("the edit changed more than asked (refusing)")
-    for a in before.alerts:
-        want = a
-        if a.name in changes:
-            ch = changes[a.name]
-            new_thr = ch.get("threshold", score_condition(a).threshold)
-            want = with_threshold(a, float(new_thr or 0.0), ch.get("for"))
-        if after.alert(a.name) != want:
-            raise ValueError(f"alert {a.name}: the edit changed more than asked (refusing)")
-    return out
-
-
-def write_thresholds(
-    changes: dict[str, dict[str, Any]],
-    path: str | Path | None = None,
-    rules_path: str | Path | None = None,
-) -> dict[str, Path]:
-    """Write tuned values into the alert conditions file and regenerate its rule file.
-
-    `path` defaults to `alerts_path()`; `rules_path` to `rules/goodput.yml` next to it (what
-    `goodput rules generate` writes for the project's file). Returns the paths written.
-    """
-    src = Path(path) if path else alerts_path()
-    new = set_thresholds(src.read_text(), changes)
-    tmp = src.with_suffix(".tmp")
-    tmp.write_text(new)
-    tmp.replace(src)
-    rules = Path(rules_path) if rules_path else src.parent / "rules" / "goodput.yml"
-    rules.parent.mkdir(parents=True, exist_ok=True)
-    rules.write_text(dump_rules(A.load(src)))
-    return {"alerts": src, "rules": rules}
-
-
-# ------------------------------------------------------------------------------ prediction
-
-
-def predict(
-    runs: Sequence[Run], before: A.Spec, after: A.Spec, gap_s: float = 30.0
-) -> dict[str, Any]:
-    """What the fault benchmark should show when `after` replaces `before`: per fault kind the
-    recall and median latency of the score alerts together (the earliest of them fires the
-    incident), and false incidents per 1,000 GPU-hours, each before and after, with the
-    direction of change ("down", "up" or "same")."""
-    figures = {}
-    for name, spec in (("before", before), ("after", after)):
-        det, false, hours = evaluate_runs(runs, score_alerts(spec), gap_s)
-        figures[name] = (by_kind(det), 1000.0 * false / hours if hours else None)
-    (b, fb), (a, fa) = figures["before"], figures["after"]
-    kinds = {
-        str(k): {
-            "faults": int(b.loc[k, "faults"]),
-            **{
-                f"{col}_{side}": _num(t.loc[k, col])
-                for col in ("recall", "latency_median_s")
-                for side, t in (("before", b), ("after", a))
-            },
-            "latency": direction(b.loc[k, "latency_median_s"], a.loc[k, "latency_median_s"]),
-            "recall": direction(b.loc[k, "recall"], a.loc[k, "recall"]),
-        }
-        for k in b.index
-    }
-    return {
-        "by_kind": kinds,
-        "false_per_1000_gpu_h": {"before": fb, "after": fa, "direction": direction(fb, fa)},
-        "gpu_hours": sum(r.gpu_hours for r in runs),
-        "recordings": [r.name for r in runs],
-    }
-
-
-def _num(x: Any) -> float | None:
-    return None if pd.isna(x) else float(x)
-
-
-def direction(before: Any, after: Any) -> str:
-    """The change from `before` to `after`: "down", "up" or "same" (a missing figure, None or
-    NaN, counts as infinitely late)."""
-    b = np.inf if before is None or pd.isna(before) else float(before)
-    a = np.inf if after is None or pd.isna(after) else float(after)
-    return "same" if a == b else ("down" if a < b else "up")

@@ -10,7 +10,7 @@ import pytest
 
 from alertdsl import spec as A
 from bench import tuning as BT
-from detector import tuning as T
+from detector import tuning_write as W
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -24,7 +24,7 @@ def _slower(tmp_path: Path) -> Path:
         n: {"for": f"{int(A.duration_seconds(spec.alert(n).for_)) + 60}s"} for n in SCORE_ALERTS
     }
     path = tmp_path / "slower.yaml"
-    path.write_text(T.set_thresholds(A.DEFAULT_PATH.read_text(), changes))
+    path.write_text(W.set_thresholds(A.DEFAULT_PATH.read_text(), changes))
     return path
 
 

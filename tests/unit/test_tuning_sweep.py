@@ -11,6 +11,7 @@ import pytest
 
 from alertdsl import spec as A
 from detector import tuning as T
+from detector import tuning_sweep as S
 from detector.frame import Frame
 
 T0 = 1_000_000.0
@@ -81,7 +82,7 @@ def test_match_counts_latency_and_false_incidents() -> None:
 def test_sweep_trades_recall_for_false_incidents() -> None:
     run = _scores()
     spec = A.load()
-    table = T.sweep([run], "GoodputJobStraggler", [0.8, 1.0, 1.3], spec=spec).set_index("threshold")
+    table = S.sweep([run], "GoodputJobStraggler", [0.8, 1.0, 1.3], spec=spec).set_index("threshold")
     for_s = A.duration_seconds(spec.alert("GoodputJobStraggler").for_)
     assert table.loc[0.8, "recall"] == 1.0 and table.loc[0.8, "false_incidents"] == 1
     assert table.loc[0.8, "latency_median_s"] == pytest.approx(for_s, abs=5.0)
@@ -89,14 +90,14 @@ def test_sweep_trades_recall_for_false_incidents() -> None:
     assert table.loc[1.3, "recall"] == 0.0 and table.loc[1.3, "false_incidents"] == 0
     hours = run.gpu_hours
     assert table.loc[0.8, "false_per_1000_gpu_h"] == pytest.approx(1000 / hours)
-    assert T.choose(table.reset_index(), 0, guard=False)["threshold"] == 1.3
+    assert S.choose(table.reset_index(), 0, guard=False)["threshold"] == 1.3
     with pytest.raises(ValueError, match="guard band"):  # 1.0, just below 1.3, raised a false one
-        T.choose(table.reset_index(), 0)
-    assert T.choose(table.reset_index(), 1e9, guard=False)["threshold"] == 0.8
+        S.choose(table.reset_index(), 0)
+    assert S.choose(table.reset_index(), 1e9, guard=False)["threshold"] == 0.8
 
 
 def test_longer_for_delays_detection() -> None:
-    table = T.sweep([_scores()], "GoodputJobStraggler", [0.8], fors=["10s", "40s"])
+    table = S.sweep([_scores()], "GoodputJobStraggler", [0.8], fors=["10s", "40s"])
     lat = table.set_index("for").latency_median_s
     assert lat["40s"] - lat["10s"] == pytest.approx(30.0, abs=5.0)
     assert table.set_index("for").loc["40s", "false_incidents"] == 0  # the 35 s blip is filtered
@@ -113,11 +114,11 @@ def test_choose_keeps_a_guard_band_then_prefers_the_faster_worst_case() -> None:
             "false_per_1000_gpu_h": [29.0, 0.0, 0.0, 0.0, 0.0, 0.0],
         }
     )
-    got = T.choose(table)  # 1.0 fits, but 0.75 below it did not: 1.25 is the first guarded one
+    got = S.choose(table)  # 1.0 fits, but 0.75 below it did not: 1.25 is the first guarded one
     assert (got["threshold"], got["for"]) == (1.25, "10s")
-    got = T.choose(table, guard=False)  # same median latency: the lower worst case wins
+    got = S.choose(table, guard=False)  # same median latency: the lower worst case wins
     assert (got["threshold"], got["for"]) == (1.0, "10s")
-    assert T.choose(table, 1e9)["threshold"] == 1.0  # 0.75 (lowest swept) has no guard below
+    assert S.choose(table, 1e9)["threshold"] == 1.0  # 0.75 (lowest swept) has no guard below
 
 
 def test_choose_refuses_when_nothing_fits() -> None:
@@ -130,12 +131,12 @@ def test_choose_refuses_when_nothing_fits() -> None:
         }
     )
     with pytest.raises(ValueError, match="no candidate"):
-        T.choose(table, 1.0)
+        S.choose(table, 1.0)
 
 
 def test_only_score_alerts_can_be_swept() -> None:
     with pytest.raises(A.AlertsError, match="no threshold condition on a detector score"):
-        T.sweep([_scores()], "GoodputGPUFatalXid", [1.0])
+        S.sweep([_scores()], "GoodputGPUFatalXid", [1.0])
 
 
 def test_score_recording_on_a_simulated_straggler(tmp_path: Path) -> None:
@@ -160,14 +161,14 @@ def test_predict_reports_the_direction_of_each_figure() -> None:
     alert = spec.alert("GoodputJobStraggler")
     slow = dataclasses.replace(spec, alerts=(T.with_threshold(alert, 0.8, "40s"),))
     fast = dataclasses.replace(spec, alerts=(T.with_threshold(alert, 0.8, "10s"),))
-    got = T.predict([_scores()], slow, fast)
+    got = S.predict([_scores()], slow, fast)
     kind = got["by_kind"]["host_straggler"]
     assert kind["latency"] == "down" and kind["recall"] == "same"
     assert kind["latency_median_s_before"] - kind["latency_median_s_after"] == pytest.approx(30)
     # the healthy job's 35 s blip: filtered by a 40 s `for`, an incident with 10 s
     assert got["false_per_1000_gpu_h"]["before"] == 0
     assert got["false_per_1000_gpu_h"]["direction"] == "up"
-    same = T.predict([_scores()], fast, fast)
+    same = S.predict([_scores()], fast, fast)
     assert same["by_kind"]["host_straggler"]["latency"] == "same"
 
 
@@ -195,6 +196,6 @@ def test_the_guard_band_is_per_alert_and_for_and_ignores_row_order() -> None:
         index=[7, 7, 3, 3, 3],  # duplicate labels, as pd.concat leaves them
     )
     fits = table.false_per_1000_gpu_h <= 0
-    assert T._guarded(table, fits).tolist() == [False, True, False, True, False]
-    got = T.choose(table)
+    assert S._guarded(table, fits).tolist() == [False, True, False, True, False]
+    got = S.choose(table)
     assert (got["alert"], got["threshold"]) == ("A", 1.25)  # B's 0.75 failed: B 1.0 unguarded

@@ -10,6 +10,7 @@ import pytest
 from alertdsl import spec as A
 from alertdsl.rules import dump_rules
 from detector import tuning as T
+from detector import tuning_write as W
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def test_alerts_path_follows_the_environment(copy: Path) -> None:
 
 def test_write_changes_only_the_asked_lines_and_regenerates_rules(copy: Path) -> None:
     before = copy.read_text().splitlines()
-    written = T.write_thresholds(
+    written = W.write_thresholds(
         {
             "GoodputJobStraggler": {"threshold": 0.65, "for": "45s"},
             "GoodputJobAnomaly": {"threshold": 2.35},
@@ -51,7 +52,7 @@ def test_write_changes_only_the_asked_lines_and_regenerates_rules(copy: Path) ->
 
 def test_the_repository_file_is_untouched(copy: Path) -> None:
     repo = (ROOT / "alertmanager" / "alerts.yaml").read_text()
-    T.write_thresholds({"GoodputJobAnomaly": {"threshold": 2.0}})
+    W.write_thresholds({"GoodputJobAnomaly": {"threshold": 2.0}})
     assert (ROOT / "alertmanager" / "alerts.yaml").read_text() == repo
 
 
@@ -72,5 +73,5 @@ def test_bad_changes_are_refused_and_leave_the_file(
 ) -> None:
     before = copy.read_text()
     with pytest.raises((ValueError, KeyError), match=message):
-        T.write_thresholds(changes)
+        W.write_thresholds(changes)
     assert copy.read_text() == before
