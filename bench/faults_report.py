@@ -26,11 +26,17 @@ NOTES = [
     "(`unknown`, hold_for_person) -- the truth (`straggler` on the node) is not decidable from "
     "this evidence. With a hardware signal (thermal-straggler-1gpu) it is `straggler` on the "
     "node. Two- and three-node jobs are diagnosed `straggler` on the right node by their peers.",
-    "- **A job that never reaches its first iteration** (real-signal row): the never_started "
-    "prior allows 600 s of start-up (first_iteration_s), sized for large jobs' NCCL init and "
-    "data loading, so it is not caught within the 10-minute run; a straggler from a never-seen "
-    "job's first iteration has no reference at all (caught when a stored baseline of the same "
-    "job name exists: the restart row).",
+    "- **A job that never reaches its first iteration** (never-started rows, real-signal row "
+    "'start-up never ends'): the never_started prior (catalogue/priors.yaml) gives a short "
+    "allowance (H200 10 s, measured 0.3-0.5 s to the first step) from the log's latest start-up "
+    "milestone (`training ...`, `> initialized distributed ...`), and the long one (600 s) only "
+    "while start-up work is open (`loading checkpoint`, `> building ... model`, `> initializing "
+    "torch distributed`, torch.compile `AUTOTUNE` lines): a job whose start-up ends and that "
+    "then never iterates is caught 20-25 s after its last start-up line, a checkpoint load is "
+    "not flagged. The sim's start-up lines come just before its first step, as measured "
+    "(process start to first step 20 s in the scenarios, so 45 s from the job's start). A "
+    "straggler from a never-seen job's first iteration has no reference at all (caught when a "
+    "stored baseline of the same job name exists: the restart row).",
     "- **False incidents**: showing <= 0.02 per 1,000 GPU-hours needs ~150,000 healthy "
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "
@@ -174,8 +180,10 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             *_table(cold, "scenario"),
             "",
-            f"False incidents on the healthy small jobs (checkpoints every 5 min, 20 s saves, "
-            f"evaluations): **{cf['false_incidents']}** in {cf['healthy_gpu_hours']:g} healthy "
+            "False incidents on the healthy small jobs (healthy-small, and healthy-ckpt-load: "
+            "the same jobs resuming from a checkpoint they load for 150 s (1 GPU) and 240 s "
+            "(8 GPUs) before their first step; checkpoints every 5 min, 20 s saves, evaluations): "
+            f"**{cf['false_incidents']}** in {cf['healthy_gpu_hours']:g} healthy "
             f"GPU-hours; destructive: {cf['destructive_false_actions']}.",
             *_misses(cold),
         ]

@@ -9,10 +9,12 @@ evaluates them. Two rules read the job's log-derived progress as well:
   stall / allowance, allowance = max(`idle_stall_floor_s`, `idle_stall_factor` x the job's p99
   progress gap outside pauses (fitted), or x its last iteration time before a fit);
 - `never_started`: a GPU idle with memory held before the job's first progress, or inside a
-  pause, scores the time since then (or the job's age) / an allowance: before the job's first
-  iteration, in a start-up its log announced, `startup_s` + `startup_per_doubling_s` x
-  log2(the job's GPUs) (NCCL init grows with the world size); otherwise (a checkpoint or a
-  restart's pause, or a job whose log says nothing) `pause_allowance_s`.
+  pause, scores the time since the pause began (or the job's age) / an allowance: short
+  (`startup_s`) before the job's first iteration when the log's latest start-up line is a
+  milestone (`training_start`: start-up done, it dates progress and pause alike); long
+  (`pause_allowance_s`) while start-up work is open (a `pause` line after the latest
+  milestone, or before any: checkpoint load, model build, compilation), inside a pause after
+  iterating, or when the log says nothing.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -59,17 +61,6 @@ def _holds(x: np.ndarray, op: str, v: float) -> np.ndarray:
         return {">=": x >= v, "<=": x <= v, ">": x > v, "<": x < v}[op]
 
 
-def _job_size(frame: Frame) -> np.ndarray:
-    """Each row's count of its job's GPUs at the same instant (1 for rows without a job)."""
-    if not len(frame):
-        return np.ones(0)
-    if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): the cached codes
-        codes, _ = frame.job_codes
-    else:
-        codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
-    return np.maximum(np.bincount(codes)[codes], 1).astype(float)
-
-
 class Physics(_PerJob):
     """Per-GPU physics rules from `catalogue/priors.yaml` (see the module docstring)."""
 
@@ -111,11 +102,12 @@ class Physics(_PerJob):
         since_pause = frame.col(F.SINCE_PAUSE)
         announced = np.isfinite(since_pause)  # the job's log says when it pauses
         paused = _open(stall, since_pause)
+        step = frame.col(F.ITER_SECONDS)
+        with np.errstate(invalid="ignore"):  # before the first step, a milestone is the latest
+            ready = ~np.isfinite(step) & (since_pause == stall)
         age = frame.col(F.JOB_AGE)
         util = frame.col(F.UTIL)
         fb = frame.col(FB)
-        step = frame.col(F.ITER_SECONDS)
-        size = _job_size(frame)
         idle_col, wait_col = len(ids) - 2, len(ids) - 1
         for model in pd.unique(models):
             rows = models == model
@@ -138,13 +130,7 @@ class Physics(_PerJob):
             out[idle, idle_col] = stall[idle] / allow[idle]
             waiting = held & (~np.isfinite(stall) | paused)
             since = np.where(paused, since_pause, age)
-            # before its first iteration, in a start-up the log announced: the model's start-up
-            # allowance for the job's size; otherwise (a checkpoint, no log) the long one
-            allow = np.where(
-                ~np.isfinite(step) & paused,
-                p["startup_s"] + p["startup_per_doubling_s"] * np.log2(size),
-                p["pause_allowance_s"],
-            )
+            allow = np.where(ready, p["startup_s"], p["pause_allowance_s"])
             out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         return out, ids
 

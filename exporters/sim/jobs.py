@@ -11,6 +11,9 @@ from exporters.sim import logs
 from exporters.sim.logs import LogSink
 
 END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}
+# the last start-up line to the first iteration, measured on one H200 (0.3-0.5 s; failures.md's
+# trace: process start to first iteration 8.0 s and 11.9 s, start-up lines just before it)
+FIRST_STEP_LEAD_S = 0.5
 
 
 @dataclass
@@ -21,6 +24,7 @@ class Event:
     lines: list[str]
     fault_id: str
     end: tuple[str, int] | None = None  # (state, exit_code)
+    pause: bool = False  # start-up lines: the log parser dates the job's pause from them
 
 
 @dataclass
@@ -32,6 +36,8 @@ class Job:
     duration_s: float = 3600.0
     step_time_s: float = 1.2
     init_s: float = 20.0
+    load_s: float = 0.0  # a checkpoint load before the first step, when there is one to load
+    resume_iter: int = 0  # submitted to resume from a checkpoint at this iteration
     warmup_s: float = 60.0
     checkpoint_every_s: float = 600.0
     checkpoint_s: float = 25.0
@@ -61,6 +67,7 @@ class Job:
     logged_iter: int = 0
     phase: str = "init"
     phase_end: float = 0.0
+    startup_s: float = 0.0  # this run's process start to first iteration (init + load)
     train_s: float = 0.0
     next_ckpt: float = 0.0
     next_eval: float = 0.0
@@ -100,6 +107,7 @@ class Job:
     def start(self, now: float, sink: LogSink) -> None:
         self.state, self.reason, self.start_t, self.phase = "RUNNING", "None", now, "init"
         self.train_s = 0.0
+        self.ckpt_iter = max(self.ckpt_iter, self.resume_iter)
         self.ever_nodes += [n for n in self.nodes if n not in self.ever_nodes]
         self.iteration = float(self.ckpt_iter)  # resume from the last checkpoint
         self.logged_iter = self.ckpt_iter
@@ -108,11 +116,23 @@ class Job:
         self.stall, self.stuck, self.slow, self.slow_host = None, set(), 1.0, None
         self.nan, self.oom_gpu, self.events, self.thermal_gpus = False, None, [], set()
         self.pid = 20000 + (int(self.job_id.split("_")[0]) * 37 + self.restarts * 101) % 40000
-        self.last_pause_t = now  # the header's start-up lines open a pause
         sink.job(
             self.job_id,
-            logs.job_header(now, self.job_id, self.name, self.nodes, self.gpus_per_node, self.pid),
+            logs.job_header(now, self.job_id, self.name, self.nodes, self.gpus_per_node),
         )
+        # the start-up lines come once the processes are up, just before the first iteration
+        # (a checkpoint load between them); they open a pause, `training ...` ends the start-up
+        load = self.load_s if self.ckpt_iter else 0.0
+        self.startup_s = self.init_s + load
+        up = now + max(0.0, self.init_s - FIRST_STEP_LEAD_S)
+        lines = logs.startup(self.nodes, self.gpus_per_node, self.pid)
+        if load:
+            lines += logs.checkpoint_load(self.ckpt_iter, self.name)
+            self.events.append(Event(up, lines, "", pause=True))
+            lines, up = [], up + load
+        ready = logs.training_begins(up)
+        self.events.append(Event(up, lines + ready, "", pause=True))
+        self._due(now, sink)
 
     def end(self, now: float, state: str, exit_code: int) -> None:
         self.state, self.exit_code, self.end_t = state, exit_code, now
@@ -120,20 +140,13 @@ class Job:
 
     def advance(self, now: float, dt: float, sink: LogSink, rng: random.Random) -> None:
         """Move the job forward by dt (it ends at `now`)."""
-        if self.state != "RUNNING":
+        if self.state != "RUNNING" or self._due(now, sink):
             return
-        for ev in sorted(self.events, key=lambda e: e.t):
-            if ev.t <= now:
-                self.events.remove(ev)
-                sink.job(self.job_id, ev.lines)
-                if ev.end:
-                    self.end(ev.t, *ev.end)
-                    return
         if not self.external and now - self.start_t >= self.duration_s:
             sink.job(self.job_id, f" [{logs._ts(now)}] [after training is done] exiting.")
             self.end(now, "COMPLETED", 0)
             return
-        if now - self.start_t < self.init_s or self.stall:
+        if now - self.start_t < self.startup_s or self.stall:
             return
         if self.phase in ("ckpt", "eval"):
             if now < self.phase_end:
@@ -150,6 +163,19 @@ class Job:
                 )
         self.phase = "train"
         self._train(now, dt, sink, rng)
+
+    def _due(self, now: float, sink: LogSink) -> bool:
+        """Print the lines due by `now`; True when one of them ended the job."""
+        for ev in sorted(self.events, key=lambda e: e.t):
+            if ev.t <= now:
+                self.events.remove(ev)
+                sink.job(self.job_id, ev.lines)
+                if ev.pause:
+                    self.last_pause_t = ev.t
+                if ev.end:
+                    self.end(ev.t, *ev.end)
+                    return True
+        return False
 
     def _train(self, now: float, dt: float, sink: LogSink, rng: random.Random) -> None:
         self.train_s += dt
@@ -210,8 +236,8 @@ class Job:
             return G.HOST_STALL
         if self.stall == "spin":
             return G.SPIN
-        if now - self.start_t < self.init_s:
-            return G.INIT
+        if now - self.start_t < self.startup_s:
+            return G.INIT  # process up, NCCL init, model build, a checkpoint load
         if self.phase == "ckpt":
             return G.CKPT
         if self.phase == "eval":

@@ -14,6 +14,8 @@ _JOB_FIELDS = (
     "duration_s",
     "step_time_s",
     "init_s",
+    "load_s",
+    "resume_iter",
     "warmup_s",
     "checkpoint_every_s",
     "checkpoint_s",

@@ -156,7 +156,7 @@ def test_real_slurm_job_fails_as_injected(local_stack, tmp_path, kind, text):
     script = tmp_path / "job.sh"
     script.write_text(
         f"#!/bin/bash\nexec {sys.executable} -m goodput.cli sim job "
-        f"--sim-url http://127.0.0.1:{control}\n"
+        f"--sim-url http://127.0.0.1:{control} --init 1\n"  # start-up lines before the fault
     )
     job_id = None
     try:

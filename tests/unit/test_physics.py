@@ -144,22 +144,49 @@ def _never(f: Frame, since_pause: float, stall: float = np.nan) -> None:
     f.values[:, COL[F.SINCE_PAUSE]] = since_pause
 
 
-def test_never_started_allowance_from_the_model_and_the_job_size() -> None:
-    """H200 start-up measured 8-12 s (0.3-0.5 s after the last start-up line): 30 s for one
-    GPU, + 15 s per doubling of the job's GPUs; the old prior waited 600 s whatever the job."""
+def test_never_started_is_short_after_a_milestone_and_long_while_start_up_works() -> None:
+    """Before the first iteration: the log's latest start-up line a milestone (`training ...`
+    dates progress and pause alike: stall == since_pause) -> the model's short allowance (H200
+    10 s: measured 0.3-0.5 s from it to the first iteration); start-up work open (a checkpoint
+    load after the milestone, or start-up lines with no milestone yet) -> the long one. Fails on
+    the code before: one allowance (30 s + 15 s per doubling) whatever the log said, so a
+    checkpoint load of over 30 s scored over 1.0 and a quiet job waited 30-75 s."""
     det = Physics()
     one = _one_gpu(1)
-    _never(one, since_pause=30.0)
-    assert det.score(one)[0] == pytest.approx(1.0)
+    _never(one, since_pause=20.0, stall=20.0)  # 'training ...' 20 s ago, nothing since
+    assert det.score(one)[0] == pytest.approx(2.0)
     f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=1, seed=3)
     eight = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
-    _never(eight, since_pause=30.0)
-    assert det.score(eight) == pytest.approx(np.full(8, 30.0 / 75.0))
-    _never(one, since_pause=30.0, stall=30.0)  # 'training ...' logged: progress, no step yet
-    assert det.score(one)[0] == pytest.approx(1.0)
-    other = _one_gpu(1, model="some new GPU")  # an unknown model keeps the generic 120 s
-    _never(other, since_pause=30.0)
-    assert det.score(other)[0] == pytest.approx(0.25)
+    _never(eight, since_pause=20.0, stall=20.0)  # the job's size no longer stretches it
+    assert det.score(eight) == pytest.approx(np.full(8, 2.0))
+    _never(one, since_pause=120.0, stall=130.0)  # 'loading checkpoint' 10 s after the milestone
+    assert det.score(one)[0] == pytest.approx(120.0 / 600.0)
+    _never(one, since_pause=120.0)  # start-up lines ('> building model'), no milestone yet
+    assert det.score(one)[0] == pytest.approx(120.0 / 600.0)
+    other = _one_gpu(1, model="some new GPU")  # an unknown model: the generic 30 s
+    _never(other, since_pause=15.0, stall=15.0)
+    assert det.score(other)[0] == pytest.approx(0.5)
+
+
+def test_a_real_start_up_log_reads_as_its_measured_milestone() -> None:
+    """The real H200 run's start-up lines ('> building model ...' then '> initialized
+    distributed ...', one read) through the log parser: a milestone, so the short allowance;
+    a checkpoint load read after it keeps the start-up open (the long one)."""
+    from exporters.logmetrics.parser import LogState
+
+    first = [
+        "> building model: hidden=16384 dim=4096 micro-batch=8192 mode=healthy_ckpt",
+        "> initialized distributed with backend nccl, world size 1, rank 0",
+    ]
+    logs = LogState()
+    logs.feed_job("5", first, 1000.0)
+    js = logs.jobs["5"]
+    f = _one_gpu(1, start=1030.0)
+    _never(f, since_pause=1030.0 - js.last_pause, stall=1030.0 - max(js.last_progress.values()))
+    assert Physics().score(f)[0] == pytest.approx(3.0)
+    logs.feed_job("5", [" loading checkpoint from /nas/megatron_gpt/ at iteration 100"], 1005.0)
+    _never(f, since_pause=1030.0 - js.last_pause, stall=1030.0 - max(js.last_progress.values()))
+    assert Physics().score(f)[0] == pytest.approx(25.0 / 600.0)
 
 
 def test_a_pause_after_iterating_keeps_the_long_allowance() -> None:

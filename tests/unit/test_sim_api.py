@@ -210,6 +210,9 @@ def test_register_real_slurm_job_marks_gpus():
     assert text.count('hpc_job="77"') == 2 * len(FIELDS)
     assert api.post("/api/v1/scheduler/nodes/node3/drain").status_code == 409
     log = api.get("/api/v1/jobs/77/log").json()
+    assert not any("NCCL INFO" in ln for ln in log["lines"])  # processes still starting
+    sim.step(15)  # the start-up lines come just before the first iteration (init_s 20 s)
+    log = api.get("/api/v1/jobs/77/log").json()
     assert any("NCCL INFO" in ln for ln in log["lines"])
     assert (
         api.post(

@@ -1,0 +1,72 @@
+"""The simulated job's start-up follows the measured one (failures.md, the real H200 trace):
+the launcher's lines at once, the start-up lines just before the first step (0.3-0.5 s on the
+H200), and, when it resumes from a checkpoint it loads, `loading checkpoint` between them with
+the GPUs idle and memory held. Fails on the code before: every start-up line, `training ...`
+included, came at submission, and there was no checkpoint load."""
+
+from __future__ import annotations
+
+import re
+
+from exporters.logmetrics.parser import LogState
+from exporters.sim import parse_scenario
+from exporters.sim.logs import LogSink
+from exporters.sim.runner import Simulation
+
+STEP = re.compile(r"\] iteration +(\d+)/")  # a Megatron progress line
+JOB = {
+    "name": "resume",
+    "nodes": 1,
+    "gpus_per_node": 1,
+    "step_time_s": 1.0,
+    "warmup_s": 0,
+    "log_interval": 1,
+}
+
+
+def _sim(**job: float) -> tuple[Simulation, LogSink]:
+    sc = parse_scenario({"name": "t", "duration_s": 600, "nodes": 1, "jobs": [JOB | job]})
+    sink = LogSink()
+    return Simulation(sc, sink=sink), sink
+
+
+def _gpu(sim: Simulation) -> dict[str, float]:
+    from exporters.sim.gpu import INDEX
+
+    g = sim.cluster.nodes["node1"].gpus[0]
+    return {k: g.values[INDEX[k]] for k in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")}
+
+
+def test_start_up_lines_come_just_before_the_first_step() -> None:
+    sim, sink = _sim(init_s=12.0)
+    sim.step(5.0)
+    (log,) = sink.jobs.values()
+    assert log[0].startswith("+ srun") and not any("NCCL INFO" in x for x in log)
+    sim.step(5.0)
+    assert not any(x == "training ..." for x in log)  # 10 s: still importing, no line
+    sim.step(1.75)  # 11.75 s: past the start-up lines (11.5 s), before the first step
+    assert "training ..." in log and not any(STEP.search(x) for x in log)
+    sim.step(1.0)
+    assert any(STEP.search(x) for x in log)
+
+
+def test_a_checkpoint_load_before_the_first_step_is_logged_and_idle() -> None:
+    sim, sink = _sim(init_s=12.0, load_s=60.0, resume_iter=2000)
+    logs = LogState()
+    for _ in range(8):  # 40 s: the load began at 11.5 s
+        sim.step(5.0)
+    (job_id,) = sink.jobs
+    log = sink.jobs[job_id]
+    assert " loading checkpoint from /checkpoints/resume at iteration 2000" in log
+    assert "training ..." not in log
+    g = _gpu(sim)
+    assert g["DCGM_FI_DEV_GPU_UTIL"] == 0 and g["DCGM_FI_DEV_FB_USED"] >= 2048  # idle, held
+    logs.feed_job(job_id, log, sim.cluster.now)
+    js = logs.jobs[job_id]
+    assert js.last_pause is not None and not js.last_progress  # start-up work open
+    while not any(STEP.search(x) for x in log):
+        sim.step(1.0)
+    assert 72.0 <= sim.cluster.now - sim.cluster.start <= 74.0  # init 12 s + load 60 s
+    i = log.index("training ...")
+    first = next(int(m.group(1)) for x in log[i:] if (m := STEP.search(x)))
+    assert first == 2001  # resumed where it saved
