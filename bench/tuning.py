@@ -136,7 +136,7 @@ DIRECTIONS = ("down", "up", "same")
 
 
 def check_prediction(doc: Any) -> dict[str, Any]:
-    """`doc` if it has the shape `detector.tuning.predict` writes, else a clear ValueError."""
+    """`doc` if it has the shape `detector.tuning_sweep.predict` writes, else a clear ValueError."""
     if not isinstance(doc, dict) or not isinstance(doc.get("by_kind"), dict):
         raise ValueError("not a tuning prediction (no by_kind object)")
     for kind, row in doc["by_kind"].items():

@@ -235,6 +235,31 @@ def archive_logs(log_dir: Path, archive: Path) -> None:
         (log_dir / sub).mkdir(parents=True, exist_ok=True)
 
 
+def forget_faults(prometheus_url: str, log_dir: Path) -> None:
+    """Leave no fault behind for later work on the stack: drop the simulated GPUs' series from
+    Prometheus (admin API) and move the job and kernel logs aside."""
+    requests.post(
+        f"{prometheus_url}/api/v1/admin/tsdb/delete_series",
+        params={"match[]": '{job="dcgm"}'},
+        timeout=10,
+    ).raise_for_status()
+    archive_logs(log_dir, log_dir.parent / "archive")
+
+
+def stop(env: dict[str, str], say: Callable[[str], None]) -> None:
+    """Undo the demo and leave the stack running: stop its services (first, so nothing acts
+    any more), cancel its jobs, return the nodes it drained, lift its Prolog holds and forget
+    its faults."""
+    stop_services()
+    if not env:  # the stack never ran: nothing in Slurm or Prometheus to undo
+        return
+    slurm = Slurm(env)
+    slurm.cancel_demo_jobs()
+    for node in slurm.resume_drained():
+        say(f"returned {node} to service")
+    forget_faults(env["GOODPUT_PROMETHEUS_URL"], Path(env["GOODPUT_LOG_DIR"]))
+
+
 def job_script(state: Path) -> Path:
     """The sbatch body: a simulated training job that registers with the simulator."""
     path = state / "demo" / "sim-job.sh"

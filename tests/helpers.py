@@ -44,16 +44,10 @@ def scontrol_show(entity: str, name: str) -> dict[str, str]:
 
 
 def forget_faults(prometheus_url: str, log_dir: str) -> None:
-    """Leave no fault behind for later tests: drop the simulated GPUs' series from Prometheus
-    (admin API) and move the kernel and job logs aside."""
-    requests.post(
-        f"{prometheus_url}/api/v1/admin/tsdb/delete_series",
-        params={"match[]": '{job="dcgm"}'},
-        timeout=10,
-    ).raise_for_status()
+    """Leave no fault behind for later tests (the demo's own clean-up: series and logs)."""
     from goodput import demo
 
-    demo.archive_logs(Path(log_dir), Path(log_dir).parent / "archive")
+    demo.forget_faults(prometheus_url, Path(log_dir))
 
 
 def terminate(proc: subprocess.Popen) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from dashboards import grafana
 
-app = typer.Typer(help="Grafana dashboards as code (dashboards/build.py).")
+app = typer.Typer(help="Grafana dashboards as code (dashboards/: one module a dashboard).")
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "dashboards" / "generated"

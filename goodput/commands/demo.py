@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 
+import requests
 import typer
 from rich.console import Console
 from rich.panel import Panel
@@ -90,23 +91,24 @@ def demo(ctx: typer.Context) -> None:
         "Explore: Recovery Console http://127.0.0.1:19430/console (log in with the token in "
         f"{stack.stack_env().get('GOODPUT_RECEIVER_TOKEN_FILE')}), Prometheus "
         "http://127.0.0.1:19090/alerts, Alertmanager http://127.0.0.1:19093, `goodput stack "
-        "status`, `goodput actions list`, `goodput audit verify`. Stop: `make demo-stop`."
+        "status`, `goodput actions list`, `goodput audit verify`. Stop: `make demo-stop`; "
+        "`goodput demo stop --keep-stack` leaves the stack running."
     )
     if handled < len(loop.FAULTS):
         raise typer.Exit(1)
 
 
 @app.command("stop")
-def stop() -> None:
-    """Stop the demo's jobs and services, and the local stack."""
-    env = stack.stack_env()
-    if env:
-        slurm = loop.Slurm(env)
-        slurm.cancel_demo_jobs()
-        try:  # nothing of the demo's stays behind: its drains and Prolog holds
-            for node in slurm.resume_drained():
-                console.print(f"returned {node} to service")
-        except (OSError, subprocess.SubprocessError) as exc:
-            console.print(f"[yellow]nodes not returned to service: {exc}[/]")
-    loop.stop_services()
-    raise typer.Exit(stack.run_stack("stop"))
+def stop(
+    keep_stack: bool = typer.Option(
+        False, "--keep-stack", help="leave the local stack running (e.g. shared with other work)"
+    ),
+) -> None:
+    """Stop the demo (services, jobs, drains, Prolog holds, fault series), then the local stack."""
+    try:
+        loop.stop(stack.stack_env(), console.print)
+    except (OSError, subprocess.SubprocessError, requests.RequestException) as exc:
+        console.print(f"[yellow]the demo was not wholly undone: {exc}[/]")
+        if keep_stack:
+            raise typer.Exit(1) from None
+    raise typer.Exit(0 if keep_stack else stack.run_stack("stop"))

@@ -4,7 +4,7 @@
     Epilog=/usr/local/bin/goodput-epilog
     SchedulerParameters=nohold_on_prolog_fail,...  # else a refused job is requeued held
 
-`goodput slurm ...` takes a fast path in `goodput.cli.main` (only this module is imported), so a
+`goodput slurm ...` takes a fast path in `goodput.entry.main` (only this module is imported), so a
 job start pays for one Python start-up, not for the whole command (`goodput/entry.py`).
 """
 

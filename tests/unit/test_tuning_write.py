@@ -1,4 +1,4 @@
-"""detector.tuning.write_thresholds: edits the one source of alert conditions, nothing else."""
+"""detector.tuning_write.write_thresholds: edits the one source of alert conditions only."""
 
 from __future__ import annotations
 
