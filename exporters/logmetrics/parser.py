@@ -3,7 +3,10 @@
 `LogState.feed_job(job_id, lines, now)` and `LogState.feed_kernel(node, lines, now)` update
 plain dicts that the exporter's collector reads at scrape time. `now` is the time the lines are
 attributed to: the exporter passes min(wall clock, file mtime) so that a backlog read at start
-does not look like fresh progress.
+does not look like fresh progress. One read's lines share that time, so a pause line read after
+the job's latest progress (a step, a start-up milestone) is dated `ORDER_S` after it: the
+detector tells a milestone that ends the start-up (progress and pause at the same time) from
+start-up work logged after it (a checkpoint load) by that order alone.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from catalogue import Catalogue, default, names
 JOB_ID = names.JOB_ID
 NODE = names.NODE
 PROGRESS_PATTERNS = ("megatron_progress", "generic_progress")
+ORDER_S = 0.001  # the recordings' time resolution (detector/export.py writes milliseconds)
 
 
 @dataclass
@@ -62,8 +66,9 @@ class LogState:
                     # last-progress time must not read as a hang while it initialises
                     job.last_progress = {"": now}
                     job.last_pause = now  # ... and its start-up is a pause until it iterates
-                if m.symptom == "pause":
-                    job.last_pause = now
+                if m.symptom == "pause":  # later in the log than any progress read before it
+                    latest = max(job.last_progress.values(), default=-math.inf)
+                    job.last_pause = latest + ORDER_S if latest >= now else now
                 node = g.get("node", "")
                 if not isinstance(node, str) or not NODE.match(node):
                     node = ""

@@ -189,6 +189,31 @@ def test_a_real_start_up_log_reads_as_its_measured_milestone() -> None:
     assert Physics().score(f)[0] == pytest.approx(25.0 / 600.0)
 
 
+def test_start_up_work_read_with_the_milestone_before_it_keeps_the_long_allowance() -> None:
+    """A milestone and a checkpoint load after it in one read (a poll that caught both, or a
+    backlog read at start) share the read's time; the load must still open the start-up work.
+    Failed before: the two dated alike read as 'milestone last', so 30 s into the load scored
+    3.0 (H200 10 s) and a healthy resume was a never-started hang."""
+    from exporters.logmetrics.parser import LogState
+
+    logs = LogState()
+    logs.feed_job(
+        "5",
+        [
+            "> initialized distributed with backend nccl, world size 1, rank 0",
+            " loading checkpoint from /nas/megatron_gpt/ at iteration 100",
+        ],
+        1000.0,
+    )
+    js = logs.jobs["5"]
+    f = _one_gpu(1, start=1030.0)
+    _never(f, since_pause=1030.0 - js.last_pause, stall=1030.0 - max(js.last_progress.values()))
+    assert Physics().score(f)[0] == pytest.approx(30.0 / 600.0, rel=1e-3)
+    logs.feed_job("5", ["training ..."], 1200.0)  # the load done: the milestone is the latest
+    _never(f, since_pause=1230.0 - js.last_pause, stall=1230.0 - max(js.last_progress.values()))
+    assert Physics().score(f)[0] == pytest.approx(3.0)
+
+
 def test_a_pause_after_iterating_keeps_the_long_allowance() -> None:
     f = _one_gpu(1)
     _never(f, since_pause=60.0, stall=61.0)  # a checkpoint save after the job iterated ...
