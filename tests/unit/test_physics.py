@@ -214,6 +214,23 @@ def test_start_up_work_read_with_the_milestone_before_it_keeps_the_long_allowanc
     assert Physics().score(f)[0] == pytest.approx(3.0)
 
 
+def test_a_save_read_with_a_progress_line_without_step_time_is_no_start_up() -> None:
+    """A progress line that reports no step time and the checkpoint save after it, in one read:
+    the save is a pause after progress, not a start-up milestone. Failed before (contracts.md
+    called it a known limit): 20 s into the save scored 2.0 (H200: 10 s)."""
+    from exporters.logmetrics.parser import LogState
+
+    logs = LogState()
+    logs.feed_job("5", ["training ..."], 900.0)
+    read = ["Epoch 1 | Step 120 | Loss: 2.3456", "saving checkpoint at iteration 120 to /x"]
+    logs.feed_job("5", read, 1000.0)
+    js = logs.jobs["5"]
+    assert js.iteration_seconds is None
+    f = _one_gpu(1, start=1020.0)
+    _never(f, since_pause=1020.0 - js.last_pause, stall=1020.0 - max(js.last_progress.values()))
+    assert Physics().score(f)[0] == pytest.approx(20.0 / 600.0, rel=1e-3)
+
+
 def test_a_pause_after_iterating_keeps_the_long_allowance() -> None:
     f = _one_gpu(1)
     _never(f, since_pause=60.0, stall=61.0)  # a checkpoint save after the job iterated ...
