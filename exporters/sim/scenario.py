@@ -39,7 +39,7 @@ class JobSpec(_Strict):
     step_time_s: float = Field(default=1.2, gt=0.01, le=600)
     init_s: float = Field(default=20.0, ge=0)
     load_s: float = Field(default=0.0, ge=0, le=3600)  # a checkpoint load before the first step
-    resume_iter: int = Field(default=0, ge=0)  # resume from a checkpoint at this iteration
+    resume_iter: int = Field(default=0, ge=0, le=10**9)  # resume from a checkpoint there
     warmup_s: float = Field(default=60.0, ge=0)
     checkpoint_every_s: float = Field(default=600.0, ge=0)
     checkpoint_s: float = Field(default=25.0, ge=0)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from exporters.logmetrics.parser import LogState
-from exporters.sim import parse_scenario
+from exporters.sim import ScenarioError, parse_scenario
 from exporters.sim.logs import LogSink
 from exporters.sim.runner import Simulation
 
@@ -70,3 +72,11 @@ def test_a_checkpoint_load_before_the_first_step_is_logged_and_idle() -> None:
     i = log.index("training ...")
     first = next(int(m.group(1)) for x in log[i:] if (m := STEP.search(x)))
     assert first == 2001  # resumed where it saved
+
+
+def test_a_resume_iteration_past_any_run_is_refused_at_load() -> None:
+    """Validated at the edge: before, 10**400 loaded and the simulator's first tick raised
+    OverflowError (int too large to convert to float)."""
+    with pytest.raises(ScenarioError, match="resume_iter"):
+        _sim(resume_iter=10**400, load_s=5.0)
+    _sim(resume_iter=10**9, load_s=5.0)[0].step(5.0)
