@@ -9,12 +9,16 @@ evaluates them. Two rules read the job's log-derived progress as well:
   stall / allowance, allowance = max(`idle_stall_floor_s`, `idle_stall_factor` x the job's p99
   progress gap outside pauses (fitted), or x its last iteration time before a fit);
 - `never_started`: a GPU idle with memory held before the job's first progress, or inside a
-  pause, scores the time since the pause began (or the job's age) / an allowance: short
-  (`startup_s`) before the job's first iteration when the log's latest start-up line is a
-  milestone (`training_start`: start-up done, it dates progress and pause alike); long
+  pause, of a job none of whose GPUs has been seen busy yet, scores the time since the pause
+  began (or the job's age) / an allowance: short (`startup_s` + `startup_per_doubling_s` x
+  log2(the job's GPUs): the first collective's communicator init idles every GPU and grows
+  with the world size) before the job's first iteration when the log's latest start-up line
+  is a milestone (`training_start`: start-up done, it dates progress and pause alike); long
   (`pause_allowance_s`) while start-up work is open (a `pause` line after the latest
   milestone, or before any: checkpoint load, model build, compilation), inside a pause after
-  iterating, or when the log says nothing.
+  iterating, or when the log says nothing. A job with no step time whose GPUs were once busy
+  has started, whatever its log says (a log whose progress lines the catalogue does not know
+  reads as "no first step"): no never_started for it.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -61,6 +65,17 @@ def _holds(x: np.ndarray, op: str, v: float) -> np.ndarray:
         return {">=": x >= v, "<=": x <= v, ">": x > v, "<": x < v}[op]
 
 
+def _job_size(frame: Frame) -> np.ndarray:
+    """Each row's count of its job's GPUs at the same instant (1 for rows without a job)."""
+    if not len(frame):
+        return np.ones(0)
+    if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): the cached codes
+        codes, _ = frame.job_codes
+    else:
+        codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
+    return np.maximum(np.bincount(codes)[codes], 1).astype(float)
+
+
 class Physics(_PerJob):
     """Per-GPU physics rules from `catalogue/priors.yaml` (see the module docstring)."""
 
@@ -72,6 +87,26 @@ class Physics(_PerJob):
     def __init__(self, path: str | None = None, min_gaps: int = 5) -> None:
         self.path = path
         self.min_gaps = min_gaps
+        self._busy_at: dict[str, float] = {}  # job -> the least job age it was seen busy at
+
+    def _started(self, frame: Frame, busy: np.ndarray) -> np.ndarray:
+        """Rows of jobs seen busy at or before the row's age (this frame or earlier ones)."""
+        age = frame.col(F.JOB_AGE)
+        seen = busy & (frame.job != "") & np.isfinite(age)
+        if seen.any():
+            first = pd.Series(age[seen]).groupby(frame.job[seen]).min()
+            for job, a in first.items():
+                self._busy_at[str(job)] = min(float(a), self._busy_at.get(str(job), np.inf))
+        if not self._busy_at:
+            return np.zeros(len(frame), dtype=bool)
+        at = pd.Series(frame.job).map(self._busy_at).to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            return at <= age
+
+    def drop_jobs(self, jobs: set[str]) -> None:
+        super().drop_jobs(jobs)
+        for job in jobs:
+            self._busy_at.pop(job, None)
 
     @property
     def priors(self) -> P.Priors:
@@ -108,6 +143,12 @@ class Physics(_PerJob):
         age = frame.col(F.JOB_AGE)
         util = frame.col(F.UTIL)
         fb = frame.col(FB)
+        size = _job_size(frame)
+        busy = np.zeros(len(frame), dtype=bool)
+        for model in pd.unique(models):
+            with np.errstate(invalid="ignore"):
+                busy |= (models == model) & (util > pri.params(str(model))["idle_util_max"])
+        started = self._started(frame, busy)
         idle_col, wait_col = len(ids) - 2, len(ids) - 1
         for model in pd.unique(models):
             rows = models == model
@@ -128,9 +169,10 @@ class Physics(_PerJob):
             allow = np.fmax(p["idle_stall_floor_s"], p["idle_stall_factor"] * base)
             idle = held & announced & np.isfinite(stall) & ~paused
             out[idle, idle_col] = stall[idle] / allow[idle]
-            waiting = held & (~np.isfinite(stall) | paused)
+            waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
             since = np.where(paused, since_pause, age)
-            allow = np.where(ready, p["startup_s"], p["pause_allowance_s"])
+            short = p["startup_s"] + p["startup_per_doubling_s"] * np.log2(size)
+            allow = np.where(ready, short, p["pause_allowance_s"])
             out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         return out, ids
 

@@ -147,7 +147,8 @@ def _never(f: Frame, since_pause: float, stall: float = np.nan) -> None:
 def test_never_started_is_short_after_a_milestone_and_long_while_start_up_works() -> None:
     """Before the first iteration: the log's latest start-up line a milestone (`training ...`
     dates progress and pause alike: stall == since_pause) -> the model's short allowance (H200
-    10 s: measured 0.3-0.5 s from it to the first iteration); start-up work open (a checkpoint
+    10 s: measured 0.3-0.5 s from it to the first iteration, + 20 s per doubling of the job's
+    GPUs for the first collective's communicator init); start-up work open (a checkpoint
     load after the milestone, or start-up lines with no milestone yet) -> the long one. Fails on
     the code before: one allowance (30 s + 15 s per doubling) whatever the log said, so a
     checkpoint load of over 30 s scored over 1.0 and a quiet job waited 30-75 s."""
@@ -157,8 +158,8 @@ def test_never_started_is_short_after_a_milestone_and_long_while_start_up_works(
     assert det.score(one)[0] == pytest.approx(2.0)
     f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=1, seed=3)
     eight = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
-    _never(eight, since_pause=20.0, stall=20.0)  # the job's size no longer stretches it
-    assert det.score(eight) == pytest.approx(np.full(8, 2.0))
+    _never(eight, since_pause=60.0, stall=60.0)  # NCCL init of 60 s (nccl#1646): 60 / 70
+    assert det.score(eight) == pytest.approx(np.full(8, 60.0 / 70.0))
     _never(one, since_pause=120.0, stall=130.0)  # 'loading checkpoint' 10 s after the milestone
     assert det.score(one)[0] == pytest.approx(120.0 / 600.0)
     _never(one, since_pause=120.0)  # start-up lines ('> building model'), no milestone yet
@@ -239,3 +240,37 @@ def test_a_pause_after_iterating_keeps_the_long_allowance() -> None:
     _never(f, since_pause=np.nan)  # no log at all: the job's age, the long allowance
     f.values[:, COL[F.JOB_AGE]] = 300.0
     assert Physics().score(f)[0] == pytest.approx(0.5)
+
+
+def test_a_job_once_busy_has_started_whatever_its_log_says() -> None:
+    """A log whose progress lines the catalogue does not know (no step time ever) after its
+    milestone, or a log that says nothing: once its GPUs were busy, an idle moment (a save, an
+    evaluation's data loading) is no never-started hang. Failed before: an hour in, a 20 s idle
+    scored 360 (the milestone an hour old / 10 s) and 6.0 with no log (age / 600 s). A job that
+    never got busy is still caught, and a pause after iterating keeps its long allowance."""
+    det = Physics()
+    f = _one_gpu(1)
+    f.values[:, COL[F.JOB_AGE]] = 30.0  # the job trains: busy at age 30 s
+    f.values[:, COL[F.ITER_SECONDS]] = np.nan
+    assert det.score(f)[0] == 0.0
+    for since_pause, stall in ((3600.0, 3600.0), (np.nan, np.nan)):
+        _never(f, since_pause=since_pause, stall=stall)
+        f.values[:, COL[F.JOB_AGE]] = 3600.0
+        assert det.score(f)[0] == 0.0
+    fresh = Physics()  # the same idle frame, never seen busy: a never-started hang
+    _never(f, since_pause=3600.0, stall=3600.0)
+    assert fresh.score(f)[0] == pytest.approx(360.0)
+    _never(f, since_pause=60.0, stall=61.0)  # a save after iterating: long allowance, busy or not
+    f.values[:, COL[F.ITER_SECONDS]] = 0.5
+    assert det.score(f)[0] == pytest.approx(60.0 / 600.0)
+
+
+def test_busy_later_in_one_frame_does_not_start_the_job_earlier() -> None:
+    """A whole recording scored at once: rows before the job's first busy sample are judged as
+    not started; rows after it as started."""
+    f = _one_gpu(3)
+    _never(f, since_pause=40.0, stall=40.0)
+    f.values[:, COL[F.JOB_AGE]] = [40.0, 50.0, 60.0]
+    f.values[1, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
+    s = Physics().score(f)
+    assert s[0] == pytest.approx(4.0) and s[2] == 0.0
