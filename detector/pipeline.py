@@ -27,9 +27,9 @@ from detector.detectors import (
     RobustCovariance,
 )
 from detector.frame import Frame
+from detector.level import Level
 from detector.physics import Physics
 from detector.thresholds import level as alert_level
-from detector.univariate import Level
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
 PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
@@ -61,7 +61,7 @@ class Config:
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
     phase_calm: float = 1.0  # ... a phase (eval, checkpoint), not a fault (see `_phase`)
     multivariate: bool = False  # RobustCovariance: off the per-cycle path unless asked for
-    level: bool = True  # Level: each job's adaptive, unit-free series baselines (univariate.py)
+    level: bool = True  # Level: each job's adaptive, unit-free series baselines (level.py)
 
 
 @dataclass
