@@ -314,6 +314,7 @@ class Service:
         self.registry = registry or CollectorRegistry()
         self.registry.register(self.scores)
         self.gpu_level = level("gpu")
+        self.renderer = exposition.Renderer()
         self.stop = threading.Event()
 
     def cycle(self, now: float | None = None) -> bool:
@@ -331,7 +332,7 @@ class Service:
             )
             self.engine.end_jobs(set(pd.unique(frame.job)) - {""})
             t2 = time.perf_counter()
-            text = exposition.render(res, self.gpu_level)
+            text = self.renderer.render(res, self.gpu_level)
         except (PromError, FrameError, ValueError, KeyError) as exc:
             log.warning("detector cycle failed: %s", exc)
             with self.scores.lock:
