@@ -93,7 +93,7 @@ def _fitted(svc: Service, now: float) -> None:
     for name, det in svc.engine.det.items():
         if name not in ("hardware", "multivariate"):
             det.fit(frame)
-    for info in svc.engine.jobs.values():
+    for info in svc.engine.base.jobs.values():
         info.first_seen, info.fitted_at = now - svc.engine.cfg.warmup_s - 1.0, now
 
 

@@ -112,23 +112,23 @@ class Renderer:
             cols.append([res.detectors[d] for d in drive[over].tolist()])
             fmt = gpu_fmt + ',detector="{}"'
             parts.append(self._lines(DRIVER, cols, fmt, combined[over], keep=False))
-        jobs = res.jobs
+        jobs = res.job_cols
         parts.append(
             self._lines(
                 JOB,
                 [jobs["job_id"].tolist(), jobs["detector"].tolist()],
                 'job_id="{}",detector="{}"',
-                jobs["score"].to_numpy(dtype=float),
+                jobs["score"],
             )
         )
         parts.append(self._node_detectors(res, on, res.gpu[on]))
-        nodes = res.nodes
+        nodes = res.node_cols
         parts.append(
             self._lines(
                 SUSPECT,
                 [nodes["job_id"].tolist(), nodes["node"].tolist()],
                 'job_id="{}",node="{}"',
-                nodes["score"].to_numpy(dtype=float),
+                nodes["score"],
             )
         )
         return b"".join(parts)

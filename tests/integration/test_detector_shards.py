@@ -155,7 +155,7 @@ def test_replicas_score_disjoint_jobs_whose_union_is_all(prom, tmp_path):
         per_job = {j: int((frame.job == j).sum()) for j in set(frame.job) - {""}}
         assert set(per_job.values()) == {16}  # each of its jobs with all its GPUs
         assert (frame.job == "").sum() == 32  # and the GPUs without a job
-        seen.append(set(svc.engine.jobs))
+        seen.append(set(svc.engine.base.jobs))
         text = svc.exposition().decode()
         assert f'goodput_detector_shard_info{{shard="{k}",shards="{SHARDS}"}} 1.0' in text
     for a in range(SHARDS):
@@ -164,7 +164,7 @@ def test_replicas_score_disjoint_jobs_whose_union_is_all(prom, tmp_path):
     assert set().union(*seen) == jobs
     whole = Service(ServiceConfig(prometheus_url=url), store=BaselineStore(tmp_path))
     assert whole.cycle()
-    assert set(whole.engine.jobs) == jobs
+    assert set(whole.engine.base.jobs) == jobs
 
 
 def test_prometheus_answers_every_field_in_one_series_order(prom):

@@ -148,7 +148,7 @@ def test_level_baseline_is_stored_by_job_name(tmp_path) -> None:
     for _ in range(80):
         t += 5.0
         eng.step(_frame(t, 690.0), t, {"42": "train-llm"})
-    eng.fit_job("42", t)
+    eng.base.fit_job("42", t)
     eng.end_jobs(set())
     again = Engine(Config(), BaselineStore(tmp_path))
     res = again.step(_frame(t + 100, 550.0), t + 100, {"42": "train-llm"})
