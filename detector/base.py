@@ -19,9 +19,12 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import norm
 
+from detector import fields as F
 from detector.frame import Frame
 
 FORMAT = "goodput-detector/1"
+FLOORS = np.array([f.floor for f in F.GAUGES])  # each gauge's scale floor (its own unit)
+MAD_TO_SIGMA = 1.4826
 
 
 @lru_cache(maxsize=256)
@@ -65,6 +68,35 @@ def group_median(values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndar
                 warnings.simplefilter("ignore", RuntimeWarning)
                 out[np.ix_(g, part)] = np.nanmedian(block[:, :, part], axis=1)
     return out
+
+
+def robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column median and MAD-sigma, NaN-aware (all-NaN columns give NaN)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(x, axis=0)
+        mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_SIGMA
+    return med, mad
+
+
+def rowmax(z: np.ndarray) -> np.ndarray:
+    """Row max ignoring NaN (0 where all NaN): the scoring path, no argmax."""
+    if not z.shape[1]:
+        return np.zeros(len(z))
+    return np.nan_to_num(np.fmax.reduce(z, axis=1), nan=0.0)
+
+
+def nanmax_rows(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row max ignoring NaN (0 where all NaN) and the column of the max."""
+    filled = np.where(np.isnan(z), -np.inf, z)
+    arg = filled.argmax(axis=1)
+    top = filled[np.arange(len(z)), arg]
+    return np.where(np.isfinite(top), top, 0.0), arg
+
+
+def multi_instant(frame: Frame) -> bool:
+    """Whether the frame holds more than one instant (a recording, not a cycle)."""
+    return len(frame) > 0 and frame.time[0] != frame.time[-1]
 
 
 def job_codes(frame: Frame, jobs: list[str] | dict[str, int]) -> np.ndarray:

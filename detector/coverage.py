@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from detector import fields as F
-from detector.detectors import PeerComparison, Progress
 from detector.frame import Frame
+from detector.peer import PeerComparison
 from detector.pipeline import Engine, Result
+from detector.progress import Progress
 
 HARDWARE_FIELDS = (F.XID_FIELD, *F.COUNTERS)
 BASELINE = ("deviation", "shift", "multivariate")

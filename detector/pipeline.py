@@ -18,24 +18,28 @@ import pandas as pd
 from detector import fields as F
 from detector.base import Detector
 from detector.baselines import BaselineStore
-from detector.detectors import (
-    ALL,
-    BaselineDeviation,
-    HardwareEvents,
-    NodeShift,
-    PeerComparison,
-    Progress,
-    RobustCovariance,
-)
+from detector.covariance import RobustCovariance
+from detector.deviation import BaselineDeviation, NodeShift
 from detector.frame import Frame
+from detector.hardware import HardwareEvents
 from detector.learning import ONLINE, Baselines
 from detector.level import Level
+from detector.peer import PeerComparison
 from detector.physics import Physics
+from detector.progress import Progress
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
 PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
 GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
+ALL: tuple[type[Detector], ...] = (  # the learned and the evidence detectors
+    BaselineDeviation,
+    NodeShift,
+    PeerComparison,
+    Progress,
+    HardwareEvents,
+    RobustCovariance,
+)
 KNOWN: tuple[type[Detector], ...] = (
     *ALL,
     Physics,

@@ -33,9 +33,7 @@ import warnings
 
 import numpy as np
 
-from detector.base import z_crit
-
-MAD_TO_SIGMA = 1.4826
+from detector.base import MAD_TO_SIGMA, z_crit
 
 
 def _median(x: np.ndarray) -> np.ndarray:
