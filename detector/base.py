@@ -20,7 +20,7 @@ import numpy as np
 from scipy.stats import norm
 
 from detector import fields as F
-from detector.frame import Frame
+from detector.frame import Frame, Groups, by_size
 
 FORMAT = "goodput-detector/1"
 FLOORS = np.array([f.floor for f in F.GAUGES])  # each gauge's scale floor (its own unit)
@@ -35,27 +35,13 @@ def z_crit(p: float, k: int = 1) -> float:
     return float(norm.isf(p / (2 * max(k, 1))))
 
 
-def by_size(codes: np.ndarray, ngroups: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Rows grouped by code, bucketed by group size: [(group ids (g,), row index (g, s))].
-
-    Lets per-group work run as a few batched numpy calls (one per distinct size) instead of a
-    loop over groups. Codes < 0 are left out.
-    """
-    ok = np.flatnonzero(codes >= 0)
-    order = ok[np.argsort(codes[ok], kind="stable")]
-    size = np.bincount(codes[ok], minlength=ngroups)
-    start = np.concatenate([[0], np.cumsum(size)[:-1]])
-    out = []
-    for s in np.unique(size[size > 0]):
-        g = np.flatnonzero(size == s)
-        out.append((g, order[start[g][:, None] + np.arange(s)]))
-    return out
-
-
-def group_median(values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndarray:
-    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware."""
+def group_median(
+    values: np.ndarray, codes: np.ndarray, ngroups: int, groups: Groups | None = None
+) -> np.ndarray:
+    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware
+    (`groups`: `by_size` of the codes when the caller has it, e.g. `Frame.job_groups`)."""
     out = np.full((ngroups, values.shape[1]), np.nan)
-    for g, rows in by_size(codes, ngroups):
+    for g, rows in by_size(codes, ngroups) if groups is None else groups:
         block = values[rows]  # (g, s, m)
         nan = np.isnan(block)
         clean = ~nan.any(axis=(0, 1))

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from detector import fields as F
-from detector.base import FLOORS, by_size, robust
-from detector.frame import Frame
+from detector.base import FLOORS, robust
+from detector.frame import Frame, by_size
 from detector.perjob import PerJob
 
 

@@ -11,7 +11,6 @@ import pandas as pd
 from detector import fields as F
 from detector.base import (
     FLOORS,
-    by_size,
     group_median,
     multi_instant,
     nanmax_rows,
@@ -19,7 +18,7 @@ from detector.base import (
     rowmax,
     z_crit,
 )
-from detector.frame import Frame
+from detector.frame import Frame, by_size
 from detector.perjob import PerJob
 
 

@@ -49,10 +49,17 @@ class HardwareEvents(Detector):
 
     def _keys(self, frame: Frame, add: bool) -> np.ndarray:
         codes, uniques = frame.node_codes
+        names = uniques.tolist()
         if add:
-            for u in uniques:
+            for u in names:
                 self.nodes_.setdefault(str(u), len(self.nodes_))
-        ids = np.array([self.nodes_.get(str(u), -1) for u in uniques] + [-1], dtype=np.int64)
+        last = getattr(self, "_last", None)  # the nodes' ids, kept while the nodes are the same
+        if last is not None and last[0] == names and last[1] == len(self.nodes_):
+            ids = last[2]
+        else:
+            get = self.nodes_.get
+            ids = np.array([get(str(u), -1) for u in names] + [-1], dtype=np.int64)
+            self._last = (names, len(self.nodes_), ids)
         node = ids[codes] if len(codes) else np.zeros(0, dtype=np.int64)
         return np.where(node >= 0, node * 1024 + frame.gpu, -1)
 

@@ -95,18 +95,19 @@ class Level(Detector):
         steps), as `progress` does. `learn` records the pauses' lengths."""
         from detector.physics import _open  # the one definition of an open pause
 
+        groups = None
         if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
-            codes, jobs = frame.job_codes
+            (codes, jobs), groups = frame.job_codes, frame.job_groups
             times = np.full(len(jobs), frame.time[0])
         else:  # groups in time order (frames are sorted by time)
             codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
             jobs = uniq.get_level_values(0).to_numpy(dtype=object)
             times = uniq.get_level_values(1).to_numpy(dtype=float)
         n = len(jobs)
-        med = group_median(frame.cols(SERIES), codes, n)
+        both = group_median(frame.cols((*SERIES, F.SINCE_PAUSE)), codes, n, groups)
+        med, sp = both[:, :K], both[:, K]
         since = frame.col(F.SINCE_PAUSE)
         is_open = np.bincount(codes, _open(frame.col(F.STALL_SECONDS), since), n) > 0
-        sp = group_median(since[:, None], codes, n)[:, 0]
         pause = np.array([self.pause_.get(j, np.nan) for j in jobs.tolist()])
         seen = is_open & np.isfinite(sp)
         if learn and seen.any():  # each group knows the pauses up to and including its own

@@ -53,15 +53,18 @@ class PeerComparison(Detector):
         z = np.full(x.shape, np.nan)
         if not len(frame):
             return z
+        groups = None
         if multi_instant(frame):
             codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
         else:
-            codes, uniques = frame.job_codes
+            (codes, uniques), groups = frame.job_codes, frame.job_groups
         n = len(uniques)
         size = np.bincount(codes, minlength=n)
-        med = group_median(x, codes, n)[codes]
+        med = group_median(x, codes, n, groups)[codes]
         scale = np.fmax(FLOORS, self.rel_floor * np.abs(med))
         ok = (size[codes] >= self.min_peers) & (frame.job != "")
+        if ok.all():
+            return np.abs(x - med) / scale
         z[ok] = np.abs(x[ok] - med[ok]) / scale[ok]
         return z
 

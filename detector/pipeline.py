@@ -153,6 +153,7 @@ class Engine:
         self.slot_job = np.zeros(0, dtype=np.int32)  # job code of its last row (0 = none)
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
+        self._index: pd.Index | None = None  # slot_key's hash index
 
     # --- scoring ------------------------------------------------------------------------------
     def step(self, frame: Frame, now: float, names: dict[str, str] | None = None) -> Result:
@@ -192,12 +193,15 @@ class Engine:
                 self._node_names.append(str(u))
         ids = np.array([self._node_ids[u] for u in nuniq] + [0], dtype=np.int64)
         key = ids[ncodes] * 1024 + frame.gpu if len(frame) else np.zeros(0, dtype=np.int64)
-        idx = pd.Index(self.slot_key).get_indexer(key)
+        if self._index is None:  # kept while no slot is added or dropped
+            self._index = pd.Index(self.slot_key)
+        idx = self._index.get_indexer(key)
         new = np.flatnonzero(idx < 0)
         if len(new):
             start = len(self.slot_key)
             idx[new] = start + np.arange(len(new))
             self.slot_key = np.concatenate([self.slot_key, key[new]])
+            self._index = None
             self.slot_job = np.concatenate([self.slot_job, np.zeros(len(new), np.int32)])
             self.slot_seen = np.concatenate([self.slot_seen, np.full(len(new), np.nan)])
             self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(len(new), np.nan)])
@@ -243,20 +247,18 @@ class Engine:
             return
         n = len(self.base.ids)
         on = job > 0
-        count = np.maximum(np.bincount(job[on], minlength=n), 1).astype(float)
-        share = (
-            np.column_stack(
-                [np.bincount(job[on], weights=gpu[on, c] >= 1.0, minlength=n) for c in cols]
-            )
-            / count[:, None]
-        )
+        jo, g = job[on], gpu[on]
+        count = np.maximum(np.bincount(jo, minlength=n), 1).astype(float)
+        over = (g[:, cols] >= 1.0).astype(float)
+        share = np.column_stack([np.bincount(jo, over[:, i], n) for i in range(len(cols))])
+        share = share / count[:, None]
         seen = np.isfinite(frame.col(F.ITER_SECONDS)) | np.isfinite(frame.col(F.STALL_SECONDS))
-        has = np.bincount(job[on], weights=seen[on], minlength=n) > 0
-        prog = _group_max(gpu[on][:, [self.names.index("progress")]], job[on], n)[:, 0]
+        has = np.bincount(jo, weights=seen[on], minlength=n) > 0
+        prog = _group_max(g[:, [self.names.index("progress")]], jo, n)[:, 0]
         calm = has & (prog < self.cfg.phase_calm)
         dev = self.det.get("deviation")
         if isinstance(dev, BaselineDeviation):
-            spin = np.bincount(job[on], weights=dev.spinning(frame)[on], minlength=n)
+            spin = np.bincount(jo, weights=dev.spinning(frame)[on], minlength=n)
             calm &= spin / count < 0.5
         phase = (share >= self.cfg.phase_share) & calm[:, None]
         capped = phase[job] & on[:, None]
@@ -357,6 +359,7 @@ class Engine:
         keep[idx] = False
         for a in ("slot_key", "slot_job", "slot_seen", "slot_job_seen"):
             setattr(self, a, getattr(self, a)[keep])
+        self._index = None
         self.ring = self.ring[:, keep]
 
     def end_jobs(self, running: set[str]) -> None:
