@@ -94,6 +94,15 @@ class Frame:
     def cols(self, names: Sequence[str]) -> np.ndarray:
         return self.values[:, [self.fields.index(n) for n in names]]
 
+    def with_values(self, time: np.ndarray, values: np.ndarray) -> Frame:
+        """The same rows with other times and values (`values` follows this frame's rows);
+        the label codes and groups computed on this frame are shared, not computed again."""
+        out = Frame(time, self.job, self.node, self.gpu, values, self.fields, self.model)
+        for k in ("job_codes", "node_codes", "job_groups"):
+            if k in self.__dict__:
+                out.__dict__[k] = self.__dict__[k]
+        return out
+
     def take(self, idx: np.ndarray) -> Frame:
         return Frame(
             self.time[idx],

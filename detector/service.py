@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -110,7 +111,7 @@ def fetch(
     """Query Prometheus (fixed query count) and build this instant's frame + job names."""
     now = time.time() if now is None else now
     qs = queries(shard)
-    rows = _Rows()
+    rows = _Rows(_LAST_SPLIT[0][0] if _LAST_SPLIT[0] is not None else [])
     small = (NODE_INFO, *PER_JOB)  # asked first: their answers wait while the fields decode
     answers = client.raw_many([qs[n] for n in small] + [qs[n] for n in F.DCGM_FIELDS])
     info, *per_job_raw = [next(answers) for _ in small]
@@ -125,9 +126,8 @@ def fetch(
             names[j] = labels.get("job_name") or j
     per_job = {name: _per_job(r) for name, r in zip(PER_JOB, per_job_raw, strict=True)}
     values = rows.values()
-    node, gpu, job, model = _split(rows.keys, host_map, node_jobs)
-    ok = node != ""
-    jcodes, juniq = pd.factorize(job)
+    lab = _split(rows.keys, host_map, node_jobs)
+    jcodes, juniq = lab.jobs
 
     def by_job(name: str) -> np.ndarray:
         return np.array([per_job[name].get(j, np.nan) for j in juniq], dtype=float)[jcodes]
@@ -137,11 +137,8 @@ def fetch(
     values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(now - last, 0.0)
     with np.errstate(invalid="ignore"):  # seconds since the job's last pause (save, start-up)
         values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = np.where(pause <= now, now - pause, np.nan)
-    n = int(ok.sum())
-    frame = Frame.from_columns(
-        np.full(n, now), node[ok], gpu[ok].astype(float), job[ok], values[ok], model=model[ok]
-    )
-    return frame, names
+    rows_of, template = lab.frame
+    return template.with_values(np.full(len(template), now), values[rows_of]), names
 
 
 class _Rows:
@@ -149,13 +146,18 @@ class _Rows:
     the same series order, so a field whose keys equal the last one's reuses its codes (one
     list comparison); any other order is indexed."""
 
-    def __init__(self) -> None:
+    def __init__(self, last: list[Any]) -> None:
         self.keys: list[Any] = []
         self.index = pd.Index([], dtype=object)
         self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.last = last  # the last cycle's keys: a first answer in that order keeps them
         self._last: tuple[list[Any], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
 
     def add(self, col: int, keys: list[Any], vals: np.ndarray) -> None:
+        if not self.keys and self.last and keys == self.last:
+            self.keys = self.last
+            self.index = pd.Index(self.keys, dtype=object)
+            self._last = (keys, np.arange(len(keys)))
         if keys == self._last[0]:
             codes = self._last[1]
         else:
@@ -176,21 +178,49 @@ class _Rows:
         return out
 
 
+class _Split:
+    """The answers' rows split into labels (`_labels`), with what depends on them alone: the
+    jobs' codes and the frame's validated, sorted rows (`frame`)."""
+
+    def __init__(self, keys: list[Any], host_map: dict[str, str] | None, node_jobs) -> None:
+        self.node, self.gpu, self.job, self.model = _labels(
+            np.array(keys, dtype=object), host_map, node_jobs
+        )
+        for a in (self.node, self.gpu, self.job, self.model):
+            a.setflags(write=False)
+
+    @cached_property
+    def jobs(self) -> tuple[np.ndarray, np.ndarray]:
+        return pd.factorize(self.job)
+
+    @cached_property
+    def frame(self) -> tuple[np.ndarray, Frame]:
+        """(the answer rows the frame takes, in its order; the frame with no values yet)."""
+        ok = np.flatnonzero(self.node != "")
+        n = len(ok)
+        probe = Frame.from_columns(  # the row numbers ride along as values to learn the order
+            np.zeros(n), self.node[ok], self.gpu[ok].astype(float), self.job[ok],
+            ok[:, None].astype(float), model=self.model[ok],
+        )  # fmt: skip
+        rows = probe.values[:, 0].astype(np.int64)
+        template = probe.with_values(probe.time, np.zeros((n, len(F.ALL_FIELDS))))
+        template.job_codes, template.node_codes, template.job_groups  # noqa: B018 - shared
+        return rows, template
+
+
 _LAST_SPLIT: list[Any] = [None]  # (keys, host map, node jobs, split): the last `_split`
 
 
 def _split(
     keys: list[Any], host_map: dict[str, str] | None, node_jobs: dict[str, set[str]]
-) -> tuple[np.ndarray, ...]:
-    """`_labels` of the keys, reused while the keys, the host map and the job -> node join are
-    those of the last call (as from one cycle to the next in steady state: the split is a
-    tenth of a cycle at 10,000 GPUs). The arrays are read-only: every caller indexes copies."""
+) -> _Split:
+    """`_Split` of the keys, reused while the keys, the host map and the job -> node join are
+    those of the last call (as from one cycle to the next in steady state: the split and the
+    frame's sort were a fifth of a cycle at 10,000 GPUs). Its arrays are read-only."""
     last = _LAST_SPLIT[0]
     if last is not None and last[0] == keys and last[1] == host_map and last[2] == node_jobs:
         return last[3]
-    out = _labels(np.array(keys, dtype=object), host_map, node_jobs)
-    for a in out:
-        a.setflags(write=False)
+    out = _Split(keys, host_map, node_jobs)
     _LAST_SPLIT[0] = (keys, dict(host_map) if host_map else host_map, node_jobs, out)
     return out
 
