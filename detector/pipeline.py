@@ -215,18 +215,22 @@ class Engine:
         forgets the old scores. Direct evidence (hardware) and progress are not delayed."""
         if not len(idx):
             return raw
+        rows = idx
+        sel: np.ndarray | slice = idx
+        if len(idx) == len(self.slot_key) and (idx == np.arange(len(idx))).all():
+            sel = slice(None)  # every slot, in slot order (steady state): views, no gathers
         on = job > 0
-        changed = on & (self.slot_job[idx] != job)
-        self.ring[:, idx[changed]] = 0.0
-        self.ring[self.cycle % self.k, idx] = raw
-        self.slot_seen[idx] = now
-        self.slot_job_seen[idx[on]] = now
-        self.slot_job[idx[on]] = job[on]
-        left = ~on & (self.slot_job[idx] > 0) & (now - self.slot_job_seen[idx] > self.cfg.hold_s)
-        self.slot_job[idx[left]] = 0
-        out = self.ring[0, idx].astype(float)
+        changed = on & (self.slot_job[sel] != job)
+        self.ring[:, rows[changed]] = 0.0
+        self.ring[self.cycle % self.k, sel] = raw
+        self.slot_seen[sel] = now
+        self.slot_job_seen[rows[on]] = now
+        self.slot_job[rows[on]] = job[on]
+        left = ~on & (self.slot_job[sel] > 0) & (now - self.slot_job_seen[sel] > self.cfg.hold_s)
+        self.slot_job[rows[left]] = 0
+        out = self.ring[0, sel].astype(float)
         for c in range(1, self.k):
-            np.minimum(out, self.ring[c, idx], out=out)
+            np.minimum(out, self.ring[c, sel], out=out)
         for i, n in enumerate(self.names):
             if n in NO_PERSIST:
                 out[:, i] = raw[:, i]
