@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
 def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
     """Every size in turn (one service per shard); writes scale.json and scale.md to `out`."""
     work = Path(tempfile.mkdtemp(prefix="goodput-scale-"))
+    load = [round(x, 2) for x in os.getloadavg()]
     server = subprocess.Popen(
         [
             sys.executable,
@@ -216,6 +217,7 @@ def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
                     "per_shard": per,
                     "raw_answer_bytes": len(raw) or None,
                     "raw_answer_bare_orjson_parse_s": round(raw_parse, 4) if raw_parse else None,
+                    "load_1min": round(os.getloadavg()[0], 2),  # the machine's, at the row's end
                 }
             )
             print(json.dumps(rows[-1]["worst_shard"]), flush=True)
@@ -228,6 +230,8 @@ def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
             "cores_visible": os.cpu_count(),
             "python": platform.python_version(),
             "note": "2 cores shared with other agents' work; best of the steady cycles",
+            "load_before": load,  # load average over 1, 5, 15 minutes, at the start and end
+            "load_after": [round(x, 2) for x in os.getloadavg()],
         },
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "data": "generated Prometheus answers in dcgm-exporter's label shape (bench/scale.py)",
@@ -257,7 +261,7 @@ def markdown(doc: dict) -> str:
     head = (
         "| GPUs | shards | GPUs per shard | cycle s, wall min / median | cycle CPU s | fetch "
         "| score | render | bare orjson parse s | cycle / parse (wall; CPU) | engine / bare "
-        "numpy | answer MB | /metrics series |\n" + "|---" * 13 + "|\n"
+        "numpy | answer MB | /metrics series | load (1 min) |\n" + "|---" * 14 + "|\n"
     )
     body = ""
     for r in doc.get("rows", []):
@@ -268,7 +272,8 @@ def markdown(doc: dict) -> str:
             f"| {w['score_s_min']:.3f} | {w['render_s_min']:.3f} | "
             f"{w['bare_orjson_parse_s_min']:.3f} | {w['cycle_vs_bare_parse']} ; "
             f"{w['cycle_cpu_vs_bare_parse_cpu']} | {w['engine_vs_bare_numpy']} | "
-            f"{w['answer_bytes'] / 1e6:.1f} | {w['metrics_series']:,} |\n"
+            f"{w['answer_bytes'] / 1e6:.1f} | {w['metrics_series']:,} | "
+            f"{r.get('load_1min', '–')} |\n"
         )
     note = "".join(
         f"- {r['gpus']:,} GPUs: the raw `{{__name__=~...}}` answer with every dcgm label (what "
@@ -288,11 +293,21 @@ def markdown(doc: dict) -> str:
             + body
             + "\n"
             + note
-            + f"\nMachine: {doc['machine']}; measured {doc['measured']}.\n\n"
+            + f"\nMachine: {_machine(doc['machine'])}; measured {doc['measured']}.\n\n"
         )
     if doc.get("live"):
         text += _live_markdown(doc["live"])
     return text + "Rerun: `goodput bench scale` (in process) and `goodput bench scale --live`.\n"
+
+
+def _machine(m: dict) -> str:
+    text = f"{m['platform']}, {m['cores_visible']} cores, Python {m['python']}; {m['note']}"
+    if "load_before" in m:
+        text += (
+            f"; load average (1, 5, 15 min) {', '.join(map(str, m['load_before']))} at the "
+            f"start, {', '.join(map(str, m['load_after']))} at the end"
+        )
+    return text
 
 
 def _live_markdown(live: dict) -> str:
