@@ -10,12 +10,16 @@ absolute value, or its spread when that is ~0): no unit appears anywhere. Score 
 a fraction ~p of its samples, whatever its scale.
 
 Learning: calm samples (score below `learn_below`) fill a window of `window` samples; the first
-fit comes as soon as `min_fit` are in, then every `refit_every` samples. With a `period`, the
+fit comes as soon as `min_fit` are in (and again once `min_fit` are in after a fit on fewer, a
+relearn's), then every `refit_every` samples. With a `period`, the
 first two periods are learned whole (the cycle is not an anomaly) and the seasonal profile is
 fitted once they are in; until then the series is scored against its level only. A sustained shift
 (the median score of the last `relearn_after` samples at or above 1.0) that no incident confirmed
 (`confirmed=False` in `update`) becomes the new normal: the window restarts from the shifted
-samples. Samples inside a confirmed incident are never learned.
+samples (those of the last `relearn_after` scoring at or above 1.0, not the ones before the
+shift: a window mixing both levels fitted a scale several sigmas wide, under which a later
+shift half-scored and was half-learned, alerting for days). Samples inside a confirmed incident
+are never learned.
 
 >>> import numpy as np
 >>> noise = np.random.default_rng(0).standard_normal(400)
@@ -70,6 +74,8 @@ class Bank:
     rhead_: np.ndarray
     t_: np.ndarray
     since_: np.ndarray
+    fitn_: np.ndarray
+    prior_: np.ndarray
     level_: np.ndarray
     season_: np.ndarray
     scale_: np.ndarray
@@ -115,6 +121,8 @@ class Bank:
             "rhead_": ((), np.int64, 0),
             "t_": ((), np.int64, 0),  # samples seen
             "since_": ((), np.int64, 0),  # samples learned since the last fit
+            "fitn_": ((), np.int64, 0),  # samples the last fit saw
+            "prior_": ((), float, 0.0),  # the scale before a relearn, floor of the next fits
             "level_": ((), float, np.nan),  # NaN: not fitted
             "season_": ((ps,), float, 0.0),
             "scale_": ((), float, np.inf),
@@ -180,8 +188,13 @@ class Bank:
         shifted = self._relearn(r[~learn & (self.nrec_[r] == self.relearn_after)])
         rest = r[~np.isin(r, shifted)] if len(shifted) else r
         fit = self.fitted(rest)
-        due = (~fit & (self.nbuf_[rest] >= self.min_fit)) | (
-            fit & (self.since_[rest] >= self.refit_every)
+        enough = self.nbuf_[rest] >= self.min_fit  # a fit on fewer (a relearn) is redone then
+        due = (~fit & enough) | (
+            fit
+            & (
+                (self.since_[rest] >= self.refit_every)
+                | (enough & (self.fitn_[rest] < self.min_fit))
+            )
         )
         self._fit(rest[due])
         return s
@@ -205,11 +218,20 @@ class Bank:
         sc = self.score(np.repeat(cand, n), v.ravel(), k.ravel()).reshape(-1, n)
         hit = np.median(sc, axis=1) >= 1.0
         rows = cand[hit]
-        if len(rows):
+        if len(rows):  # the window restarts from the shifted samples alone (those at or over
+            # 1.0; the others were learned already): not a mix of the old level and the new
+            shifted = sc[hit] >= 1.0
+            first = np.argsort(~shifted, axis=1, kind="stable")  # in time order
+            m = shifted.sum(axis=1)
             self.buf_[rows] = np.nan
-            self.buf_[rows, :n], self.bph_[rows, :n] = v[hit], k[hit]
-            self.nbuf_[rows], self.bhead_[rows] = n, n % self.window
+            self.buf_[rows, :n] = np.take_along_axis(v[hit], first, axis=1)
+            self.bph_[rows, :n] = np.take_along_axis(k[hit], first, axis=1)
+            self.buf_[rows[:, None], np.arange(n)] = np.where(
+                np.arange(n) < m[:, None], self.buf_[rows, :n], np.nan
+            )
+            self.nbuf_[rows], self.bhead_[rows] = m, m % self.window
             self.relearned_[rows] += 1
+            self.prior_[rows] = self.scale_[rows]  # a shift moves the level, not the noise
             self._fit(rows)
         return rows
 
@@ -238,9 +260,14 @@ class Bank:
         floor = self.rel_floor * np.where(
             typical > 1e-12 * np.maximum(spread, 1e-300), typical, spread
         )
+        # until the window after a relearn holds `refit_every` samples, its scale (from a few
+        # dozen) is held at least at the scale before the shift: a small sample's MAD runs low
+        prior = np.where(n < self.refit_every, self.prior_[rows], 0.0)
+        self.prior_[rows] = prior
         self.level_[rows], self.season_[rows] = level, season
-        self.scale_[rows] = np.fmax(np.fmax(mad, floor), 1e-300)
+        self.scale_[rows] = np.fmax(np.fmax(np.fmax(mad, floor), prior), 1e-300)
         self.since_[rows] = 0
+        self.fitn_[rows] = n
 
     def _profile(self, row: int) -> np.ndarray:
         """The seasonal profile of one row's window (in time order): STL, by phase, smoothed."""
