@@ -101,8 +101,11 @@ class HardwareEvents(Detector):
         xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
         x = frame.cols(_COUNTERS)
         pos = self._lookup(self._keys(frame, add=False))
-        base = np.full(x.shape, np.nan)
-        base[pos >= 0] = self.base_[pos[pos >= 0]]
+        if len(pos) and (pos >= 0).all():  # every GPU has its baseline (steady state)
+            base = self.base_[pos]
+        else:
+            base = np.full(x.shape, np.nan)
+            base[pos >= 0] = self.base_[pos[pos >= 0]]
         severe_abs = np.where(_SEVERE, x, np.nan)
         inc = np.where(np.isnan(base), severe_abs, x - base)
         with np.errstate(all="ignore"):

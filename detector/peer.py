@@ -62,7 +62,7 @@ class PeerComparison(Detector):
         size = np.bincount(codes, minlength=n)
         med = group_median(x, codes, n, groups)[codes]
         scale = np.fmax(FLOORS, self.rel_floor * np.abs(med))
-        ok = (size[codes] >= self.min_peers) & (frame.job != "")
+        ok = ((size >= self.min_peers) & (np.asarray(uniques, dtype=object) != ""))[codes]
         if ok.all():
             return np.abs(x - med) / scale
         z[ok] = np.abs(x[ok] - med[ok]) / scale[ok]
