@@ -44,11 +44,17 @@ def group_median(
     for g, rows in by_size(codes, ngroups) if groups is None else groups:
         block = values[rows]  # (g, s, m)
         nan = np.isnan(block)
-        clean = ~nan.any(axis=(0, 1))
-        srt = np.sort(block[:, :, clean], axis=1)  # small groups: a sort beats partition
+        flat = nan.reshape(-1, nan.shape[2])  # (g * s, m): column flags in one fast pass
+        has, every = flat.any(axis=0), flat.all(axis=0)
+        clean = ~has
         size = block.shape[1]
-        out[np.ix_(g, clean)] = (srt[:, (size - 1) // 2] + srt[:, size // 2]) / 2
-        part = nan.any(axis=(0, 1)) & ~nan.all(axis=(0, 1))
+        if clean.all():  # small groups: a sort beats partition
+            srt = np.sort(block, axis=1)
+            out[g] = (srt[:, (size - 1) // 2] + srt[:, size // 2]) / 2
+        else:
+            srt = np.sort(block[:, :, clean], axis=1)
+            out[np.ix_(g, clean)] = (srt[:, (size - 1) // 2] + srt[:, size // 2]) / 2
+        part = has & ~every
         if part.any():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
