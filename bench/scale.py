@@ -36,7 +36,8 @@ import orjson
 from bench.scale_data import Cluster, answers, raw_answer, vector_answer
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import Service, ServiceConfig, Shard, fetch, no_gc
+from detector.ingest import Shard, fetch, no_gc
+from detector.service import Service, ServiceConfig
 
 PORT = 19395
 

@@ -22,7 +22,8 @@ import yaml
 
 from bench.scale_data import Cluster, dcgm_text, slurm_text
 from detector.baselines import BaselineStore
-from detector.service import Service, ServiceConfig, Shard, fetch
+from detector.ingest import Shard, fetch
+from detector.service import Service, ServiceConfig
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def test_replicas_score_disjoint_jobs_whose_union_is_all(prom, tmp_path):
 def test_prometheus_answers_every_field_in_one_series_order(prom):
     """The fetch's fast path (one list comparison per field instead of indexing) holds."""
     url, _ = prom
-    from detector.service import KEY, queries
+    from detector.ingest import KEY, queries
 
     qs = queries(Shard(0, SHARDS))
     orders = [

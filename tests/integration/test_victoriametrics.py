@@ -24,7 +24,8 @@ import requests
 from bench.scale_data import Cluster, dcgm_text
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import Service, ServiceConfig, Shard, fetch
+from detector.ingest import Shard, fetch
+from detector.service import Service, ServiceConfig
 from recovery.evidence import Context
 from recovery.evidence import prometheus as evidence
 from recovery.settings import Settings

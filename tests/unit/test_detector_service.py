@@ -12,7 +12,8 @@ from bench.scale_data import Cluster, answers
 from clients.prometheus import PromClient, PromError, decode
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import KEY, Service, ServiceConfig, Shard, fetch, queries
+from detector.ingest import KEY, Shard, fetch, queries
+from detector.service import Service, ServiceConfig
 from detector.thresholds import level
 
 
