@@ -184,8 +184,11 @@ class Baselines:
         ended = {j for j in self.jobs if j not in running}
         for job in ended:
             del self.jobs[job]
-        for det in self.det.values():
-            det.drop_jobs(ended)
+        if ended:
+            for det in self.det.values():
+                det.drop_jobs(ended)
+        if len(self.ids) <= 2 * len(self.jobs) + 1000:  # the live set holds at least the jobs
+            return None
         live = set(self.jobs) | {self.ids[c] for c in np.unique(in_use)}
         if len(self.ids) <= 2 * len(live) + 1000:
             return None
