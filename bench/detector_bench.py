@@ -47,7 +47,7 @@ def _engine(jobs: int, multivariate: bool) -> tuple[Engine, float, float]:
         assert state is not None
         for j in range(jobs):
             eng.det["multivariate"].set_job_state(str(100 + j), state)
-    for info in eng.jobs.values():
+    for info in eng.base.jobs.values():
         info.fitted_at = 0.0  # fitted: the timed cycles learn but do not refit
     return eng, fit_all, fit_mv_job
 

@@ -36,7 +36,8 @@ import orjson
 from bench.scale_data import Cluster, answers, raw_answer, vector_answer
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import Service, ServiceConfig, Shard, fetch, no_gc
+from detector.ingest import Shard, fetch, no_gc
+from detector.service import Service, ServiceConfig
 
 PORT = 19395
 
@@ -78,12 +79,12 @@ def _write(directory: Path, recorded: dict[str, bytes]) -> None:
         (directory / (hashlib.sha256(expr.encode()).hexdigest() + ".json")).write_bytes(body)
 
 
-def _best(fn, n: int) -> float:
+def _best(fn, n: int, clock=time.perf_counter) -> float:
     times = []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
@@ -93,7 +94,7 @@ def _fitted(svc: Service, now: float) -> None:
     for name, det in svc.engine.det.items():
         if name not in ("hardware", "multivariate"):
             det.fit(frame)
-    for info in svc.engine.jobs.values():
+    for info in svc.engine.base.jobs.values():
         info.first_seen, info.fitted_at = now - svc.engine.cfg.warmup_s - 1.0, now
 
 
@@ -130,11 +131,13 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
         assert svc.cycle(now=now + 5.0 * k), "a cycle failed"
         run = {"total": svc.scores.cycle_seconds, "cpu": time.process_time() - cpu}
         run.update(svc.scores.phases)
+        run["score_cpu"] = svc.scores.phases_cpu["score"]
         with no_gc():  # the limit: orjson alone, without the collector (as the service runs)
             cpu = time.process_time()
             run["parse"] = _best(parse_all, 1)
             run["parse_cpu"] = time.process_time() - cpu
         run["numpy"] = _best(bare_numpy, 5)
+        run["numpy_cpu"] = _best(bare_numpy, 5, time.thread_time)
         runs.append(run)
         if k == 0:
             _fitted(svc, now)
@@ -170,6 +173,7 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
         "cycle_vs_bare_parse": ratio("total", "parse"),
         "cycle_cpu_vs_bare_parse_cpu": ratio("cpu", "parse_cpu"),
         "engine_vs_bare_numpy": ratio("score", "numpy"),
+        "engine_cpu_vs_bare_numpy_cpu": ratio("score_cpu", "numpy_cpu"),
         "metrics_series": len(lines),
         "metrics_bytes": len(text),
     }
@@ -189,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
 def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
     """Every size in turn (one service per shard); writes scale.json and scale.md to `out`."""
     work = Path(tempfile.mkdtemp(prefix="goodput-scale-"))
+    load = [round(x, 2) for x in os.getloadavg()]
     server = subprocess.Popen(
         [
             sys.executable,
@@ -216,6 +221,7 @@ def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
                     "per_shard": per,
                     "raw_answer_bytes": len(raw) or None,
                     "raw_answer_bare_orjson_parse_s": round(raw_parse, 4) if raw_parse else None,
+                    "load_1min": round(os.getloadavg()[0], 2),  # the machine's, at the row's end
                 }
             )
             print(json.dumps(rows[-1]["worst_shard"]), flush=True)
@@ -228,6 +234,8 @@ def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
             "cores_visible": os.cpu_count(),
             "python": platform.python_version(),
             "note": "2 cores shared with other agents' work; best of the steady cycles",
+            "load_before": load,  # load average over 1, 5, 15 minutes, at the start and end
+            "load_after": [round(x, 2) for x in os.getloadavg()],
         },
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "data": "generated Prometheus answers in dcgm-exporter's label shape (bench/scale.py)",
@@ -257,7 +265,7 @@ def markdown(doc: dict) -> str:
     head = (
         "| GPUs | shards | GPUs per shard | cycle s, wall min / median | cycle CPU s | fetch "
         "| score | render | bare orjson parse s | cycle / parse (wall; CPU) | engine / bare "
-        "numpy | answer MB | /metrics series |\n" + "|---" * 13 + "|\n"
+        "numpy (wall; CPU) | answer MB | /metrics series | load (1 min) |\n" + "|---" * 14 + "|\n"
     )
     body = ""
     for r in doc.get("rows", []):
@@ -267,8 +275,10 @@ def markdown(doc: dict) -> str:
             f"{w['cycle_s_median']:.3f} | {w['cycle_cpu_s_median']:.3f} | {w['fetch_s_min']:.3f} "
             f"| {w['score_s_min']:.3f} | {w['render_s_min']:.3f} | "
             f"{w['bare_orjson_parse_s_min']:.3f} | {w['cycle_vs_bare_parse']} ; "
-            f"{w['cycle_cpu_vs_bare_parse_cpu']} | {w['engine_vs_bare_numpy']} | "
-            f"{w['answer_bytes'] / 1e6:.1f} | {w['metrics_series']:,} |\n"
+            f"{w['cycle_cpu_vs_bare_parse_cpu']} | {w['engine_vs_bare_numpy']} ; "
+            f"{w.get('engine_cpu_vs_bare_numpy_cpu', '–')} | "
+            f"{w['answer_bytes'] / 1e6:.1f} | {w['metrics_series']:,} | "
+            f"{r.get('load_1min', '–')} |\n"
         )
     note = "".join(
         f"- {r['gpus']:,} GPUs: the raw `{{__name__=~...}}` answer with every dcgm label (what "
@@ -283,16 +293,28 @@ def markdown(doc: dict) -> str:
             "## In process\n\n"
             f"{doc['data']}; answers served over HTTP by a separate process. Sharded rows "
             "show the slowest shard (by median wall cycle). Ratios are medians of per-cycle "
-            "ratios, each bare run taken right after its cycle (same load).\n\n"
+            "ratios, each bare run taken right after its cycle (same load); the CPU ratios "
+            "count this process' (cycle / parse) or the scoring thread's (engine / numpy) CPU "
+            "seconds, which other work on the machine inflates less than wall seconds.\n\n"
             + head
             + body
             + "\n"
             + note
-            + f"\nMachine: {doc['machine']}; measured {doc['measured']}.\n\n"
+            + f"\nMachine: {_machine(doc['machine'])}; measured {doc['measured']}.\n\n"
         )
     if doc.get("live"):
         text += _live_markdown(doc["live"])
     return text + "Rerun: `goodput bench scale` (in process) and `goodput bench scale --live`.\n"
+
+
+def _machine(m: dict) -> str:
+    text = f"{m['platform']}, {m['cores_visible']} cores, Python {m['python']}; {m['note']}"
+    if "load_before" in m:
+        text += (
+            f"; load average (1, 5, 15 min) {', '.join(map(str, m['load_before']))} at the "
+            f"start, {', '.join(map(str, m['load_after']))} at the end"
+        )
+    return text
 
 
 def _live_markdown(live: dict) -> str:

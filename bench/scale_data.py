@@ -2,7 +2,7 @@
 services produce: dcgm-exporter's label set (`gpu`, `UUID`, `pci_bus_id`, `device`,
 `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, `hpc_job`) and the 23 DCGM fields the engine
 reads with healthy H200-like values (`detector.synthetic.HEALTHY`); the answers Prometheus gives
-to the detector's queries (`detector.service.queries`), and the raw `{__name__=~...}` answer
+to the detector's queries (`detector.ingest.queries`), and the raw `{__name__=~...}` answer
 with every label. Used by `goodput bench scale` and the detector's tests.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from detector import fields as F
-from detector.service import KEY, NODE_INFO, Shard, queries
+from detector.ingest import KEY, NODE_INFO, Shard, queries
 from detector.synthetic import HEALTHY
 
 MODEL = "NVIDIA H200"

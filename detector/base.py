@@ -19,9 +19,12 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import norm
 
-from detector.frame import Frame
+from detector import fields as F
+from detector.frame import Frame, Groups, by_size
 
 FORMAT = "goodput-detector/1"
+FLOORS = np.array([f.floor for f in F.GAUGES])  # each gauge's scale floor (its own unit)
+MAD_TO_SIGMA = 1.4826
 
 
 @lru_cache(maxsize=256)
@@ -32,39 +35,60 @@ def z_crit(p: float, k: int = 1) -> float:
     return float(norm.isf(p / (2 * max(k, 1))))
 
 
-def by_size(codes: np.ndarray, ngroups: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Rows grouped by code, bucketed by group size: [(group ids (g,), row index (g, s))].
-
-    Lets per-group work run as a few batched numpy calls (one per distinct size) instead of a
-    loop over groups. Codes < 0 are left out.
-    """
-    ok = np.flatnonzero(codes >= 0)
-    order = ok[np.argsort(codes[ok], kind="stable")]
-    size = np.bincount(codes[ok], minlength=ngroups)
-    start = np.concatenate([[0], np.cumsum(size)[:-1]])
-    out = []
-    for s in np.unique(size[size > 0]):
-        g = np.flatnonzero(size == s)
-        out.append((g, order[start[g][:, None] + np.arange(s)]))
-    return out
-
-
-def group_median(values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndarray:
-    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware."""
+def group_median(
+    values: np.ndarray, codes: np.ndarray, ngroups: int, groups: Groups | None = None
+) -> np.ndarray:
+    """Column medians of `values` (n, m) per group code (n,) -> (ngroups, m), NaN-aware
+    (`groups`: `by_size` of the codes when the caller has it, e.g. `Frame.job_groups`)."""
     out = np.full((ngroups, values.shape[1]), np.nan)
-    for g, rows in by_size(codes, ngroups):
+    for g, rows in by_size(codes, ngroups) if groups is None else groups:
         block = values[rows]  # (g, s, m)
         nan = np.isnan(block)
-        clean = ~nan.any(axis=(0, 1))
-        srt = np.sort(block[:, :, clean], axis=1)  # small groups: a sort beats partition
+        flat = nan.reshape(-1, nan.shape[2])  # (g * s, m): column flags in one fast pass
+        has, every = flat.any(axis=0), flat.all(axis=0)
+        clean = ~has
         size = block.shape[1]
-        out[np.ix_(g, clean)] = (srt[:, (size - 1) // 2] + srt[:, size // 2]) / 2
-        part = nan.any(axis=(0, 1)) & ~nan.all(axis=(0, 1))
+        if clean.all():  # small groups: a sort beats partition
+            srt = np.sort(block, axis=1)
+            out[g] = (srt[:, (size - 1) // 2] + srt[:, size // 2]) / 2
+        else:
+            srt = np.sort(block[:, :, clean], axis=1)
+            out[np.ix_(g, clean)] = (srt[:, (size - 1) // 2] + srt[:, size // 2]) / 2
+        part = has & ~every
         if part.any():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 out[np.ix_(g, part)] = np.nanmedian(block[:, :, part], axis=1)
     return out
+
+
+def robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column median and MAD-sigma, NaN-aware (all-NaN columns give NaN)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(x, axis=0)
+        mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_SIGMA
+    return med, mad
+
+
+def rowmax(z: np.ndarray) -> np.ndarray:
+    """Row max ignoring NaN (0 where all NaN): the scoring path, no argmax."""
+    if not z.shape[1]:
+        return np.zeros(len(z))
+    return np.nan_to_num(np.fmax.reduce(z, axis=1), nan=0.0)
+
+
+def nanmax_rows(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row max ignoring NaN (0 where all NaN) and the column of the max."""
+    filled = np.where(np.isnan(z), -np.inf, z)
+    arg = filled.argmax(axis=1)
+    top = filled[np.arange(len(z)), arg]
+    return np.where(np.isfinite(top), top, 0.0), arg
+
+
+def multi_instant(frame: Frame) -> bool:
+    """Whether the frame holds more than one instant (a recording, not a cycle)."""
+    return len(frame) > 0 and frame.time[0] != frame.time[-1]
 
 
 def job_codes(frame: Frame, jobs: list[str] | dict[str, int]) -> np.ndarray:

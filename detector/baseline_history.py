@@ -75,13 +75,13 @@ def replay_sessions(
             sub = frame.take(idx)
             now = float(sub.time[0])
             res = engine.step(sub, now, names)
-            info = engine.jobs.get(ids[0])
+            info = engine.base.jobs.get(ids[0])
             if info is not None and info.fitted_at != last_fit and info.fitted_at is not None:
                 fitted.append(info.fitted_at)
                 last_fit = info.fitted_at
             j = res.jobs[res.jobs.job_id == ids[0]]
             rows.append(j[["detector", "score"]].assign(timestamp=now))
-        info = engine.jobs.get(ids[0])
+        info = engine.base.jobs.get(ids[0])
         scores = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
         out.append(
             Session(

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from detector import fields as F
-from detector.detectors import PeerComparison, Progress
 from detector.frame import Frame
+from detector.peer import PeerComparison
 from detector.pipeline import Engine, Result
+from detector.progress import Progress
 
 HARDWARE_FIELDS = (F.XID_FIELD, *F.COUNTERS)
 BASELINE = ("deviation", "shift", "multivariate")
@@ -70,7 +71,7 @@ class Coverage:
             rows = np.flatnonzero(codes == k)
             seen = self.jobs.setdefault(job, JobSeen(now, now))
             seen.last = now
-            info = engine.jobs.get(job)
+            info = engine.base.jobs.get(job)
             if seen.first_fit is None and info is not None and info.fitted_at is not None:
                 seen.first_fit = info.fitted_at
             seen.nodes.update(sub.node[rows])
@@ -109,7 +110,7 @@ class Coverage:
 
     def _job(self, job: str, seen: JobSeen, engine: Engine) -> dict[str, Any]:
         cfg = engine.cfg
-        info = engine.jobs.get(job)
+        info = engine.base.jobs.get(job)
         fitted = info.fitted_at if info else None
         loaded = bool(info and info.loaded)
         span = seen.last - seen.first

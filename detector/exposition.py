@@ -4,11 +4,18 @@ Per GPU one series, the combined score (max over detectors), plus the detector t
 only while the GPU is at or over its alert level; per job and per (job, node) the score of every
 detector; per (job, node) the suspect score. Label values reach here validated (job and node
 patterns, integer GPU indexes; detector names are code), so they need no escaping.
+
+Rendering is a join of per-series label prefixes and numbers: the prefixes are built once and
+kept while a family's label columns equal the last cycle's (steady state), the numbers are
+formatted by orjson in one call (shortest round-trip, as Prometheus parses them).
 """
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 import numpy as np
+import orjson
 
 from detector.pipeline import Result
 
@@ -48,81 +55,104 @@ def numbers(values: np.ndarray) -> list[str]:
     return out
 
 
-def _lines(name: str, labels: list[str], values: np.ndarray) -> str:
-    if not labels:
-        return ""
-    body = "".join(f"{name}{{{lab}}} {v}\n" for lab, v in zip(labels, numbers(values), strict=True))
-    return family(name, HELP[name]) + body
+def _numbers(values: np.ndarray) -> list[bytes]:
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    if not len(v):
+        return []
+    if np.isfinite(v).all():  # orjson writes NaN and Inf as null: those take `numbers`
+        return orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    return [x.encode() for x in numbers(v)]
 
 
 def gpu_combined(res: Result) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(frame rows on a job, their combined score = max over detectors, the index of the
     detector that drives it): what `goodput_gpu_anomaly_score` exposes, for every reader."""
-    on = np.flatnonzero(res.frame.job != "")
+    codes, uniques = res.frame.job_codes
+    on = np.flatnonzero((uniques != "")[codes]) if len(codes) else np.zeros(0, dtype=np.int64)
     scores = res.gpu[on] if len(on) else np.zeros((0, len(res.detectors)))
     if not scores.shape[1]:
         return on, np.zeros(len(on)), np.zeros(len(on), dtype=np.int64)
     return on, scores.max(axis=1), scores.argmax(axis=1)
 
 
-def render(res: Result, gpu_level: float) -> bytes:
-    """The cycle's score families as exposition text."""
-    f = res.frame
-    on, combined, drive = gpu_combined(res)
-    parts = []
-    gpu_labels = [
-        f'job_id="{j}",node="{n}",gpu="{g}"'
-        for j, n, g in zip(f.job[on].tolist(), f.node[on].tolist(), f.gpu[on].tolist(), strict=True)
-    ]
-    parts.append(_lines(GPU, gpu_labels, combined))
-    over = np.flatnonzero(combined >= gpu_level)
-    if len(over):
-        names = [res.detectors[d] for d in drive[over].tolist()]
-        labels = [
-            f'{gpu_labels[i]},detector="{d}"' for i, d in zip(over.tolist(), names, strict=True)
+class Renderer:
+    """Renders each cycle's score families (`render`), keeping the label prefixes of the last
+    cycle per family (rebuilt when a family's label columns differ)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[list[list], list[bytes]]] = {}
+
+    def _prefixes(self, name: str, columns: list[list], fmt: str, keep: bool) -> list[bytes]:
+        kept = self._kept.get(name)
+        if kept is not None and kept[0] == columns:
+            return kept[1]
+        out = [(name + "{" + fmt.format(*v) + "} ").encode() for v in zip(*columns, strict=True)]
+        if keep:
+            self._kept[name] = (columns, out)
+        return out
+
+    def _lines(
+        self, name: str, columns: list[list], fmt: str, values: np.ndarray, keep: bool = True
+    ) -> bytes:
+        if not len(values):
+            return b""
+        pre = self._prefixes(name, columns, fmt, keep)
+        body = b"".join(chain.from_iterable(zip(pre, _numbers(values), repeat(b"\n"))))
+        return family(name, HELP[name]).encode() + body
+
+    def render(self, res: Result, gpu_level: float) -> bytes:
+        """The cycle's score families as exposition text."""
+        f = res.frame
+        on, combined, drive = gpu_combined(res)
+        gpu_cols = [f.job[on].tolist(), f.node[on].tolist(), f.gpu[on].tolist()]
+        gpu_fmt = 'job_id="{}",node="{}",gpu="{}"'
+        parts = [self._lines(GPU, gpu_cols, gpu_fmt, combined)]
+        over = np.flatnonzero(combined >= gpu_level)
+        if len(over):  # a few GPUs: not kept
+            cols = [[c[i] for i in over.tolist()] for c in gpu_cols]
+            cols.append([res.detectors[d] for d in drive[over].tolist()])
+            fmt = gpu_fmt + ',detector="{}"'
+            parts.append(self._lines(DRIVER, cols, fmt, combined[over], keep=False))
+        jobs = res.job_cols
+        parts.append(
+            self._lines(
+                JOB,
+                [jobs["job_id"].tolist(), jobs["detector"].tolist()],
+                'job_id="{}",detector="{}"',
+                jobs["score"],
+            )
+        )
+        parts.append(self._node_detectors(res, on, res.gpu[on]))
+        nodes = res.node_cols
+        parts.append(
+            self._lines(
+                SUSPECT,
+                [nodes["job_id"].tolist(), nodes["node"].tolist()],
+                'job_id="{}",node="{}"',
+                nodes["score"],
+            )
+        )
+        return b"".join(parts)
+
+    def _node_detectors(self, res: Result, on: np.ndarray, scores: np.ndarray) -> bytes:
+        """Each detector's max over the GPUs of each (job, node) pair."""
+        if not len(on):
+            return b""
+        jc, ju = res.frame.job_codes
+        nc, nu = res.frame.node_codes
+        pair = jc[on].astype(np.int64) * len(nu) + nc[on]
+        upair, inv = np.unique(pair, return_inverse=True)
+        best = np.full((len(upair), scores.shape[1]), -np.inf)
+        np.maximum.at(best, inv.ravel(), scores)
+        d = len(res.detectors)
+        cols = [
+            np.repeat(ju[upair // len(nu)], d).tolist(),
+            np.repeat(nu[upair % len(nu)], d).tolist(),
+            list(res.detectors) * len(upair),
         ]
-        parts.append(_lines(DRIVER, labels, combined[over]))
-    jobs = res.jobs
-    parts.append(
-        _lines(
-            JOB,
-            [
-                f'job_id="{j}",detector="{d}"'
-                for j, d in zip(jobs["job_id"].tolist(), jobs["detector"].tolist(), strict=True)
-            ],
-            jobs["score"].to_numpy(dtype=float),
-        )
-    )
-    parts.append(_node_detectors(res, on, res.gpu[on]))
-    nodes = res.nodes
-    parts.append(
-        _lines(
-            SUSPECT,
-            [
-                f'job_id="{j}",node="{n}"'
-                for j, n in zip(nodes["job_id"].tolist(), nodes["node"].tolist(), strict=True)
-            ],
-            nodes["score"].to_numpy(dtype=float),
-        )
-    )
-    return "".join(parts).encode()
+        return self._lines(NODE, cols, 'job_id="{}",node="{}",detector="{}"', best.ravel())
 
 
-def _node_detectors(res: Result, on: np.ndarray, scores: np.ndarray) -> str:
-    """Each detector's max over the GPUs of each (job, node) pair."""
-    if not len(on):
-        return ""
-    jc, ju = res.frame.job_codes
-    nc, nu = res.frame.node_codes
-    pair = jc[on].astype(np.int64) * len(nu) + nc[on]
-    upair, inv = np.unique(pair, return_inverse=True)
-    best = np.full((len(upair), scores.shape[1]), -np.inf)
-    np.maximum.at(best, inv.ravel(), scores)
-    jobs, nodes = ju[upair // len(nu)].tolist(), nu[upair % len(nu)].tolist()
-    dets = list(res.detectors)
-    labels = [
-        f'job_id="{j}",node="{n}",detector="{d}"'
-        for j, n in zip(jobs, nodes, strict=True)
-        for d in dets
-    ]
-    return _lines(NODE, labels, best.ravel())
+def render(res: Result, gpu_level: float) -> bytes:
+    """One cycle's score families as exposition text (nothing kept)."""
+    return Renderer().render(res, gpu_level)

@@ -33,6 +33,26 @@ ALIASES = {
 }
 
 
+Groups = list[tuple[np.ndarray, np.ndarray]]
+
+
+def by_size(codes: np.ndarray, ngroups: int) -> Groups:
+    """Rows grouped by code, bucketed by group size: [(group ids (g,), row index (g, s))].
+
+    Lets per-group work run as a few batched numpy calls (one per distinct size) instead of a
+    loop over groups. Codes < 0 are left out.
+    """
+    ok = np.flatnonzero(codes >= 0)
+    order = ok[np.argsort(codes[ok], kind="stable")]
+    size = np.bincount(codes[ok], minlength=ngroups)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]])
+    out = []
+    for s in np.unique(size[size > 0]):
+        g = np.flatnonzero(size == s)
+        out.append((g, order[start[g][:, None] + np.arange(s)]))
+    return out
+
+
 class FrameError(ValueError):
     """Input that cannot become a frame (missing columns, bad labels)."""
 
@@ -57,6 +77,12 @@ class Frame:
         return codes, np.asarray(uniques, dtype=object)
 
     @cached_property
+    def job_groups(self) -> Groups:
+        """`by_size` of `job_codes`: the rows of each job, computed once per frame."""
+        codes, uniques = self.job_codes
+        return by_size(codes, len(uniques))
+
+    @cached_property
     def node_codes(self) -> tuple[np.ndarray, np.ndarray]:
         codes, uniques = pd.factorize(self.node)
         return codes, np.asarray(uniques, dtype=object)
@@ -67,6 +93,15 @@ class Frame:
 
     def cols(self, names: Sequence[str]) -> np.ndarray:
         return self.values[:, [self.fields.index(n) for n in names]]
+
+    def with_values(self, time: np.ndarray, values: np.ndarray) -> Frame:
+        """The same rows with other times and values (`values` follows this frame's rows);
+        the label codes and groups computed on this frame are shared, not computed again."""
+        out = Frame(time, self.job, self.node, self.gpu, values, self.fields, self.model)
+        for k in ("job_codes", "node_codes", "job_groups"):
+            if k in self.__dict__:
+                out.__dict__[k] = self.__dict__[k]
+        return out
 
     def take(self, idx: np.ndarray) -> Frame:
         return Frame(

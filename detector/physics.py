@@ -44,8 +44,8 @@ import pandas as pd
 
 from catalogue import priors as P
 from detector import fields as F
-from detector.detectors import _PerJob
 from detector.frame import Frame
+from detector.perjob import PerJob
 
 FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
@@ -76,7 +76,7 @@ def _job_size(frame: Frame) -> np.ndarray:
     return np.maximum(np.bincount(codes)[codes], 1).astype(float)
 
 
-class Physics(_PerJob):
+class Physics(PerJob):
     """Per-GPU physics rules from `catalogue/priors.yaml` (see the module docstring)."""
 
     name = "physics"

@@ -1,15 +1,16 @@
 """The online engine shared by the service and replay: score an instant, persist, aggregate,
-learn baselines per job, and flag GPUs that went missing from a running job.
+and flag GPUs that went missing from a running job; the baselines it learns per job are
+`learning.Baselines`'.
 
 Online state per GPU slot: the last `k` raw scores of each detector (float32), last-seen time
-and job code: under 2 KiB (see bench/detector_bench.py). Per job: a bounded reservoir of
-healthy rows (`reservoir` x fields, < 1 MiB) used to fit baselines outside the scoring path.
+and job code: under 2 KiB (see bench/detector_bench.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -17,25 +18,28 @@ import pandas as pd
 from detector import fields as F
 from detector.base import Detector
 from detector.baselines import BaselineStore
-from detector.detectors import (
-    ALL,
-    BaselineDeviation,
-    HardwareEvents,
-    NodeShift,
-    PeerComparison,
-    Progress,
-    RobustCovariance,
-)
+from detector.covariance import RobustCovariance
+from detector.deviation import BaselineDeviation, NodeShift
 from detector.frame import Frame
+from detector.hardware import HardwareEvents
+from detector.learning import ONLINE, Baselines
+from detector.level import Level
+from detector.peer import PeerComparison
 from detector.physics import Physics
-from detector.thresholds import level as alert_level
-from detector.univariate import Level
+from detector.progress import Progress
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
 PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
 GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
-ONLINE = ("level",)  # learn every cycle in `_learn_online`, not from the reservoir
+ALL: tuple[type[Detector], ...] = (  # the learned and the evidence detectors
+    BaselineDeviation,
+    NodeShift,
+    PeerComparison,
+    Progress,
+    HardwareEvents,
+    RobustCovariance,
+)
 KNOWN: tuple[type[Detector], ...] = (
     *ALL,
     Physics,
@@ -61,33 +65,32 @@ class Config:
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
     phase_calm: float = 1.0  # ... a phase (eval, checkpoint), not a fault (see `_phase`)
     multivariate: bool = False  # RobustCovariance: off the per-cycle path unless asked for
-    level: bool = True  # Level: each job's adaptive, unit-free series baselines (univariate.py)
-
-
-@dataclass
-class JobInfo:
-    name: str
-    first_seen: float
-    fitted_at: float | None = None
-    seen: int = 0
-    rows: np.ndarray | None = None  # reservoir (reservoir, len(ALL_FIELDS)) float32
-    max_stall: float = 0.0
-    loaded: bool = False
-    code: int = 0
-    fitted_rows: int = 0  # rows learned at the last fit (a second fit follows at 4x)
-    learns: int = 0  # cycles that added rows
+    level: bool = True  # Level: each job's adaptive, unit-free series baselines (level.py)
 
 
 @dataclass
 class Result:
-    """One cycle's scores. `gpu` rows follow `frame`; columns follow `detectors`."""
+    """One cycle's scores. `gpu` rows follow `frame`; columns follow `detectors`. The job, node
+    and missing tables are columns (name -> array), as DataFrames on first use."""
 
     frame: Frame
     detectors: tuple[str, ...]
     gpu: np.ndarray  # (n, D) persisted scores
-    jobs: pd.DataFrame  # job_id, detector, score (detector="combined" is the max)
-    nodes: pd.DataFrame  # job_id, node, score (suspect score)
-    missing: pd.DataFrame = field(default_factory=pd.DataFrame)  # job_id, node, gpu, since
+    job_cols: dict[str, np.ndarray]  # job_id, detector, score (detector="combined": the max)
+    node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
+    missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
+
+    @cached_property
+    def jobs(self) -> pd.DataFrame:
+        return pd.DataFrame(self.job_cols)
+
+    @cached_property
+    def nodes(self) -> pd.DataFrame:
+        return pd.DataFrame(self.node_cols)
+
+    @cached_property
+    def missing(self) -> pd.DataFrame:
+        return pd.DataFrame(self.missing_cols)
 
 
 def default_detectors(cfg: Config) -> dict[str, Detector]:
@@ -137,41 +140,34 @@ class Engine:
         seed: int = 0,
     ) -> None:
         self.cfg = cfg or Config()
-        self.store = store
         self.det = detectors or default_detectors(self.cfg)
         self.names = tuple(self.det)
         self.k = max(1, math.ceil(self.cfg.persist_s / self.cfg.interval_s))
-        self.rng = np.random.default_rng(seed)
-        self.jobs: dict[str, JobInfo] = {}
-        self._job_ids: list[str] = [""]  # job code -> job id; code 0 = no job
-        self._job_code: dict[str, int] = {"": 0}
+        known = {cls.name for cls in KNOWN}
+        self.base = Baselines(self.cfg, store, self.det, known, np.random.default_rng(seed))
         self._node_ids: dict[str, int] = {}
         self._node_names: list[str] = []
         self.cycle = 0
-        self.ring = np.zeros((0, len(self.names), self.k), dtype=np.float32)
+        self.ring = np.zeros((self.k, 0, len(self.names)), dtype=np.float32)  # cycle, slot, det
         self.slot_seen = np.zeros(0)  # last time the GPU reported at all
         self.slot_job = np.zeros(0, dtype=np.int32)  # job code of its last row (0 = none)
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
+        self._index: pd.Index | None = None  # slot_key's hash index
 
     # --- scoring ------------------------------------------------------------------------------
     def step(self, frame: Frame, now: float, names: dict[str, str] | None = None) -> Result:
         """Score one instant. `names` maps job_id -> job name (for baselines by name)."""
         self.cycle += 1
         jcodes, juniq = frame.job_codes
-        table = np.zeros(len(juniq) + 1, dtype=np.int32)
-        for i, job in enumerate(juniq):
-            if job and job not in self.jobs:
-                self._new_job(job, (names or {}).get(job, job), now)
-            table[i] = self._job_code[job] if job else 0
+        base = self.base
+        for j in juniq.tolist():
+            if j and j not in base.jobs:
+                base.add(j, (names or {}).get(j, j), now)
+        table = np.array([base.code[j] for j in juniq.tolist()] + [0], dtype=np.int32)
         job = table[jcodes] if len(frame) else np.zeros(0, dtype=np.int32)
         if len(frame):  # derived: how long the engine has seen each row's job
-            first = np.array(
-                [np.nan]
-                + [getattr(self.jobs.get(j), "first_seen", np.nan) for j in self._job_ids[1:]],
-                dtype=float,
-            )
-            frame.values[:, frame.fields.index(F.JOB_AGE)] = now - first[job]
+            frame.values[:, frame.fields.index(F.JOB_AGE)] = now - base.first_seen()[job]
         idx, new = self._slots(frame)
         hw = self.det.get("hardware")
         if isinstance(hw, HardwareEvents) and len(new):  # counter baseline: first sight
@@ -184,8 +180,8 @@ class Engine:
         gpu = self._persist(idx, job, raw, now)
         self._phase(frame, job, gpu)
         jobs, nodes, missing, combined, calm = self._aggregate(frame, idx, job, gpu, now)
-        self._learn(frame, job, calm, now)
-        self._learn_online(frame, combined)
+        base.learn(frame, job, calm, now, self.cycle)
+        base.learn_online(frame, combined)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
 
     def _slots(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
@@ -197,17 +193,20 @@ class Engine:
                 self._node_names.append(str(u))
         ids = np.array([self._node_ids[u] for u in nuniq] + [0], dtype=np.int64)
         key = ids[ncodes] * 1024 + frame.gpu if len(frame) else np.zeros(0, dtype=np.int64)
-        idx = pd.Index(self.slot_key).get_indexer(key)
+        if self._index is None:  # kept while no slot is added or dropped
+            self._index = pd.Index(self.slot_key)
+        idx = self._index.get_indexer(key)
         new = np.flatnonzero(idx < 0)
         if len(new):
             start = len(self.slot_key)
             idx[new] = start + np.arange(len(new))
             self.slot_key = np.concatenate([self.slot_key, key[new]])
+            self._index = None
             self.slot_job = np.concatenate([self.slot_job, np.zeros(len(new), np.int32)])
             self.slot_seen = np.concatenate([self.slot_seen, np.full(len(new), np.nan)])
             self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(len(new), np.nan)])
             self.ring = np.concatenate(
-                [self.ring, np.zeros((len(new), len(self.names), self.k), np.float32)]
+                [self.ring, np.zeros((self.k, len(new), len(self.names)), np.float32)], axis=1
             )
         return idx, new
 
@@ -216,16 +215,22 @@ class Engine:
         forgets the old scores. Direct evidence (hardware) and progress are not delayed."""
         if not len(idx):
             return raw
+        rows = idx
+        sel: np.ndarray | slice = idx
+        if len(idx) == len(self.slot_key) and (idx == np.arange(len(idx))).all():
+            sel = slice(None)  # every slot, in slot order (steady state): views, no gathers
         on = job > 0
-        changed = on & (self.slot_job[idx] != job)
-        self.ring[idx[changed]] = 0.0
-        self.ring[idx, :, self.cycle % self.k] = raw
-        self.slot_seen[idx] = now
-        self.slot_job_seen[idx[on]] = now
-        self.slot_job[idx[on]] = job[on]
-        left = ~on & (self.slot_job[idx] > 0) & (now - self.slot_job_seen[idx] > self.cfg.hold_s)
-        self.slot_job[idx[left]] = 0
-        out = self.ring[idx].min(axis=2).astype(float)
+        changed = on & (self.slot_job[sel] != job)
+        self.ring[:, rows[changed]] = 0.0
+        self.ring[self.cycle % self.k, sel] = raw
+        self.slot_seen[sel] = now
+        self.slot_job_seen[rows[on]] = now
+        self.slot_job[rows[on]] = job[on]
+        left = ~on & (self.slot_job[sel] > 0) & (now - self.slot_job_seen[sel] > self.cfg.hold_s)
+        self.slot_job[rows[left]] = 0
+        out = self.ring[0, sel].astype(float)
+        for c in range(1, self.k):
+            np.minimum(out, self.ring[c, sel], out=out)
         for i, n in enumerate(self.names):
             if n in NO_PERSIST:
                 out[:, i] = raw[:, i]
@@ -244,29 +249,27 @@ class Engine:
         cols = [i for i, n in enumerate(self.names) if n in PHASED]
         if "progress" not in self.names or not cols or not len(job):
             return
-        n = len(self._job_ids)
+        n = len(self.base.ids)
         on = job > 0
-        count = np.maximum(np.bincount(job[on], minlength=n), 1).astype(float)
-        share = (
-            np.column_stack(
-                [np.bincount(job[on], weights=gpu[on, c] >= 1.0, minlength=n) for c in cols]
-            )
-            / count[:, None]
-        )
+        jo, g = job[on], gpu[on]
+        count = np.maximum(np.bincount(jo, minlength=n), 1).astype(float)
+        over = (g[:, cols] >= 1.0).astype(float)
+        share = np.column_stack([np.bincount(jo, over[:, i], n) for i in range(len(cols))])
+        share = share / count[:, None]
         seen = np.isfinite(frame.col(F.ITER_SECONDS)) | np.isfinite(frame.col(F.STALL_SECONDS))
-        has = np.bincount(job[on], weights=seen[on], minlength=n) > 0
-        prog = _group_max(gpu[on][:, [self.names.index("progress")]], job[on], n)[:, 0]
+        has = np.bincount(jo, weights=seen[on], minlength=n) > 0
+        prog = _group_max(g[:, [self.names.index("progress")]], jo, n)[:, 0]
         calm = has & (prog < self.cfg.phase_calm)
         dev = self.det.get("deviation")
         if isinstance(dev, BaselineDeviation):
-            spin = np.bincount(job[on], weights=dev.spinning(frame)[on], minlength=n)
+            spin = np.bincount(jo, weights=dev.spinning(frame)[on], minlength=n)
             calm &= spin / count < 0.5
         phase = (share >= self.cfg.phase_share) & calm[:, None]
         capped = phase[job] & on[:, None]
         gpu[:, cols] = np.where(capped, np.minimum(gpu[:, cols], 0.99), gpu[:, cols])
 
     def _aggregate(self, frame: Frame, idx: np.ndarray, job: np.ndarray, gpu: np.ndarray, now):
-        n = len(self._job_ids)
+        n = len(self.base.ids)
         held = np.zeros(len(job), dtype=np.int32)
         if len(idx):  # a GPU its job just left: its hardware evidence still counts for the job
             held = np.where(job > 0, job, self.slot_job[idx]).astype(np.int32)
@@ -294,9 +297,9 @@ class Engine:
         node_score = _group_max(suspect[:, None], inv.ravel(), len(upair))[:, 0]
         missing = self._missing(now)
         names = list(self.names)
-        if len(missing):
-            mj = np.array([self._job_code[j] for j in missing.job_id], dtype=np.int64)
-            mn = np.array([self._node_ids[x] for x in missing.node], dtype=np.int64)
+        if len(missing["job_id"]):
+            mj = np.array([self.base.code[j] for j in missing["job_id"]], dtype=np.int64)
+            mn = np.array([self._node_ids[x] for x in missing["node"]], dtype=np.int64)
             per_job = np.column_stack([per_job, np.zeros(n)])
             per_job[mj, -1] = 2.0
             present[mj] = True
@@ -307,26 +310,22 @@ class Engine:
             upair, inv = np.unique(allp, return_inverse=True)
             node_score = _group_max(alls[:, None], inv.ravel(), len(upair))[:, 0]
         codes = np.flatnonzero(present)
-        ids = np.array(self._job_ids, dtype=object)
+        ids = np.array(self.base.ids, dtype=object)
         combined = per_job[codes].max(axis=1) if len(codes) else np.zeros(0)
         block = np.column_stack([per_job[codes], combined])
         cols = names + ["combined"]
-        jobs = pd.DataFrame(
-            {
-                "job_id": np.repeat(ids[codes], len(cols)),
-                "detector": np.tile(np.array(cols, dtype=object), len(codes)),
-                "score": block.ravel(),
-            }
-        )
-        nodes = pd.DataFrame(
-            {
-                "job_id": ids[upair // nn],
-                "node": np.array(self._node_names, dtype=object)[upair % nn]
-                if len(upair)
-                else np.zeros(0, dtype=object),
-                "score": node_score,
-            }
-        )
+        jobs = {
+            "job_id": np.repeat(ids[codes], len(cols)),
+            "detector": np.tile(np.array(cols, dtype=object), len(codes)),
+            "score": block.ravel(),
+        }
+        nodes = {
+            "job_id": ids[upair // nn],
+            "node": np.array(self._node_names, dtype=object)[upair % nn]
+            if len(upair)
+            else np.zeros(0, dtype=object),
+            "score": node_score,
+        }
         comb = np.full(n, -1.0)
         comb[codes] = combined
         # the reservoir's gate leaves out the online detectors: they learn on their own guard,
@@ -337,7 +336,7 @@ class Engine:
             calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
         return jobs, nodes, missing, comb, calm
 
-    def _missing(self, now: float) -> pd.DataFrame:
+    def _missing(self, now: float) -> dict[str, np.ndarray]:
         """GPUs that went silent while labelled with a job (a lost node stops answering; a
         job that ends leaves its GPUs reporting without the label). Flagged for `hold_s`."""
         age = now - self.slot_seen
@@ -349,159 +348,30 @@ class Engine:
             gone = (self.slot_job > 0) & (age > self.cfg.missing_after_s)
         gone &= age <= self.cfg.missing_after_s + self.cfg.hold_s
         i = np.flatnonzero(gone)
-        ids = np.array(self._job_ids, dtype=object)
-        return pd.DataFrame(
-            {
-                "job_id": ids[self.slot_job[i]],
-                "node": np.array(self._node_names, dtype=object)[self.slot_key[i] // 1024]
-                if len(i)
-                else np.zeros(0, dtype=object),
-                "gpu": (self.slot_key[i] % 1024).astype(int),
-                "since": self.slot_seen[i],
-            }
-        )
+        ids = np.array(self.base.ids, dtype=object)
+        return {
+            "job_id": ids[self.slot_job[i]],
+            "node": np.array(self._node_names, dtype=object)[self.slot_key[i] // 1024]
+            if len(i)
+            else np.zeros(0, dtype=object),
+            "gpu": (self.slot_key[i] % 1024).astype(int),
+            "since": self.slot_seen[i],
+        }
 
     def _drop(self, idx: np.ndarray) -> None:
         keep = np.ones(len(self.slot_key), bool)
         keep[idx] = False
-        for a in ("slot_key", "slot_job", "slot_seen", "slot_job_seen", "ring"):
+        for a in ("slot_key", "slot_job", "slot_seen", "slot_job_seen"):
             setattr(self, a, getattr(self, a)[keep])
-
-    # --- baselines ----------------------------------------------------------------------------
-    def _new_job(self, job: str, name: str, now: float) -> None:
-        info = JobInfo(name=name, first_seen=now, code=len(self._job_ids))
-        self.jobs[job] = info
-        self._job_code[job] = info.code
-        self._job_ids.append(job)
-        if self.store is None:
-            return
-        states = self.store.load(name, {cls.name for cls in KNOWN})
-        if not states:
-            return
-        try:
-            for det_name, state in states.items():
-                if state is not None and det_name in self.det:
-                    self.det[det_name].set_job_state(job, state)
-            info.loaded = True
-            info.fitted_at = now
-        except (KeyError, TypeError, ValueError) as exc:
-            self.store.errors.append(f"{name}: {exc}")
-
-    def _learn(self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float) -> None:
-        """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
-        cycle, spread over jobs; small jobs every cycle) and fit when due: first as soon as
-        `fit_rows` calm rows are in (or at `fit_after_s`), again at 4x as many, then every
-        `refit_s`."""
-        every = max(self.cfg.learn_every, 1)
-        codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
-        size = np.bincount(job, minlength=len(combined))[codes] if len(job) else codes * 0
-        turn = (codes % every == self.cycle % every) | (size <= self.cfg.learn_small)
-        codes = codes[(codes > 0) & turn]
-        if not len(codes):
-            return
-        stall = frame.col(F.STALL_SECONDS)
-        sel = np.isin(job, codes)
-        rows_all = np.flatnonzero(sel)
-        order = rows_all[np.argsort(job[rows_all], kind="stable")]
-        starts = np.flatnonzero(np.r_[True, job[order][1:] != job[order][:-1]])
-        for rows in np.split(order, starts[1:]) if len(order) else []:
-            info = self.jobs.get(self._job_ids[job[rows[0]]])
-            if info is None or now - info.first_seen < self.cfg.warmup_s:
-                continue
-            self._reservoir(info, frame.values[rows])
-            info.learns += 1
-            st = stall[rows]
-            if np.isfinite(st).any():
-                info.max_stall = max(info.max_stall, float(np.nanmax(st)))
-            enough = info.seen >= self.cfg.fit_rows and info.learns >= self.cfg.fit_cycles
-            first = enough or now - info.first_seen >= self.cfg.fit_after_s
-            due = (info.fitted_at is None and first) or (
-                info.fitted_at is not None
-                and (
-                    now - info.fitted_at >= self.cfg.refit_s
-                    or (0 < info.fitted_rows and info.seen >= 4 * info.fitted_rows)
-                )
-            )
-            if due:
-                self.fit_job(self._job_ids[info.code], now)
-
-    def _learn_online(self, frame: Frame, combined: np.ndarray) -> None:
-        """Online detectors (`Level`) learn every instant, except from jobs whose alert is on
-        (their persisted, phase-capped combined score at the job alert's level): a shift no
-        alert confirmed can become the new normal, an alerting window never does."""
-        online = [d for d in self.det.values() if isinstance(d, Level)]
-        if not online:
-            return
-        on = np.flatnonzero(combined >= alert_level("job"))
-        alerting = {self._job_ids[c] for c in on if c > 0}
-        for det in online:
-            det.update(frame, alerting)
-
-    def _reservoir(self, info: JobInfo, rows: np.ndarray) -> None:
-        """Algorithm R, vectorised: a uniform sample over the job's healthy life."""
-        size = self.cfg.reservoir
-        if info.rows is None:
-            info.rows = np.empty((0, rows.shape[1]), dtype=np.float32)
-        room = max(size - len(info.rows), 0)
-        if room:
-            info.rows = np.vstack([info.rows, rows[:room].astype(np.float32)])
-        rest = rows[room:]
-        seen = info.seen + room + 1 + np.arange(len(rest))
-        info.seen += len(rows)
-        if len(rest):
-            j = (self.rng.random(len(rest)) * seen).astype(np.int64)
-            hit = j < size
-            info.rows[j[hit]] = rest[hit]
-
-    def fit_job(self, job: str, now: float) -> None:
-        """Fit every detector on the job's reservoir and save the baseline under its name."""
-        info = self.jobs[job]
-        if info.rows is None or not len(info.rows):
-            return
-        rows = info.rows.astype(float)
-        stall_col = F.ALL_FIELDS.index(F.STALL_SECONDS)
-        if info.max_stall > 0:  # the longest healthy gap is kept even if the sample missed it
-            rows[0, stall_col] = max(np.nan_to_num(rows[0, stall_col]), info.max_stall)
-        n = len(rows)
-        train = Frame(
-            np.full(n, now),
-            np.full(n, job, dtype=object),
-            np.full(n, "train", dtype=object),
-            np.arange(n) % 1000,
-            rows,
-        )
-        for name, det in self.det.items():
-            if name != "hardware" and name not in ONLINE:
-                det.fit(train)
-        info.fitted_at = now
-        info.fitted_rows = 0 if info.fitted_rows else max(info.seen, 1)  # one early refit
-        if self.store is not None:
-            states = {n: s for n, d in self.det.items() if (s := d.job_state(job)) is not None}
-            if states:
-                self.store.save(info.name, states)
+        self._index = None
+        self.ring = self.ring[:, keep]
 
     def end_jobs(self, running: set[str]) -> None:
-        """Forget jobs that are no longer running (their baselines stay in the store): their
-        engine entry, their detectors' fitted state, and, once no GPU slot refers to them any
-        more, their job code (codes are compacted so per-job arrays stay the size of the live
-        set on a service that runs for months)."""
-        ended = {j for j in self.jobs if j not in running}
-        for job in ended:
-            del self.jobs[job]
-        for det in self.det.values():
-            det.drop_jobs(ended)
-        live = set(self.jobs) | {self._job_ids[c] for c in np.unique(self.slot_job)}
-        if len(self._job_ids) > 2 * len(live) + 1000:
-            self._compact(live)
-
-    def _compact(self, live: set[str]) -> None:
-        ids = [""] + sorted(j for j in live if j)
-        new = {j: i for i, j in enumerate(ids)}
-        remap = np.array([new.get(j, 0) for j in self._job_ids], dtype=np.int32)
-        self.slot_job = remap[self.slot_job]
-        self._job_ids, self._job_code = ids, new
-        for job, info in self.jobs.items():
-            info.code = new[job]
+        """Forget jobs that are no longer running (`Baselines.end`); their codes are compacted
+        in the slots too when the job table was."""
+        remap = self.base.end(running, self.slot_job)
+        if remap is not None:
+            self.slot_job = remap[self.slot_job]
 
     def state_bytes_per_gpu(self) -> float:
         n = max(len(self.slot_key), 1)

@@ -1,69 +1,31 @@
-"""The detector service: every interval, a FIXED set of Prometheus queries (independent of the
-number of jobs and GPUs), one engine step, and the scores on /metrics (127.0.0.1:19420).
-
-Queries per cycle: one per DCGM field the engine reads, aggregated by Prometheus down to one
-label (`max by` of node, gpu and job joined: the answer holds only what the engine reads),
-`goodput_slurm_job_node_info` (job -> node where dcgm has no `hpc_job`), and the jobs' last
-progress, iteration seconds and last pause (checkpoint save, start-up). With `--shard K/N`
-every query selects `goodput_shard="K"`, the label Prometheus computes at scrape time (hashmod
-of `hpc_job` / `job_id`), so a job's GPUs are always scored together and each replica's work is
-O(its GPUs). Prometheus down: the scores are withdrawn (stale),
-`goodput_detector_query_errors_total` rises, the loop goes on.
+"""The detector service: every interval, the fixed set of Prometheus queries (`ingest`), one
+engine step, and the scores on /metrics (127.0.0.1:19420). Prometheus down: the scores are
+withdrawn (stale), `goodput_detector_query_errors_total` rises, the loop goes on.
 """
 
 from __future__ import annotations
 
-import gc
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-import numpy as np
-import pandas as pd
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from catalogue import promql
-from clients.prometheus import PromClient, PromError, column, samples
+from clients.prometheus import PromClient, PromError
 from detector import exposition
-from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.frame import JOB_RE, NODE_RE, Frame, FrameError
+from detector.frame import FrameError
+from detector.ingest import Shard, fetch, no_gc
 from detector.pipeline import Config, Engine
 from detector.thresholds import level
 
 log = logging.getLogger("goodput.detector")
-NODE_INFO = "goodput_slurm_job_node_info"
-KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
 PHASES = ("fetch", "score", "render")
-PER_JOB = (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE)  # log-derived, one value per job
-
-
-@dataclass(frozen=True)
-class Shard:
-    """This replica's share: jobs whose `goodput_shard` label is `index` (of `count`)."""
-
-    index: int
-    count: int
-
-    @staticmethod
-    def parse(text: str) -> Shard:
-        k, sep, n = text.partition("/")
-        if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n) <= 4096):
-            raise ValueError(f"shard {text!r}: want K/N with 0 <= K < N <= 4096")
-        return Shard(int(k), int(n))
-
-    def owns(self, job_id: str) -> bool:
-        """Prometheus' hashmod: md5 of the value, its low 8 bytes big-endian, mod N."""
-        digest = hashlib.md5(job_id.encode(), usedforsecurity=False).digest()
-        return int.from_bytes(digest[8:], "big") % self.count == self.index
 
 
 @dataclass
@@ -76,176 +38,6 @@ class ServiceConfig:
     shard: Shard | None = None
 
 
-def queries(shard: Shard | None = None) -> dict[str, str]:
-    """field -> PromQL, for this cycle's fixed set (the DCGM fields, node info, progress)."""
-    # a shard reads its jobs' GPUs and the GPUs with no job (no label: matched by "")
-    gpu_sel: dict[str, Any] = {"goodput_shard": [str(shard.index), ""]} if shard else {}
-    job_sel = {"goodput_shard": str(shard.index)} if shard else {}
-    labels = ", ".join(promql.quote(n) for n in ("Hostname", "hostname", "gpu", "hpc_job"))
-    spelled = {name: [name] for name in F.DCGM_FIELDS}  # a field and its other names
-    for alias, name in F.ALIASES.items():
-        spelled[name].append(alias)
-    out = {
-        name: f"max by ({KEY}) (label_join({promql.selector(__name__=names, **gpu_sel)}, "
-        f'"{KEY}", ",", {labels}, "modelName"))'
-        for name, names in spelled.items()
-    }
-    out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
-    for name in PER_JOB:
-        out[name] = f"max by (job_id) ({promql.selector(name, **job_sel)})"
-    return out
-
-
-def _per_job(result: list[Any]) -> dict[str, float]:
-    jobs, vals = column(result, "job_id")
-    return dict(zip(jobs, vals.tolist(), strict=True))
-
-
-def fetch(
-    client: PromClient,
-    host_map: dict[str, str] | None = None,
-    now: float | None = None,
-    shard: Shard | None = None,
-) -> tuple[Frame, dict[str, str]]:
-    """Query Prometheus (fixed query count) and build this instant's frame + job names."""
-    now = time.time() if now is None else now
-    qs = queries(shard)
-    rows = _Rows()
-    small = (NODE_INFO, *PER_JOB)  # asked first: their answers wait while the fields decode
-    answers = client.raw_many([qs[n] for n in small] + [qs[n] for n in F.DCGM_FIELDS])
-    info, *per_job_raw = [next(answers) for _ in small]
-    for name, result in zip(F.DCGM_FIELDS, answers, strict=True):
-        rows.add(F.ALL_FIELDS.index(name), *column(result, KEY))
-    node_jobs: dict[str, set[str]] = {}
-    names: dict[str, str] = {}
-    for labels, _ in samples(info):
-        j, h = labels.get("job_id", ""), labels.get("node", "")
-        if JOB_RE.match(j) and NODE_RE.match(h):
-            node_jobs.setdefault(h, set()).add(j)
-            names[j] = labels.get("job_name") or j
-    per_job = {name: _per_job(r) for name, r in zip(PER_JOB, per_job_raw, strict=True)}
-    values = rows.values()
-    node, gpu, job, model = _split(rows.keys, host_map, node_jobs)
-    ok = node != ""
-    jcodes, juniq = pd.factorize(job)
-
-    def by_job(name: str) -> np.ndarray:
-        return np.array([per_job[name].get(j, np.nan) for j in juniq], dtype=float)[jcodes]
-
-    last, pause = by_job(F.LAST_PROGRESS), by_job(F.LAST_PAUSE)
-    values[:, F.ALL_FIELDS.index(F.ITER_SECONDS)] = by_job(F.ITER_SECONDS)
-    values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(now - last, 0.0)
-    with np.errstate(invalid="ignore"):  # seconds since the job's last pause (save, start-up)
-        values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = np.where(pause <= now, now - pause, np.nan)
-    n = int(ok.sum())
-    frame = Frame.from_columns(
-        np.full(n, now), node[ok], gpu[ok].astype(float), job[ok], values[ok], model=model[ok]
-    )
-    return frame, names
-
-
-class _Rows:
-    """One row per distinct key over the fields' answers. Prometheus answers every field in
-    the same series order, so a field whose keys equal the last one's reuses its codes (one
-    list comparison); any other order is indexed."""
-
-    def __init__(self) -> None:
-        self.keys: list[Any] = []
-        self.index = pd.Index([], dtype=object)
-        self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self._last: tuple[list[Any], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
-
-    def add(self, col: int, keys: list[Any], vals: np.ndarray) -> None:
-        if keys == self._last[0]:
-            codes = self._last[1]
-        else:
-            codes = self.index.get_indexer(keys) if len(self.index) else np.full(len(keys), -1)
-            new = np.flatnonzero(codes < 0)
-            if len(new):
-                inv, fresh = pd.factorize(np.array(keys, dtype=object)[new])
-                codes[new] = len(self.keys) + inv
-                self.keys += fresh.tolist()
-                self.index = pd.Index(self.keys, dtype=object)
-            self._last = (keys, codes)
-        self.parts.append((col, codes, vals))
-
-    def values(self) -> np.ndarray:
-        out = np.full((len(self.keys), len(F.ALL_FIELDS)), np.nan)
-        for col, codes, vals in self.parts:
-            out[codes, col] = vals
-        return out
-
-
-_LAST_SPLIT: list[Any] = [None]  # (keys, host map, node jobs, split): the last `_split`
-
-
-def _split(
-    keys: list[Any], host_map: dict[str, str] | None, node_jobs: dict[str, set[str]]
-) -> tuple[np.ndarray, ...]:
-    """`_labels` of the keys, reused while the keys, the host map and the job -> node join are
-    those of the last call (as from one cycle to the next in steady state: the split is a
-    tenth of a cycle at 10,000 GPUs). The arrays are read-only: every caller indexes copies."""
-    last = _LAST_SPLIT[0]
-    if last is not None and last[0] == keys and last[1] == host_map and last[2] == node_jobs:
-        return last[3]
-    out = _labels(np.array(keys, dtype=object), host_map, node_jobs)
-    for a in out:
-        a.setflags(write=False)
-    _LAST_SPLIT[0] = (keys, dict(host_map) if host_map else host_map, node_jobs, out)
-    return out
-
-
-def _labels(
-    keys: np.ndarray, host_map: dict[str, str] | None, node_jobs: dict[str, set[str]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Split the joined keys (one per GPU row) into node, gpu, job, model; an invalid row gets
-    node "" (dropped: invalid labels never reach the engine). A row without `hpc_job` takes its
-    node's job when the node runs exactly one and has no job mapping (with mapping on, an
-    unlabelled GPU is one no job uses: a 1-GPU job leaves the node's other GPUs idle)."""
-    blank = ["", "", "", "", ""]
-    split = [
-        p if len(p) == 5 else blank
-        for p in (k.split(",", 4) if isinstance(k, str) else blank for k in keys.tolist())
-    ]
-    host = np.array([p[0] or p[1] for p in split], dtype=object)
-    gpu_s = np.array([p[2] for p in split], dtype=object)
-    job = np.array([p[3] for p in split], dtype=object)
-    model = np.array([p[4][:128] for p in split], dtype=object)
-    hcodes, huniq = pd.factorize(host)
-    mapped_hosts = np.zeros(len(huniq) + 1, dtype=bool)
-    mapped_hosts[hcodes[job != ""]] = True
-    mapped = [(host_map or {}).get(h, h) for h in huniq.tolist()]
-    only = [
-        next(iter(node_jobs[m])) if len(node_jobs.get(m, ())) == 1 and not mapped_hosts[i] else ""
-        for i, m in enumerate(mapped)
-    ]
-    valid = np.array([bool(m) and NODE_RE.match(m) is not None for m in mapped] + [False])
-    node = np.array(mapped + [""], dtype=object)[hcodes]
-    joined = np.array(only + [""], dtype=object)[hcodes]
-    job = np.where(job == "", joined, job)
-    gcodes, guniq = pd.factorize(gpu_s)
-    gnum = np.array([int(g) if g.isdigit() and len(g) <= 3 else -1 for g in guniq] + [-1])
-    gpu = gnum[gcodes]
-    jcodes, juniq = pd.factorize(job)
-    jvalid = np.array([j == "" or JOB_RE.match(j) is not None for j in juniq] + [False])
-    ok = valid[hcodes] & (gpu >= 0) & jvalid[jcodes]
-    return np.where(ok, node, ""), np.where(ok, gpu, 0), np.where(ok, job, ""), model
-
-
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: decoding an answer allocates millions of objects
-    (none in a cycle: reference counting frees them), and the collections those allocations
-    trigger cost 5-10x the decoding itself (bench/results/scale.md)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 class Scores(Collector):
     """The service's own health; the score families are rendered per cycle (exposition.py)."""
 
@@ -253,6 +45,7 @@ class Scores(Collector):
         self.text = b""  # the cycle's score families; b"" = withdrawn
         self.cycle_seconds = 0.0
         self.phases = dict.fromkeys(PHASES, 0.0)
+        self.phases_cpu = dict.fromkeys(PHASES, 0.0)  # this thread's CPU seconds (not exposed)
         self.series = 0
         self.errors = 0
         self.last_cycle = 0.0
@@ -314,6 +107,7 @@ class Service:
         self.registry = registry or CollectorRegistry()
         self.registry.register(self.scores)
         self.gpu_level = level("gpu")
+        self.renderer = exposition.Renderer()
         self.stop = threading.Event()
 
     def cycle(self, now: float | None = None) -> bool:
@@ -322,28 +116,29 @@ class Service:
             return self._cycle(now)
 
     def _cycle(self, now: float | None) -> bool:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             frame, names = fetch(self.client, self.cfg.host_map, now, self.cfg.shard)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             res = self.engine.step(
                 frame, float(frame.time[0]) if len(frame) else time.time(), names
             )
-            self.engine.end_jobs(set(pd.unique(frame.job)) - {""})
-            t2 = time.perf_counter()
-            text = exposition.render(res, self.gpu_level)
+            self.engine.end_jobs(set(frame.job_codes[1].tolist()) - {""})
+            t2, c2 = time.perf_counter(), time.thread_time()
+            text = self.renderer.render(res, self.gpu_level)
         except (PromError, FrameError, ValueError, KeyError) as exc:
             log.warning("detector cycle failed: %s", exc)
             with self.scores.lock:
                 self.scores.errors += 1
                 self.scores.text = b""  # scores go stale rather than lie
             return False
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.thread_time()
         with self.scores.lock:
             self.scores.text = text
             self.scores.series = len(frame)
             self.scores.cycle_seconds = t3 - t0
             self.scores.phases = {"fetch": t1 - t0, "score": t2 - t1, "render": t3 - t2}
+            self.scores.phases_cpu = {"fetch": c1 - c0, "score": c2 - c1, "render": c3 - c2}
             self.scores.last_cycle = time.time()
         return True
 

@@ -1,5 +1,6 @@
-"""An adaptive, unit-free baseline for one series: the same threshold means the same on a
-series of milliwatts and one of petabytes, through level shifts and daily cycles.
+"""An adaptive, unit-free baseline per series: the same threshold means the same on a series of
+milliwatts and one of petabytes, through level shifts and daily cycles. `Bank` holds many
+series as arrays (one row each, one vectorised update per instant); `Univariate` is one series.
 
 Each sample's residual from the baseline (level, plus a seasonal profile when a `period` is
 given and two periods are learned: statsmodels' STL) is divided by a robust scale, the MAD of
@@ -9,12 +10,16 @@ absolute value, or its spread when that is ~0): no unit appears anywhere. Score 
 a fraction ~p of its samples, whatever its scale.
 
 Learning: calm samples (score below `learn_below`) fill a window of `window` samples; the first
-fit comes as soon as `min_fit` are in, then every `refit_every` samples. With a `period`, the
+fit comes as soon as `min_fit` are in (and again once `min_fit` are in after a fit on fewer, a
+relearn's), then every `refit_every` samples. With a `period`, the
 first two periods are learned whole (the cycle is not an anomaly) and the seasonal profile is
 fitted once they are in; until then the series is scored against its level only. A sustained shift
 (the median score of the last `relearn_after` samples at or above 1.0) that no incident confirmed
 (`confirmed=False` in `update`) becomes the new normal: the window restarts from the shifted
-samples. Samples inside a confirmed incident are never learned.
+samples (those of the last `relearn_after` scoring at or above 1.0, not the ones before the
+shift: a window mixing both levels fitted a scale several sigmas wide, under which a later
+shift half-scored and was half-learned, alerting for days). Samples inside a confirmed incident
+are never learned.
 
 >>> import numpy as np
 >>> noise = np.random.default_rng(0).standard_normal(400)
@@ -28,23 +33,53 @@ samples. Samples inside a confirmed incident are never learned.
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections import deque
-from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from detector import fields as F
-from detector.base import Detector, group_median, z_crit
-from detector.frame import Frame
-
-MAD_TO_SIGMA = 1.4826
+from detector.base import MAD_TO_SIGMA, z_crit
 
 
-class Univariate:
-    """Online robust baseline of one series (see the module docstring)."""
+def _median(x: np.ndarray) -> np.ndarray:
+    """Row medians of (k, w), NaN-padded rows (NaN where a row has none): one sort."""
+    srt = np.sort(x, axis=1)  # NaN sort last
+    n = np.count_nonzero(~np.isnan(x), axis=1)
+    i = np.arange(len(x))
+    return (srt[i, np.maximum((n - 1) // 2, 0)] + srt[i, n // 2]) / 2
+
+
+def _percentile(srt: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
+    """Row percentile `q` of sorted NaN-padded rows with `n` values each (numpy's linear)."""
+    v = (n - 1) * (q / 100.0)
+    lo = np.floor(v).astype(np.int64)
+    g = v - lo
+    i = np.arange(len(srt))
+    a, b = srt[i, lo], srt[i, np.minimum(lo + 1, n - 1)]
+    d = b - a
+    return np.where(g >= 0.5, b - d * (1 - g), a + d * g)
+
+
+class Bank:
+    """Many series' baselines (see the module docstring) as arrays, one row per series. Rows
+    come from `add` and are cleared by `reset`; `update` and `score` take row indexes (unique
+    within one `update`) and one value per row."""
+
+    buf_: np.ndarray
+    bph_: np.ndarray
+    nbuf_: np.ndarray
+    bhead_: np.ndarray
+    rec_: np.ndarray
+    rph_: np.ndarray
+    nrec_: np.ndarray
+    rhead_: np.ndarray
+    t_: np.ndarray
+    since_: np.ndarray
+    fitn_: np.ndarray
+    prior_: np.ndarray
+    level_: np.ndarray
+    season_: np.ndarray
+    scale_: np.ndarray
+    relearned_: np.ndarray
 
     def __init__(
         self,
@@ -64,265 +99,233 @@ class Univariate:
         self.p = p
         self.period = period
         self.window = max(window, 2 * (period or 0) + 1)
+        if not 1 <= relearn_after <= self.window:
+            raise ValueError(f"relearn_after must be in 1..{self.window}, got {relearn_after}")
         self.min_fit = min_fit
         self.refit_every = refit_every
         self.relearn_after = relearn_after
         self.rel_floor = rel_floor
         self.learn_below = learn_below
-        self.buf_: deque[float] = deque(maxlen=self.window)
-        self.phase_: deque[int] = deque(maxlen=self.window)
-        self.recent_: deque[tuple[float, int]] = deque(maxlen=relearn_after)
-        self.t_ = 0  # samples seen
-        self.since_fit_ = 0
-        self.level_: float | None = None
-        self.season_: np.ndarray | None = None
-        self.scale_ = math.inf
-        self.relearned_ = 0
+        self.zc = z_crit(p)
+        self.rows = 0  # rows handed out by `add`
+        w, r, ps = self.window, relearn_after, period or 1
+        # name: (per-row shape, dtype, cleared value)
+        self._layout = {
+            "buf_": ((w,), float, np.nan),  # the learned window (a ring) ...
+            "bph_": ((w,), np.int64, 0),  # ... and each sample's phase of the cycle
+            "nbuf_": ((), np.int64, 0),
+            "bhead_": ((), np.int64, 0),
+            "rec_": ((r,), float, np.nan),  # the last `relearn_after` samples (a ring)
+            "rph_": ((r,), np.int64, 0),
+            "nrec_": ((), np.int64, 0),
+            "rhead_": ((), np.int64, 0),
+            "t_": ((), np.int64, 0),  # samples seen
+            "since_": ((), np.int64, 0),  # samples learned since the last fit
+            "fitn_": ((), np.int64, 0),  # samples the last fit saw
+            "prior_": ((), float, 0.0),  # the scale before a relearn, floor of the next fits
+            "level_": ((), float, np.nan),  # NaN: not fitted
+            "season_": ((ps,), float, 0.0),
+            "scale_": ((), float, np.inf),
+            "relearned_": ((), np.int64, 0),
+        }
+        for name, (shape, dtype, fill) in self._layout.items():
+            setattr(self, name, np.full((0, *shape), fill, dtype=dtype))
 
-    def fitted(self) -> bool:
-        return self.level_ is not None
+    def __len__(self) -> int:
+        return self.rows
 
-    def _fit(self) -> None:
-        x = np.asarray(self.buf_, dtype=float)
-        ph = np.asarray(self.phase_, dtype=int)
-        season = np.zeros(self.period or 1)
-        if self.season_ is not None and len(self.season_) == len(season):
-            season = self.season_  # kept until two fresh periods allow a new profile
-        if self.period and len(x) >= 2 * self.period + 1:
-            from statsmodels.tsa.seasonal import STL
+    def add(self, k: int) -> np.ndarray:
+        """`k` new cleared rows (the arrays grow by doubling)."""
+        need, cap = self.rows + k, len(self.t_)
+        if need > cap:
+            new = max(need, 2 * cap, 16)
+            for name, (shape, dtype, fill) in self._layout.items():
+                a = np.full((new, *shape), fill, dtype=dtype)
+                a[:cap] = getattr(self, name)
+                setattr(self, name, a)
+        out = np.arange(self.rows, need)
+        self.rows = need
+        return out
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = STL(x, period=self.period, robust=True).fit()
-            prof = np.zeros(self.period)
-            for k in range(self.period):  # the seasonal profile by phase of the cycle
-                mine = res.seasonal[ph == k]
-                prof[k] = float(np.median(mine)) if len(mine) else 0.0
-            # smoothed around the cycle: with two periods a phase has two values, and an
-            # unsmoothed profile would fit the noise (in-sample residuals too small)
-            w = max(3, self.period // 24)
-            ring = np.concatenate([prof[-w:], prof, prof[:w]])
-            season = np.convolve(ring, np.ones(2 * w + 1) / (2 * w + 1), mode="same")[w:-w]
-        level = float(np.median(x - season[ph % len(season)]))
-        resid = x - season[ph % len(season)] - level
-        if self.robust == "qn" and len(resid) >= 8:
+    def reset(self, rows: np.ndarray) -> None:
+        """Forget everything the rows learned."""
+        for name, (_, _, fill) in self._layout.items():
+            getattr(self, name)[rows] = fill
+
+    def fitted(self, rows: np.ndarray) -> np.ndarray:
+        return np.isfinite(self.level_[rows])
+
+    def score(self, rows: np.ndarray, x: np.ndarray, phase: np.ndarray | None = None) -> np.ndarray:
+        """Scores of `x` (at `phase` of the cycle; default each row's next) without learning."""
+        ph = self.t_[rows] if phase is None else phase
+        level = self.level_[rows]
+        with np.errstate(invalid="ignore", over="ignore"):
+            z = np.abs(x - level - self.season_[rows, ph % self.season_.shape[1]])
+            z = np.minimum(z / self.scale_[rows] / self.zc, 1e6)
+        return np.where(np.isfinite(level) & np.isfinite(x), z, 0.0)
+
+    def update(self, rows: np.ndarray, x: np.ndarray, confirmed: np.ndarray) -> np.ndarray:
+        """Score each row's `x`, then learn from it (see the module docstring)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        x = np.asarray(x, dtype=float)
+        ph = self.t_[rows] % (self.period or 1)
+        s = self.score(rows, x, ph)
+        self.t_[rows] += 1
+        fin = np.isfinite(x)
+        conf = rows[fin & confirmed]
+        self.nrec_[conf] = 0  # an incident: the shift so far is not a new normal
+        self.rhead_[conf] = 0
+        go = fin & ~confirmed
+        r, xv, pv = rows[go], x[go], ph[go]
+        h = self.rhead_[r]
+        self.rec_[r, h], self.rph_[r, h] = xv, pv
+        self.rhead_[r] = (h + 1) % self.relearn_after
+        self.nrec_[r] = np.minimum(self.nrec_[r] + 1, self.relearn_after)
+        learn = s[go] < self.learn_below
+        if self.period:  # a cycle is learned whole, over two periods
+            learn |= self.t_[r] <= 2 * self.period + 1
+        self._push(r[learn], xv[learn], pv[learn])
+        shifted = self._relearn(r[~learn & (self.nrec_[r] == self.relearn_after)])
+        rest = r[~np.isin(r, shifted)] if len(shifted) else r
+        fit = self.fitted(rest)
+        enough = self.nbuf_[rest] >= self.min_fit  # a fit on fewer (a relearn) is redone then
+        due = (~fit & enough) | (
+            fit
+            & (
+                (self.since_[rest] >= self.refit_every)
+                | (enough & (self.fitn_[rest] < self.min_fit))
+            )
+        )
+        self._fit(rest[due])
+        return s
+
+    def _push(self, r: np.ndarray, x: np.ndarray, ph: np.ndarray) -> None:
+        h = self.bhead_[r]
+        self.buf_[r, h], self.bph_[r, h] = x, ph
+        self.bhead_[r] = (h + 1) % self.window
+        self.nbuf_[r] = np.minimum(self.nbuf_[r] + 1, self.window)
+        self.since_[r] += 1
+
+    def _relearn(self, cand: np.ndarray) -> np.ndarray:
+        """Rows whose last `relearn_after` samples score at or above 1.0 in the median: a
+        sustained shift nobody confirmed, the window restarts from it (the new normal)."""
+        if not len(cand):
+            return cand
+        n = self.relearn_after
+        order = (self.rhead_[cand][:, None] + np.arange(n)) % n  # oldest first
+        v = np.take_along_axis(self.rec_[cand], order, axis=1)
+        k = np.take_along_axis(self.rph_[cand], order, axis=1)
+        sc = self.score(np.repeat(cand, n), v.ravel(), k.ravel()).reshape(-1, n)
+        hit = np.median(sc, axis=1) >= 1.0
+        rows = cand[hit]
+        if len(rows):  # the window restarts from the shifted samples alone (those at or over
+            # 1.0; the others were learned already): not a mix of the old level and the new
+            shifted = sc[hit] >= 1.0
+            first = np.argsort(~shifted, axis=1, kind="stable")  # in time order
+            m = shifted.sum(axis=1)
+            self.buf_[rows] = np.nan
+            self.buf_[rows, :n] = np.take_along_axis(v[hit], first, axis=1)
+            self.bph_[rows, :n] = np.take_along_axis(k[hit], first, axis=1)
+            self.buf_[rows[:, None], np.arange(n)] = np.where(
+                np.arange(n) < m[:, None], self.buf_[rows, :n], np.nan
+            )
+            self.nbuf_[rows], self.bhead_[rows] = m, m % self.window
+            self.relearned_[rows] += 1
+            self.prior_[rows] = self.scale_[rows]  # a shift moves the level, not the noise
+            self._fit(rows)
+        return rows
+
+    def _fit(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        n = self.nbuf_[rows]
+        x = np.where(np.arange(self.window) < n[:, None], self.buf_[rows], np.nan)
+        ph = self.bph_[rows]
+        season = self.season_[rows]  # kept until two fresh periods allow a new profile
+        if self.period:
+            for i in np.flatnonzero(n >= 2 * self.period + 1):
+                season[i] = self._profile(int(rows[i]))
+        x0 = x - np.take_along_axis(season, ph % season.shape[1], axis=1)
+        level = _median(x0)
+        resid = x0 - level[:, None]
+        mad = _median(np.abs(resid - _median(resid)[:, None])) * MAD_TO_SIGMA
+        if self.robust == "qn":
             from statsmodels.robust.scale import qn_scale
 
-            mad = float(qn_scale(resid))
-        else:
-            mad = float(np.median(np.abs(resid - np.median(resid)))) * MAD_TO_SIGMA
-        typical = float(np.median(np.abs(x)))
-        spread = float(np.percentile(x, 95) - np.percentile(x, 5))
-        floor = self.rel_floor * (typical if typical > 1e-12 * max(spread, 1e-300) else spread)
-        self.level_, self.season_ = level, season
-        self.scale_ = max(mad, floor, 1e-300)
-        self.since_fit_ = 0
+            for i in np.flatnonzero(n >= 8):
+                mad[i] = float(qn_scale(resid[i, : n[i]]))
+        typical = _median(np.abs(x))
+        srt = np.sort(x, axis=1)
+        spread = _percentile(srt, n, 95) - _percentile(srt, n, 5)
+        floor = self.rel_floor * np.where(
+            typical > 1e-12 * np.maximum(spread, 1e-300), typical, spread
+        )
+        # until the window after a relearn holds `refit_every` samples, its scale (from a few
+        # dozen) is held at least at the scale before the shift: a small sample's MAD runs low
+        prior = np.where(n < self.refit_every, self.prior_[rows], 0.0)
+        self.prior_[rows] = prior
+        self.level_[rows], self.season_[rows] = level, season
+        self.scale_[rows] = np.fmax(np.fmax(np.fmax(mad, floor), prior), 1e-300)
+        self.since_[rows] = 0
+        self.fitn_[rows] = n
+
+    def _profile(self, row: int) -> np.ndarray:
+        """The seasonal profile of one row's window (in time order): STL, by phase, smoothed."""
+        from statsmodels.tsa.seasonal import STL
+
+        assert self.period
+        n, w = int(self.nbuf_[row]), self.window
+        idx = (self.bhead_[row] - n + np.arange(n)) % w
+        x, ph = self.buf_[row, idx], self.bph_[row, idx]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = STL(x, period=self.period, robust=True).fit()
+        prof = np.zeros(self.period)
+        for k in range(self.period):  # the seasonal profile by phase of the cycle
+            mine = res.seasonal[ph == k]
+            prof[k] = float(np.median(mine)) if len(mine) else 0.0
+        # smoothed around the cycle: with two periods a phase has two values, and an
+        # unsmoothed profile would fit the noise (in-sample residuals too small)
+        sw = max(3, self.period // 24)
+        ring = np.concatenate([prof[-sw:], prof, prof[:sw]])
+        return np.convolve(ring, np.ones(2 * sw + 1) / (2 * sw + 1), mode="same")[sw:-sw]
+
+
+class Univariate:
+    """One series' online baseline: a `Bank` of one row (the same code, scalar calls)."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        self.bank = Bank(*args, **kw)  # type: ignore[arg-type]
+        self._row = self.bank.add(1)
+
+    def __getattr__(self, name: str) -> object:  # the parameters: p, period, min_fit, ...
+        if name.startswith("_") or name == "bank":
+            raise AttributeError(name)
+        return getattr(self.bank, name)
+
+    @property
+    def relearned_(self) -> int:
+        return int(self.bank.relearned_[0])
+
+    @property
+    def level_(self) -> float | None:
+        v = float(self.bank.level_[0])
+        return v if np.isfinite(v) else None
+
+    @property
+    def scale_(self) -> float:
+        return float(self.bank.scale_[0])
+
+    def fitted(self) -> bool:
+        return bool(self.bank.fitted(self._row)[0])
 
     def score(self, x: float, phase: int | None = None) -> float:
         """The score of `x` (at `phase` of the cycle) without learning from it."""
-        if self.level_ is None or self.season_ is None or not math.isfinite(x):
-            return 0.0
-        ph = (self.t_ if phase is None else phase) % len(self.season_)
-        z = abs(x - self.level_ - float(self.season_[ph])) / self.scale_
-        return min(z / z_crit(self.p), 1e6)
+        ph = None if phase is None else np.array([phase])
+        return float(self.bank.score(self._row, np.array([x], dtype=float), ph)[0])
 
     def update(self, x: float, confirmed: bool = False) -> float:
-        """Score `x`, then learn from it (see the module docstring); returns the score."""
-        ph = self.t_ % (self.period or 1)
-        s = self.score(x, ph)
-        self.t_ += 1
-        if not math.isfinite(x):
-            return s
-        if confirmed:
-            self.recent_.clear()
-            return s
-        self.recent_.append((x, ph))
-        seasoning = bool(self.period) and self.t_ <= 2 * (self.period or 0) + 1
-        if s < self.learn_below or seasoning:  # a cycle is learned whole, over two periods
-            self.buf_.append(x)
-            self.phase_.append(ph)
-            self.since_fit_ += 1
-        elif (
-            len(self.recent_) == self.relearn_after
-            and np.median([self.score(v, k) for v, k in self.recent_]) >= 1.0
-        ):  # a sustained shift nobody confirmed: the new normal
-            self.buf_.clear()
-            self.phase_.clear()
-            for v, k in self.recent_:
-                self.buf_.append(v)
-                self.phase_.append(k)
-            self.relearned_ += 1
-            self._fit()
-            return s
-        if (self.level_ is None and len(self.buf_) >= self.min_fit) or (
-            self.level_ is not None and self.since_fit_ >= self.refit_every
-        ):
-            self._fit()
-        return s
-
-
-# the job-level series the engine follows: watts, a 0..1 ratio, MiB and seconds, one threshold
-SERIES = (
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_DEV_FB_USED",
-    "goodput_job_iteration_seconds",
-)
-
-
-class Level(Detector):
-    """Each job's level of `SERIES` (the median over its GPUs at each instant) against its own
-    adaptive baseline (`Univariate`, one per series, unit-free), learned online.
-
-    The engine scores a cycle, then calls `update` with the jobs whose alert is on: an alerting
-    window is never learned (nor taken as a new normal), a sustained shift nobody alerted on is
-    (see `Univariate`). Samples inside a pause the job's log announced (checkpoint, start-up),
-    and while the job settles after one, are neither scored nor learned. Score = max over
-    series, Bonferroni-corrected (each series at p / len(SERIES)), so 1.0 is the alert level on
-    watts and on ratios alike. State per job:
-    each series' level and scale, stored by job name like the other baselines.
-
-    >>> from detector.synthetic import healthy_frame
-    >>> det = Level().fit(healthy_frame(jobs=1, nodes=1, steps=60, seed=1))
-    >>> test = healthy_frame(jobs=1, nodes=1, steps=1, seed=2, start=600.0)
-    >>> bool(det.score(test).max() < 1.0)
-    True
-    >>> test.values[:, test.fields.index("DCGM_FI_DEV_POWER_USAGE")] *= 0.8  # the job draws less
-    >>> bool(det.score(test).min() > 1.0)
-    True
-    """
-
-    name = "level"
-    params = ("p", "relearn_after", "period")
-
-    def __init__(self, p: float = 1e-4, relearn_after: int = 30, period: int | None = None):
-        self.p = p
-        self.relearn_after = relearn_after
-        self.period = period
-
-    def _ensure(self) -> None:
-        if not hasattr(self, "series_"):
-            self.series_: dict[str, list[Univariate]] = {}
-            self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
-
-    def _of(self, job: str) -> list[Univariate]:
-        """The job's series baselines, created on first sight (not built and thrown away on
-        every later one, as `setdefault(job, self._new())` would)."""
-        us = self.series_.get(job)
-        if us is None:
-            us = self.series_[job] = self._new()
-        return us
-
-    def _new(self) -> list[Univariate]:
-        return [
-            Univariate(self.p / len(SERIES), self.period, relearn_after=self.relearn_after)
-            for _ in SERIES
-        ]
-
-    def _groups(
-        self, frame: Frame, learn: bool = False
-    ) -> tuple[np.ndarray, list[tuple[str, float]], np.ndarray]:
-        """Row -> (job, instant) group, the groups, and their (g, series) medians: NaN while a
-        pause is open and while the job settles after one (its first steps run slow), for 1.5 x
-        the job's longest pause seen (30 s before one) + max(10 s, 30 steps), as `progress`
-        does. `learn` records the pauses' lengths."""
-        from detector.physics import _open  # the one definition of an open pause
-
-        if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
-            codes, jobs = frame.job_codes
-            uniq = list(zip(jobs, np.full(len(jobs), frame.time[0]), strict=True))
-        else:
-            codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
-        n = len(uniq)
-        med = group_median(frame.cols(SERIES), codes, n)
-        since = frame.col(F.SINCE_PAUSE)
-        is_open = np.bincount(codes, _open(frame.col(F.STALL_SECONDS), since), n) > 0
-        sp = group_median(since[:, None], codes, n)[:, 0]
-        groups = [(str(j), float(t)) for j, t in uniq]
-        step = np.nan_to_num(med[:, SERIES.index(F.ITER_SECONDS)])
-        for g, (job, _) in enumerate(groups):
-            if is_open[g] and learn and np.isfinite(sp[g]):
-                self.pause_[job] = max(self.pause_.get(job, 0.0), float(sp[g]))
-            settle = 1.5 * self.pause_.get(job, 30.0) + max(10.0, 30.0 * step[g])
-            if is_open[g] or sp[g] <= settle:
-                med[g] = np.nan
-        return codes, groups, med
-
-    def fit(self, frame: Frame) -> Detector:
-        """Learn from a recording: each job's instants in time order, none confirmed."""
-        self._ensure()
-        if len(frame):
-            _, groups, med = self._groups(frame, learn=True)
-            for g in sorted(range(len(groups)), key=lambda g: groups[g][1]):
-                job = groups[g][0]
-                if job:
-                    for u, v in zip(self._of(job), med[g], strict=True):
-                        u.update(float(v))
-        return self
-
-    def update(self, frame: Frame, alerting: set[str]) -> None:
-        """Learn this instant: the jobs in `alerting` (their alert is on) are not learned."""
-        self._ensure()
-        if not len(frame):
-            return
-        _, groups, med = self._groups(frame, learn=True)
-        for g, (job, _) in enumerate(groups):
-            if job:
-                on = job in alerting
-                for u, v in zip(self._of(job), med[g], strict=True):
-                    u.update(float(v), confirmed=on)
-
-    def _z(self, frame: Frame) -> np.ndarray:
-        self._ensure()
-        out = np.zeros((len(frame), len(SERIES)))
-        if not len(frame) or not self.series_:
-            return out
-        codes, groups, med = self._groups(frame)
-        per = np.zeros((len(groups), len(SERIES)))
-        for g, (job, _) in enumerate(groups):
-            us = self.series_.get(job)
-            if us is not None:
-                per[g] = [u.score(float(v)) for u, v in zip(us, med[g], strict=True)]
-        return per[codes]
-
-    def score(self, frame: Frame) -> np.ndarray:
-        z = self._z(frame)
-        return z.max(axis=1) if len(z) else np.zeros(0)
-
-    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
-        z = self._z(frame.take(rows))
-        return [
-            f"the job's {SERIES[a]} moved {z[i, a]:.2f}x the alert level from its learned level"
-            for i, a in enumerate(z.argmax(axis=1))
-        ]
-
-    def job_state(self, job: str) -> dict[str, Any] | None:
-        self._ensure()
-        us = self.series_.get(job)
-        if us is None or not any(u.fitted() for u in us):
-            return None
-        pairs = zip(SERIES, us, strict=True)
-        return {n: [u.level_, u.scale_] if u.fitted() else None for n, u in pairs}
-
-    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
-        self._ensure()
-        us = self._new()
-        for n, u in zip(SERIES, us, strict=True):
-            v = state.get(n)
-            if v is None:
-                continue
-            level, scale = (float(x) for x in v)
-            if not (math.isfinite(level) and math.isfinite(scale) and scale > 0):
-                raise ValueError(f"level state for {n}: want a finite level and scale > 0")
-            u.level_, u.scale_, u.season_ = level, scale, np.zeros(1)
-        self.series_[job] = us
-
-    def jobs(self) -> list[str]:
-        self._ensure()
-        return list(self.series_)
-
-    def drop_jobs(self, jobs: set[str]) -> None:
-        self._ensure()
-        for j in jobs:
-            self.series_.pop(j, None)
-            self.pause_.pop(j, None)
+        """Score `x`, then learn from it; returns the score."""
+        return float(
+            self.bank.update(self._row, np.array([x], dtype=float), np.array([confirmed]))[0]
+        )

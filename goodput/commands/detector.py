@@ -34,7 +34,8 @@ def serve(
 ) -> None:
     """Query Prometheus every INTERVAL, score every running job, expose goodput_* scores."""
     from detector.baselines import BaselineStore
-    from detector.service import Service, ServiceConfig, Shard
+    from detector.ingest import Shard
+    from detector.service import Service, ServiceConfig
 
     if interval <= 0:
         raise typer.BadParameter("--interval must be positive")

@@ -22,7 +22,8 @@ import yaml
 
 from bench.scale_data import Cluster, dcgm_text, slurm_text
 from detector.baselines import BaselineStore
-from detector.service import Service, ServiceConfig, Shard, fetch
+from detector.ingest import Shard, fetch
+from detector.service import Service, ServiceConfig
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def test_replicas_score_disjoint_jobs_whose_union_is_all(prom, tmp_path):
         per_job = {j: int((frame.job == j).sum()) for j in set(frame.job) - {""}}
         assert set(per_job.values()) == {16}  # each of its jobs with all its GPUs
         assert (frame.job == "").sum() == 32  # and the GPUs without a job
-        seen.append(set(svc.engine.jobs))
+        seen.append(set(svc.engine.base.jobs))
         text = svc.exposition().decode()
         assert f'goodput_detector_shard_info{{shard="{k}",shards="{SHARDS}"}} 1.0' in text
     for a in range(SHARDS):
@@ -164,13 +165,13 @@ def test_replicas_score_disjoint_jobs_whose_union_is_all(prom, tmp_path):
     assert set().union(*seen) == jobs
     whole = Service(ServiceConfig(prometheus_url=url), store=BaselineStore(tmp_path))
     assert whole.cycle()
-    assert set(whole.engine.jobs) == jobs
+    assert set(whole.engine.base.jobs) == jobs
 
 
 def test_prometheus_answers_every_field_in_one_series_order(prom):
     """The fetch's fast path (one list comparison per field instead of indexing) holds."""
     url, _ = prom
-    from detector.service import KEY, queries
+    from detector.ingest import KEY, queries
 
     qs = queries(Shard(0, SHARDS))
     orders = [

@@ -24,7 +24,8 @@ import requests
 from bench.scale_data import Cluster, dcgm_text
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import Service, ServiceConfig, Shard, fetch
+from detector.ingest import Shard, fetch
+from detector.service import Service, ServiceConfig
 from recovery.evidence import Context
 from recovery.evidence import prometheus as evidence
 from recovery.settings import Settings
@@ -117,7 +118,7 @@ def test_detector_queries_and_shards_work_on_victoriametrics(vm, tmp_path):
     jobs = set(cluster.job) - {""}
     whole = Service(ServiceConfig(prometheus_url=url), store=BaselineStore(tmp_path))
     assert whole.cycle()
-    assert set(whole.engine.jobs) == jobs
+    assert set(whole.engine.base.jobs) == jobs
     assert whole.scores.series == len(cluster.node)
     per = _query(url, "count by (hpc_job, goodput_shard) (DCGM_FI_DEV_GPU_UTIL)")
     shard_of: dict[str, set[str]] = {}

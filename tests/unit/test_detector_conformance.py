@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 import detector.base
-import detector.detectors
+import detector.covariance
+import detector.deviation
+import detector.hardware
+import detector.peer
+import detector.progress
 from detector import fields as F
-from detector.detectors import ALL
+from detector.pipeline import ALL
 from detector.synthetic import healthy_frame
 
 TRAIN = healthy_frame(jobs=2, nodes=2, steps=40, seed=11)
@@ -52,12 +56,23 @@ def test_conformance(cls, tmp_path):
     assert det.score(TEST.take(np.array([], dtype=int))).shape == (0,)
 
 
-@pytest.mark.parametrize("module", [detector.detectors, detector.base])
+MODULES = [
+    detector.deviation,
+    detector.peer,
+    detector.progress,
+    detector.hardware,
+    detector.covariance,
+]
+
+
+@pytest.mark.parametrize("module", [*MODULES, detector.base])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
-    if module is detector.detectors:
-        assert result.attempted >= len(ALL) * 3
+    mine = [c for c in ALL if c.__module__ == module.__name__]
+    assert result.attempted >= len(mine) * 3
+    if module is not detector.base:
+        assert mine, f"{module.__name__} holds no detector of ALL"
 
 
 def test_load_rejects_other_files(tmp_path):

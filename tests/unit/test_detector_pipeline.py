@@ -112,7 +112,7 @@ def test_baseline_kept_by_job_name_across_requeue(tmp_path):
     again = healthy_frame(jobs=1, nodes=3, steps=1, seed=9, first_job=200)
     eng2 = Engine(Config(**CFG), BaselineStore(tmp_path))
     eng2.step(again, 0.0, {"200": "llama-70b"})
-    assert eng2.jobs["200"].loaded and "200" in eng2.det["deviation"].jobs()
+    assert eng2.base.jobs["200"].loaded and "200" in eng2.det["deviation"].jobs()
     again.values[0, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
     assert eng2.det["deviation"].score(again)[0] > 1.0
 
@@ -261,8 +261,8 @@ def test_ended_jobs_are_forgotten_and_codes_compacted():
         eng.step(f, 10.0 * i)
         eng.det["deviation"].fit(train)
         eng.end_jobs(set(f.job))
-    assert len(eng.jobs) == 400 and set(eng.det["deviation"].jobs()) == set(f.job)
-    assert len(eng._job_ids) < 6 * 400  # dead codes were compacted away
-    assert [eng._job_ids[i.code] for i in eng.jobs.values()] == list(eng.jobs)
+    assert len(eng.base.jobs) == 400 and set(eng.det["deviation"].jobs()) == set(f.job)
+    assert len(eng.base.ids) < 6 * 400  # dead codes were compacted away
+    assert [eng.base.ids[i.code] for i in eng.base.jobs.values()] == list(eng.base.jobs)
     res = eng.step(f, 60.0)  # the live jobs still score, under their remapped codes
     assert set(res.jobs.job_id) == set(f.job) and res.jobs.score.max() < 1.0

@@ -12,7 +12,8 @@ from bench.scale_data import Cluster, answers
 from clients.prometheus import PromClient, PromError, decode
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.service import KEY, Service, ServiceConfig, Shard, fetch, queries
+from detector.ingest import KEY, Shard, fetch, queries
+from detector.service import Service, ServiceConfig
 from detector.thresholds import level
 
 
@@ -172,13 +173,13 @@ def test_two_shards_partition_the_jobs_and_restart_keeps_baselines(tmp_path):
         shard = Shard(k, 2)
         svc = make(tmp_path, answers(c, shard, now), shard)
         assert svc.cycle(now=now)
-        seen.append(set(svc.engine.jobs))
-        job = sorted(svc.engine.jobs)[0]
-        svc.engine.jobs[job].rows = np.ones((4, len(F.ALL_FIELDS)), dtype=np.float32)
-        svc.engine.fit_job(job, now)  # saved under the job's name in the shared store
+        seen.append(set(svc.engine.base.jobs))
+        job = sorted(svc.engine.base.jobs)[0]
+        svc.engine.base.jobs[job].rows = np.ones((4, len(F.ALL_FIELDS)), dtype=np.float32)
+        svc.engine.base.fit_job(job, now)  # saved under the job's name in the shared store
         again = make(tmp_path, answers(c, shard, now), shard)  # the replica restarts
         assert again.cycle(now=now + 5)
-        assert again.engine.jobs[job].loaded
+        assert again.engine.base.jobs[job].loaded
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert seen[0] | seen[1] == set(c.job) - {""}
 

@@ -44,12 +44,12 @@ def test_policy_defaults_are_the_catalogues_outcome_actions():
 
 
 def test_detector_xid_weights_are_the_catalogues():
-    from detector import detectors
     from detector import fields as F
+    from detector import hardware
 
     xids = catalogue.default().xids
     assert F.XID_SCORES == {c: x.weight for c, x in xids.items() if x.weight}
-    assert all(detectors._XID_TABLE[c] == x.weight for c, x in xids.items())
+    assert all(hardware._XID_TABLE[c] == x.weight for c, x in xids.items())
     assert F.XID_SCORES[79] == 2.0 and F.XID_SCORES[63] == 1.0 and 13 not in F.XID_SCORES
 
 

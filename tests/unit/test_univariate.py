@@ -81,3 +81,49 @@ def test_a_confirmed_incident_is_never_learned() -> None:
     for _ in range(det.relearn_after):  # nobody confirms it any more: the new normal
         det.update(30.0 + rng.standard_normal())
     assert det.relearned_ == 1 and det.score(30.0) < 1.0
+
+
+def test_level_detector_is_calibrated_alike_at_every_scale() -> None:
+    """The engine's `level` detector (every job's series rows of one array state, STL with an
+    explicit period) on jobs whose four series run at 1e-3 ... 1e9 of their unit, with a daily
+    cycle and two benign shifts: the same alerts at every scale, at the calibrated rate, and
+    each shift learned as the new normal on every series."""
+    from detector import fields as F
+    from detector.frame import Frame
+    from detector.level import SERIES, Level
+
+    period, n = 96, 5 * 96  # one day of 15-minute samples, five days
+    shifts = ((267, 8.0), (383, -6.0))
+    t = np.arange(n)
+    base = 5.0 + 3.0 * np.sin(2 * np.pi * t / period)
+    noise = np.random.default_rng(5).standard_normal((len(SERIES), n))  # one per series
+    x = base + noise
+    for at, step in shifts:
+        x[:, at:] += step
+    cols = [F.ALL_FIELDS.index(s) for s in SERIES]
+    jobs = np.array([str(100 + i) for i in range(len(SCALES))], dtype=object)
+    det = Level(period=period)
+    scores = np.zeros((n, len(SCALES)))
+    for k in range(n):
+        values = np.full((len(SCALES), len(F.ALL_FIELDS)), np.nan)
+        values[:, cols] = np.outer(SCALES, x[:, k])  # the same noise at every scale
+        frame = Frame(
+            np.full(len(SCALES), 300.0 * k),
+            jobs,
+            np.array([f"node{i + 1}" for i in range(len(SCALES))], dtype=object),
+            np.zeros(len(SCALES), dtype=np.int64),
+            values,
+        )
+        scores[k] = det.score(frame)
+        det.update(frame, set())
+    keep = t > 2 * period + 1
+    for at, _ in shifts:
+        keep[at : at + det.relearn_after + 1] = False
+    hits = (scores[keep] >= 1.0).sum(axis=0)
+    assert len(set(hits.tolist())) == 1, hits  # unit-free: identical at every scale
+    assert hits[0] / keep.sum() <= 1e-3, hits  # calibrated: p = 1e-4 nominal per instant
+    for job in jobs:
+        rows = det.rows(job)
+        assert rows is not None and (det.bank_.relearned_[rows] == len(shifts)).all()
+    spike = scores[keep].max(axis=0)
+    assert np.ptp(spike) <= 1e-6 * spike.max()  # the same scores, not just the same counts

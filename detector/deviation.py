@@ -1,0 +1,201 @@
+"""Per-job deviation: each GPU against its job's healthy baseline (`BaselineDeviation`), and
+each node's change against the job's least-changed node (`NodeShift`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from detector import fields as F
+from detector.base import (
+    FLOORS,
+    group_median,
+    multi_instant,
+    nanmax_rows,
+    robust,
+    rowmax,
+    z_crit,
+)
+from detector.frame import Frame, by_size
+from detector.perjob import PerJob
+
+
+class BaselineDeviation(PerJob):
+    """Per-GPU deviation from the job's own healthy baseline, in two modes (busy / idle).
+
+    Fit learns, per job, the robust median and MAD-sigma of each gauge over busy rows
+    (util >= `busy_util`) and, if the job had idle phases (checkpoints, evals), over idle rows.
+    A row is scored against its own mode; idle rows of a job with no idle baseline score 0
+    (whole-job stalls are the progress detector's). Score = max robust z / z_crit(p, 12).
+
+    >>> import numpy as np
+    >>> from detector.synthetic import healthy_frame
+    >>> train = healthy_frame(jobs=1, nodes=2, steps=60, seed=1)
+    >>> det = BaselineDeviation().fit(train)
+    >>> test = healthy_frame(jobs=1, nodes=2, steps=5, seed=2, start=600.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> power = test.fields.index("DCGM_FI_DEV_POWER_USAGE")
+    >>> test.values[0, power] = 125.0  # a spin-waiting rank: util 100 %, power near idle
+    >>> bool(det.score(test)[0] > 1.0)
+    True
+    """
+
+    name = "deviation"
+    params = ("p", "busy_util", "min_rows", "rel_floor")
+    state_keys = ("busy_med_", "busy_scale_", "idle_med_", "idle_scale_")
+    busy_med_: np.ndarray
+    busy_scale_: np.ndarray
+    idle_med_: np.ndarray
+    idle_scale_: np.ndarray
+
+    def __init__(
+        self,
+        p: float = 1e-4,
+        busy_util: float = 50.0,
+        min_rows: int = 20,
+        rel_floor: float = 0.02,
+    ) -> None:
+        self.p = p
+        self.busy_util = busy_util
+        self.min_rows = min_rows
+        self.rel_floor = rel_floor
+
+    def _scale(self, med: np.ndarray, mad: np.ndarray) -> np.ndarray:
+        return np.fmax(np.fmax(mad, FLOORS), self.rel_floor * np.abs(med))
+
+    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
+        x = frame.cols(F.GAUGE_NAMES)
+        busy = frame.col(F.UTIL) >= self.busy_util
+        if busy.sum() < self.min_rows:
+            return None
+        nan = np.full(x.shape[1], np.nan)
+        bmed, bmad = robust(x[busy])
+        imed, imad = (nan, nan)
+        if (~busy).sum() >= self.min_rows:
+            imed, imad = robust(x[~busy])
+        return {
+            "busy_med_": bmed,
+            "busy_scale_": self._scale(bmed, bmad),
+            "idle_med_": imed,
+            "idle_scale_": self._scale(imed, imad),
+        }
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        codes = self._codes(frame)
+        x = frame.cols(F.GAUGE_NAMES)
+        z = np.full(x.shape, np.nan)
+        known = codes >= 0
+        if not known.any():
+            return z
+        idle = (frame.col(F.UTIL)[known] < self.busy_util).astype(np.int64)
+        mode = codes[known] * 2 + idle  # one gather from the stacked (busy, idle) tables
+        med = np.stack([self.busy_med_, self.idle_med_], axis=1).reshape(-1, x.shape[1])
+        scale = np.stack([self.busy_scale_, self.idle_scale_], axis=1).reshape(-1, x.shape[1])
+        z[known] = np.abs(x[known] - med[mode]) / scale[mode]
+        return z
+
+    def score(self, frame: Frame) -> np.ndarray:
+        return rowmax(self._z(frame)) / z_crit(self.p, len(F.GAUGES))
+
+    def spinning(self, frame: Frame, power_share: float = 0.35) -> np.ndarray:
+        """Rows that look busy (util >= `busy_util`) while drawing under `power_share` of the
+        job's busy power: a spin-wait (NCCL/collective hang), never a healthy phase."""
+        codes = self._codes(frame)
+        out = np.zeros(len(frame), dtype=bool)
+        known = codes >= 0
+        if known.any():
+            p = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+            ref = self.busy_med_[codes[known], p]
+            busy = frame.col(F.UTIL)[known] >= self.busy_util
+            out[known] = busy & (frame.col("DCGM_FI_DEV_POWER_USAGE")[known] < power_share * ref)
+        return out
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        sub = frame.take(rows)
+        top, arg = nanmax_rows(self._z(sub))
+        x = sub.cols(F.GAUGE_NAMES)
+        return [
+            f"{F.GAUGE_NAMES[a]}={x[i, a]:.4g} is {top[i]:.1f} sigma from the job's baseline"
+            for i, a in enumerate(arg)
+        ]
+
+
+ACTIVITY = (  # fields that move when a node does less work (not temperatures, clocks, memory)
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+)
+_ACT = np.array([F.GAUGE_NAMES.index(n) for n in ACTIVITY])
+
+
+class NodeShift(BaselineDeviation):
+    """Each node's change from the job's own baseline, against the job's least-changed node.
+
+    Peer comparison cannot localise when half a job is slow (two nodes, one slow: the median
+    sits between them). Here each node's median signed z (activity fields, busy baseline) is
+    compared with the node of the same job whose z is closest to zero: a phase the whole job
+    shares (evaluation, checkpoint) moves every node alike and scores 0; one slow host moves
+    alone. Score = max over fields of the difference / z_crit(p, fields); jobs on one node
+    score 0. Shares the deviation detector's fit.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> det = NodeShift().fit(healthy_frame(jobs=1, nodes=2, steps=60, seed=1))
+    >>> test = healthy_frame(jobs=1, nodes=2, steps=1, seed=2, start=600.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> test.values[test.node == "node2", test.fields.index("DCGM_FI_DEV_GPU_UTIL")] = 60.0
+    >>> s = det.score(test)
+    >>> bool(s[test.node == "node2"].min() > 1.0 and s[test.node == "node1"].max() < 1.0)
+    True
+    """
+
+    name = "shift"
+
+    def _node_shift(self, frame: Frame) -> np.ndarray:
+        """(n, fields) |node median z - reference node's z| (NaN where not scored)."""
+        codes = self._codes(frame)
+        x = frame.cols(ACTIVITY)
+        out = np.full(x.shape, np.nan)
+        known = codes >= 0
+        if not known.any():
+            return out
+        c = codes[known]
+        z = np.full(x.shape, np.nan)
+        z[known] = (x[known] - self.busy_med_[c][:, _ACT]) / self.busy_scale_[c][:, _ACT]
+        nodes = frame.node_codes[0].astype(np.int64)
+        owner = codes.astype(np.int64)  # the job (and instant, for multi-instant frames)
+        if multi_instant(frame):
+            owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
+        owner = np.where(known, owner, -1)
+        pair_codes, pair_uniq = pd.factorize(owner * (nodes.max() + 1) + nodes)
+        zn = group_median(z, pair_codes, len(pair_uniq))  # (pairs, fields)
+        pair_owner = np.asarray(pair_uniq) // (nodes.max() + 1)
+        ref = np.full(zn.shape, np.nan)
+        n_owner = int(pair_owner.max()) + 1 if len(pair_owner) else 0
+        for _, rows in by_size(np.where(pair_owner >= 0, pair_owner, -1), n_owner):
+            if rows.shape[1] < 2:
+                continue
+            block = zn[rows]  # (g, nodes, fields)
+            mag = np.where(np.isnan(block), np.inf, np.abs(block))
+            pick = np.take_along_axis(block, mag.argmin(axis=1)[:, None, :], axis=1)
+            ref[rows] = np.broadcast_to(pick, block.shape)
+        out[known] = np.abs(zn - ref)[pair_codes][known]
+        return out
+
+    def score(self, frame: Frame) -> np.ndarray:
+        return rowmax(self._node_shift(frame)) / z_crit(self.p, len(ACTIVITY))
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        top, arg = nanmax_rows(self._node_shift(frame)[rows])
+        return [
+            f"{ACTIVITY[a]} on this node moved {top[i]:.1f} sigma more than on the job's "
+            "least-changed node"
+            for i, a in enumerate(arg)
+        ]

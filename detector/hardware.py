@@ -1,0 +1,159 @@
+"""Hardware events: XIDs (NVIDIA's table, weights from the catalogue) and error counters per GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detector import fields as F
+from detector.base import Detector
+from detector.frame import Frame
+from detector.perjob import from_json, to_json
+
+_XID_TABLE = np.zeros(1024)
+for _x, _s in F.XID_SCORES.items():
+    _XID_TABLE[_x] = _s
+_COUNTERS = tuple(F.COUNTERS)
+_ALLOW = np.array([F.COUNTERS[c] for c in _COUNTERS])
+_SEVERE = np.array([F.COUNTERS[c] < 1.0 for c in _COUNTERS])  # any count at all is evidence
+
+
+class HardwareEvents(Detector):
+    """Direct hardware evidence: the last XID (NVIDIA's table) and error counters.
+
+    Counter score = increase over the GPU's baseline (the lowest value fitted for that GPU;
+    the engine fits a GPU when it first sees it) / the allowance in `fields.COUNTERS` (DBE,
+    uncorrectable rows and remap failures: any count scores 2). A GPU with no baseline is scored
+    on its severe counters' absolute values only. State is per GPU (node/gpu), not per job,
+    held as a sorted integer key array so scoring is a searchsorted and a gather.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> frame = healthy_frame(jobs=1, nodes=1, steps=2, seed=6)
+    >>> det = HardwareEvents().fit(frame)
+    >>> float(det.score(frame).max())
+    0.0
+    >>> frame.values[3, frame.fields.index("DCGM_FI_DEV_XID_ERRORS")] = 79  # fell off the bus
+    >>> float(det.score(frame)[3])
+    2.0
+    """
+
+    name = "hardware"
+    params = ()
+
+    def _ensure(self) -> None:
+        if not hasattr(self, "keys_"):
+            self.nodes_: dict[str, int] = {}
+            self.keys_ = np.zeros(0, dtype=np.int64)
+            self.base_ = np.zeros((0, len(_COUNTERS)))
+
+    def _keys(self, frame: Frame, add: bool) -> np.ndarray:
+        codes, uniques = frame.node_codes
+        names = uniques.tolist()
+        if add:
+            for u in names:
+                self.nodes_.setdefault(str(u), len(self.nodes_))
+        last = getattr(self, "_last", None)  # the nodes' ids, kept while the nodes are the same
+        if last is not None and last[0] == names and last[1] == len(self.nodes_):
+            ids = last[2]
+        else:
+            get = self.nodes_.get
+            ids = np.array([get(str(u), -1) for u in names] + [-1], dtype=np.int64)
+            self._last = (names, len(self.nodes_), ids)
+        node = ids[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+        return np.where(node >= 0, node * 1024 + frame.gpu, -1)
+
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Row of each key in the baseline table (-1 if unknown)."""
+        if not len(self.keys_):
+            return np.full(len(keys), -1)
+        pos = np.minimum(np.searchsorted(self.keys_, keys), len(self.keys_) - 1)
+        return np.where(self.keys_[pos] == keys, pos, -1)
+
+    def fit(self, frame: Frame) -> Detector:
+        self._ensure()
+        if not len(frame):
+            return self
+        keys = self._keys(frame, add=True)
+        x = frame.cols(_COUNTERS)
+        uk, inv = np.unique(keys, return_inverse=True)
+        low = np.full((len(uk), len(_COUNTERS)), np.inf)
+        np.fmin.at(low, inv, np.where(np.isnan(x), np.inf, x))
+        low[np.isinf(low)] = np.nan
+        pos = self._lookup(uk)
+        known = pos >= 0
+        self.base_[pos[known]] = np.fmin(self.base_[pos[known]], low[known])
+        if (~known).any():
+            keys_all = np.concatenate([self.keys_, uk[~known]])
+            base_all = np.concatenate([self.base_, low[~known]])
+            order = np.argsort(keys_all, kind="stable")
+            self.keys_, self.base_ = keys_all[order], base_all[order]
+        return self
+
+    def known(self, frame: Frame) -> np.ndarray:
+        """Which rows' GPUs have a counter baseline."""
+        self._ensure()
+        return self._lookup(self._keys(frame, add=False)) >= 0
+
+    def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        self._ensure()
+        xid = np.nan_to_num(frame.col(F.XID_FIELD)).astype(np.int64)
+        xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
+        x = frame.cols(_COUNTERS)
+        pos = self._lookup(self._keys(frame, add=False))
+        if len(pos) and (pos >= 0).all():  # every GPU has its baseline (steady state)
+            base = self.base_[pos]
+        else:
+            base = np.full(x.shape, np.nan)
+            base[pos >= 0] = self.base_[pos[pos >= 0]]
+        severe_abs = np.where(_SEVERE, x, np.nan)
+        inc = np.where(np.isnan(base), severe_abs, x - base)
+        with np.errstate(all="ignore"):
+            c = np.nan_to_num(np.fmax(inc, 0.0) / _ALLOW)
+        return xid_score, c
+
+    def score(self, frame: Frame) -> np.ndarray:
+        xid, c = self._parts(frame)
+        return np.fmax(xid, np.minimum(c.max(axis=1, initial=0.0), 10.0))
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        sub = frame.take(rows)
+        xid, c = self._parts(sub)
+        out = []
+        for i in range(len(rows)):
+            a = int(c[i].argmax())
+            code = sub.col(F.XID_FIELD)[i]
+            if xid[i] >= c[i, a] and np.isfinite(code):
+                out.append(f"XID {int(code)}")
+            elif not c[i, a] > 0:
+                out.append("no XID and no error counter rise")
+            else:
+                value = sub.col(_COUNTERS[a])[i]
+                out.append(f"{_COUNTERS[a]} rose to {value:g}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        self._ensure()
+        d = super().to_dict()
+        names = {v: k for k, v in self.nodes_.items()}
+        d["gpus"] = {
+            f"{names[int(k) // 1024]}/{int(k) % 1024}": to_json(b)
+            for k, b in zip(self.keys_, self.base_, strict=True)
+        }
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Detector:
+        det = super().from_dict(data)
+        assert isinstance(det, HardwareEvents)
+        det._ensure()
+        gpus = data.get("gpus", {})
+        if gpus:
+            node = np.array([str(k).rsplit("/", 1)[0] for k in gpus], dtype=object)
+            gpu = np.array([int(str(k).rsplit("/", 1)[1]) for k in gpus], dtype=np.int64)
+            rows = np.array([from_json(list(v)) for v in gpus.values()], dtype=float)
+            n = len(gpus)
+            values = np.full((n, len(F.ALL_FIELDS)), np.nan)
+            values[:, [F.ALL_FIELDS.index(c) for c in _COUNTERS]] = rows
+            det.fit(Frame(np.zeros(n), np.full(n, "", dtype=object), node, gpu, values))
+        return det

@@ -1,0 +1,201 @@
+"""The engine's baselines per job: the job table (id <-> integer code), a bounded reservoir of
+healthy rows per job (`reservoir` x fields, < 1 MiB) fitted outside the scoring path, the online
+detectors' learning, and the store by job name (a requeued job starts with its baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from detector import fields as F
+from detector.base import Detector
+from detector.baselines import BaselineStore
+from detector.frame import Frame
+from detector.level import Level
+from detector.thresholds import level as alert_level
+
+if TYPE_CHECKING:
+    from detector.pipeline import Config
+
+ONLINE = ("level",)  # learn every cycle in `learn_online`, not from the reservoir
+
+
+@dataclass
+class JobInfo:
+    name: str
+    first_seen: float
+    fitted_at: float | None = None
+    seen: int = 0
+    rows: np.ndarray | None = None  # reservoir (reservoir, len(ALL_FIELDS)) float32
+    max_stall: float = 0.0
+    loaded: bool = False
+    code: int = 0
+    fitted_rows: int = 0  # rows learned at the last fit (a second fit follows at 4x)
+    learns: int = 0  # cycles that added rows
+
+
+class Baselines:
+    """The running jobs (`jobs`, `ids`: code -> job id, code 0 = no job; `code`: the inverse)
+    and how their detectors learn (see `learn`, `learn_online`, `fit_job`)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: BaselineStore | None,
+        det: dict[str, Detector],
+        known: set[str],
+        rng: np.random.Generator,
+    ) -> None:
+        self.cfg, self.store, self.det, self.known, self.rng = cfg, store, det, known, rng
+        self.jobs: dict[str, JobInfo] = {}
+        self.ids: list[str] = [""]
+        self.code: dict[str, int] = {"": 0}
+
+    def add(self, job: str, name: str, now: float) -> None:
+        """A job seen for the first time: a code, and its stored baseline by name if any."""
+        info = JobInfo(name=name, first_seen=now, code=len(self.ids))
+        self.jobs[job] = info
+        self.code[job] = info.code
+        self.ids.append(job)
+        if self.store is None:
+            return
+        states = self.store.load(name, self.known)
+        if not states:
+            return
+        try:
+            for det_name, state in states.items():
+                if state is not None and det_name in self.det:
+                    self.det[det_name].set_job_state(job, state)
+            info.loaded = True
+            info.fitted_at = now
+        except (KeyError, TypeError, ValueError) as exc:
+            self.store.errors.append(f"{name}: {exc}")
+
+    def first_seen(self) -> np.ndarray:
+        """Per job code, when the engine first saw the job (NaN for code 0 and ended jobs)."""
+        jobs = self.jobs
+        return np.array(
+            [np.nan] + [getattr(jobs.get(j), "first_seen", np.nan) for j in self.ids[1:]]
+        )
+
+    def learn(
+        self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
+    ) -> None:
+        """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
+        cycle, spread over jobs; small jobs every cycle) and fit when due: first as soon as
+        `fit_rows` calm rows are in (or at `fit_after_s`), again at 4x as many, then every
+        `refit_s`."""
+        every = max(self.cfg.learn_every, 1)
+        codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
+        size = np.bincount(job, minlength=len(combined))[codes] if len(job) else codes * 0
+        turn = (codes % every == cycle % every) | (size <= self.cfg.learn_small)
+        codes = codes[(codes > 0) & turn]
+        if not len(codes):
+            return
+        stall = frame.col(F.STALL_SECONDS)
+        sel = np.isin(job, codes)
+        rows_all = np.flatnonzero(sel)
+        order = rows_all[np.argsort(job[rows_all], kind="stable")]
+        starts = np.flatnonzero(np.r_[True, job[order][1:] != job[order][:-1]])
+        for rows in np.split(order, starts[1:]) if len(order) else []:
+            info = self.jobs.get(self.ids[job[rows[0]]])
+            if info is None or now - info.first_seen < self.cfg.warmup_s:
+                continue
+            self._reservoir(info, frame.values[rows])
+            info.learns += 1
+            st = stall[rows]
+            if np.isfinite(st).any():
+                info.max_stall = max(info.max_stall, float(np.nanmax(st)))
+            enough = info.seen >= self.cfg.fit_rows and info.learns >= self.cfg.fit_cycles
+            first = enough or now - info.first_seen >= self.cfg.fit_after_s
+            due = (info.fitted_at is None and first) or (
+                info.fitted_at is not None
+                and (
+                    now - info.fitted_at >= self.cfg.refit_s
+                    or (0 < info.fitted_rows and info.seen >= 4 * info.fitted_rows)
+                )
+            )
+            if due:
+                self.fit_job(self.ids[info.code], now)
+
+    def learn_online(self, frame: Frame, combined: np.ndarray) -> None:
+        """Online detectors (`Level`) learn every instant, except from jobs whose alert is on
+        (their persisted, phase-capped combined score at the job alert's level): a shift no
+        alert confirmed can become the new normal, an alerting window never does."""
+        online = [d for d in self.det.values() if isinstance(d, Level)]
+        if not online:
+            return
+        on = np.flatnonzero(combined >= alert_level("job"))
+        alerting = {self.ids[c] for c in on if c > 0}
+        for det in online:
+            det.update(frame, alerting)
+
+    def _reservoir(self, info: JobInfo, rows: np.ndarray) -> None:
+        """Algorithm R, vectorised: a uniform sample over the job's healthy life."""
+        size = self.cfg.reservoir
+        if info.rows is None:
+            info.rows = np.empty((0, rows.shape[1]), dtype=np.float32)
+        room = max(size - len(info.rows), 0)
+        if room:
+            info.rows = np.vstack([info.rows, rows[:room].astype(np.float32)])
+        rest = rows[room:]
+        seen = info.seen + room + 1 + np.arange(len(rest))
+        info.seen += len(rows)
+        if len(rest):
+            j = (self.rng.random(len(rest)) * seen).astype(np.int64)
+            hit = j < size
+            info.rows[j[hit]] = rest[hit]
+
+    def fit_job(self, job: str, now: float) -> None:
+        """Fit every detector on the job's reservoir and save the baseline under its name."""
+        info = self.jobs[job]
+        if info.rows is None or not len(info.rows):
+            return
+        rows = info.rows.astype(float)
+        stall_col = F.ALL_FIELDS.index(F.STALL_SECONDS)
+        if info.max_stall > 0:  # the longest healthy gap is kept even if the sample missed it
+            rows[0, stall_col] = max(np.nan_to_num(rows[0, stall_col]), info.max_stall)
+        n = len(rows)
+        train = Frame(
+            np.full(n, now),
+            np.full(n, job, dtype=object),
+            np.full(n, "train", dtype=object),
+            np.arange(n) % 1000,
+            rows,
+        )
+        for name, det in self.det.items():
+            if name != "hardware" and name not in ONLINE:
+                det.fit(train)
+        info.fitted_at = now
+        info.fitted_rows = 0 if info.fitted_rows else max(info.seen, 1)  # one early refit
+        if self.store is not None:
+            states = {n: s for n, d in self.det.items() if (s := d.job_state(job)) is not None}
+            if states:
+                self.store.save(info.name, states)
+
+    def end(self, running: set[str], in_use: np.ndarray) -> np.ndarray | None:
+        """Forget jobs that are no longer running (their baselines stay in the store): their
+        entry and their detectors' fitted state; once no GPU slot refers to them any more
+        (`in_use`: the codes slots hold), their code. Codes are compacted so per-job arrays
+        stay the size of the live set on a service that runs for months: returns the old ->
+        new code table when they were (None otherwise)."""
+        ended = {j for j in self.jobs if j not in running}
+        for job in ended:
+            del self.jobs[job]
+        if ended:
+            for det in self.det.values():
+                det.drop_jobs(ended)
+        if len(self.ids) <= 2 * len(self.jobs) + 1000:  # the live set holds at least the jobs
+            return None
+        live = set(self.jobs) | {self.ids[c] for c in np.unique(in_use)}
+        if len(self.ids) <= 2 * len(live) + 1000:
+            return None
+        ids = [""] + sorted(j for j in live if j)
+        new = {j: i for i, j in enumerate(ids)}
+        remap = np.array([new.get(j, 0) for j in self.ids], dtype=np.int32)
+        self.ids, self.code = ids, new
+        for job, info in self.jobs.items():
+            info.code = new[job]
+        return remap

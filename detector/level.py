@@ -1,0 +1,212 @@
+"""`Level`: each job's level of a few series against its own adaptive, unit-free baseline
+(`univariate.Bank`: every job's series are rows of one set of arrays, one update per instant)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from detector import fields as F
+from detector.base import Detector, group_median
+from detector.frame import Frame
+from detector.univariate import Bank
+
+# the job-level series the engine follows: watts, a 0..1 ratio, MiB and seconds, one threshold
+SERIES = (
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_DEV_FB_USED",
+    "goodput_job_iteration_seconds",
+)
+K = len(SERIES)
+_STEP = SERIES.index(F.ITER_SECONDS)
+
+
+class Level(Detector):
+    """Each job's level of `SERIES` (the median over its GPUs at each instant) against its own
+    adaptive baseline (one `Bank` row per job and series, unit-free), learned online.
+
+    The engine scores a cycle, then calls `update` with the jobs whose alert is on: an alerting
+    window is never learned (nor taken as a new normal), a sustained shift nobody alerted on is
+    (see `univariate`). Samples inside a pause the job's log announced (checkpoint, start-up),
+    and while the job settles after one, are neither scored nor learned. Score = max over
+    series, Bonferroni-corrected (each series at p / len(SERIES)), so 1.0 is the alert level on
+    watts and on ratios alike. State per job:
+    each series' level and scale, stored by job name like the other baselines.
+
+    >>> from detector.synthetic import healthy_frame
+    >>> det = Level().fit(healthy_frame(jobs=1, nodes=1, steps=60, seed=1))
+    >>> test = healthy_frame(jobs=1, nodes=1, steps=1, seed=2, start=600.0)
+    >>> bool(det.score(test).max() < 1.0)
+    True
+    >>> test.values[:, test.fields.index("DCGM_FI_DEV_POWER_USAGE")] *= 0.8  # the job draws less
+    >>> bool(det.score(test).min() > 1.0)
+    True
+    """
+
+    name = "level"
+    params = ("p", "relearn_after", "period")
+
+    def __init__(self, p: float = 1e-4, relearn_after: int = 30, period: int | None = None):
+        self.p = p
+        self.relearn_after = relearn_after
+        self.period = period
+
+    def _ensure(self) -> None:
+        if not hasattr(self, "bank_"):
+            self.bank_ = Bank(self.p / K, self.period, relearn_after=self.relearn_after)
+            self.slot_: dict[str, int] = {}  # job -> its rows slot * K ... slot * K + K - 1
+            self.free_: list[int] = []  # slots of ended jobs, reused
+            self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
+
+    def rows(self, job: str) -> np.ndarray | None:
+        """The job's `Bank` rows, one per series (None if unknown)."""
+        self._ensure()
+        s = self.slot_.get(job)
+        return None if s is None else s * K + np.arange(K)
+
+    def _slots(self, jobs: np.ndarray, create: bool) -> np.ndarray:
+        """Each job's slot (-1 unknown; created on first sight when `create`, not for "")."""
+        get = self.slot_.get
+        out = np.array([get(j, -1) for j in jobs.tolist()], dtype=np.int64)
+        if create and (out < 0).any():
+            for j in dict.fromkeys(jobs[out < 0].tolist()):
+                if j:
+                    self.slot_[j] = self._new_slot()
+            out = np.array([get(j, -1) for j in jobs.tolist()], dtype=np.int64)
+        return out
+
+    def _new_slot(self) -> int:
+        if self.free_:
+            s = self.free_.pop()
+            self.bank_.reset(s * K + np.arange(K))
+            return s
+        return int(self.bank_.add(K)[0]) // K
+
+    def _groups(
+        self, frame: Frame, learn: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Row -> (job, instant) group, each group's job and time, and their (g, series)
+        medians: NaN while a pause is open and while the job settles after one (its first steps
+        run slow), for 1.5 x the job's longest pause seen (30 s before one) + max(10 s, 30
+        steps), as `progress` does. `learn` records the pauses' lengths."""
+        from detector.physics import _open  # the one definition of an open pause
+
+        groups = None
+        if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
+            (codes, jobs), groups = frame.job_codes, frame.job_groups
+            times = np.full(len(jobs), frame.time[0])
+        else:  # groups in time order (frames are sorted by time)
+            codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
+            jobs = uniq.get_level_values(0).to_numpy(dtype=object)
+            times = uniq.get_level_values(1).to_numpy(dtype=float)
+        n = len(jobs)
+        both = group_median(frame.cols((*SERIES, F.SINCE_PAUSE)), codes, n, groups)
+        med, sp = both[:, :K], both[:, K]
+        since = frame.col(F.SINCE_PAUSE)
+        is_open = np.bincount(codes, _open(frame.col(F.STALL_SECONDS), since), n) > 0
+        pause = np.array([self.pause_.get(j, np.nan) for j in jobs.tolist()])
+        seen = is_open & np.isfinite(sp)
+        if learn and seen.any():  # each group knows the pauses up to and including its own
+            run = pd.Series(np.where(seen, np.fmax(sp, 0.0), -np.inf)).groupby(jobs).cummax()
+            pause = np.fmax(pause, np.where(np.isinf(run), np.nan, run))
+            for j, v in zip(jobs[seen].tolist(), pause[seen].tolist(), strict=True):
+                self.pause_[j] = max(self.pause_.get(j, 0.0), v)
+        settle = 1.5 * np.where(np.isfinite(pause), pause, 30.0) + np.maximum(
+            10.0, 30.0 * np.nan_to_num(med[:, _STEP])
+        )
+        med[is_open | (sp <= settle)] = np.nan
+        return codes, jobs, times, med
+
+    def _learn(self, frame: Frame, alerting: set[str]) -> None:
+        """Each instant in time order, all its jobs in one `Bank.update`."""
+        self._ensure()
+        if not len(frame):
+            return
+        _, jobs, times, med = self._groups(frame, learn=True)
+        slot = self._slots(jobs, create=True)
+        conf = np.isin(jobs, list(alerting)) if alerting else np.zeros(len(jobs), dtype=bool)
+        g = np.flatnonzero(slot >= 0)
+        g = g[np.argsort(times[g], kind="stable")]
+        cuts = np.flatnonzero(np.diff(times[g])) + 1
+        for part in np.split(g, cuts) if len(g) else []:
+            rows = (slot[part][:, None] * K + np.arange(K)).ravel()
+            self.bank_.update(rows, med[part].ravel(), np.repeat(conf[part], K))
+
+    def fit(self, frame: Frame) -> Detector:
+        """Learn from a recording: each job's instants in time order, none confirmed."""
+        self._learn(frame, set())
+        return self
+
+    def update(self, frame: Frame, alerting: set[str]) -> None:
+        """Learn this instant: the jobs in `alerting` (their alert is on) are not learned."""
+        self._learn(frame, alerting)
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        self._ensure()
+        if not len(frame) or not self.slot_:
+            return np.zeros((len(frame), K))
+        codes, jobs, _, med = self._groups(frame)
+        slot = self._slots(jobs, create=False)
+        per = np.zeros((len(jobs), K))
+        k = slot >= 0
+        rows = (slot[k][:, None] * K + np.arange(K)).ravel()
+        per[k] = self.bank_.score(rows, med[k].ravel()).reshape(-1, K)
+        return per[codes]
+
+    def score(self, frame: Frame) -> np.ndarray:
+        z = self._z(frame)
+        return z.max(axis=1) if len(z) else np.zeros(0)
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
+        z = self._z(frame.take(rows))
+        return [
+            f"the job's {SERIES[a]} moved {z[i, a]:.2f}x the alert level from its learned level"
+            for i, a in enumerate(z.argmax(axis=1))
+        ]
+
+    def job_state(self, job: str) -> dict[str, Any] | None:
+        rows = self.rows(job)
+        if rows is None or not self.bank_.fitted(rows).any():
+            return None
+        b = self.bank_
+        return {
+            n: [float(b.level_[r]), float(b.scale_[r])] if b.fitted(r) else None
+            for n, r in zip(SERIES, rows.tolist(), strict=True)
+        }
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        self._ensure()
+        got: dict[int, tuple[float, float]] = {}
+        for k, n in enumerate(SERIES):
+            v = state.get(n)
+            if v is None:
+                continue
+            level, scale = (float(x) for x in v)
+            if not (math.isfinite(level) and math.isfinite(scale) and scale > 0):
+                raise ValueError(f"level state for {n}: want a finite level and scale > 0")
+            got[k] = (level, scale)
+        rows = self.rows(job)
+        if rows is None:
+            self.slot_[job] = self._new_slot()
+            rows = self.rows(job)
+            assert rows is not None
+        else:
+            self.bank_.reset(rows)
+        for k, (level, scale) in got.items():
+            self.bank_.level_[rows[k]], self.bank_.scale_[rows[k]] = level, scale
+
+    def jobs(self) -> list[str]:
+        self._ensure()
+        return list(self.slot_)
+
+    def drop_jobs(self, jobs: set[str]) -> None:
+        self._ensure()
+        for j in jobs:
+            s = self.slot_.pop(j, None)
+            if s is not None:
+                self.free_.append(s)
+            self.pause_.pop(j, None)
