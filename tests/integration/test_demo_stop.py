@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput import demo, stack
+from goodput import demo, demo_clients, stack
 from recovery import slurm_hooks
 from tests.conftest import wait_until
 from tests.helpers import forget_faults, prom_query, slurm
@@ -44,7 +44,7 @@ def leftovers(local_stack):
     yield env, job, holds, kernel_log
     # whatever the command under test left (the primitives it is made of)
     demo.stop_services()
-    s = demo.Slurm(env)
+    s = demo_clients.Slurm(env)
     s.cancel_demo_jobs()
     slurm_hooks.release(holds, NODE)
     s.resume_drained()
@@ -61,10 +61,10 @@ def test_demo_stop_keep_stack_undoes_the_demo_and_leaves_the_stack_running(lefto
     assert f"returned {NODE} to service" in run.stdout
     # the demo is gone: services, job, drain, hold, series, logs
     assert not (stack.state_dir() / "run" / "sim.pid").exists()
-    assert not demo.wait(lambda: demo.http_ok(f"{demo.SIM_URL}/api/v1/cluster"), 1)
+    assert not demo_clients.wait(lambda: demo_clients.http_ok(f"{demo.SIM_URL}/api/v1/cluster"), 1)
     active = ("squeue", "-h", "-o", "%i", "-t", "pending,running,completing,suspended")
     wait_until(lambda: job not in slurm(*active).split(), 30, what="the demo job ended")
-    assert demo.Slurm(env).reason(NODE) == ""
+    assert demo_clients.Slurm(env).reason(NODE) == ""
     assert slurm_hooks.held(holds, NODE) is None
     assert not kernel_log.exists()
     assert prom_query(env["GOODPUT_PROMETHEUS_URL"], SERIES) == []

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 
 from bench import e2e
-from goodput import demo, stack
+from goodput import demo, demo_clients, stack
 from tests.helpers import forget_faults
 
 
 @pytest.fixture()
 def loop(local_stack):
-    slurm = demo.Slurm(local_stack)
+    slurm = demo_clients.Slurm(local_stack)
     yield slurm
     slurm.cancel_demo_jobs()
     demo.stop_services()
