@@ -209,10 +209,10 @@ def _actions_router() -> Any:
 def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """Reconcile unfinished actions at start-up (crash safety) and export goodput accounting."""
     try:
-        from recovery import accounting, actions
+        from recovery import accounting, reconciler
     except ImportError:
         return
-    actions.start(engine, settings)
+    reconciler.start(engine, settings)
     registry.register(accounting.AccountingCollector(engine))
     _start_watchdog(engine, settings, registry)
     _start_node_checks(engine, settings, registry)
@@ -220,33 +220,33 @@ def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry)
 
 def _start_watchdog(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """Fail-open: the receiver stops acting while its own health fails (recovery/watchdog.py)."""
-    from recovery import actions, watchdog
+    from recovery import action_config, watchdog
 
     registry.register(watchdog.ActingCollector(engine))
     if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") not in ("0", "false"):
         watchdog.Watchdog(
-            engine, settings, lambda: actions.config(settings).policy.watchdog
+            engine, settings, lambda: action_config.config(settings).policy.watchdog
         ).start()
 
 
 def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """A node's way back to service (checks after Goodput's drains) and node history metrics."""
-    from recovery import actions, node_checks, node_history, watchdog
+    from recovery import action_config, node_checks, node_history, watchdog
 
     def current() -> Any:
-        cfg = actions.config(settings)
+        cfg = action_config.config(settings)
         return cfg.policy, cfg.scheduler
 
     node_checks.start(
         engine,
         current,
-        paused=lambda: actions.is_paused(engine) or watchdog.current(engine) != watchdog.OK,
+        paused=lambda: action_config.is_paused(engine) or watchdog.current(engine) != watchdog.OK,
         history=lambda now: node_history.events(
-            engine, now - node_history.lookback_s(actions.config(settings).policy)
+            engine, now - node_history.lookback_s(action_config.config(settings).policy)
         ),
     )
     registry.register(
-        node_history.NodeHistoryCollector(engine, lambda: actions.config(settings).policy)
+        node_history.NodeHistoryCollector(engine, lambda: action_config.config(settings).policy)
     )
 
 

@@ -2,7 +2,7 @@
 
 Receivers in HA share one PostgreSQL store. A receiver claims a due diagnosis
 (`incidents.claim_diagnoses`, `SELECT … FOR UPDATE SKIP LOCKED`) or an action
-(`actions._claim`, under the budget lock) for `lease_s` seconds, recording itself as the
+(`executor._claim`, under the budget lock) for `lease_s` seconds, recording itself as the
 owner; while it lives, `Heartbeat` renews every lease it holds each `lease_s / 3`. A receiver
 that dies (SIGKILL, a lost host) stops renewing, and once its lease has expired another
 receiver takes the work over: the diagnosis is made again, the action executed again (the

@@ -9,6 +9,10 @@ whichever process gets there first, and a re-plan replaces the row in place.
 States: `planning` → `waiting_scheduler` (retried) | `pending_approval` | `ready` →
 (`approved`) → `executing` → `executed` | `failed`; terminal also `rejected`, `expired`,
 `planned_only`, `no_action`, `skipped`.
+
+The steps that touch the scheduler are `recovery.executor`'s; here are the table, the writes that
+need none (`enqueue`, `expire`) and the reads (`get_action`, `incident_action`, `list_actions`,
+`counts`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from recovery import audit, clock
+from recovery import audit, clock, schema
 from recovery.decide import Diagnosis
 from recovery.schema import metadata
 
@@ -109,6 +113,73 @@ def public(r: Any) -> dict[str, Any]:
     d.pop("owner", None)
     d.pop("lease_until", None)
     return d
+
+
+def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:
+    """One action as the API shows it, or None."""
+    schema.upgrade(engine)
+    r = raw(engine, action_id)
+    return public(r) if r else None
+
+
+def incident_action(engine: Engine, incident_id: str) -> dict[str, Any] | None:
+    """The incident's latest action (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        row = latest(conn, str(incident_id))
+    return public(row) if row is not None else None
+
+
+def expire(engine: Engine) -> int:
+    """Expire pending approvals past their deadline (audited)."""
+    t = now(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(actions_table).where(
+                actions_table.c.state == "pending_approval", actions_table.c.expires_at < t
+            )
+        ).all()
+
+    def expire_one(conn: Connection, r: Any) -> int:
+        done = conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == r.id, actions_table.c.state == "pending_approval")
+            .values(state="expired", updated_at=t)
+        ).rowcount
+        if done:
+            audit.append(conn, "expired", {"expires_at": r.expires_at}, **refs(r))
+        return int(done)
+
+    return sum(write(engine, expire_one, r) for r in rows)
+
+
+def list_actions(
+    engine: Engine, state: str | None = None, job_id: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """The newest actions first (pending ones past their deadline expired first)."""
+    schema.upgrade(engine)
+    expire(engine)
+    q = (
+        select(actions_table)
+        .order_by(actions_table.c.created_at.desc())
+        .limit(max(1, min(limit, 1000)))
+    )
+    if state:
+        q = q.where(actions_table.c.state == state)
+    if job_id:
+        q = q.where(actions_table.c.job_id == job_id)
+    with engine.connect() as conn:
+        return [public(r) for r in conn.execute(q).all()]
+
+
+def counts(engine: Engine) -> dict[tuple[str, str], int]:
+    """(kind, state) -> number of actions: for metrics."""
+    schema.upgrade(engine)
+    out: dict[tuple[str, str], int] = {}
+    with engine.connect() as conn:
+        for r in conn.execute(select(actions_table.c.kind, actions_table.c.state)).all():
+            out[(r.kind, r.state)] = out.get((r.kind, r.state), 0) + 1
+    return out
 
 
 def diag_dict(d: Diagnosis) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, func, select, update
 
-from recovery import audit, outbox, schema, store
+from recovery import action_config, audit, notifier, outbox, schema, store
 from recovery.policy import WatchdogPolicy
 
 log = logging.getLogger(__name__)
@@ -131,9 +131,9 @@ class Watchdog:
         self.state = State()
 
     def _probe(self) -> list[dict[str, Any]]:
-        from recovery.console import actions_port, health
+        from recovery.console import health
 
-        rows, _nodes = health.probe(self.settings, actions_port.probe_scheduler(self.settings))
+        rows, _nodes = health.probe(self.settings, action_config.probe_scheduler(self.settings))
         return rows
 
     def tick(self) -> State:
@@ -156,16 +156,14 @@ class Watchdog:
         return self.state
 
     def _tell(self, reason: str, detail: str) -> None:
-        from recovery import actions
-
-        cfg = actions.config(self.settings)
+        cfg = action_config.config(self.settings)
         row = {"id": SWITCH, "job_id": None, "incident_id": None, "kind": "none"}
         if reason == OK:
             text, until = "Goodput acts again: its own health checks pass.", time.time() + 1.0
         else:  # the notice lasts until it acts again (endsAt after startsAt ends it)
             text, until = f"Goodput stopped acting ({reason}): {detail}. It plans only.", None
         name = "GoodputReceiverNotActing"
-        actions._notify(self.engine, cfg, name, row, None, text, "warning", until)
+        notifier.notify(self.engine, cfg, name, row, None, text, "warning", until)
 
     def start(self) -> threading.Thread:
         def loop() -> None:

@@ -5,7 +5,7 @@ restarted receiver resumes them; each is claimed with a lease (`recovery.leases`
 receivers on one store one makes it, and the other takes over if the first dies. A final
 diagnosis (not one superseded by a newer alert, nor an inconclusive one, nor one made while
 Slurm was down, still to be rechecked) is stored together with its action's outbox row
-(`recovery.actions.enqueue`, one transaction); then
+(`recovery.outbox.enqueue`, one transaction); then
 `recovery.actions.on_diagnosis` plans it, and if this process dies first, `reconcile` does.
 """
 
@@ -19,7 +19,17 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import actions, attribution, clock, evidence, failpoints, incidents, leases, schema
+from recovery import (
+    actions,
+    attribution,
+    clock,
+    evidence,
+    failpoints,
+    incidents,
+    leases,
+    outbox,
+    schema,
+)
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
@@ -74,7 +84,7 @@ def run_once(
             settings.recheck_s,
             settings.recheck_max,
             now,
-            on_final=functools.partial(actions.enqueue, incident=inc, diagnosis=doc),
+            on_final=functools.partial(outbox.enqueue, incident=inc, diagnosis=doc),
             incomplete_max=INCOMPLETE_MAX if settings.slurm_enabled else 0,
             owner=leases.OWNER,
         )

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine
 
-from recovery import actions, audit, schema
+from recovery import actions, approvals, audit, outbox, schema
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
 from tests.conftest import wait_until
@@ -202,7 +202,7 @@ def test_approve_waits_for_a_person(cluster):
     assert a["state"] == "pending_approval"
     time.sleep(1)
     assert not node(cluster, x).drained and cluster.sched.job_state(job).restarts == 0
-    done = actions.approve(cluster.engine, s, a["id"], "oncall-ana")
+    done = approvals.approve(cluster.engine, s, a["id"], "oncall-ana")
     assert done["state"] == "executed" and done["decided_by"] == "oncall-ana"
     assert node(cluster, x).drained
     j = cluster.sched.job_state(job)
@@ -248,7 +248,7 @@ CHILD = textwrap.dedent("""
     import json, sys
     from types import SimpleNamespace
     from sqlalchemy import create_engine
-    from recovery import actions
+    from recovery import actions, reconciler
     from recovery.policy import parse_policy
     from recovery.scheduler.slurm import SlurmScheduler
     db, inc, d, policy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), \\
@@ -259,7 +259,7 @@ CHILD = textwrap.dedent("""
     if inc:
         actions.on_diagnosis(engine, s, inc, d)
     else:
-        actions.start(engine, s, thread=False)
+        reconciler.start(engine, s, thread=False)
 """)
 
 
@@ -305,14 +305,14 @@ def test_kill_9_neither_loses_nor_repeats(cluster, crash):
     schema.upgrade(cluster.engine)
     died = run_child(cluster, inc, d, crash)
     assert died.returncode == -9, died.stderr
-    row = actions.get_action(cluster.engine, f"inc-{inc['id']}")
+    row = outbox.get_action(cluster.engine, f"inc-{inc['id']}")
     j = cluster.sched.job_state(job)
     restarts, drained, held = AFTER_KILL[crash]
     assert row["state"] == ("ready" if crash == "planned" else "executing")
     assert (j.restarts, node(cluster, x).drained, j.held) == (restarts, drained, held), j
     again = run_child(cluster, {}, {})  # restart: reconcile against Slurm
     assert again.returncode == 0, again.stderr
-    row = actions.get_action(cluster.engine, f"inc-{inc['id']}")
+    row = outbox.get_action(cluster.engine, f"inc-{inc['id']}")
     assert row["state"] == "executed", row
     j = cluster.sched.job_state(job)
     assert j.restarts == 1 and x in j.excluded and not j.held, j  # one requeue, released

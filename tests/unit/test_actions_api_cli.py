@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, update
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
-from recovery import actions, audit
+from recovery import action_config, actions, audit, outbox
 from recovery.api_actions import router
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
@@ -106,7 +106,7 @@ def test_cli_reject_and_pause(api, tmp_path):
     runner = CliRunner()
     r = runner.invoke(cli, ["actions", "reject", a["id"], "--who", "zoe", "--db", db])
     assert r.exit_code == 0
-    assert actions.get_action(app.state.engine, a["id"])["decided_by"] == "zoe"
+    assert outbox.get_action(app.state.engine, a["id"])["decided_by"] == "zoe"
     assert runner.invoke(cli, ["actions", "reject", "nope", "--db", db]).exit_code == 1
     runner.invoke(cli, ["actions", "pause", "--who", "zoe", "--db", db])
-    assert actions.is_paused(app.state.engine)
+    assert action_config.is_paused(app.state.engine)
