@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import audit, leases, outbox, schema
+from recovery import audit, leases, outbox
 from recovery.outbox import switches
 from recovery.policy import DEFAULT_FILE, Policy, PolicyError, load_policy
 from recovery.scheduler import Scheduler, from_settings
@@ -101,7 +101,6 @@ def probe_scheduler(settings: Any) -> Scheduler | None:
 
 
 def is_paused(engine: Engine) -> bool:
-    schema.upgrade(engine)
     with engine.connect() as conn:
         row = conn.execute(select(switches.c.value).where(switches.c.name == "pause")).first()
     return bool(row and row.value == "on")
@@ -109,7 +108,6 @@ def is_paused(engine: Engine) -> bool:
 
 def set_paused(engine: Engine, paused: bool, who: str, reason: str = "") -> None:
     """Flip the global pause switch (audited)."""
-    schema.upgrade(engine)
     value = "on" if paused else "off"
 
     def write(conn: Connection) -> None:

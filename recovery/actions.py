@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import outbox, schema
+from recovery import outbox
 from recovery.executor import plan
 from recovery.reconciler import start
 
@@ -28,7 +28,6 @@ def on_diagnosis(
 
     Idempotent per incident. Never raises for bad input: it is audited and None returned.
     """
-    schema.upgrade(engine)
     start(engine, settings)
     action_id = outbox.write(engine, outbox.enqueue, incident, diagnosis)
     if action_id is None:

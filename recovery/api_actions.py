@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from recovery import action_config, approvals, audit, outbox, schema, validate
+from recovery import action_config, approvals, audit, outbox, validate
 from recovery.policy import PolicyError
 from recovery.scheduler.base import JOB_RE, NODE_RE
 
@@ -115,7 +115,6 @@ def audit_query(
 ) -> dict[str, Any]:
     """Audit events, oldest first, filtered; pass `next_cursor` back as `cursor`."""
     engine, _ = _ctx(request)
-    schema.upgrade(engine)
     events, nxt = audit.query(
         engine,
         job_id=_job(job_id),
@@ -132,7 +131,6 @@ def audit_query(
 @router.get("/audit/verify")
 def audit_verify(request: Request) -> dict[str, Any]:
     engine, _ = _ctx(request)
-    schema.upgrade(engine)
     v = audit.verify(engine)
     return {"ok": v.ok, "rows": v.rows, "first_bad_seq": v.first_bad_seq, "problem": v.problem}
 

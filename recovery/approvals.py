@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import audit, failpoints, outbox, planning, schema
+from recovery import audit, failpoints, outbox, planning
 from recovery.action_config import config
 from recovery.decide import Action
 from recovery.executor import execute
@@ -32,7 +32,6 @@ def approve(
 ) -> dict[str, Any]:
     """Approve a pending action (recording who) and execute it. The blast radius is checked
     again first, with every other reserved drain and the nodes as the scheduler shows them."""
-    schema.upgrade(engine)
     cfg = config(settings)
     row = outbox.raw(engine, action_id)
     nodes = None
@@ -59,7 +58,6 @@ def _decide_pending(
     comment: str,
     budget: tuple[Policy, Any] | None = None,
 ) -> None:
-    schema.upgrade(engine)
     expire(engine)
     if not who or len(who) > 128:
         raise ActionError("who must be a non-empty name of at most 128 characters")
@@ -114,7 +112,6 @@ def resume_node(
     """Return a repaired node to service: an audited action, executed at once (not while
     paused); the port refuses nodes a person drained. `UnknownNode` if the scheduler does not
     know the node (nothing is recorded); an unreachable scheduler leaves the action retried."""
-    schema.upgrade(engine)
     check_node(node)
     cfg = config(settings)
     try:

@@ -24,7 +24,6 @@ from recovery import (
     node_health,
     outbox,
     planning,
-    schema,
     watchdog,
 )
 from recovery.action_config import Config, config, is_paused
@@ -200,7 +199,6 @@ def execute(
 ) -> dict[str, Any] | None:
     """Execute one ready or approved action (a no-op if someone else holds it), or finish an
     executing one that `owner`, a dead process, left."""
-    schema.upgrade(engine)
     cfg = config(settings)
     if is_paused(engine):
         r = outbox.raw(engine, action_id)

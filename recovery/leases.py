@@ -20,7 +20,7 @@ import weakref
 
 from sqlalchemy import Engine, update
 
-from recovery import clock, schema
+from recovery import clock
 
 log = logging.getLogger("goodput.leases")
 OWNER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this process, in the store's owner columns
@@ -34,7 +34,6 @@ def renew(engine: Engine, lease_s: float, owner: str = OWNER, now: float | None 
     from recovery.outbox import actions_table as a
     from recovery.store import incidents as i
 
-    schema.upgrade(engine)
     until = (clock.now(engine) if now is None else now) + lease_s
     with engine.begin() as conn:
         n = conn.execute(

@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from recovery import audit, clock, schema
+from recovery import audit, clock
 from recovery.decide import Diagnosis
 from recovery.schema import metadata
 
@@ -117,14 +117,12 @@ def public(r: Any) -> dict[str, Any]:
 
 def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:
     """One action as the API shows it, or None."""
-    schema.upgrade(engine)
     r = raw(engine, action_id)
     return public(r) if r else None
 
 
 def incident_action(engine: Engine, incident_id: str) -> dict[str, Any] | None:
     """The incident's latest action (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
-    schema.upgrade(engine)
     with engine.connect() as conn:
         row = latest(conn, str(incident_id))
     return public(row) if row is not None else None
@@ -157,7 +155,6 @@ def list_actions(
     engine: Engine, state: str | None = None, job_id: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
     """The newest actions first (pending ones past their deadline expired first)."""
-    schema.upgrade(engine)
     expire(engine)
     q = (
         select(actions_table)
@@ -174,7 +171,6 @@ def list_actions(
 
 def counts(engine: Engine) -> dict[tuple[str, str], int]:
     """(kind, state) -> number of actions: for metrics."""
-    schema.upgrade(engine)
     out: dict[tuple[str, str], int] = {}
     with engine.connect() as conn:
         for r in conn.execute(select(actions_table.c.kind, actions_table.c.state)).all():

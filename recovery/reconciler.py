@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from recovery import accounting, audit, leases, outbox, schema
+from recovery import accounting, audit, leases, outbox
 from recovery.action_config import config, setting
 from recovery.executor import execute, plan
 from recovery.outbox import PLANNABLE, RUNNABLE, actions_table, expire
@@ -31,7 +31,6 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     """Finish what is due: rows with no plan yet (a final diagnosis whose planner died, or one
     waiting for the scheduler), executing rows left by a dead process (`orphaned`), ready or
     approved rows whose retry time has come."""
-    schema.upgrade(engine)
     expire(engine)
     now = outbox.now(engine)
     single = engine.dialect.name == "sqlite"
@@ -91,7 +90,6 @@ def start(
         if engine in _running:
             return
         _running.add(engine)
-    schema.upgrade(engine)
     if thread is None:
         flag = setting(settings, "actions_thread", "GOODPUT_ACTIONS_THREAD", "1")
         thread = flag not in ("0", "false")

@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, func, select, update
 
-from recovery import action_config, audit, notifier, outbox, schema, store
+from recovery import action_config, audit, notifier, outbox, store
 from recovery.policy import WatchdogPolicy
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,6 @@ def reason_in(conn: Connection) -> str:
 
 
 def current(engine: Engine) -> str:
-    schema.upgrade(engine)
     with engine.connect() as conn:
         return reason_in(conn)
 

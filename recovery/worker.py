@@ -28,7 +28,6 @@ from recovery import (
     incidents,
     leases,
     outbox,
-    schema,
 )
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
@@ -56,7 +55,6 @@ def run_once(
     of the worker thread; `now` defaults to the store's clock (`recovery.clock`)."""
     now = clock.now(engine) if now is None else now
     done = []
-    schema.upgrade(engine)
     lease_s = float(getattr(settings, "lease_s", leases.DEFAULT_S))
     for incident_id, gen in incidents.claim_diagnoses(engine, leases.OWNER, lease_s, now):
         inc = incidents.incident(engine, incident_id)

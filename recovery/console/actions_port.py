@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import action_config, approvals, audit, outbox, schema
+from recovery import action_config, approvals, audit, outbox
 from recovery.action_config import probe_scheduler  # noqa: F401 - the console's health page
 from recovery.policy import DRAINS, Policy, PolicyError
 
@@ -91,7 +91,6 @@ def paused(engine: Engine) -> bool | None:
 
 def incident_events(engine: Engine, incident_id: int) -> list[dict[str, Any]]:
     """Every audit event of the incident (planned, approved, executed, ...), oldest first."""
-    schema.upgrade(engine)
     out: list[dict[str, Any]] = []
     cursor: int | None = 0
     while cursor is not None and len(out) < 5000:

@@ -12,11 +12,11 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import create_engine
 
-from recovery import actions, approvals, audit, outbox, schema
+from recovery import actions, approvals, audit, outbox
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
+from recovery.store import make_engine
 from tests.conftest import wait_until
 from tests.helpers import slurm
 
@@ -68,7 +68,7 @@ def cluster(local_stack, tmp_path, monkeypatch):
         )
 
     yield SimpleNamespace(
-        sched=sched, submit=submit, settings=settings, tag=tag, db=db, engine=create_engine(db)
+        sched=sched, submit=submit, settings=settings, tag=tag, db=db, engine=make_engine(db)
     )
     for job in jobs:
         slurm("scancel", job, check=False)
@@ -247,15 +247,15 @@ def test_sticky_error_stops_on_second_occurrence(cluster):
 CHILD = textwrap.dedent("""
     import json, sys
     from types import SimpleNamespace
-    from sqlalchemy import create_engine
     from recovery import actions, reconciler
+    from recovery.store import make_engine
     from recovery.policy import parse_policy
     from recovery.scheduler.slurm import SlurmScheduler
     db, inc, d, policy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), \\
         json.loads(sys.argv[4])
     s = SimpleNamespace(policy=parse_policy(policy, env={}), scheduler_adapter=SlurmScheduler(),
                         alertmanager_url=None, prometheus_url=None)
-    engine = create_engine(db)
+    engine = make_engine(db)
     if inc:
         actions.on_diagnosis(engine, s, inc, d)
     else:
@@ -302,7 +302,6 @@ AFTER_KILL = {
 def test_kill_9_neither_loses_nor_repeats(cluster, crash):
     job, x = cluster.submit()
     inc, d = diag(cluster, job, x)
-    schema.upgrade(cluster.engine)
     died = run_child(cluster, inc, d, crash)
     assert died.returncode == -9, died.stderr
     row = outbox.get_action(cluster.engine, f"inc-{inc['id']}")

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import requests
 from prometheus_client import CollectorRegistry
-from sqlalchemy import create_engine
 
 from recovery import actions, approvals, audit, outbox, reconciler, watchdog
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
+from recovery.store import make_engine
 from tests.chaos.harness import restore_stack
 from tests.conftest import wait_until
 from tests.helpers import slurm
@@ -51,7 +51,7 @@ def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, t
         loki_url=None,
         log_dir=None,
     )
-    engine = create_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}")
     dog = watchdog.Watchdog(engine, settings, lambda: settings.policy.watchdog)
     registry = CollectorRegistry()
     registry.register(watchdog.ActingCollector(engine))

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, update
+from sqlalchemy import update
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
@@ -17,6 +17,7 @@ from recovery import action_config, actions, audit, outbox
 from recovery.api_actions import router
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
 from tests.unit.actions_fakes import make_fake_sim
 
 
@@ -31,7 +32,7 @@ def api(tmp_path):
     submit("42", node="node2")
     app = FastAPI()
     app.include_router(router)
-    app.state.engine = create_engine(f"sqlite:///{tmp_path / 'api.db'}")
+    app.state.engine = make_engine(f"sqlite:///{tmp_path / 'api.db'}")
     app.state.settings = SimpleNamespace(
         policy=parse_policy({"mode": "approve"}, env={}),
         alertmanager_url=None,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from sqlalchemy import create_engine, update
+from sqlalchemy import update
 
 from recovery import (
     accounting,
@@ -23,6 +23,7 @@ from recovery import (
 )
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
 from tests.unit.actions_fakes import make_fake_sim
 
 
@@ -35,7 +36,7 @@ def _no_thread(monkeypatch):
 @pytest.fixture
 def world(tmp_path):
     client, st, submit = make_fake_sim()
-    engine = create_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
     sched = SimulatedScheduler("http://testserver", session=client)
 
     def settings(mode="act", **policy):

@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine
 
-from recovery import action_config, actions, audit, incidents, outbox, reconciler, schema, worker
+from recovery import action_config, actions, audit, incidents, outbox, reconciler, worker
 from recovery.api_actions import router
 from recovery.app import create_app
 from recovery.policy import parse_policy
@@ -67,7 +66,6 @@ def test_serves_healthz_at_once_while_the_scheduler_hangs(tmp_path, monkeypatch)
     monkeypatch.setattr(action_config, "_sched_cache", {})
     s = _settings(tmp_path)
     engine = make_engine(s.db_url)
-    schema.upgrade(engine)
     now = time.time()
     with engine.begin() as conn:  # an action a dead process left ready: start-up finishes it
         conn.execute(
@@ -138,7 +136,7 @@ class Broken(SimulatedScheduler):
 def test_a_slurm_error_while_planning_is_a_retried_action_with_an_audit_event(tmp_path):
     client, st, submit = make_fake_sim()
     submit("42", node="node2")
-    engine = create_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'p.db'}")
     s = SimpleNamespace(
         policy=parse_policy({"mode": "act"}, env={}),
         scheduler_adapter=Broken("http://testserver", session=client),
@@ -161,7 +159,7 @@ def test_resuming_an_unknown_node_is_404_and_records_nothing(tmp_path):
     client, st, _ = make_fake_sim()
     app = FastAPI()
     app.include_router(router)
-    app.state.engine = create_engine(f"sqlite:///{tmp_path / 'n.db'}")
+    app.state.engine = make_engine(f"sqlite:///{tmp_path / 'n.db'}")
     app.state.settings = SimpleNamespace(
         policy=parse_policy({"mode": "act"}, env={}),
         alertmanager_url=None,
