@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recovery import clock, incidents, retention, validate
+from recovery import incidents, retention, validate
 from recovery.group_commit import GroupCommit
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
@@ -253,8 +253,7 @@ def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegis
 def create_app(settings: Settings | None = None, start_worker: bool = True) -> FastAPI:
     """The receiver app; the store is opened (and its tables created) here."""
     settings = settings or Settings.from_env()
-    engine = make_engine(settings.db_url)
-    clock.bind(engine, settings.clock)
+    engine = make_engine(settings.db_url, clock=settings.clock)
     registry = CollectorRegistry()
     metrics = ReceiverMetrics(registry, engine)
     auth = Auth(settings)

@@ -15,16 +15,15 @@ from recovery import action_config, clock, outbox, planning, schema
 from recovery.decide import Diagnosis
 from recovery.policy import PolicyError
 from recovery.scheduler.base import NodeState
+from recovery.store import make_engine
 
 NOW = 1_800_000_000.0
 
 
 @pytest.fixture
 def engine(tmp_path):
-    eng = create_engine(f"sqlite:///{tmp_path / 'h.db'}")
-    clock.bind(eng, clock.ManualClock(NOW))  # the store's time: outbox.now(eng) == NOW
-    schema.upgrade(eng)
-    return eng
+    # the store's time: outbox.now(eng) == NOW
+    return make_engine(f"sqlite:///{tmp_path / 'h.db'}", clock=clock.ManualClock(NOW))
 
 
 def _add(engine, i, job, kind, state, age_s, nodes=(), cause="gpu_hardware_fault:xid79", body=None):
