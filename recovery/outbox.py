@@ -31,13 +31,17 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    cast,
+    func,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery import audit, clock
 from recovery.decide import Diagnosis
+from recovery.policy import RESTARTS
 from recovery.schema import metadata
 
 actions_table = Table(
@@ -113,6 +117,56 @@ def public(r: Any) -> dict[str, Any]:
     d.pop("owner", None)
     d.pop("lease_until", None)
     return d
+
+
+# Goodput's restarts of a job end one run and begin the next: what happened after one is the
+# new run's, whose faults open a new incident (`recovery.incidents`).
+_RESTARTED = (actions_table.c.state == "executed", actions_table.c.kind.in_(RESTARTS))
+
+
+def restarted_at(incident_id: ColumnElement[Any]) -> Any:
+    """SQL: when an action of the incident `incident_id` (an integer column) restarted its job
+    (`requeue`, `drain_and_requeue`, executed), or NULL."""
+    a = actions_table.c
+    return (
+        select(func.min(a.updated_at))
+        .where(a.incident_id == cast(incident_id, String), *_RESTARTED)
+        .scalar_subquery()
+    )
+
+
+def restart_body(incident_id: ColumnElement[Any]) -> Any:
+    """SQL: the body of that restart (`excluded` reads the nodes it took the job off), or NULL."""
+    a = actions_table.c
+    return (
+        select(a.body)
+        .where(a.incident_id == cast(incident_id, String), *_RESTARTED)
+        .order_by(a.updated_at)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def excluded(body: str | None) -> list[str]:
+    """The nodes an action's body excludes the job from (none for a body that is not one)."""
+    try:
+        nodes = json.loads(body or "{}").get("action", {}).get("exclude") or []
+    except (ValueError, AttributeError):
+        return []
+    return [n for n in nodes if isinstance(n, str)]
+
+
+def run_bounds(engine: Engine, job_id: str | None, t: float) -> tuple[float | None, float | None]:
+    """The job's run that time `t` falls in, as Goodput's restarts of the job bound it: (the
+    last restart at or before `t`, the first after), None where there is none."""
+    if job_id is None:
+        return None, None
+    q = select(actions_table.c.updated_at).where(actions_table.c.job_id == job_id, *_RESTARTED)
+    with engine.connect() as conn:
+        times = [float(x) for x in conn.execute(q).scalars()]
+    return max((x for x in times if x <= t), default=None), min(
+        (x for x in times if x > t), default=None
+    )
 
 
 def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:

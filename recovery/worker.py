@@ -39,8 +39,14 @@ INCOMPLETE_MAX = 30
 
 
 def diagnose(settings: Settings, incident: dict[str, Any]) -> dict[str, Any]:
-    """Collect evidence for `incident` from every configured source and attribute it."""
+    """Collect evidence for `incident` from every configured source and attribute it, within
+    the job's run it is about (`run`: Goodput's restarts before and after it, `run_bounds`)."""
     ctx = evidence.Context.from_incident(incident, settings)
+    since, until = incident.get("run") or (None, None)
+    if since is not None:
+        ctx.start = max(ctx.start, since)
+    if until is not None:
+        ctx.end = max(ctx.start, min(ctx.end, until))
     bundle = evidence.collect_live(ctx, settings)
     return attribution.attribute(bundle, ctx, incident_id=incident["id"])
 
@@ -60,6 +66,8 @@ def run_once(
         inc = incidents.incident(engine, incident_id)
         if inc is None:
             continue
+        first = inc.get("first_alert_at") or inc["opened_at"]
+        inc["run"] = outbox.run_bounds(engine, inc.get("job_id"), first)
         t0 = time.monotonic()
         try:
             doc = diagnose(settings, inc)
