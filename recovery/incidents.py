@@ -53,7 +53,7 @@ from recovery.diagnosis_queue import (
     store_diagnosis,
 )
 from recovery.incident_views import get_incident, incident, latest_diagnosis, list_incidents
-from recovery.outbox import excluded, restart_body, restarted_at
+from recovery.outbox import excluded, restarted_at
 from recovery.schema import INGEST_LOCK, serialize
 from recovery.settings import Settings
 from recovery.store import (
@@ -238,11 +238,7 @@ _ALERT_BY_IDENTITY = select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).wher
 _INSERT_ALERT = insert(alerts)
 _RESTARTED_AT = restarted_at(incidents.c.id)
 _OPEN_OF_JOB = (
-    select(
-        incidents.c.id,
-        _RESTARTED_AT.label("restarted_at"),
-        restart_body(incidents.c.id).label("restart_body"),
-    )
+    select(incidents.c.id, _RESTARTED_AT.label("restarted_at"))
     .where(incidents.c.state == "open", incidents.c.job_id == bindparam("b_job"))
     .order_by(incidents.c.id.desc())
 )
@@ -316,7 +312,7 @@ def _job_incident(
     that run, without a new diagnosis."""
     rows = conn.execute(_OPEN_OF_JOB, {"b_job": job_id}).all()
     for r in rows:
-        if node is not None and r.restarted_at is not None and node in excluded(r.restart_body):
+        if node is not None and r.restarted_at is not None and node in excluded(conn, r.id):
             return int(r.id), False
     ended = min((r.restarted_at for r in rows if (r.restarted_at or 0) > t), default=None)
     for r in rows:

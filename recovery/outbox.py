@@ -135,25 +135,16 @@ def restarted_at(incident_id: ColumnElement[Any]) -> Any:
     )
 
 
-def restart_body(incident_id: ColumnElement[Any]) -> Any:
-    """SQL: the body of that restart (`excluded` reads the nodes it took the job off), or NULL."""
-    a = actions_table.c
-    return (
-        select(a.body)
-        .where(a.incident_id == cast(incident_id, String), *_RESTARTED)
-        .order_by(a.updated_at)
-        .limit(1)
-        .scalar_subquery()
+def excluded(conn: Connection, incident_id: int) -> set[str]:
+    """The nodes the incident's restarts took its job off (their `exclude`)."""
+    q = select(actions_table.c.body).where(
+        actions_table.c.incident_id == str(incident_id), *_RESTARTED
     )
-
-
-def excluded(body: str | None) -> list[str]:
-    """The nodes an action's body excludes the job from (none for a body that is not one)."""
-    try:
-        nodes = json.loads(body or "{}").get("action", {}).get("exclude") or []
-    except (ValueError, AttributeError):
-        return []
-    return [n for n in nodes if isinstance(n, str)]
+    out: set[str] = set()
+    for body in conn.execute(q).scalars():
+        action = json.loads(body).get("action") or {}
+        out.update(n for n in action.get("exclude") or [] if isinstance(n, str))
+    return out
 
 
 def run_bounds(engine: Engine, job_id: str | None, t: float) -> tuple[float | None, float | None]:
