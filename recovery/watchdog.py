@@ -96,7 +96,7 @@ def _write(engine: Engine, reason: str, detail: str, who: str) -> None:
         if was == reason:
             return
         t = outbox.switches
-        values = {"value": reason, "updated_at": outbox.now(), "updated_by": who[:128]}
+        values = {"value": reason, "updated_at": outbox.now(conn), "updated_by": who[:128]}
         if not conn.execute(update(t).where(t.c.name == SWITCH).values(**values)).rowcount:
             conn.execute(t.insert().values(name=SWITCH, **values))
         event = "watchdog_resumed" if reason == OK else "watchdog_stopped"
@@ -122,11 +122,12 @@ class Watchdog:
         settings: Any,
         policy: Callable[[], WatchdogPolicy],
         probe: Callable[[], list[dict[str, Any]]] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        self.engine, self.settings, self.policy, self.clock = engine, settings, policy, clock
+        self.engine, self.settings, self.policy = engine, settings, policy
+        self.clock = clock or (lambda: outbox.now(engine))  # the store's clock by default
         self.probe = probe or self._probe
-        self.started_at = clock()
+        self.started_at = self.clock()
         self.state = State()
 
     def _probe(self) -> list[dict[str, Any]]:
@@ -158,7 +159,7 @@ class Watchdog:
         cfg = action_config.config(self.settings)
         row = {"id": SWITCH, "job_id": None, "incident_id": None, "kind": "none"}
         if reason == OK:
-            text, until = "Goodput acts again: its own health checks pass.", time.time() + 1.0
+            text, until = "Goodput acts again: its own health checks pass.", self.clock() + 1.0
         else:  # the notice lasts until it acts again (endsAt after startsAt ends it)
             text, until = f"Goodput stopped acting ({reason}): {detail}. It plans only.", None
         name = "GoodputReceiverNotActing"

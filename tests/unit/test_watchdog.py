@@ -148,3 +148,47 @@ def test_an_action_a_dead_process_left_executing_is_finished_even_when_not_actin
     watchdog._write(world.engine, "evidence_unreachable", "test", "test")
     reconciler.reconcile(world.engine, s, startup=True)
     assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+
+
+def test_the_watchdog_runs_on_the_receivers_clock(tmp_path, monkeypatch):
+    """Its switch row, its probe times and its notices read the store's clock (the benchmark's
+    simulated one), not the wall clock."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from sqlalchemy import select
+
+    from recovery import notifier
+    from recovery.clock import ManualClock
+    from recovery.policy import parse_policy
+    from recovery.store import make_engine
+
+    t = 1_600_000_000.0
+    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}", clock=ManualClock(t))
+    sent: list[dict] = []
+    monkeypatch.setattr(
+        notifier.requests,
+        "post",
+        lambda url, json, timeout: sent.append(json[0]) or SimpleNamespace(status_code=200),
+    )
+    settings = SimpleNamespace(
+        policy=parse_policy({"mode": "act"}, env={}),
+        scheduler_adapter=object(),
+        alertmanager_url="http://am.invalid",
+        prometheus_url=None,
+    )
+    probe = {"s": rows(scheduler="error")}
+    pol = WatchdogPolicy(failures_before_stop=1)
+    dog = watchdog.Watchdog(engine, settings, lambda: pol, probe=lambda: probe["s"])
+    assert dog.started_at == t
+    dog.tick()
+    probe["s"] = rows(scheduler="ok", prometheus="ok", loki="ok")
+    dog.tick()
+    with engine.connect() as conn:
+        (stamp,) = conn.execute(
+            select(outbox.switches.c.updated_at).where(outbox.switches.c.name == "watchdog")
+        ).scalars()
+    assert stamp == t
+    iso = datetime.fromtimestamp(t, UTC).isoformat()
+    assert [a["startsAt"] for a in sent] == [iso, iso]
+    assert sent[1]["endsAt"] == datetime.fromtimestamp(t + 1.0, UTC).isoformat()
