@@ -5,7 +5,6 @@ nodes). The production receiver, on a simulated clock and scheduler."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -15,18 +14,10 @@ from recovery import incidents, outbox, worker
 from recovery.app import create_app
 from recovery.clock import ManualClock
 from recovery.evidence import Bundle, Report, Series, SlurmFacts
-from recovery.policy import DEFAULT_FILE
-from recovery.scheduler.simulated import SimulatedScheduler
-from recovery.settings import Settings
 from tests.unit.actions_fakes import make_fake_sim
+from tests.unit.test_receiver_clock import T, acting_settings
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-T = 1_600_000_000.0
-
-
-@dataclasses.dataclass(frozen=True)
-class SimSettings(Settings):
-    scheduler_adapter: Any = None
 
 
 def _alert(fp: str, node: str, starts: str, **labels: str) -> dict[str, Any]:
@@ -74,21 +65,7 @@ def receiver(tmp_path):
     st["jobs"]["42"]["start_time"] = T - 3600  # running for an hour before the fault
     sources = Sources(st)
     clock = ManualClock(T)
-    settings = SimSettings(
-        db_url=f"sqlite:///{tmp_path / 'r.db'}",
-        require_auth=False,
-        slurm_enabled=True,
-        sources=sources,
-        log_dir=str(tmp_path),
-        recheck_max=0,
-        clock=clock,
-        scheduler_adapter=SimulatedScheduler("http://testserver", session=sim),
-        extra={
-            "GOODPUT_MODE": "act",
-            "GOODPUT_POLICY_FILE": str(DEFAULT_FILE),
-            "GOODPUT_ACTIONS_THREAD": "0",
-        },
-    )
+    settings = acting_settings(tmp_path, clock, sim, slurm_enabled=True, sources=sources)
     app = create_app(settings, start_worker=False)
     client = TestClient(app)
 

@@ -26,14 +26,11 @@ class ClockSettings(Settings):
     scheduler_adapter: Any = None
 
 
-def test_the_receiver_runs_on_its_clock(tmp_path) -> None:
-    sim, _st, submit = make_fake_sim()
-    submit("42", node="node2")
-    clock = ManualClock(T)
-    settings = ClockSettings(
+def acting_settings(tmp_path, clock: ManualClock, sim: Any, **kw: Any) -> ClockSettings:
+    """A receiver in act mode on `clock`, acting through the fake simulator `sim`."""
+    return ClockSettings(
         db_url=f"sqlite:///{tmp_path / 'r.db'}",
         require_auth=False,
-        slurm_enabled=False,
         log_dir=str(tmp_path),
         recheck_max=0,
         clock=clock,
@@ -43,7 +40,15 @@ def test_the_receiver_runs_on_its_clock(tmp_path) -> None:
             "GOODPUT_POLICY_FILE": str(DEFAULT_FILE),
             "GOODPUT_ACTIONS_THREAD": "0",
         },
+        **kw,
     )
+
+
+def test_the_receiver_runs_on_its_clock(tmp_path) -> None:
+    sim, _st, submit = make_fake_sim()
+    submit("42", node="node2")
+    clock = ManualClock(T)
+    settings = acting_settings(tmp_path, clock, sim, slurm_enabled=False)
     app = create_app(settings, start_worker=False)
     engine = app.state.engine
     client = TestClient(app)
