@@ -9,7 +9,7 @@ TestClient, on a simulated `recovery.clock.ManualClock`): the changes of the fir
 posted to its webhook as Alertmanager would post them (version 4 JSON; a new alert `firing` with its
 startsAt, an alert whose condition stopped `resolved`); then one pass of the production diagnosis
 worker (`recovery.worker.run_once`: settle, attribution, recheck, outbox) and of the action
-executor (`recovery.actions.reconcile`) runs at the simulated time. Evidence comes from the
+executor (`recovery.reconciler.reconcile`) runs at the simulated time. Evidence comes from the
 simulation through `Settings.sources` (`bench.sim_sources`); actions go through
 `recovery.scheduler.simulated` to the simulator's own control API (in-process: no sockets).
 What the bench scores is read back from the receiver's HTTP API (incidents, diagnoses, actions).

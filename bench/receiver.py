@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from recovery import actions, worker
+from recovery import reconciler, worker
 from recovery.clock import ManualClock
 from recovery.evidence import Sources
 from recovery.policy import DEFAULT_FILE
@@ -32,7 +32,7 @@ _ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt of a firing alert
 @dataclass(frozen=True)
 class BenchSettings(Settings):
     """The receiver's settings (production defaults) plus the scheduler adapter that
-    `recovery.actions.config` takes from its settings."""
+    `recovery.action_config.config` takes from its settings."""
 
     scheduler_adapter: Any = None
     alertmanager_url: str = ""  # off, whatever the environment says: no notices from the bench
@@ -163,7 +163,7 @@ class Receiver:
         t0 = time.perf_counter()
         diagnosed = worker.run_once(self.store, self.settings)  # the worker thread's one pass
         took = time.perf_counter() - t0
-        executed = actions.reconcile(self.store, self.settings)  # the executor's one pass
+        executed = reconciler.reconcile(self.store, self.settings)  # the executor's one pass
         if posted or diagnosed or executed:
             self._refresh({i: took / len(diagnosed) for i in diagnosed})
 

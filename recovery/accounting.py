@@ -17,6 +17,7 @@ from sqlalchemy import Column, Engine, Float, Integer, String, Table, select, up
 from catalogue import promql
 from clients.prometheus import PromClient, PromError
 from recovery import clock
+from recovery.outbox import OPEN_STATES, counts
 from recovery.scheduler.base import JOB_RE
 from recovery.schema import metadata
 
@@ -168,8 +169,6 @@ class AccountingCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[Any]:
-        from recovery.actions import OPEN_STATES, counts  # local: actions imports this module
-
         total = CounterMetricFamily(
             "goodput_actions", "Recovery actions by kind and state.", labels=["action", "result"]
         )

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from recovery import actions, audit, schema, validate
+from recovery import action_config, approvals, audit, outbox, validate
 from recovery.policy import PolicyError
 from recovery.scheduler.base import JOB_RE, NODE_RE
 
@@ -44,14 +44,14 @@ def list_actions(
     """Actions, newest first (expired approvals are marked first)."""
     engine, _ = _ctx(request)
     return {
-        "actions": actions.list_actions(engine, state=state, job_id=_job(job_id), limit=limit),
-        "paused": actions.is_paused(engine),
+        "actions": outbox.list_actions(engine, state=state, job_id=_job(job_id), limit=limit),
+        "paused": action_config.is_paused(engine),
     }
 
 
 @router.get("/actions/{action_id}")
 def get_action(request: Request, action_id: str) -> dict[str, Any]:
-    found = actions.get_action(_ctx(request)[0], action_id)
+    found = outbox.get_action(_ctx(request)[0], action_id)
     if found is None:
         raise HTTPException(404, f"no action {action_id}")
     return found
@@ -62,8 +62,8 @@ def approve(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
     """Approve a pending action (recording who) and execute it now."""
     engine, settings = _ctx(request)
     try:
-        return actions.approve(engine, settings, action_id, body.who, body.comment)
-    except actions.ActionError as exc:
+        return approvals.approve(engine, settings, action_id, body.who, body.comment)
+    except approvals.ActionError as exc:
         raise HTTPException(409, str(exc)) from None
 
 
@@ -71,21 +71,21 @@ def approve(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
 def reject(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
     engine, _ = _ctx(request)
     try:
-        return actions.reject(engine, action_id, body.who, body.comment)
-    except actions.ActionError as exc:
+        return approvals.reject(engine, action_id, body.who, body.comment)
+    except approvals.ActionError as exc:
         raise HTTPException(409, str(exc)) from None
 
 
 @router.post("/actions/pause")
 def pause(request: Request, body: Verdict) -> dict[str, Any]:
     """The global pause switch: no action executes until resumed."""
-    actions.set_paused(_ctx(request)[0], True, body.who, body.comment)
+    action_config.set_paused(_ctx(request)[0], True, body.who, body.comment)
     return {"paused": True}
 
 
 @router.post("/actions/resume")
 def resume(request: Request, body: Verdict) -> dict[str, Any]:
-    actions.set_paused(_ctx(request)[0], False, body.who, body.comment)
+    action_config.set_paused(_ctx(request)[0], False, body.who, body.comment)
     return {"paused": False}
 
 
@@ -97,8 +97,8 @@ def resume_node(request: Request, node: str, body: Verdict) -> dict[str, Any]:
         raise HTTPException(422, f"invalid node {node!r}")
     engine, settings = _ctx(request)
     try:
-        return actions.resume_node(engine, settings, node, body.who, body.comment)
-    except actions.UnknownNode as exc:
+        return approvals.resume_node(engine, settings, node, body.who, body.comment)
+    except approvals.UnknownNode as exc:
         raise HTTPException(404, str(exc)) from None
 
 
@@ -115,7 +115,6 @@ def audit_query(
 ) -> dict[str, Any]:
     """Audit events, oldest first, filtered; pass `next_cursor` back as `cursor`."""
     engine, _ = _ctx(request)
-    schema.upgrade(engine)
     events, nxt = audit.query(
         engine,
         job_id=_job(job_id),
@@ -132,7 +131,6 @@ def audit_query(
 @router.get("/audit/verify")
 def audit_verify(request: Request) -> dict[str, Any]:
     engine, _ = _ctx(request)
-    schema.upgrade(engine)
     v = audit.verify(engine)
     return {"ok": v.ok, "rows": v.rows, "first_bad_seq": v.first_bad_seq, "problem": v.problem}
 
@@ -142,12 +140,12 @@ def policy_view(request: Request) -> dict[str, Any]:
     """The operator policy in force (after `GOODPUT_MODE`) and the pause switch."""
     engine, settings = _ctx(request)
     try:
-        cfg = actions.config(settings)
+        cfg = action_config.config(settings)
     except PolicyError as exc:
         raise HTTPException(500, str(exc)) from None
     mode: Literal["monitor", "approve", "act"] = cfg.policy.mode
     return {
         "policy": cfg.policy.model_dump(mode="json"),
         "mode": mode,
-        "paused": actions.is_paused(engine),
+        "paused": action_config.is_paused(engine),
     }

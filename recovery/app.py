@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recovery import clock, incidents, retention, validate
+from recovery import incidents, retention, validate
 from recovery.group_commit import GroupCommit
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
@@ -209,10 +209,10 @@ def _actions_router() -> Any:
 def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """Reconcile unfinished actions at start-up (crash safety) and export goodput accounting."""
     try:
-        from recovery import accounting, actions
+        from recovery import accounting, reconciler
     except ImportError:
         return
-    actions.start(engine, settings)
+    reconciler.start(engine, settings)
     registry.register(accounting.AccountingCollector(engine))
     _start_watchdog(engine, settings, registry)
     _start_node_checks(engine, settings, registry)
@@ -220,41 +220,40 @@ def _start_actions(engine: Any, settings: Settings, registry: CollectorRegistry)
 
 def _start_watchdog(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """Fail-open: the receiver stops acting while its own health fails (recovery/watchdog.py)."""
-    from recovery import actions, watchdog
+    from recovery import action_config, watchdog
 
     registry.register(watchdog.ActingCollector(engine))
     if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") not in ("0", "false"):
         watchdog.Watchdog(
-            engine, settings, lambda: actions.config(settings).policy.watchdog
+            engine, settings, lambda: action_config.config(settings).policy.watchdog
         ).start()
 
 
 def _start_node_checks(engine: Any, settings: Settings, registry: CollectorRegistry) -> None:
     """A node's way back to service (checks after Goodput's drains) and node history metrics."""
-    from recovery import actions, node_checks, node_history, watchdog
+    from recovery import action_config, node_checks, node_history, watchdog
 
     def current() -> Any:
-        cfg = actions.config(settings)
+        cfg = action_config.config(settings)
         return cfg.policy, cfg.scheduler
 
     node_checks.start(
         engine,
         current,
-        paused=lambda: actions.is_paused(engine) or watchdog.current(engine) != watchdog.OK,
+        paused=lambda: action_config.is_paused(engine) or watchdog.current(engine) != watchdog.OK,
         history=lambda now: node_history.events(
-            engine, now - node_history.lookback_s(actions.config(settings).policy)
+            engine, now - node_history.lookback_s(action_config.config(settings).policy)
         ),
     )
     registry.register(
-        node_history.NodeHistoryCollector(engine, lambda: actions.config(settings).policy)
+        node_history.NodeHistoryCollector(engine, lambda: action_config.config(settings).policy)
     )
 
 
 def create_app(settings: Settings | None = None, start_worker: bool = True) -> FastAPI:
     """The receiver app; the store is opened (and its tables created) here."""
     settings = settings or Settings.from_env()
-    engine = make_engine(settings.db_url)
-    clock.bind(engine, settings.clock)
+    engine = make_engine(settings.db_url, clock=settings.clock)
     registry = CollectorRegistry()
     metrics = ReceiverMetrics(registry, engine)
     auth = Auth(settings)

@@ -1,9 +1,10 @@
 """The receiver's clock: wall time in production, a simulated one in the benchmark.
 
-`Settings.clock` names it; `create_app` binds it to the store engine it opens (`bind`), and code
-that holds the store (an Engine or a Connection) reads the time with `now(db)`, so the incident,
-diagnosis, outbox and audit rows of one receiver, and the settle, recheck, retry and blast-radius
-windows computed from them, all run on one clock. An unbound store reads the wall clock.
+`Settings.clock` names it; `create_app` binds it to the store engine it opens (`bind`, before
+the schema is migrated: `store.make_engine(url, clock=)`), and code that holds the store (an
+Engine or a Connection) reads the time with `now(db)`, so the incident, diagnosis, outbox, audit
+and budget-lock rows of one receiver, and the settle, recheck, retry and blast-radius windows
+computed from them, all run on one clock. An unbound store reads the wall clock.
 """
 
 from __future__ import annotations

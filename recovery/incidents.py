@@ -7,6 +7,10 @@ Rules:
 - an alert with only `node` joins the open incidents of the jobs on that node (asked from
   Slurm before the ingest lock is taken, plus open incidents that already name the node);
   with none, a node incident;
+- Goodput's restart of a job (`requeue`, `drain_and_requeue`, executed) ends the job's run: an
+  alert that started after it is the new run's and joins a new incident, whose evidence starts
+  at the restart (`recovery.worker`); a late alert of the ended run joins that run's incident
+  without diagnosing it again (the verdict the restart was planned on stands);
 - each new alert in an incident schedules a diagnosis after `settings.settle_s`;
 - receivers sharing a PostgreSQL store ingest one at a time (an advisory lock: no two open
   incidents for one job) and claim a due diagnosis with a lease (`claim_diagnoses`), so each
@@ -49,6 +53,7 @@ from recovery.diagnosis_queue import (
     store_diagnosis,
 )
 from recovery.incident_views import get_incident, incident, latest_diagnosis, list_incidents
+from recovery.outbox import excluded, restarted_at
 from recovery.schema import INGEST_LOCK, serialize
 from recovery.settings import Settings
 from recovery.store import (
@@ -173,8 +178,9 @@ def _fold(conn: Connection, settings: Settings, p: Payload, now: float) -> Inges
             continue  # Goodput's own notices to on-call (approvals, stops) open nothing
         if is_new and doc["status"] == "firing":
             starts = validate.timestamp(doc["startsAt"])
-            for inc in _incidents_for(conn, doc, p.on_node, now):
-                _link(conn, inc, alert_id, now, settings.settle_s, starts)
+            t = now if starts is None else starts
+            for inc, again in _incidents_for(conn, doc, p.on_node, now, t):
+                _link(conn, inc, alert_id, now, settings.settle_s if again else None, starts)
                 touched.add(inc)
         elif is_new or changed:
             ended.update(_linked_incidents(conn, alert_id))
@@ -230,15 +236,15 @@ _ALERT_BY_IDENTITY = select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).wher
     alerts.c.fingerprint == bindparam("b_fp"), alerts.c.starts_at == bindparam("b_starts")
 )
 _INSERT_ALERT = insert(alerts)
+_RESTARTED_AT = restarted_at(incidents.c.id)
 _OPEN_OF_JOB = (
-    select(incidents.c.id)
+    select(incidents.c.id, _RESTARTED_AT.label("restarted_at"))
     .where(incidents.c.state == "open", incidents.c.job_id == bindparam("b_job"))
     .order_by(incidents.c.id.desc())
-    .limit(1)
 )
 _INSERT_LINK = insert(incident_alerts)
 _was = incidents.c.first_alert_ts
-_LINK = (
+_LINK_ONLY = (
     update(incidents)
     .where(incidents.c.id == bindparam("b_id"))
     .values(
@@ -247,12 +253,14 @@ _LINK = (
             (or_(_was.is_(None), _was > bindparam("b_starts")), bindparam("b_starts")),
             else_=_was,
         ),
-        diagnosis_state="pending",
-        diagnosis_due=bindparam("b_due"),
-        diagnosis_gen=incidents.c.diagnosis_gen + 1,
-        diagnosis_owner=None,
-        diagnosis_lease=None,
     )
+)
+_LINK = _LINK_ONLY.values(  # and schedule a new diagnosis
+    diagnosis_state="pending",
+    diagnosis_due=bindparam("b_due"),
+    diagnosis_gen=incidents.c.diagnosis_gen + 1,
+    diagnosis_owner=None,
+    diagnosis_lease=None,
 )
 
 
@@ -293,16 +301,35 @@ def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[in
     return int(new_id), True, False
 
 
-def _open_incident(conn: Connection, now: float, job_id: str | None, node: str | None) -> int:
-    if job_id is not None:
-        row = conn.execute(_OPEN_OF_JOB, {"b_job": job_id}).first()
-    else:
-        q = select(incidents.c.id).where(
-            incidents.c.state == "open", incidents.c.job_id.is_(None), incidents.c.node == node
-        )
-        row = conn.execute(q.order_by(incidents.c.id.desc())).first()
-    if row is not None:
-        return int(row.id)
+def _job_incident(
+    conn: Connection, now: float, job_id: str, t: float, node: str | None = None
+) -> tuple[int, bool]:
+    """The incident of the job that an alert started at `t` (on `node`) joins, and whether it
+    is diagnosed again. `t` falls in one of the job's runs, which Goodput's restarts end: the
+    current run's alert joins the job's open incident that no restart ended (a new one if
+    none); a late alert of an ended run, or one on a node a restart took the job off (a
+    detector's alert that fires after its `for`), joins the open incident whose restart ended
+    that run, without a new diagnosis."""
+    rows = conn.execute(_OPEN_OF_JOB, {"b_job": job_id}).all()
+    for r in rows:
+        if node is not None and r.restarted_at is not None and node in excluded(conn, r.id):
+            return int(r.id), False
+    ended = min((r.restarted_at for r in rows if (r.restarted_at or 0) > t), default=None)
+    for r in rows:
+        if r.restarted_at == ended:  # None == None: the current run's incident
+            return int(r.id), ended is None
+    return _new_incident(conn, now, job_id, None), True
+
+
+def _node_incident(conn: Connection, now: float, node: str) -> int:
+    q = select(incidents.c.id).where(
+        incidents.c.state == "open", incidents.c.job_id.is_(None), incidents.c.node == node
+    )
+    row = conn.execute(q.order_by(incidents.c.id.desc())).first()
+    return int(row.id) if row is not None else _new_incident(conn, now, None, node)
+
+
+def _new_incident(conn: Connection, now: float, job_id: str | None, node: str | None) -> int:
     new_id = conn.execute(
         insert(incidents).values(
             job_id=job_id,
@@ -319,29 +346,35 @@ def _open_incident(conn: Connection, now: float, job_id: str | None, node: str |
 
 
 def _incidents_for(
-    conn: Connection, doc: dict[str, Any], on_node: dict[str, list[str]], now: float
-) -> list[int]:
+    conn: Connection, doc: dict[str, Any], on_node: dict[str, list[str]], now: float, t: float
+) -> list[tuple[int, bool]]:
+    """The incidents a new firing alert that started at `t` joins, each with whether it is
+    diagnosed again."""
     labels = doc["labels"]
     job_id, node = labels.get("job_id") or None, labels.get("node") or None
     if job_id:
-        return [_open_incident(conn, now, job_id, None)]
+        return [_job_incident(conn, now, job_id, t, node)]
     if not node:
-        return [_open_incident(conn, now, None, "")]  # cluster-level alert: one bucket
+        return [(_node_incident(conn, now, ""), True)]  # cluster-level alert: one bucket
     jobs: set[str] = set(on_node.get(node, ()))
     known = conn.execute(
         select(incidents.c.job_id)
         .select_from(incidents.join(incident_alerts).join(alerts))
         .where(
             and_(
-                incidents.c.state == "open", alerts.c.node == node, incidents.c.job_id.is_not(None)
+                incidents.c.state == "open",
+                alerts.c.node == node,
+                incidents.c.job_id.is_not(None),
+                # not a run a restart ended before the alert: the job has left the node since
+                or_(_RESTARTED_AT.is_(None), _RESTARTED_AT > t),
             )
         )
         .distinct()
     ).scalars()
     jobs.update(j for j in known if j)
     if not jobs:
-        return [_open_incident(conn, now, None, node)]
-    return [_open_incident(conn, now, j, None) for j in sorted(jobs)]
+        return [(_node_incident(conn, now, node), True)]
+    return [_job_incident(conn, now, j, t) for j in sorted(jobs)]
 
 
 def _link(
@@ -349,15 +382,19 @@ def _link(
     incident_id: int,
     alert_id: int,
     now: float,
-    settle: float,
+    settle: float | None,
     starts: float | None = None,
 ) -> None:
-    """Link a new alert (it has no link yet) to the incident and schedule its diagnosis."""
+    """Link a new alert (it has no link yet) to the incident and schedule its diagnosis
+    `settle` seconds from now (None: no new diagnosis)."""
     if starts is None:
         starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar()
     conn.execute(_INSERT_LINK, {"incident_id": incident_id, "alert_id": alert_id})
-    params = {"b_id": incident_id, "b_now": now, "b_starts": starts, "b_due": now + settle}
-    conn.execute(_LINK, params)
+    params = {"b_id": incident_id, "b_now": now, "b_starts": starts}
+    if settle is None:
+        conn.execute(_LINK_ONLY, params)
+    else:
+        conn.execute(_LINK, {**params, "b_due": now + settle})
 
 
 def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 Receivers in HA share one PostgreSQL store. A receiver claims a due diagnosis
 (`incidents.claim_diagnoses`, `SELECT … FOR UPDATE SKIP LOCKED`) or an action
-(`actions._claim`, under the budget lock) for `lease_s` seconds, recording itself as the
+(`executor._claim`, under the budget lock) for `lease_s` seconds, recording itself as the
 owner; while it lives, `Heartbeat` renews every lease it holds each `lease_s / 3`. A receiver
 that dies (SIGKILL, a lost host) stops renewing, and once its lease has expired another
 receiver takes the work over: the diagnosis is made again, the action executed again (the
@@ -20,7 +20,7 @@ import weakref
 
 from sqlalchemy import Engine, update
 
-from recovery import clock, schema
+from recovery import clock
 
 log = logging.getLogger("goodput.leases")
 OWNER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this process, in the store's owner columns
@@ -34,7 +34,6 @@ def renew(engine: Engine, lease_s: float, owner: str = OWNER, now: float | None 
     from recovery.outbox import actions_table as a
     from recovery.store import incidents as i
 
-    schema.upgrade(engine)
     until = (clock.now(engine) if now is None else now) + lease_s
     with engine.begin() as conn:
         n = conn.execute(

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Column, Engine, Float, Integer, String, Table, Text, select
 
-from recovery import audit, node_health, schema, slurm_hooks
+from recovery import audit, node_health, slurm_hooks
 from recovery.policy import Policy
 from recovery.scheduler.base import REASON_PREFIX, NodeState, Scheduler, SchedulerError
 from recovery.schema import metadata
@@ -224,7 +224,6 @@ def start(
     `history(now)` each node's recent events; the Prolog holds go to `$GOODPUT_HOLD_DIR`."""
     if os.environ.get("GOODPUT_ACTIONS_THREAD", "1") in ("0", "false"):
         return None
-    schema.upgrade(engine)
     hold = os.environ.get("GOODPUT_HOLD_DIR")
 
     def loop() -> None:

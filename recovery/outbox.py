@@ -9,6 +9,10 @@ whichever process gets there first, and a re-plan replaces the row in place.
 States: `planning` → `waiting_scheduler` (retried) | `pending_approval` | `ready` →
 (`approved`) → `executing` → `executed` | `failed`; terminal also `rejected`, `expired`,
 `planned_only`, `no_action`, `skipped`.
+
+The steps that touch the scheduler are `recovery.executor`'s; here are the table, the writes that
+need none (`enqueue`, `expire`) and the reads (`get_action`, `incident_action`, `list_actions`,
+`counts`).
 """
 
 from __future__ import annotations
@@ -27,13 +31,17 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    cast,
+    func,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from recovery import audit, clock
 from recovery.decide import Diagnosis
+from recovery.policy import RESTARTS
 from recovery.schema import metadata
 
 actions_table = Table(
@@ -109,6 +117,110 @@ def public(r: Any) -> dict[str, Any]:
     d.pop("owner", None)
     d.pop("lease_until", None)
     return d
+
+
+# Goodput's restarts of a job end one run and begin the next: what happened after one is the
+# new run's, whose faults open a new incident (`recovery.incidents`).
+_RESTARTED = (actions_table.c.state == "executed", actions_table.c.kind.in_(RESTARTS))
+
+
+def restarted_at(incident_id: ColumnElement[Any]) -> Any:
+    """SQL: when an action of the incident `incident_id` (an integer column) restarted its job
+    (`requeue`, `drain_and_requeue`, executed), or NULL."""
+    a = actions_table.c
+    return (
+        select(func.min(a.updated_at))
+        .where(a.incident_id == cast(incident_id, String), *_RESTARTED)
+        .scalar_subquery()
+    )
+
+
+def excluded(conn: Connection, incident_id: int) -> set[str]:
+    """The nodes the incident's restarts took its job off (their `exclude`)."""
+    q = select(actions_table.c.body).where(
+        actions_table.c.incident_id == str(incident_id), *_RESTARTED
+    )
+    out: set[str] = set()
+    for body in conn.execute(q).scalars():
+        action = json.loads(body).get("action") or {}
+        out.update(n for n in action.get("exclude") or [] if isinstance(n, str))
+    return out
+
+
+def run_bounds(engine: Engine, job_id: str | None, t: float) -> tuple[float | None, float | None]:
+    """The job's run that time `t` falls in, as Goodput's restarts of the job bound it: (the
+    last restart at or before `t`, the first after), None where there is none."""
+    if job_id is None:
+        return None, None
+    q = select(actions_table.c.updated_at).where(actions_table.c.job_id == job_id, *_RESTARTED)
+    with engine.connect() as conn:
+        times = [float(x) for x in conn.execute(q).scalars()]
+    return max((x for x in times if x <= t), default=None), min(
+        (x for x in times if x > t), default=None
+    )
+
+
+def get_action(engine: Engine, action_id: str) -> dict[str, Any] | None:
+    """One action as the API shows it, or None."""
+    r = raw(engine, action_id)
+    return public(r) if r else None
+
+
+def incident_action(engine: Engine, incident_id: str) -> dict[str, Any] | None:
+    """The incident's latest action (`inc-<id>`, then `inc-<id>-2`, … when re-planned)."""
+    with engine.connect() as conn:
+        row = latest(conn, str(incident_id))
+    return public(row) if row is not None else None
+
+
+def expire(engine: Engine) -> int:
+    """Expire pending approvals past their deadline (audited)."""
+    t = now(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(actions_table).where(
+                actions_table.c.state == "pending_approval", actions_table.c.expires_at < t
+            )
+        ).all()
+
+    def expire_one(conn: Connection, r: Any) -> int:
+        done = conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == r.id, actions_table.c.state == "pending_approval")
+            .values(state="expired", updated_at=t)
+        ).rowcount
+        if done:
+            audit.append(conn, "expired", {"expires_at": r.expires_at}, **refs(r))
+        return int(done)
+
+    return sum(write(engine, expire_one, r) for r in rows)
+
+
+def list_actions(
+    engine: Engine, state: str | None = None, job_id: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """The newest actions first (pending ones past their deadline expired first)."""
+    expire(engine)
+    q = (
+        select(actions_table)
+        .order_by(actions_table.c.created_at.desc())
+        .limit(max(1, min(limit, 1000)))
+    )
+    if state:
+        q = q.where(actions_table.c.state == state)
+    if job_id:
+        q = q.where(actions_table.c.job_id == job_id)
+    with engine.connect() as conn:
+        return [public(r) for r in conn.execute(q).all()]
+
+
+def counts(engine: Engine) -> dict[tuple[str, str], int]:
+    """(kind, state) -> number of actions: for metrics."""
+    out: dict[tuple[str, str], int] = {}
+    with engine.connect() as conn:
+        for r in conn.execute(select(actions_table.c.kind, actions_table.c.state)).all():
+            out[(r.kind, r.state)] = out.get((r.kind, r.state), 0) + 1
+    return out
 
 
 def diag_dict(d: Diagnosis) -> dict[str, Any]:

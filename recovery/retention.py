@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import audit, schema, store
+from recovery import audit, store
 from recovery.policy import DEFAULT_FILE, Policy, Retention, load_policy
 
 log = logging.getLogger("goodput.receiver.retention")
@@ -22,7 +22,6 @@ log = logging.getLogger("goodput.receiver.retention")
 def apply(engine: Engine, rules: Retention, now: float | None = None) -> dict[str, int]:
     """Prune now; returns the rows deleted per kind."""
     now = time.time() if now is None else now
-    schema.upgrade(engine)
     return {
         "payloads": store.prune_payloads(engine, rules.payload_days, now),
         "audit": audit.prune(engine, rules.audit_days, now),

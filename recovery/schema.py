@@ -6,6 +6,9 @@ The tables stay next to the code that reads them (`store`, `outbox`, `audit`, `a
 `node_checks`), all on `metadata`. `upgrade(engine)` brings a database to the newest revision,
 once per engine: a fresh one gets every table, one made before migrations (by the old
 `ensure()` calls, no `alembic_version`) is completed by the baseline revision and stamped.
+It runs where an engine is made for the service (`store.make_engine`: the app, the CLI,
+`goodput receiver db upgrade`), never lazily in a store call: a store call on a database never
+migrated fails, naming the missing table.
 A change to a table needs a revision (`tests/unit/test_schema_migrations.py` fails without).
 """
 

@@ -37,6 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 
+from recovery import clock as clocks
 from recovery import validate
 from recovery.schema import metadata, upgrade
 
@@ -129,8 +130,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, create: bool = True) -> Engine:
-    """An engine for `url` (SQLite in WAL mode, or PostgreSQL), its database migrated."""
+def make_engine(url: str, create: bool = True, clock: clocks.Clock | None = None) -> Engine:
+    """An engine for `url` (SQLite in WAL mode, or PostgreSQL), its database migrated; with
+    `clock`, bound to it first (`recovery.clock.bind`), so the migration's rows read it too."""
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -153,6 +155,8 @@ def make_engine(url: str, create: bool = True) -> Engine:
 
     else:
         engine = create_engine(url, pool_pre_ping=True, future=True)
+    if clock is not None:
+        clocks.bind(engine, clock)
     if create:
         upgrade(engine)
     return engine

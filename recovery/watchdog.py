@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, func, select, update
 
-from recovery import audit, outbox, schema, store
+from recovery import action_config, audit, notifier, outbox, store
 from recovery.policy import WatchdogPolicy
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,6 @@ def reason_in(conn: Connection) -> str:
 
 
 def current(engine: Engine) -> str:
-    schema.upgrade(engine)
     with engine.connect() as conn:
         return reason_in(conn)
 
@@ -97,7 +96,7 @@ def _write(engine: Engine, reason: str, detail: str, who: str) -> None:
         if was == reason:
             return
         t = outbox.switches
-        values = {"value": reason, "updated_at": outbox.now(), "updated_by": who[:128]}
+        values = {"value": reason, "updated_at": outbox.now(conn), "updated_by": who[:128]}
         if not conn.execute(update(t).where(t.c.name == SWITCH).values(**values)).rowcount:
             conn.execute(t.insert().values(name=SWITCH, **values))
         event = "watchdog_resumed" if reason == OK else "watchdog_stopped"
@@ -123,17 +122,18 @@ class Watchdog:
         settings: Any,
         policy: Callable[[], WatchdogPolicy],
         probe: Callable[[], list[dict[str, Any]]] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        self.engine, self.settings, self.policy, self.clock = engine, settings, policy, clock
+        self.engine, self.settings, self.policy = engine, settings, policy
+        self.clock = clock or (lambda: outbox.now(engine))  # the store's clock by default
         self.probe = probe or self._probe
-        self.started_at = clock()
+        self.started_at = self.clock()
         self.state = State()
 
     def _probe(self) -> list[dict[str, Any]]:
-        from recovery.console import actions_port, health
+        from recovery.console import health
 
-        rows, _nodes = health.probe(self.settings, actions_port.probe_scheduler(self.settings))
+        rows, _nodes = health.probe(self.settings, action_config.probe_scheduler(self.settings))
         return rows
 
     def tick(self) -> State:
@@ -156,16 +156,14 @@ class Watchdog:
         return self.state
 
     def _tell(self, reason: str, detail: str) -> None:
-        from recovery import actions
-
-        cfg = actions.config(self.settings)
+        cfg = action_config.config(self.settings)
         row = {"id": SWITCH, "job_id": None, "incident_id": None, "kind": "none"}
         if reason == OK:
-            text, until = "Goodput acts again: its own health checks pass.", time.time() + 1.0
+            text, until = "Goodput acts again: its own health checks pass.", self.clock() + 1.0
         else:  # the notice lasts until it acts again (endsAt after startsAt ends it)
             text, until = f"Goodput stopped acting ({reason}): {detail}. It plans only.", None
         name = "GoodputReceiverNotActing"
-        actions._notify(self.engine, cfg, name, row, None, text, "warning", until)
+        notifier.notify(self.engine, cfg, name, row, None, text, "warning", until)
 
     def start(self) -> threading.Thread:
         def loop() -> None:

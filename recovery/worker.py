@@ -5,7 +5,7 @@ restarted receiver resumes them; each is claimed with a lease (`recovery.leases`
 receivers on one store one makes it, and the other takes over if the first dies. A final
 diagnosis (not one superseded by a newer alert, nor an inconclusive one, nor one made while
 Slurm was down, still to be rechecked) is stored together with its action's outbox row
-(`recovery.actions.enqueue`, one transaction); then
+(`recovery.outbox.enqueue`, one transaction); then
 `recovery.actions.on_diagnosis` plans it, and if this process dies first, `reconcile` does.
 """
 
@@ -19,7 +19,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import actions, attribution, clock, evidence, failpoints, incidents, leases, schema
+from recovery import (
+    actions,
+    attribution,
+    clock,
+    evidence,
+    failpoints,
+    incidents,
+    leases,
+    outbox,
+)
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings
 
@@ -30,8 +39,14 @@ INCOMPLETE_MAX = 30
 
 
 def diagnose(settings: Settings, incident: dict[str, Any]) -> dict[str, Any]:
-    """Collect evidence for `incident` from every configured source and attribute it."""
+    """Collect evidence for `incident` from every configured source and attribute it, within
+    the job's run it is about (`run`: Goodput's restarts before and after it, `run_bounds`)."""
     ctx = evidence.Context.from_incident(incident, settings)
+    since, until = incident.get("run") or (None, None)
+    if since is not None:
+        ctx.start = max(ctx.start, since)
+    if until is not None:
+        ctx.end = max(ctx.start, min(ctx.end, until))
     bundle = evidence.collect_live(ctx, settings)
     return attribution.attribute(bundle, ctx, incident_id=incident["id"])
 
@@ -46,12 +61,13 @@ def run_once(
     of the worker thread; `now` defaults to the store's clock (`recovery.clock`)."""
     now = clock.now(engine) if now is None else now
     done = []
-    schema.upgrade(engine)
     lease_s = float(getattr(settings, "lease_s", leases.DEFAULT_S))
     for incident_id, gen in incidents.claim_diagnoses(engine, leases.OWNER, lease_s, now):
         inc = incidents.incident(engine, incident_id)
         if inc is None:
             continue
+        first = inc.get("first_alert_at") or inc["opened_at"]
+        inc["run"] = outbox.run_bounds(engine, inc.get("job_id"), first)
         t0 = time.monotonic()
         try:
             doc = diagnose(settings, inc)
@@ -74,7 +90,7 @@ def run_once(
             settings.recheck_s,
             settings.recheck_max,
             now,
-            on_final=functools.partial(actions.enqueue, incident=inc, diagnosis=doc),
+            on_final=functools.partial(outbox.enqueue, incident=inc, diagnosis=doc),
             incomplete_max=INCOMPLETE_MAX if settings.slurm_enabled else 0,
             owner=leases.OWNER,
         )

@@ -36,14 +36,14 @@ def list_(
     db: str = DB,
 ) -> None:
     """Actions, newest first."""
-    from recovery import actions
+    from recovery import action_config, outbox
 
     engine, _ = _ctx(db)
-    rows = actions.list_actions(engine, state=state, job_id=job_id)
+    rows = outbox.list_actions(engine, state=state, job_id=job_id)
     if as_json:
         typer.echo(json.dumps(rows, default=str, indent=1))
         return
-    if actions.is_paused(engine):
+    if action_config.is_paused(engine):
         typer.echo("PAUSED: no action executes until `goodput actions resume`")
     for r in rows:
         a = r["body"].get("action", {})
@@ -57,12 +57,12 @@ def list_(
 @app.command("approve")
 def approve(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> None:
     """Approve a pending action and execute it now."""
-    from recovery import actions
+    from recovery import approvals
 
     engine, settings = _ctx(db)
     try:
-        r = actions.approve(engine, settings, action_id, _who(who), comment)
-    except actions.ActionError as exc:
+        r = approvals.approve(engine, settings, action_id, _who(who), comment)
+    except approvals.ActionError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{action_id}: {r.get('state')} {r.get('last_error') or ''}".rstrip())
@@ -72,12 +72,12 @@ def approve(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> 
 @app.command("reject")
 def reject(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> None:
     """Reject a pending action."""
-    from recovery import actions
+    from recovery import approvals
 
     engine, _ = _ctx(db)
     try:
-        actions.reject(engine, action_id, _who(who), comment)
-    except actions.ActionError as exc:
+        approvals.reject(engine, action_id, _who(who), comment)
+    except approvals.ActionError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{action_id}: rejected")
@@ -86,29 +86,29 @@ def reject(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> N
 @app.command("pause")
 def pause(who: str = WHO, reason: str = "", db: str = DB) -> None:
     """Stop every action at once (plans are still made and audited)."""
-    from recovery import actions
+    from recovery import action_config
 
-    actions.set_paused(_ctx(db)[0], True, _who(who), reason)
+    action_config.set_paused(_ctx(db)[0], True, _who(who), reason)
     typer.echo("paused")
 
 
 @app.command("resume")
 def resume(who: str = WHO, reason: str = "", db: str = DB) -> None:
     """Lift the pause switch."""
-    from recovery import actions
+    from recovery import action_config
 
-    actions.set_paused(_ctx(db)[0], False, _who(who), reason)
+    action_config.set_paused(_ctx(db)[0], False, _who(who), reason)
     typer.echo("resumed")
 
 
 @app.command("resume-node")
 def resume_node(node: str, who: str = WHO, comment: str = "", db: str = DB) -> None:
     """Return a node Goodput drained to service (never one a person drained)."""
-    from recovery import actions
+    from recovery import approvals
 
     engine, settings = _ctx(db)
     try:
-        r = actions.resume_node(engine, settings, node, _who(who), comment)
+        r = approvals.resume_node(engine, settings, node, _who(who), comment)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -1,61 +1,31 @@
-"""The console's view of recovery actions, through `recovery.actions` (the only code that may
-execute one) and the audit log. When `recovery.actions` is absent the console still shows the
-audit trail and says that decisions cannot be made here.
+"""The console's view of recovery actions, through the outbox (`recovery.outbox`), the
+approvals and pause switch that alone may change one (`recovery.approvals`,
+`recovery.action_config`), and the audit log.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import audit, schema
-from recovery.policy import DRAINS, Policy, PolicyError, load_policy
-
-#: States whose drains count against the blast radius (as `recovery.actions` counts them).
-BUDGET_STATES = ("executed", "pending_approval", "ready", "approved", "executing")
-
-
-def actions_module() -> Any:
-    try:
-        return importlib.import_module("recovery.actions")
-    except ImportError:
-        return None
+from recovery import action_config, approvals, audit, outbox
+from recovery.action_config import probe_scheduler  # noqa: F401 - the console's health page
+from recovery.policy import DRAINS, Policy, PolicyError
 
 
 def available() -> bool:
-    return actions_module() is not None
+    """Whether decisions can be made here (always, now that actions are part of the receiver)."""
+    return True
 
 
 def policy_in_force(settings: Any) -> tuple[Policy | None, str]:
     """The policy the receiver acts on, and where it came from (or why it failed)."""
-    mod = actions_module()
     try:
-        if mod is not None:
-            return mod.config(settings).policy, "as the receiver's actions load it"
-        return load_policy(), "from GOODPUT_POLICY_FILE or the packaged default"
+        return action_config.config(settings).policy, "as the receiver's actions load it"
     except (PolicyError, ValueError) as exc:
         return None, str(exc)
-
-
-def probe_scheduler(settings: Any) -> Any:
-    """A scheduler adapter for a quick health probe (short timeout, no retries), or None."""
-    mod = actions_module()
-    try:
-        sched = mod.config(settings).scheduler if mod is not None else None
-        if sched is None:
-            from recovery.scheduler import from_settings
-
-            sched = from_settings(settings)
-    except (PolicyError, ValueError):
-        return None
-    from recovery.scheduler.slurm import SlurmScheduler
-
-    if isinstance(sched, SlurmScheduler):
-        return SlurmScheduler(timeout_s=3.0, retries=0, env=sched.env)
-    return sched
 
 
 def _view(a: dict[str, Any], now: float) -> dict[str, Any]:
@@ -89,52 +59,38 @@ def _view(a: dict[str, Any], now: float) -> dict[str, Any]:
 
 def pending(engine: Engine, now: float | None = None) -> list[dict[str, Any]]:
     """Actions waiting for a person, oldest first, with their expiry."""
-    mod = actions_module()
-    if mod is None:
-        return []
     now = time.time() if now is None else now
-    rows = mod.list_actions(engine, state="pending_approval", limit=1000)
+    rows = outbox.list_actions(engine, state="pending_approval", limit=1000)
     return sorted((_view(a, now) for a in rows), key=lambda a: a["requested_at"] or 0)
 
 
 def incident_action(engine: Engine, incident_id: int) -> dict[str, Any] | None:
     """The incident's latest action, or None."""
-    mod = actions_module()
-    if mod is None:
-        return None
-    found = mod.incident_action(engine, str(incident_id))
+    found = outbox.incident_action(engine, str(incident_id))
     return _view(found, time.time()) if found else None
 
 
 def decide(engine: Any, settings: Any, action_id: str, verdict: str, who: str, reason: str) -> str:
     """Approve (and execute) or reject; returns a one-line result. Raises ValueError on refusal
-    (unknown action, not pending) and LookupError when actions are not installed."""
-    mod = actions_module()
-    if mod is None:
-        raise LookupError("recovery actions are not installed in this receiver")
+    (unknown action, not pending)."""
     if verdict == "approve":
-        out = mod.approve(engine, settings, action_id, who, reason)
+        out = approvals.approve(engine, settings, action_id, who, reason)
     else:
-        out = mod.reject(engine, action_id, who, reason)
+        out = approvals.reject(engine, action_id, who, reason)
     state = out.get("state") if isinstance(out, dict) else None
     return f"now {state}" if state else "done"
 
 
 def set_paused(engine: Engine, paused: bool, who: str, reason: str) -> None:
-    mod = actions_module()
-    if mod is None:
-        raise LookupError("recovery actions are not installed in this receiver")
-    mod.set_paused(engine, paused, who, reason)
+    action_config.set_paused(engine, paused, who, reason)
 
 
 def paused(engine: Engine) -> bool | None:
-    mod = actions_module()
-    return bool(mod.is_paused(engine)) if mod is not None else None
+    return action_config.is_paused(engine)
 
 
 def incident_events(engine: Engine, incident_id: int) -> list[dict[str, Any]]:
     """Every audit event of the incident (planned, approved, executed, ...), oldest first."""
-    schema.upgrade(engine)
     out: list[dict[str, Any]] = []
     cursor: int | None = 0
     while cursor is not None and len(out) < 5000:
@@ -145,13 +101,10 @@ def incident_events(engine: Engine, incident_id: int) -> list[dict[str, Any]]:
 
 def drains_last_hour(engine: Engine, now: float | None = None) -> int:
     """Nodes counted against `max_drains_per_hour` now (drains executed or still open)."""
-    mod = actions_module()
-    if mod is None:
-        return 0
     now = time.time() if now is None else now
     used = 0
-    for a in mod.list_actions(engine, limit=1000):
-        if a.get("state") not in BUDGET_STATES or not a.get("created_at"):
+    for a in outbox.list_actions(engine, limit=1000):
+        if a.get("state") not in outbox.DRAIN_STATES or not a.get("created_at"):
             continue
         if now - 3600.0 < float(a["created_at"]) <= now:
             action = (a.get("body") or {}).get("action") or {}

@@ -10,7 +10,7 @@ import yaml
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from recovery import audit, schema, validate
+from recovery import audit, validate
 from recovery.console import actions_port, ettr, health, queries
 from recovery.console.page import can_read, engine_of, login_redirect, render, settings_of
 from recovery.policy import DRAINS
@@ -23,7 +23,6 @@ def audit_page(request: Request) -> Response:
     if not can_read(request):
         return login_redirect(request)
     engine = engine_of(request)
-    schema.upgrade(engine)
     q = request.query_params
     f = {
         "job": q.get("job", "").strip(),
@@ -106,7 +105,6 @@ def nodes_page(request: Request) -> Response:
         from recovery import node_history
 
         try:
-            schema.upgrade(engine)  # a receiver that has run no check yet
             rows = node_history.summary(engine, pol)
         except Exception as exc:  # noqa: BLE001 - the page says so instead of a 500
             note = f"node history unavailable ({type(exc).__name__})"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import requests
 
-from recovery import actions
+from recovery import outbox
 from recovery.app import create_app
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
@@ -167,9 +167,7 @@ def receiver(tmp_path, monkeypatch):
     engine = app.state.engine
 
     def planned() -> list:
-        return (
-            actions.list_actions(engine, state="pending_approval") if _has_actions(engine) else []
-        )
+        return outbox.list_actions(engine, state="pending_approval") if _has_actions(engine) else []
 
     wait_until(lambda: len(planned()) == 2, timeout=30, what="two actions pending approval")
     yield base, engine, st
@@ -188,7 +186,7 @@ def test_console_end_to_end(receiver):
 
     base, engine, st = receiver
     SHOTS.mkdir(parents=True, exist_ok=True)
-    pending = {a["job_id"]: a for a in actions.list_actions(engine, state="pending_approval")}
+    pending = {a["job_id"]: a for a in outbox.list_actions(engine, state="pending_approval")}
     xid_action, oom_action = pending["1001"], pending["2001"]
     assert xid_action["kind"] == "drain_and_requeue", xid_action
     with sync_playwright() as pw:
@@ -271,5 +269,5 @@ def test_console_end_to_end(receiver):
     assert st["nodes"]["node2"]["reason"].startswith("goodput:")
     assert st["jobs"]["1001"]["excluded"] == ["node2"] and st["jobs"]["1001"]["restarts"] == 1
     assert st["jobs"]["2001"]["restarts"] == 0 and not st["jobs"]["2001"]["held"]
-    assert actions.get_action(engine, oom_action["id"])["state"] == "rejected"
-    assert actions.get_action(engine, xid_action["id"])["decided_by"] == "Dana Oncall (console)"
+    assert outbox.get_action(engine, oom_action["id"])["state"] == "rejected"
+    assert outbox.get_action(engine, xid_action["id"])["decided_by"] == "Dana Oncall (console)"

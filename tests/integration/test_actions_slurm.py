@@ -12,11 +12,11 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import create_engine
 
-from recovery import actions, audit, schema
+from recovery import actions, approvals, audit, outbox
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
+from recovery.store import make_engine
 from tests.conftest import wait_until
 from tests.helpers import slurm
 
@@ -68,7 +68,7 @@ def cluster(local_stack, tmp_path, monkeypatch):
         )
 
     yield SimpleNamespace(
-        sched=sched, submit=submit, settings=settings, tag=tag, db=db, engine=create_engine(db)
+        sched=sched, submit=submit, settings=settings, tag=tag, db=db, engine=make_engine(db)
     )
     for job in jobs:
         slurm("scancel", job, check=False)
@@ -202,7 +202,7 @@ def test_approve_waits_for_a_person(cluster):
     assert a["state"] == "pending_approval"
     time.sleep(1)
     assert not node(cluster, x).drained and cluster.sched.job_state(job).restarts == 0
-    done = actions.approve(cluster.engine, s, a["id"], "oncall-ana")
+    done = approvals.approve(cluster.engine, s, a["id"], "oncall-ana")
     assert done["state"] == "executed" and done["decided_by"] == "oncall-ana"
     assert node(cluster, x).drained
     j = cluster.sched.job_state(job)
@@ -247,19 +247,19 @@ def test_sticky_error_stops_on_second_occurrence(cluster):
 CHILD = textwrap.dedent("""
     import json, sys
     from types import SimpleNamespace
-    from sqlalchemy import create_engine
-    from recovery import actions
+    from recovery import actions, reconciler
+    from recovery.store import make_engine
     from recovery.policy import parse_policy
     from recovery.scheduler.slurm import SlurmScheduler
     db, inc, d, policy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), \\
         json.loads(sys.argv[4])
     s = SimpleNamespace(policy=parse_policy(policy, env={}), scheduler_adapter=SlurmScheduler(),
                         alertmanager_url=None, prometheus_url=None)
-    engine = create_engine(db)
+    engine = make_engine(db)
     if inc:
         actions.on_diagnosis(engine, s, inc, d)
     else:
-        actions.start(engine, s, thread=False)
+        reconciler.start(engine, s, thread=False)
 """)
 
 
@@ -302,17 +302,16 @@ AFTER_KILL = {
 def test_kill_9_neither_loses_nor_repeats(cluster, crash):
     job, x = cluster.submit()
     inc, d = diag(cluster, job, x)
-    schema.upgrade(cluster.engine)
     died = run_child(cluster, inc, d, crash)
     assert died.returncode == -9, died.stderr
-    row = actions.get_action(cluster.engine, f"inc-{inc['id']}")
+    row = outbox.get_action(cluster.engine, f"inc-{inc['id']}")
     j = cluster.sched.job_state(job)
     restarts, drained, held = AFTER_KILL[crash]
     assert row["state"] == ("ready" if crash == "planned" else "executing")
     assert (j.restarts, node(cluster, x).drained, j.held) == (restarts, drained, held), j
     again = run_child(cluster, {}, {})  # restart: reconcile against Slurm
     assert again.returncode == 0, again.stderr
-    row = actions.get_action(cluster.engine, f"inc-{inc['id']}")
+    row = outbox.get_action(cluster.engine, f"inc-{inc['id']}")
     assert row["state"] == "executed", row
     j = cluster.sched.job_state(job)
     assert j.restarts == 1 and x in j.excluded and not j.held, j  # one requeue, released

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
 
-from recovery import audit, node_checks, schema, slurm_hooks
+from recovery import audit, node_checks, slurm_hooks
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
+from recovery.store import make_engine
 from tests.conftest import wait_until
 from tests.helpers import scontrol_show, slurm
 
@@ -35,9 +35,7 @@ def _policy(passes: bool, hook: Path | None = None):
 
 @pytest.fixture
 def env(local_stack, tmp_path):
-    engine = create_engine(f"sqlite:///{tmp_path / 'r.db'}")
-    schema.upgrade(engine)
-    schema.upgrade(engine)
+    engine = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
     sched = SlurmScheduler()
     yield engine, sched, Path(os.environ["GOODPUT_HOLD_DIR"])
     for n in (NODE, OTHER):

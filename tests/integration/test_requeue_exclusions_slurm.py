@@ -10,11 +10,11 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import create_engine
 
 from recovery import actions
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
+from recovery.store import make_engine
 from tests.conftest import wait_until
 from tests.helpers import slurm
 from tests.integration.test_actions_slurm import POLICY
@@ -62,7 +62,7 @@ def cluster(local_stack, tmp_path, monkeypatch):
         alertmanager_url=None,
         prometheus_url=None,
     )
-    engine = create_engine(f"sqlite:///{tmp_path / 'actions.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'actions.db'}")
     yield SimpleNamespace(
         sched=sched, submit=submit, running=running, tag=tag, settings=settings, engine=engine
     )

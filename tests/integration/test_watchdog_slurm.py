@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import requests
 from prometheus_client import CollectorRegistry
-from sqlalchemy import create_engine
 
-from recovery import actions, audit, watchdog
+from recovery import actions, approvals, audit, outbox, reconciler, watchdog
 from recovery.policy import parse_policy
 from recovery.scheduler.slurm import SlurmScheduler
+from recovery.store import make_engine
 from tests.chaos.harness import restore_stack
 from tests.conftest import wait_until
 from tests.helpers import slurm
@@ -51,7 +51,7 @@ def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, t
         loki_url=None,
         log_dir=None,
     )
-    engine = create_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}")
     dog = watchdog.Watchdog(engine, settings, lambda: settings.policy.watchdog)
     registry = CollectorRegistry()
     registry.register(watchdog.ActingCollector(engine))
@@ -90,7 +90,7 @@ def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, t
                 "alertname": "GoodputReceiverNotActing", "ok": True, "detail": "HTTP 200"
             }  # fmt: skip
             wait_until(lambda: active_notice(am), timeout=10, what="on-call notice active")
-            held = actions.approve(engine, settings, pending["id"], "alice")
+            held = approvals.approve(engine, settings, pending["id"], "alice")
             assert held["state"] == "approved"
             events = [e["type"] for e in audit.query(engine, action_id=pending["id"])[0]]
             assert "executing" not in events and "retry_scheduled" not in events, events
@@ -101,9 +101,9 @@ def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, t
         assert registry.get_sample_value("goodput_receiver_acting", {"reason": "ok"}) == 1.0
         assert len(audit.query(engine, type_="watchdog_resumed")[0]) == 1
         wait_until(lambda: not active_notice(am), timeout=10, what="on-call notice ended")
-        actions.reconcile(engine, settings)  # or the receiver's own retry loop gets there first
+        reconciler.reconcile(engine, settings)  # or the receiver's own retry loop gets there first
         done = wait_until(
-            lambda: (a := actions.get_action(engine, pending["id"]))["state"] == "executed" and a,
+            lambda: (a := outbox.get_action(engine, pending["id"]))["state"] == "executed" and a,
             timeout=30,
             what="the held action executed once the watchdog acts again",
         )

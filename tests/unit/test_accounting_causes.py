@@ -4,14 +4,14 @@ stage is missing or out of order (rows as the receiver stores them, on a real SQ
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 
-from recovery import accounting, schema
+from recovery import accounting
+from recovery.store import make_engine
 
 
 def _row(**values):
-    engine = create_engine("sqlite://")
-    schema.upgrade(engine)
+    engine = make_engine("sqlite://")
     base = {"incident_id": "1", "job_id": "42", "gpus": 8}
     with engine.begin() as conn:
         conn.execute(accounting.incidents.insert().values(**base, **values))

@@ -9,14 +9,15 @@ from types import SimpleNamespace
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, update
+from sqlalchemy import update
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
-from recovery import actions, audit
+from recovery import action_config, actions, audit, outbox
 from recovery.api_actions import router
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
 from tests.unit.actions_fakes import make_fake_sim
 
 
@@ -31,7 +32,7 @@ def api(tmp_path):
     submit("42", node="node2")
     app = FastAPI()
     app.include_router(router)
-    app.state.engine = create_engine(f"sqlite:///{tmp_path / 'api.db'}")
+    app.state.engine = make_engine(f"sqlite:///{tmp_path / 'api.db'}")
     app.state.settings = SimpleNamespace(
         policy=parse_policy({"mode": "approve"}, env={}),
         alertmanager_url=None,
@@ -106,7 +107,7 @@ def test_cli_reject_and_pause(api, tmp_path):
     runner = CliRunner()
     r = runner.invoke(cli, ["actions", "reject", a["id"], "--who", "zoe", "--db", db])
     assert r.exit_code == 0
-    assert actions.get_action(app.state.engine, a["id"])["decided_by"] == "zoe"
+    assert outbox.get_action(app.state.engine, a["id"])["decided_by"] == "zoe"
     assert runner.invoke(cli, ["actions", "reject", "nope", "--db", db]).exit_code == 1
     runner.invoke(cli, ["actions", "pause", "--who", "zoe", "--db", db])
-    assert actions.is_paused(app.state.engine)
+    assert action_config.is_paused(app.state.engine)

@@ -16,7 +16,17 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from recovery import actions, audit, failpoints, incidents, outbox, worker
+from recovery import (
+    actions,
+    approvals,
+    audit,
+    failpoints,
+    incidents,
+    leases,
+    outbox,
+    reconciler,
+    worker,
+)
 from recovery.failpoints import Crash
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
@@ -97,12 +107,12 @@ def world(tmp_path, monkeypatch):
 
     def restart(mode="act"):
         """A new process on the same database: new owner id, start-up reconcile, worker."""
-        monkeypatch.setattr(actions, "OWNER", f"restarted-{time.monotonic_ns()}")
-        actions._running.discard(engine)
+        monkeypatch.setattr(leases, "OWNER", f"restarted-{time.monotonic_ns()}")
+        reconciler._running.discard(engine)
         s = settings(mode)
-        actions.start(engine, s, thread=False)
+        reconciler.start(engine, s, thread=False)
         worker.run_once(engine, s)
-        actions.reconcile(engine, s)
+        reconciler.reconcile(engine, s)
 
     def alert():
         doc = {
@@ -171,7 +181,7 @@ def test_a_final_diagnosis_and_its_outbox_row_commit_together(world):
     with pytest.raises(Crash):
         worker.run_once(world.engine, world.settings())
     assert incidents.incident(world.engine, inc)["diagnosis_state"] == "done"
-    row = actions.incident_action(world.engine, str(inc))
+    row = outbox.incident_action(world.engine, str(inc))
     assert row is not None and row["state"] == "planning"
     assert row["body"]["diagnosis"]["affected_nodes"] == ["node2"]
 
@@ -181,12 +191,12 @@ def test_replanning_a_waiting_row_keeps_it_until_the_new_plan_commits(world):
     good = world.sched.session
     world.sched.session = Down()
     worker.run_once(world.engine, world.settings())
-    assert actions.incident_action(world.engine, str(inc))["state"] == "waiting_scheduler"
+    assert outbox.incident_action(world.engine, str(inc))["state"] == "waiting_scheduler"
     world.sched.session = good
     world.sched.die_at = ("node_states", 1)  # the re-plan dies half-way
     with pytest.raises(Crash):
-        actions.reconcile(world.engine, world.settings())
-    assert actions.incident_action(world.engine, str(inc))["state"] == "waiting_scheduler"
+        reconciler.reconcile(world.engine, world.settings())
+    assert outbox.incident_action(world.engine, str(inc))["state"] == "waiting_scheduler"
     world.restart()
     _check_once(world, inc)
 
@@ -194,11 +204,11 @@ def test_replanning_a_waiting_row_keeps_it_until_the_new_plan_commits(world):
 def test_approve_mode_death_after_approval_executes_once(world):
     inc = world.alert()
     worker.run_once(world.engine, world.settings("approve"))
-    a = actions.incident_action(world.engine, str(inc))
+    a = outbox.incident_action(world.engine, str(inc))
     assert a["state"] == "pending_approval"
     failpoints.arm("approved")
     with pytest.raises(Crash):
-        actions.approve(world.engine, world.settings("approve"), a["id"], "ana")
+        approvals.approve(world.engine, world.settings("approve"), a["id"], "ana")
     world.restart("approve")
     _check_once(world, inc)
 

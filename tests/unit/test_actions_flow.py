@@ -9,11 +9,21 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from sqlalchemy import create_engine, update
+from sqlalchemy import update
 
-from recovery import accounting, actions, audit
+from recovery import (
+    accounting,
+    action_config,
+    actions,
+    approvals,
+    audit,
+    executor,
+    outbox,
+    reconciler,
+)
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
 from tests.unit.actions_fakes import make_fake_sim
 
 
@@ -26,7 +36,7 @@ def _no_thread(monkeypatch):
 @pytest.fixture
 def world(tmp_path):
     client, st, submit = make_fake_sim()
-    engine = create_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
     sched = SimulatedScheduler("http://testserver", session=client)
 
     def settings(mode="act", **policy):
@@ -83,7 +93,7 @@ def test_act_drains_and_requeues_excluding_the_node(world):
     again = actions.on_diagnosis(world.engine, world.settings("act"), *diag(1))
     assert again["id"] == a["id"] and world.st["jobs"]["42"]["restarts"] == 1
     # accounting: running again after the onset
-    actions.reconcile(world.engine, world.settings("act"))
+    reconciler.reconcile(world.engine, world.settings("act"))
     acc = accounting.get(world.engine, "1")
     assert acc["running_again_at"] is not None and acc["gpu_hours_lost"] > 0
     assert acc["time_to_detect_s"] == pytest.approx(5, abs=1)
@@ -102,33 +112,33 @@ def test_approve_waits_then_executes_recording_who(world):
     s = world.settings("approve")
     a = actions.on_diagnosis(world.engine, s, *diag(3))
     assert a["state"] == "pending_approval" and world.st["calls"] == []
-    assert [x["id"] for x in actions.list_actions(world.engine, state="pending_approval")] == [
+    assert [x["id"] for x in outbox.list_actions(world.engine, state="pending_approval")] == [
         a["id"]
     ]
-    done = actions.approve(world.engine, s, a["id"], "alice", "looks right")
+    done = approvals.approve(world.engine, s, a["id"], "alice", "looks right")
     assert done["state"] == "executed" and done["decided_by"] == "alice"
     assert ("requeue", "42") in world.st["calls"]
     approved = audit.query(world.engine, type_="approved")[0]
     assert approved[0]["actor"] == "alice"
-    with pytest.raises(actions.ActionError, match="not pending"):
-        actions.approve(world.engine, s, a["id"], "bob")
+    with pytest.raises(approvals.ActionError, match="not pending"):
+        approvals.approve(world.engine, s, a["id"], "bob")
 
 
 def test_reject_and_expiry(world):
     world.submit("42", node="node2")
     s = world.settings("approve", approval_expiry_s=1)
     a = actions.on_diagnosis(world.engine, s, *diag(4))
-    assert actions.reject(world.engine, a["id"], "carol")["state"] == "rejected"
+    assert approvals.reject(world.engine, a["id"], "carol")["state"] == "rejected"
     b = actions.on_diagnosis(world.engine, s, *diag(5, outcome="workload_crash", cause="segv"))
     with world.engine.begin() as conn:
         conn.execute(
-            update(actions.actions_table)
-            .where(actions.actions_table.c.id == b["id"])
+            update(outbox.actions_table)
+            .where(outbox.actions_table.c.id == b["id"])
             .values(expires_at=time.time() - 1)
         )
-    assert actions.expire(world.engine) == 1
-    with pytest.raises(actions.ActionError, match="expired"):
-        actions.approve(world.engine, s, b["id"], "dave")
+    assert outbox.expire(world.engine) == 1
+    with pytest.raises(approvals.ActionError, match="expired"):
+        approvals.approve(world.engine, s, b["id"], "dave")
     assert world.st["calls"] == []
 
 
@@ -168,25 +178,25 @@ def test_sticky_error_escalates_to_stop_on_second_occurrence(world):
 def test_pause_switch_stops_everything(world):
     world.submit("42", node="node2")
     s = world.settings("act")
-    actions.set_paused(world.engine, True, "erin", "maintenance")
+    action_config.set_paused(world.engine, True, "erin", "maintenance")
     a = actions.on_diagnosis(world.engine, s, *diag(9))
     assert a["state"] == "planned_only" and "paused" in a["body"]["action"]["reasons"]
     assert world.st["calls"] == []
-    actions.set_paused(world.engine, False, "erin")
-    assert not actions.is_paused(world.engine)
+    action_config.set_paused(world.engine, False, "erin")
+    assert not action_config.is_paused(world.engine)
     assert types(world.engine, type_="paused") == ["paused"]
 
 
 def test_resume_node_is_audited_and_respects_people(world):
     world.st["nodes"]["node3"].update(state="DRAINED", reason="goodput: xid79")
     world.st["nodes"]["node4"].update(state="DRAINED", reason="bad fan, ticket 12")
-    ok = actions.resume_node(world.engine, world.settings("act"), "node3", "frank")
+    ok = approvals.resume_node(world.engine, world.settings("act"), "node3", "frank")
     assert ok["state"] == "executed" and world.st["nodes"]["node3"]["state"] == "IDLE"
-    refused = actions.resume_node(world.engine, world.settings("act"), "node4", "frank")
+    refused = approvals.resume_node(world.engine, world.settings("act"), "node4", "frank")
     assert refused["state"] == "failed" and "person" in refused["last_error"]
     assert world.st["nodes"]["node4"]["state"] == "DRAINED"
     with pytest.raises(ValueError):
-        actions.resume_node(world.engine, world.settings("act"), "node4;rm -rf", "frank")
+        approvals.resume_node(world.engine, world.settings("act"), "node4;rm -rf", "frank")
 
 
 def test_directives_narrow_and_invalid_ones_are_audited(world):
@@ -225,8 +235,8 @@ def test_unreachable_scheduler_keeps_the_action_pending_and_retries(world):
     assert a["state"] == "waiting_scheduler"
     assert "retry_scheduled" in types(world.engine, incident_id="13")
     s.scheduler_adapter = good
-    actions.reconcile(world.engine, s)
-    assert actions.get_action(world.engine, a["id"])["state"] == "executed"
+    reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
     # outage during execution: stays runnable, then succeeds
     world.submit("44", node="node1")
     s.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
@@ -235,11 +245,11 @@ def test_unreachable_scheduler_keeps_the_action_pending_and_retries(world):
         world.engine, s2, *diag(14, outcome="workload_crash", nodes=(), job="44")
     )
     s2.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
-    r = actions.approve(world.engine, s2, b["id"], "gina")
+    r = approvals.approve(world.engine, s2, b["id"], "gina")
     assert r["state"] == "approved" and r["last_error"]
     s2.scheduler_adapter = good
-    actions.reconcile(world.engine, s2)
-    assert actions.get_action(world.engine, b["id"])["state"] == "executed"
+    reconciler.reconcile(world.engine, s2)
+    assert outbox.get_action(world.engine, b["id"])["state"] == "executed"
     assert world.st["jobs"]["44"]["restarts"] == 1
 
 
@@ -251,13 +261,13 @@ def test_reconcile_finishes_an_action_a_dead_process_left_executing(world):
     # pretend the process died after executing, before recording
     with world.engine.begin() as conn:
         conn.execute(
-            update(actions.actions_table)
-            .where(actions.actions_table.c.id == a["id"])
+            update(outbox.actions_table)
+            .where(outbox.actions_table.c.id == a["id"])
             .values(state="executing", owner="dead-process")
         )
     calls = len(world.st["calls"])
-    actions.reconcile(world.engine, s, startup=True)
-    row = actions.get_action(world.engine, a["id"])
+    reconciler.reconcile(world.engine, s, startup=True)
+    row = outbox.get_action(world.engine, a["id"])
     assert row["state"] == "executed"
     assert world.st["jobs"]["42"]["restarts"] == 1  # not requeued twice
     assert not any(c[0] in ("drain", "requeue") for c in world.st["calls"][calls:])
@@ -279,7 +289,7 @@ def test_a_changed_verdict_is_planned_again_only_when_nothing_was_done(world):
         world.engine, world.settings("act"), *diag(3, outcome="workload_oom", nodes=())
     )
     assert third["id"] == "inc-3-2" and world.st["jobs"]["42"]["restarts"] == 1
-    assert actions.incident_action(world.engine, "3")["id"] == "inc-3-2"
+    assert outbox.incident_action(world.engine, "3")["id"] == "inc-3-2"
 
 
 def test_a_scheduler_down_past_the_retry_budget_fails_the_action(world):
@@ -289,15 +299,15 @@ def test_a_scheduler_down_past_the_retry_budget_fails_the_action(world):
         world.engine, s, *diag(15, outcome="workload_crash", nodes=(), job="45")
     )
     s.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
-    assert actions.approve(world.engine, s, b["id"], "gina")["state"] == "approved"
+    assert approvals.approve(world.engine, s, b["id"], "gina")["state"] == "approved"
     with world.engine.begin() as conn:
         conn.execute(
-            update(actions.actions_table)
-            .where(actions.actions_table.c.id == b["id"])
-            .values(attempts=actions.MAX_ATTEMPTS, next_attempt_at=0.0)
+            update(outbox.actions_table)
+            .where(outbox.actions_table.c.id == b["id"])
+            .values(attempts=executor.MAX_ATTEMPTS, next_attempt_at=0.0)
         )
-    actions.reconcile(world.engine, s)
-    failed = actions.get_action(world.engine, b["id"])
+    reconciler.reconcile(world.engine, s)
+    failed = outbox.get_action(world.engine, b["id"])
     assert failed["state"] == "failed" and failed["last_error"]
     assert "failed" in types(world.engine, incident_id="15")
     assert world.st["jobs"]["45"]["restarts"] == 0

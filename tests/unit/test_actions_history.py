@@ -11,20 +11,19 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
 
-from recovery import actions, clock, schema
+from recovery import action_config, clock, outbox, planning, schema
 from recovery.decide import Diagnosis
 from recovery.policy import PolicyError
 from recovery.scheduler.base import NodeState
+from recovery.store import make_engine
 
 NOW = 1_800_000_000.0
 
 
 @pytest.fixture
 def engine(tmp_path):
-    eng = create_engine(f"sqlite:///{tmp_path / 'h.db'}")
-    clock.bind(eng, clock.ManualClock(NOW))  # the store's time: outbox.now(eng) == NOW
-    schema.upgrade(eng)
-    return eng
+    # the store's time: outbox.now(eng) == NOW
+    return make_engine(f"sqlite:///{tmp_path / 'h.db'}", clock=clock.ManualClock(NOW))
 
 
 def _add(engine, i, job, kind, state, age_s, nodes=(), cause="gpu_hardware_fault:xid79", body=None):
@@ -32,7 +31,7 @@ def _add(engine, i, job, kind, state, age_s, nodes=(), cause="gpu_hardware_fault
     t = NOW - age_s
     with engine.begin() as conn:
         conn.execute(
-            actions.actions_table.insert().values(
+            outbox.actions_table.insert().values(
                 id=f"a{i}",
                 incident_id=str(i),
                 job_id=job,
@@ -52,9 +51,9 @@ def _full_scan(engine, diag):
     restarts = same = 0
     drains = []
     with engine.connect() as conn:
-        rows = conn.execute(actions.actions_table.select()).all()
+        rows = conn.execute(outbox.actions_table.select()).all()
     for r in rows:
-        if r.state not in ("executed", *actions.OPEN_STATES):
+        if r.state not in ("executed", *outbox.OPEN_STATES):
             continue
         body = json.loads(r.body)
         if (
@@ -73,7 +72,7 @@ def _full_scan(engine, diag):
 def _history(engine, diag):
     cfg = SimpleNamespace()
     nodes = [NodeState(f"node{i}", "IDLE") for i in range(1, 5)]
-    return actions._history(engine, cfg, diag, None, nodes)
+    return planning._history(engine, cfg, diag, None, nodes)
 
 
 DIAG = Diagnosis("99", "42", "gpu_hardware_fault", "xid79", ("node2",), 0.95)
@@ -116,13 +115,13 @@ def test_history_without_a_job_counts_no_restarts(engine):
 def test_upgrade_adds_the_indexes_to_an_existing_outbox(tmp_path):
     eng = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
     old = MetaData()
-    Table("goodput_actions", old, *(Column(c.name, c.type) for c in actions.actions_table.c))
+    Table("goodput_actions", old, *(Column(c.name, c.type) for c in outbox.actions_table.c))
     Table("unrelated", old, Column("x", String(4)))
     old.create_all(eng)
     assert inspect(eng).get_indexes("goodput_actions") == []
     schema.upgrade(eng)
     names = {ix["name"] for ix in inspect(eng).get_indexes("goodput_actions")}
-    assert names == {ix.name for ix in actions.actions_table.indexes} and len(names) == 3
+    assert names == {ix.name for ix in outbox.actions_table.indexes} and len(names) == 3
 
 
 # ---- the policy file cache ---------------------------------------------------------------------
@@ -138,30 +137,32 @@ def _write(path, text, bump):
 
 def test_config_reads_the_policy_file_again_only_when_it_changed(tmp_path, monkeypatch):
     reads = []
-    load = actions.load_policy
-    monkeypatch.setattr(actions, "load_policy", lambda p, env: reads.append(p) or load(p, env))
+    load = action_config.load_policy
+    monkeypatch.setattr(
+        action_config, "load_policy", lambda p, env: reads.append(p) or load(p, env)
+    )
     monkeypatch.delenv("GOODPUT_MODE", raising=False)
     f = tmp_path / "policy.yaml"
     _write(f, "mode: monitor\n", 1)
-    assert actions.config(_settings(f)).policy.mode == "monitor"
-    assert actions.config(_settings(f)).policy.mode == "monitor"
+    assert action_config.config(_settings(f)).policy.mode == "monitor"
+    assert action_config.config(_settings(f)).policy.mode == "monitor"
     assert len(reads) == 1  # unchanged: not read again
 
     _write(f, "mode: act\n", 2)  # the operator edits it: the next incident sees the edit
-    assert actions.config(_settings(f)).policy.mode == "act"
+    assert action_config.config(_settings(f)).policy.mode == "act"
     assert len(reads) == 2
 
-    assert actions.config(_settings(f, GOODPUT_MODE="approve")).policy.mode == "approve"
+    assert action_config.config(_settings(f, GOODPUT_MODE="approve")).policy.mode == "approve"
     assert len(reads) == 3  # GOODPUT_MODE is part of the policy in force
 
     _write(f, "mode: sometimes\n", 3)  # an invalid edit is an error, not the old policy
     for _ in range(2):
         with pytest.raises(PolicyError, match="mode"):
-            actions.config(_settings(f))
+            action_config.config(_settings(f))
     _write(f, "mode: approve\n", 4)
-    assert actions.config(_settings(f)).policy.mode == "approve"
+    assert action_config.config(_settings(f)).policy.mode == "approve"
 
 
 def test_config_names_a_missing_policy_file(tmp_path):
     with pytest.raises(PolicyError, match="cannot read policy file"):
-        actions.config(_settings(tmp_path / "gone.yaml"))
+        action_config.config(_settings(tmp_path / "gone.yaml"))

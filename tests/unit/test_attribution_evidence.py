@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import catalogue
-from recovery import actions, attribution, diagnosis
+from recovery import attribution, diagnosis, notifier
 from recovery.decide import Diagnosis, History, JobView, NodeView, decide
 from recovery.evidence import Bundle, Context, LogLine, Report, Series, SlurmFacts
 from recovery.evidence import slurm as slurm_evidence
@@ -277,16 +277,16 @@ def test_notifications_link_a_runbook_section_that_exists(monkeypatch):
 
     root = Path(__file__).resolve().parents[2]
     sent: list[dict] = []
-    monkeypatch.setattr(actions.audit, "record", lambda *a, **k: None)
+    monkeypatch.setattr(notifier.audit, "record", lambda *a, **k: None)
     monkeypatch.setattr(
-        actions.requests,
+        notifier.requests,
         "post",
         lambda url, json, timeout: sent.append(json[0]) or SimpleNamespace(status_code=200),
     )
     cfg = SimpleNamespace(alertmanager_url="http://am.invalid")
     row = {"job_id": "12", "incident_id": "1", "id": "inc-1", "kind": "hold_for_person"}
     for name in ("GoodputNeedsPerson", "GoodputActionPendingApproval", "GoodputJobStopped"):
-        actions._notify(None, cfg, name, row, None, "text", "warning", None)
+        notifier.notify(None, cfg, name, row, None, "text", "warning", None)
     for alert in sent:
         path, _, anchor = alert["annotations"]["runbook_url"].partition("#")
         text = (root / path).read_text()

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, delete, update
+from sqlalchemy import delete, update
 
-from recovery import audit, schema
+from recovery import audit
+from recovery.store import make_engine
 
 
 @pytest.fixture
 def engine(tmp_path):
-    e = create_engine(f"sqlite:///{tmp_path / 'audit.db'}")
-    schema.upgrade(e)
+    e = make_engine(f"sqlite:///{tmp_path / 'audit.db'}")
     for i in range(25):
         audit.record(
             e,

@@ -9,7 +9,7 @@ import pytest
 
 from bench import faults as B
 from bench.faults_plan import plan
-from recovery import actions, incidents
+from recovery import executor, incidents
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -37,8 +37,8 @@ def test_the_benchmark_runs_the_receivers_settle_and_executor(monkeypatch) -> No
     assert late["time_to_recover_s"] >= base["time_to_recover_s"] + 50
     monkeypatch.undo()
 
-    # the executor (recovery.actions.execute): a drain_and_requeue that no longer requeues
-    monkeypatch.setattr(actions, "RESTARTS", ("requeue",))
+    # the executor (recovery.executor.execute): a drain_and_requeue that no longer requeues
+    monkeypatch.setattr(executor, "RESTARTS", ("requeue",))
     broken = _xid79()
     assert broken["action"] == "drain_and_requeue" and broken["result"] == "executed"
     assert broken["time_to_recover_s"] is None  # drained, never requeued: the job stays down

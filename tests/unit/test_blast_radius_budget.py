@@ -15,11 +15,11 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import create_engine
 
-from recovery import actions, audit, schema
+from recovery import actions, approvals, audit, outbox, reconciler
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
 from tests.unit.actions_fakes import make_fake_sim
 
 NODES = ("node1", "node2", "node3", "node4", "node5")
@@ -73,8 +73,7 @@ def _no_thread(monkeypatch):
 @given(limits=limits, mode=st.sampled_from(["approve", "act"]), ops=st.lists(op, max_size=25))
 def test_no_interleaving_drains_past_a_limit(limits, mode, ops):
     client, sim, submit = make_fake_sim(NODES)
-    engine = create_engine(f"sqlite:///{Path(tempfile.mkdtemp()) / 'b.db'}")
-    schema.upgrade(engine)
+    engine = make_engine(f"sqlite:///{Path(tempfile.mkdtemp()) / 'b.db'}")
     sched = SimulatedScheduler("http://testserver", session=client)
     s = SimpleNamespace(
         policy=parse_policy({"mode": mode, "blast_radius": limits}, env={}),
@@ -99,18 +98,18 @@ def test_no_interleaving_drains_past_a_limit(limits, mode, ops):
             }
             actions.on_diagnosis(engine, s, inc, d)
         elif o[0] in ("approve", "reject"):
-            pending = actions.list_actions(engine, state="pending_approval")
+            pending = outbox.list_actions(engine, state="pending_approval")
             if pending:
                 a = pending[o[1] % len(pending)]
                 try:
                     if o[0] == "approve":
-                        actions.approve(engine, s, a["id"], "ana")
+                        approvals.approve(engine, s, a["id"], "ana")
                     else:
-                        actions.reject(engine, a["id"], "ana")
-                except actions.ActionError as exc:
+                        approvals.reject(engine, a["id"], "ana")
+                except approvals.ActionError as exc:
                     assert "blast radius" in str(exc)
         elif o[0] == "execute":
-            actions.reconcile(engine, s)
+            reconciler.reconcile(engine, s)
         elif o[0] == "outage":
             sched.session = Down() if o[1] else client
         elif o[0] == "repair":
@@ -133,7 +132,7 @@ def test_four_concurrent_approvals_drain_at_most_the_budget(tmp_path, monkeypatc
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
     nodes = NODES[:4]
     client, sim, submit = make_fake_sim(nodes)
-    engine = create_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     limits = {
         "max_drains_per_hour": 10,
         "max_partition_unavailable_fraction": 0.5,
@@ -157,5 +156,5 @@ def test_four_concurrent_approvals_drain_at_most_the_budget(tmp_path, monkeypatc
     assert len(pending) == 2 and len(held) == 2  # reserved at planning
     assert all("blast_radius_partition_fraction" in a["body"]["action"]["reasons"] for a in held)
     for a in pending:
-        assert actions.approve(engine, s, a["id"], "ana")["state"] == "executed"
+        assert approvals.approve(engine, s, a["id"], "ana")["state"] == "executed"
     assert _out(sim) == 2

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery import actions, audit, incidents, schema
+from recovery import action_config, actions, audit, incidents, outbox
 from recovery.app import create_app
 from recovery.console import plot, security
 from recovery.policy import parse_policy
@@ -221,7 +221,7 @@ def test_approve_and_reject_through_the_console(env):
         ).status_code
         == 403
     )
-    assert actions.get_action(app.state.engine, f"inc-{a}")["state"] == "pending_approval"
+    assert outbox.get_action(app.state.engine, f"inc-{a}")["state"] == "pending_approval"
     # a rejection needs a reason
     assert (
         client.post(
@@ -243,8 +243,8 @@ def test_approve_and_reject_through_the_console(env):
         follow_redirects=False,
     )
     assert r.status_code == 303
-    assert actions.get_action(app.state.engine, f"inc-{a}")["state"] == "executed"
-    assert actions.get_action(app.state.engine, f"inc-{b}")["state"] == "rejected"
+    assert outbox.get_action(app.state.engine, f"inc-{a}")["state"] == "executed"
+    assert outbox.get_action(app.state.engine, f"inc-{b}")["state"] == "rejected"
     assert st["nodes"]["node2"]["reason"].startswith("goodput:")
     assert st["jobs"]["1001"]["excluded"] == ["node2"]
     assert st["nodes"]["node3"]["reason"] == "" and st["jobs"]["2001"]["restarts"] == 0
@@ -281,7 +281,7 @@ def test_mutations_need_credentials(env):
         ).status_code
         == 401
     )
-    assert actions.get_action(app.state.engine, f"inc-{a}")["state"] == "pending_approval"
+    assert outbox.get_action(app.state.engine, f"inc-{a}")["state"] == "pending_approval"
 
 
 def test_pause_switch_from_the_policy_page(env):
@@ -294,7 +294,7 @@ def test_pause_switch_from_the_policy_page(env):
         headers=ORIGIN,
         follow_redirects=False,
     )
-    assert r.status_code == 303 and actions.is_paused(app.state.engine)
+    assert r.status_code == 303 and action_config.is_paused(app.state.engine)
     page = client.get("/console/policy")
     assert page.status_code == 200 and "pause switch is ON" in page.text
     assert "Drains in the last hour" in page.text
@@ -366,7 +366,6 @@ def test_odd_data_never_breaks_a_page(env):
     # hundreds of incidents
     docs = [alert(str(5000 + i), f"node{i % 4 + 1}", fp=f"bulk{i}") for i in range(300)]
     incidents.ingest(engine, app.state.settings, docs, node_jobs=lambda n: [])
-    schema.upgrade(engine)
     audit.record(engine, "notified", {"text": HOSTILE * 50}, actor=HOSTILE, job_id="3001")
     h = {"Authorization": f"Bearer {TOKEN}"}
     pages = [

@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import create_engine
 
-from recovery import audit, node_checks, schema, slurm_hooks
+from recovery import audit, node_checks, slurm_hooks
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
 from tests.unit.actions_fakes import make_fake_sim
 
 PY = sys.executable
@@ -35,9 +35,7 @@ def world(tmp_path):
     client, st, _ = make_fake_sim()
     sched = SimulatedScheduler("http://sim", session=client)
     sched.verify_timeout_s = 1.0
-    engine = create_engine(f"sqlite:///{tmp_path / 'r.db'}")
-    schema.upgrade(engine)
-    schema.upgrade(engine)
+    engine = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
     st["nodes"]["node2"].update(state="DRAINED", reason="goodput: XID 79 on GPU 3")
     st["nodes"]["node3"].update(state="DRAINED", reason="maintenance (alice)")
     return sched, engine, st, tmp_path / "holds"

@@ -26,14 +26,11 @@ class ClockSettings(Settings):
     scheduler_adapter: Any = None
 
 
-def test_the_receiver_runs_on_its_clock(tmp_path) -> None:
-    sim, _st, submit = make_fake_sim()
-    submit("42", node="node2")
-    clock = ManualClock(T)
-    settings = ClockSettings(
+def acting_settings(tmp_path, clock: ManualClock, sim: Any, **kw: Any) -> ClockSettings:
+    """A receiver in act mode on `clock`, acting through the fake simulator `sim`."""
+    return ClockSettings(
         db_url=f"sqlite:///{tmp_path / 'r.db'}",
         require_auth=False,
-        slurm_enabled=False,
         log_dir=str(tmp_path),
         recheck_max=0,
         clock=clock,
@@ -43,7 +40,15 @@ def test_the_receiver_runs_on_its_clock(tmp_path) -> None:
             "GOODPUT_POLICY_FILE": str(DEFAULT_FILE),
             "GOODPUT_ACTIONS_THREAD": "0",
         },
+        **kw,
     )
+
+
+def test_the_receiver_runs_on_its_clock(tmp_path) -> None:
+    sim, _st, submit = make_fake_sim()
+    submit("42", node="node2")
+    clock = ManualClock(T)
+    settings = acting_settings(tmp_path, clock, sim, slurm_enabled=False)
     app = create_app(settings, start_worker=False)
     engine = app.state.engine
     client = TestClient(app)
@@ -77,3 +82,23 @@ def test_an_unbound_store_reads_the_wall_clock(tmp_path) -> None:
     bind(eng, ManualClock(T))
     with eng.connect() as conn:
         assert now(conn) == T
+
+
+def test_the_rows_the_migration_writes_read_the_receivers_clock(tmp_path) -> None:
+    """The budget lock's row is written by the migration at start-up: at the injected clock's
+    time (the clock is bound before the schema is migrated), not the wall clock's."""
+    from sqlalchemy import select
+
+    from recovery.outbox import switches
+
+    settings = ClockSettings(
+        db_url=f"sqlite:///{tmp_path / 'm.db'}",
+        require_auth=False,
+        slurm_enabled=False,
+        clock=ManualClock(T),
+        extra={"GOODPUT_ACTIONS_THREAD": "0"},
+    )
+    engine = create_app(settings, start_worker=False).state.engine
+    with engine.connect() as conn:
+        rows = conn.execute(select(switches.c.name, switches.c.updated_at)).all()
+    assert [(r.name, r.updated_at) for r in rows] == [("budget", T)]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, select, update
 
-from recovery import actions, failpoints, incidents, leases, outbox
+from recovery import failpoints, incidents, leases, outbox, reconciler
 from recovery.failpoints import Crash
 from recovery.settings import Settings
 from recovery.store import diagnoses, make_engine
@@ -88,15 +88,15 @@ def _row(state, owner, lease_until):
 
 
 def test_orphaned_rows():
-    me, now = actions.OWNER, 1000.0
-    assert not actions.orphaned(_row("executing", me, 0.0), now, True, True)  # ours
-    assert not actions.orphaned(_row("ready", "x", 0.0), now, True, True)
-    assert actions.orphaned(_row("executing", "x", 999.0), now, False, False)  # expired
-    assert not actions.orphaned(_row("executing", "x", 1001.0), now, False, False)
+    me, now = leases.OWNER, 1000.0
+    assert not reconciler.orphaned(_row("executing", me, 0.0), now, True, True)  # ours
+    assert not reconciler.orphaned(_row("ready", "x", 0.0), now, True, True)
+    assert reconciler.orphaned(_row("executing", "x", 999.0), now, False, False)  # expired
+    assert not reconciler.orphaned(_row("executing", "x", 1001.0), now, False, False)
     # at start-up: a peer's live lease is kept on PostgreSQL, taken on SQLite (one receiver)
-    assert not actions.orphaned(_row("executing", "x", 1001.0), now, True, False)
-    assert actions.orphaned(_row("executing", "x", 1001.0), now, True, True)
-    assert actions.orphaned(_row("executing", "x", None), now, True, False)  # before leases
+    assert not reconciler.orphaned(_row("executing", "x", 1001.0), now, True, False)
+    assert reconciler.orphaned(_row("executing", "x", 1001.0), now, True, True)
+    assert reconciler.orphaned(_row("executing", "x", None), now, True, False)  # before leases
 
 
 def test_a_live_receiver_finishes_an_action_whose_owner_died_once_its_lease_expires(
@@ -109,14 +109,14 @@ def test_a_live_receiver_finishes_an_action_whose_owner_died_once_its_lease_expi
     failpoints.arm("drained")
     with pytest.raises(Crash):
         world.restart()  # A: diagnoses, plans, claims, drains, dies
-    (row,) = actions.list_actions(world.engine)
+    (row,) = outbox.list_actions(world.engine)
     assert row["state"] == "executing"
-    monkeypatch.setattr(actions, "OWNER", "receiver-b")  # B: another process, running
+    monkeypatch.setattr(leases, "OWNER", "receiver-b")  # B: another process, running
     s = world.settings()
-    actions.reconcile(world.engine, s)  # A's lease (30 s) runs: B leaves it
-    assert actions.get_action(world.engine, row["id"])["state"] == "executing"
+    reconciler.reconcile(world.engine, s)  # A's lease (30 s) runs: B leaves it
+    assert outbox.get_action(world.engine, row["id"])["state"] == "executing"
     with world.engine.begin() as conn:  # 30 s later, with no heartbeat from A
         t = outbox.actions_table
         conn.execute(update(t).values(lease_until=t.c.lease_until - 31))
-    actions.reconcile(world.engine, s)
+    reconciler.reconcile(world.engine, s)
     _check_once(world, inc)

@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine
 
-from recovery import actions, audit, incidents, schema, worker
+from recovery import action_config, actions, audit, incidents, outbox, reconciler, worker
 from recovery.api_actions import router
 from recovery.app import create_app
 from recovery.policy import parse_policy
@@ -64,14 +63,13 @@ def test_serves_healthz_at_once_while_the_scheduler_hangs(tmp_path, monkeypatch)
     monkeypatch.setenv("GOODPUT_SCHEDULER", "simulated")
     monkeypatch.setenv("GOODPUT_SIM_URL", f"http://127.0.0.1:{hole.getsockname()[1]}")
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "1")
-    monkeypatch.setattr(actions, "_sched_cache", {})
+    monkeypatch.setattr(action_config, "_sched_cache", {})
     s = _settings(tmp_path)
     engine = make_engine(s.db_url)
-    schema.upgrade(engine)
     now = time.time()
     with engine.begin() as conn:  # an action a dead process left ready: start-up finishes it
         conn.execute(
-            actions.actions_table.insert().values(
+            outbox.actions_table.insert().values(
                 id="inc-7",
                 incident_id="7",
                 job_id="42",
@@ -138,7 +136,7 @@ class Broken(SimulatedScheduler):
 def test_a_slurm_error_while_planning_is_a_retried_action_with_an_audit_event(tmp_path):
     client, st, submit = make_fake_sim()
     submit("42", node="node2")
-    engine = create_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    engine = make_engine(f"sqlite:///{tmp_path / 'p.db'}")
     s = SimpleNamespace(
         policy=parse_policy({"mode": "act"}, env={}),
         scheduler_adapter=Broken("http://testserver", session=client),
@@ -153,15 +151,15 @@ def test_a_slurm_error_while_planning_is_a_retried_action_with_an_audit_event(tm
     ev = audit.query(engine, incident_id="9", type_="retry_scheduled")[0]
     assert ev and "error while planning" in ev[0]["payload"]["reason"]
     s.scheduler_adapter = SimulatedScheduler("http://testserver", session=client)
-    actions.reconcile(engine, s)
-    assert actions.get_action(engine, a["id"])["state"] == "executed"
+    reconciler.reconcile(engine, s)
+    assert outbox.get_action(engine, a["id"])["state"] == "executed"
 
 
 def test_resuming_an_unknown_node_is_404_and_records_nothing(tmp_path):
     client, st, _ = make_fake_sim()
     app = FastAPI()
     app.include_router(router)
-    app.state.engine = create_engine(f"sqlite:///{tmp_path / 'n.db'}")
+    app.state.engine = make_engine(f"sqlite:///{tmp_path / 'n.db'}")
     app.state.settings = SimpleNamespace(
         policy=parse_policy({"mode": "act"}, env={}),
         alertmanager_url=None,
@@ -170,7 +168,7 @@ def test_resuming_an_unknown_node_is_404_and_records_nothing(tmp_path):
     c = TestClient(app)
     r = c.post("/api/v1/nodes/node9/resume", json={"who": "ana"})
     assert r.status_code == 404 and "unknown" in r.json()["detail"]
-    assert actions.list_actions(app.state.engine) == []
+    assert outbox.list_actions(app.state.engine) == []
 
 
 SLURM_DOWN = {"connector": "slurm", "status": "error", "detail": "slurmctld unreachable"}
@@ -204,7 +202,7 @@ def test_a_diagnosis_made_while_slurm_was_down_is_made_again_before_anyone_is_as
     assert worker.run_once(engine, s, now=t0 + 11) == [inc] and planned == []
     assert worker.run_once(engine, s, now=t0 + 22) == [inc]
     assert [d["confidence"] for d in planned] == [0.95]
-    assert actions.incident_action(engine, str(inc))["body"]["diagnosis"]["confidence"] == 0.95
+    assert outbox.incident_action(engine, str(inc))["body"]["diagnosis"]["confidence"] == 0.95
 
 
 def test_a_long_slurm_outage_goes_to_a_person_after_the_bound(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Float, MetaData, String, Table, create_engine, inspect, select, text
@@ -131,3 +132,19 @@ def test_the_cli_reports_and_runs_the_migration(tmp_path):
     assert runner.invoke(cli, ["receiver", "db", "upgrade", "--db-url", url]).output == "at 0001\n"
     after = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
     assert after.exit_code == 0 and after.output == "0001 (head 0001)\n"
+
+
+def test_nothing_migrates_lazily_so_a_store_never_migrated_fails_naming_its_table(tmp_path):
+    """The schema is migrated once, where an engine is made for the service (`make_engine`:
+    the app, the CLI, `goodput receiver db upgrade`); store calls do not migrate, so one on an
+    engine made without it fails at once, naming the missing table."""
+    from sqlalchemy.exc import OperationalError
+
+    from recovery import action_config
+
+    engine = make_engine(f"sqlite:///{tmp_path}/bare.db", create=False)
+    with pytest.raises(OperationalError, match="no such table: goodput_actions"):
+        outbox.get_action(engine, "inc-1")
+    with pytest.raises(OperationalError, match="no such table: goodput_switches"):
+        action_config.is_paused(engine)
+    assert schema.current(engine) is None

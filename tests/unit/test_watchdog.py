@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from recovery import actions, audit, watchdog
+from recovery import actions, approvals, audit, outbox, reconciler, watchdog
 from recovery.app import create_app
 from recovery.policy import WatchdogPolicy
 from tests.unit.test_actions_flow import _no_thread, diag, world  # noqa: F401 - fixtures
@@ -78,7 +78,7 @@ def test_the_receiver_stops_acting_says_so_and_resumes(world):  # noqa: F811
     [stopped] = audit.query(world.engine, type_="watchdog_stopped")[0]
     assert stopped["payload"]["detail"] == "prometheus: prometheus said error"
 
-    held = actions.approve(world.engine, settings, waiting["id"], "alice")
+    held = approvals.approve(world.engine, settings, waiting["id"], "alice")
     assert held["state"] == "approved" and world.st["jobs"]["42"]["restarts"] == 0
     world.submit("43", node="node3")
     planned = actions.on_diagnosis(
@@ -92,8 +92,8 @@ def test_the_receiver_stops_acting_says_so_and_resumes(world):  # noqa: F811
     dog.tick()
     assert watchdog.current(world.engine) == "ok" and acting() == (1.0, None)
     assert len(audit.query(world.engine, type_="watchdog_resumed")[0]) == 1
-    actions.reconcile(world.engine, settings)
-    assert actions.get_action(world.engine, waiting["id"])["state"] == "executed"
+    reconciler.reconcile(world.engine, settings)
+    assert outbox.get_action(world.engine, waiting["id"])["state"] == "executed"
     assert world.st["jobs"]["42"]["restarts"] == 1
 
 
@@ -141,10 +141,54 @@ def test_an_action_a_dead_process_left_executing_is_finished_even_when_not_actin
     a = actions.on_diagnosis(world.engine, s, *diag(15))
     with world.engine.begin() as conn:
         conn.execute(
-            update(actions.actions_table)
-            .where(actions.actions_table.c.id == a["id"])
+            update(outbox.actions_table)
+            .where(outbox.actions_table.c.id == a["id"])
             .values(state="executing", owner="dead-process")
         )
     watchdog._write(world.engine, "evidence_unreachable", "test", "test")
-    actions.reconcile(world.engine, s, startup=True)
-    assert actions.get_action(world.engine, a["id"])["state"] == "executed"
+    reconciler.reconcile(world.engine, s, startup=True)
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+
+
+def test_the_watchdog_runs_on_the_receivers_clock(tmp_path, monkeypatch):
+    """Its switch row, its probe times and its notices read the store's clock (the benchmark's
+    simulated one), not the wall clock."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from sqlalchemy import select
+
+    from recovery import notifier
+    from recovery.clock import ManualClock
+    from recovery.policy import parse_policy
+    from recovery.store import make_engine
+
+    t = 1_600_000_000.0
+    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}", clock=ManualClock(t))
+    sent: list[dict] = []
+    monkeypatch.setattr(
+        notifier.requests,
+        "post",
+        lambda url, json, timeout: sent.append(json[0]) or SimpleNamespace(status_code=200),
+    )
+    settings = SimpleNamespace(
+        policy=parse_policy({"mode": "act"}, env={}),
+        scheduler_adapter=object(),
+        alertmanager_url="http://am.invalid",
+        prometheus_url=None,
+    )
+    probe = {"s": rows(scheduler="error")}
+    pol = WatchdogPolicy(failures_before_stop=1)
+    dog = watchdog.Watchdog(engine, settings, lambda: pol, probe=lambda: probe["s"])
+    assert dog.started_at == t
+    dog.tick()
+    probe["s"] = rows(scheduler="ok", prometheus="ok", loki="ok")
+    dog.tick()
+    with engine.connect() as conn:
+        (stamp,) = conn.execute(
+            select(outbox.switches.c.updated_at).where(outbox.switches.c.name == "watchdog")
+        ).scalars()
+    assert stamp == t
+    iso = datetime.fromtimestamp(t, UTC).isoformat()
+    assert [a["startsAt"] for a in sent] == [iso, iso]
+    assert sent[1]["endsAt"] == datetime.fromtimestamp(t + 1.0, UTC).isoformat()

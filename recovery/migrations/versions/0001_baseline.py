@@ -3,17 +3,18 @@
 On a fresh database it creates every table. On one made by those calls (before migrations, no
 `alembic_version`) it creates the tables that are missing and adds the nullable columns and
 the indexes a table gained after the database was made (what `store.add_missing_columns` did);
-rows stay. It also writes the row the blast-radius budget lock takes (`planning.lock_budget`).
+rows stay. It also writes the row the blast-radius budget lock takes (`planning.lock_budget`),
+at the time of the receiver's clock (`recovery.clock`, bound before the migration runs).
 
 Revision ID: 0001
 Revises:
 Create Date: 2026-12-01
 """
 
-import time
-
 import sqlalchemy as sa
 from alembic import op
+
+from recovery import clock
 
 revision = "0001"
 down_revision = None
@@ -242,7 +243,7 @@ def upgrade() -> None:
     switches = meta.tables["goodput_switches"]
     if not bind.execute(sa.select(switches.c.name).where(switches.c.name == "budget")).first():
         row = {"name": "budget", "value": "lock", "updated_by": "goodput"}
-        bind.execute(switches.insert().values(updated_at=time.time(), **row))
+        bind.execute(switches.insert().values(updated_at=clock.now(bind), **row))
 
 
 def downgrade() -> None:

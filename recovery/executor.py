@@ -1,0 +1,333 @@
+"""The executor: a planned outbox row carried out in the scheduler, crash-safe.
+
+`plan` decides a row (`recovery.planning`) and, by what was decided, tells on-call
+(`recovery.notifier`) or `execute`s it: claim the row (`executing`, leased, its drains checked
+against the blast radius under the budget lock), capture diagnostics, drain, requeue or stop,
+verify, record. The row's id is the idempotency key and the scheduler port's guards (expected
+restart count, drained-by-whom) make a repeated step a no-op, so a row a dead process left
+`executing` is finished by running it again (`recovery.reconciler`). Failpoints:
+`recovery.failpoints`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Connection, Engine, update
+
+from recovery import (
+    accounting,
+    audit,
+    failpoints,
+    leases,
+    node_health,
+    outbox,
+    planning,
+    watchdog,
+)
+from recovery.action_config import Config, config, is_paused
+from recovery.decide import Diagnosis
+from recovery.notifier import notify
+from recovery.outbox import PLANNABLE, actions_table, get_action
+from recovery.policy import RESTARTS
+from recovery.scheduler import Scheduler, SchedulerError, SchedulerUnavailable
+
+MAX_ATTEMPTS = 50
+
+
+def _needs_person(engine: Engine, cfg: Config, action_id: str, text: str) -> None:
+    """Tell on-call that a person must look at the action (as it is now in the store)."""
+    notify(
+        engine,
+        cfg,
+        "GoodputNeedsPerson",
+        outbox.raw(engine, action_id),
+        None,
+        text,
+        "warning",
+        None,
+    )
+
+
+def plan(engine: Engine, settings: Any, action_id: str) -> dict[str, Any] | None:
+    """Decide an outbox row that has no decision yet, then notify or execute as decided."""
+    cfg = config(settings)
+    row = outbox.raw(engine, action_id)
+    if row is not None and row.state in PLANNABLE:
+        body = json.loads(row.body)
+        opened = (body.get("incident") or {}).get("opened_at")
+        diag = Diagnosis.from_dict(
+            {**body["diagnosis"], "incident_id": row.incident_id, "job_id": row.job_id}
+        )
+        accounting.open_incident(engine, {"opened_at": opened}, diag, cfg.prometheus_url)
+    state, action, row = planning.plan_row(engine, cfg, action_id)
+    if state == "waiting_scheduler":
+        failpoints.hit("waiting")
+    elif state == "failed" and action is None and row is not None:
+        _needs_person(
+            engine,
+            cfg,
+            action_id,
+            f"Goodput could not plan an action for job {row.job_id}: the scheduler kept "
+            f"failing ({(row.last_error or '')[:200]})",
+        )
+    if action is None:  # not decided here: waiting, failed, or planned by another process
+        return get_action(engine, action_id)
+    failpoints.hit("planned")
+    accounting.mark_decided(engine, str(row.incident_id), row.updated_at)
+    if state == "pending_approval":
+        notify(
+            engine,
+            cfg,
+            "GoodputActionPendingApproval",
+            row,
+            action,
+            f"Goodput plans {action.kind} for job {action.job_id}: approve or reject "
+            f"with `goodput actions approve {action_id}`",
+            "warning",
+            row.expires_at,
+        )
+    elif action.kind == "hold_for_person":
+        notify(
+            engine,
+            cfg,
+            "GoodputNeedsPerson",
+            row,
+            action,
+            f"Goodput needs a person for job {action.job_id} "
+            f"({json.loads(row.body)['diagnosis']['outcome']}): {', '.join(action.reasons)}",
+            "warning",
+            None,
+        )
+    elif state == "ready":
+        return execute(engine, settings, action_id)
+    return get_action(engine, action_id)
+
+
+def _claim(
+    engine: Engine,
+    cfg: Config,
+    action_id: str,
+    from_states: tuple[str, ...],
+    nodes: Any,
+    owner: str | None = None,
+) -> tuple[Any, str | None]:
+    """Move the row to `executing` (ours, leased); with its drains checked against the blast
+    radius under the budget lock. An `executing` row is taken over only from `owner` (the dead
+    process `reconcile` saw holding it). Returns (row or None, the limit it would break)."""
+
+    def write(conn: Connection) -> tuple[Any, str | None]:
+        planning.lock_budget(conn)
+        cur = outbox.raw(conn, action_id)
+        if cur is None or cur.state not in from_states:
+            return None, None
+        if cur.state == "executing" and (owner is None or cur.owner != owner):
+            return None, None  # its owner lives, or another receiver took it over first
+        if nodes is not None and cur.state != "executing":
+            why = planning.budget_violation(conn, cur, nodes, cfg.policy)
+            if why is not None:
+                return cur, str(why)
+        n = conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == action_id, actions_table.c.state.in_(from_states))
+            .values(
+                state="executing",
+                owner=leases.OWNER,
+                lease_until=outbox.now(conn) + cfg.lease_s,
+                updated_at=outbox.now(conn),
+                attempts=actions_table.c.attempts + 1,
+            )
+        ).rowcount
+        if not n:
+            return None, None
+        row = outbox.raw(conn, action_id)
+        audit.append(conn, "executing", {"attempt": row.attempts}, **outbox.refs(row))
+        return row, None
+
+    result: tuple[Any, str | None] = outbox.write(engine, write)
+    return result
+
+
+def _finish(
+    engine: Engine, row: Any, state: str, type_: str, payload: dict[str, Any], **values: Any
+) -> None:
+    """Record a step's outcome with its audit event (again after a lost audit-seq race)."""
+
+    def write(conn: Connection) -> None:
+        conn.execute(
+            update(actions_table)
+            .where(actions_table.c.id == row.id)
+            .values(state=state, updated_at=outbox.now(conn), **values)
+        )
+        audit.append(conn, type_, payload, **outbox.refs(row))
+
+    outbox.write(engine, write)
+
+
+def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
+    if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
+        back = "approved" if row.decided_by else "ready"
+        delay = min(cfg.retry_base_s * 2 ** min(row.attempts, 6), 600.0)
+        _finish(
+            engine,
+            row,
+            back,
+            "retry_scheduled",
+            {"error": str(exc), "steps": steps, "retry_in_s": delay},
+            last_error=str(exc),
+            next_attempt_at=outbox.now(engine) + delay,
+        )
+        return
+    _finish(
+        engine, row, "failed", "failed", {"error": str(exc), "steps": steps}, last_error=str(exc)
+    )
+    _needs_person(
+        engine,
+        cfg,
+        row.id,
+        f"Goodput's {row.kind} for job {row.job_id} failed: {str(exc)[:300]}",
+    )
+
+
+def execute(
+    engine: Engine,
+    settings: Any,
+    action_id: str,
+    from_states: tuple[str, ...] = ("ready", "approved"),
+    owner: str | None = None,
+) -> dict[str, Any] | None:
+    """Execute one ready or approved action (a no-op if someone else holds it), or finish an
+    executing one that `owner`, a dead process, left."""
+    cfg = config(settings)
+    if is_paused(engine):
+        r = outbox.raw(engine, action_id)
+        if r is not None and r.state in from_states:
+            _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
+        return get_action(engine, action_id)
+    # fail-open: while the watchdog does not act, ready and approved actions wait; one a dead
+    # process left executing is finished (a drained node without its requeue helps nobody)
+    if "executing" not in from_states and watchdog.current(engine) != watchdog.OK:
+        return get_action(engine, action_id)
+    r = outbox.raw(engine, action_id)
+    if r is None or r.state not in from_states:
+        return get_action(engine, action_id)
+    sched = cfg.scheduler
+    action = json.loads(r.body)["action"]
+    nodes = None
+    if action.get("nodes") and r.state != "executing":
+        try:  # the blast radius is checked again with the nodes as they are now
+            nodes = sched.node_states()
+        except SchedulerError as exc:
+            row, _ = _claim(engine, cfg, action_id, from_states, None, owner)
+            if row is not None:
+                _retry_or_fail(engine, cfg, row, exc, [])
+            return get_action(engine, action_id)
+    row, over = _claim(engine, cfg, action_id, from_states, nodes, owner)
+    if row is None:
+        return get_action(engine, action_id)
+    if over is not None:
+        _finish(
+            engine,
+            row,
+            "failed",
+            "failed",
+            {"error": f"blast radius: {over}", "steps": []},
+            last_error=f"blast radius: {over}",
+        )
+        _needs_person(
+            engine,
+            cfg,
+            action_id,
+            f"Goodput did not {row.kind} for job {row.job_id}: it would break the blast "
+            f"radius ({over}) now",
+        )
+        return get_action(engine, action_id)
+    failpoints.hit("claimed")
+    body = json.loads(row.body)
+    steps: list[str] = []
+    outcome = body.get("diagnosis", {}).get("outcome", "")
+    capture = cfg.policy.return_to_service.capture
+    try:
+        for node in action.get("nodes", []):
+            if capture is not None:
+                _capture(engine, sched, row, capture, node)
+            reason = f"goodput: {outcome} incident {row.incident_id} action {row.id}"
+            steps.append(sched.drain(node, reason).detail)
+        if action.get("nodes"):
+            failpoints.hit("drained")
+        kind = row.kind
+        if kind in RESTARTS:
+            steps.append(
+                sched.requeue(
+                    row.job_id,
+                    tuple(action.get("exclude", [])),
+                    expected_restarts=row.restarts_before,
+                    delay_s=float(action.get("delay_s", 0.0)),
+                    drop=tuple(action.get("exclusions_dropped", [])),
+                ).detail
+            )
+        elif kind == "stop" and row.job_id:
+            steps.append(sched.stop(row.job_id, expected_restarts=row.restarts_before).detail)
+        elif kind == "resume_node":
+            for node in action.get("resume", []):
+                steps.append(sched.resume(node).detail)
+    except (SchedulerError, ValueError) as exc:  # GuardRefused, SchedulerUnavailable included
+        _retry_or_fail(engine, cfg, row, exc, steps)
+        return get_action(engine, action_id)
+    failpoints.hit("executed")
+    result = {"steps": steps, "verified": _verify(sched, row, action)}
+    _finish(engine, row, "executed", "executed", result, result=json.dumps(result))
+    failpoints.hit("finished")
+    if row.kind == "stop":
+        notify(
+            engine,
+            cfg,
+            "GoodputJobStopped",
+            outbox.raw(engine, action_id),
+            None,
+            f"Goodput stopped job {row.job_id} ({outcome}); release or cancel it",
+            "warning",
+            None,
+        )
+    return get_action(engine, action_id)
+
+
+def _capture(engine: Engine, sched: Scheduler, row: Any, cmd: Any, node: str) -> None:
+    """Diagnostics before Goodput touches the node (e.g. nvidia-bug-report.sh, dmesg): run once,
+    before the first drain, bounded in time and size; kept in the audit log with the action."""
+    state = sched.node_state(node)
+    if state is None or state.drained:
+        return  # a retry, or someone drained it already: it was captured, or is not ours
+    result = node_health.run(cmd, node, level="capture")
+    payload = {
+        "node": node,
+        "argv": list(cmd.argv),
+        "exit_code": result.exit_code,
+        "duration_s": round(result.duration_s, 3),
+        "output": result.output,
+    }
+    audit.record(engine, "diagnostics_captured", payload, **outbox.refs(row))
+
+
+def _verify(sched: Scheduler, row: Any, action: dict[str, Any]) -> dict[str, Any]:
+    """What the scheduler shows after the action (recorded, not enforced)."""
+    out: dict[str, Any] = {}
+    try:
+        if action.get("nodes") or action.get("resume"):
+            states = {n.node: n for n in sched.node_states()}
+            for node in [*action.get("nodes", []), *action.get("resume", [])]:
+                s = states.get(node)
+                out[node] = {"state": s.state, "reason": s.reason} if s else None
+        if row.job_id and row.kind in (*RESTARTS, "stop"):
+            j = sched.job_state(row.job_id)
+            if j is not None:
+                out["job"] = {
+                    "state": j.state,
+                    "restarts": j.restarts,
+                    "held": j.held,
+                    "excluded": list(j.excluded),
+                }
+    except SchedulerError as exc:
+        out["error"] = str(exc)
+    return out

@@ -1,0 +1,118 @@
+"""The reconciler: finishing what is due, at start-up and then every few seconds.
+
+`reconcile` plans every outbox row still `planning` or `waiting_scheduler` (a planner that died,
+a scheduler that was down), finishes every action that was ready, approved or executing when a
+process died, against the scheduler's real state, expires overdue approvals and updates the
+recoveries' accounting. `start` runs it once per process and engine, in a daemon thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from recovery import accounting, audit, leases, outbox
+from recovery.action_config import config, setting
+from recovery.executor import execute, plan
+from recovery.outbox import PLANNABLE, RUNNABLE, actions_table, expire
+from recovery.scheduler import SchedulerError
+
+log = logging.getLogger("goodput.actions")
+_running: weakref.WeakSet[Engine] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
+    """Finish what is due: rows with no plan yet (a final diagnosis whose planner died, or one
+    waiting for the scheduler), executing rows left by a dead process (`orphaned`), ready or
+    approved rows whose retry time has come."""
+    expire(engine)
+    now = outbox.now(engine)
+    single = engine.dialect.name == "sqlite"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(actions_table)
+            .where(actions_table.c.state.in_((*RUNNABLE, *PLANNABLE)))
+            .order_by(actions_table.c.created_at)
+        ).all()
+    n = 0
+    for r in rows:
+        if r.next_attempt_at and r.next_attempt_at > now and r.state != "executing":
+            continue
+        if r.state == "executing" and not orphaned(r, now, startup, single):
+            continue  # executing is finished here only when a dead process left it
+        if r.state in PLANNABLE:
+            plan(engine, settings, r.id)  # in place: the row is never absent
+        else:
+            if startup or r.state == "executing":  # a restart, or a dead owner's lease
+                was: dict[str, Any] = {"was": r.state}
+                if r.state == "executing":
+                    was["owner"] = r.owner  # the process that died holding it
+                audit.record(
+                    engine,
+                    "reconciled",
+                    was,
+                    **outbox.refs(r),
+                )
+            execute(engine, settings, r.id, (r.state,), r.owner)
+        n += 1
+    try:
+        accounting.update_recoveries(engine, config(settings).scheduler)
+    except SchedulerError:
+        pass
+    return n
+
+
+def orphaned(row: Any, now: float, startup: bool, single: bool) -> bool:
+    """Is this executing row left by a dead process? Yes once its owner's lease has expired
+    (receivers in HA: the owner stopped renewing it), and at start-up when the row has no
+    lease or the store has one receiver only (SQLite): the process that held it is gone."""
+    if row.state != "executing" or row.owner == leases.OWNER:
+        return False
+    if row.lease_until is not None and row.lease_until < now:
+        return True
+    return startup and (row.lease_until is None or single)
+
+
+def start(
+    engine: Engine, settings: Any, interval_s: float = 5.0, thread: bool | None = None
+) -> None:
+    """Once per process and engine: reconcile at start-up, then keep retrying every
+    `interval_s`, in a daemon thread (so the receiver serves at once, whatever the scheduler
+    does), or once in the caller when the thread is off (`GOODPUT_ACTIONS_THREAD=0`, in the
+    environment or `settings.extra`; then the caller runs `reconcile`, the loop's one pass)."""
+    with _lock:
+        if engine in _running:
+            return
+        _running.add(engine)
+    if thread is None:
+        flag = setting(settings, "actions_thread", "GOODPUT_ACTIONS_THREAD", "1")
+        thread = flag not in ("0", "false")
+
+    def startup() -> None:
+        try:
+            reconcile(engine, settings, startup=True)
+        except Exception:  # noqa: BLE001 - start-up must not take the receiver down
+            log.exception("reconcile at start-up failed")
+
+    if not thread:
+        startup()
+        return
+
+    leases.start(engine, float(getattr(settings, "lease_s", leases.DEFAULT_S)))
+
+    def loop() -> None:
+        startup()
+        while True:
+            time.sleep(interval_s)
+            try:
+                reconcile(engine, settings)
+            except Exception:  # noqa: BLE001
+                log.exception("action retry loop")
+
+    threading.Thread(target=loop, name="goodput-actions", daemon=True).start()
