@@ -10,7 +10,9 @@ Rules:
 - Goodput's restart of a job (`requeue`, `drain_and_requeue`, executed) ends the job's run: an
   alert that started after it is the new run's and joins a new incident, whose evidence starts
   at the restart (`recovery.worker`); a late alert of the ended run joins that run's incident
-  without diagnosing it again (the verdict the restart was planned on stands);
+  without diagnosing it again (the verdict the restart was planned on stands), and so does a
+  job-level alert (no `node`) that started within `settings.restart_grace_s` of the restart:
+  the detector relearning the new run (new nodes, slow first iterations) is not a new fault;
 - each new alert in an incident schedules a diagnosis after `settings.settle_s`;
 - receivers sharing a PostgreSQL store ingest one at a time (an advisory lock: no two open
   incidents for one job) and claim a due diagnosis with a lease (`claim_diagnoses`), so each
@@ -179,6 +181,8 @@ def _fold(conn: Connection, settings: Settings, p: Payload, now: float) -> Inges
         if is_new and doc["status"] == "firing":
             starts = validate.timestamp(doc["startsAt"])
             t = now if starts is None else starts
+            if not doc["labels"].get("node"):  # a job-level detector alert: its new run's
+                t -= settings.restart_grace_s  # first minutes are relearned, not a new fault
             for inc, again in _incidents_for(conn, doc, p.on_node, now, t):
                 _link(conn, inc, alert_id, now, settings.settle_s if again else None, starts)
                 touched.add(inc)

@@ -63,6 +63,7 @@ class Settings:
     http_timeout_s: float = 5.0
     lookback_s: float = 900.0
     lookahead_s: float = 120.0
+    restart_grace_s: float = 120.0
     rules_dir: str | None = None
     lease_s: float = 30.0
     extra: dict[str, str] = field(default_factory=dict)
@@ -76,6 +77,10 @@ class Settings:
             raise ValueError(f"GOODPUT_RECEIVER_RECHECK_S must be 0..3600, not {self.recheck_s}")
         if self.recheck_max not in range(11):
             raise ValueError(f"GOODPUT_RECEIVER_RECHECK_MAX must be 0..10, not {self.recheck_max}")
+        if not 0.0 <= self.restart_grace_s <= 3600.0:
+            raise ValueError(
+                f"GOODPUT_RECEIVER_RESTART_GRACE_S must be 0..3600, not {self.restart_grace_s}"
+            )
         if not 0.3 <= self.lease_s <= 3600.0:
             raise ValueError(f"GOODPUT_RECEIVER_LEASE_S must be 0.3..3600, not {self.lease_s}")
         if not self.db_url:
@@ -107,6 +112,9 @@ class Settings:
             "loki_url": opt("GOODPUT_LOKI_URL"),
             "slurm_enabled": (opt("GOODPUT_RECEIVER_SLURM") or "1") not in ("0", "false", "no"),
             "lookback_s": float(opt("GOODPUT_RECEIVER_LOOKBACK_S") or 900.0),
+            "restart_grace_s": _number(
+                opt("GOODPUT_RECEIVER_RESTART_GRACE_S"), 120.0, "RESTART_GRACE_S"
+            ),
             "worker_poll_s": _number(opt("GOODPUT_RECEIVER_WORKER_POLL_S"), 0.5, "WORKER_POLL_S"),
             "lease_s": _number(opt("GOODPUT_RECEIVER_LEASE_S"), 30.0, "LEASE_S"),
             "extra": {k: v for k, v in e.items() if k.startswith("GOODPUT_")},
