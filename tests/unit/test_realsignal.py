@@ -47,8 +47,9 @@ def test_spliced_fault_detected_within_target(rows, row) -> None:
     assert r["detected"] and r["latency_s"] <= r["target_s"], r
 
 
-def test_a_start_up_that_never_ends_is_caught_within_a_minute(rows) -> None:
-    """The H200's start-up allowance (catalogue/priors.yaml, from this trace's 8-12 s start):
-    48 s from the first iteration it never reached; the old 600 s prior missed it in 10 min."""
+def test_a_start_up_that_never_ends_is_caught_within_three_minutes(rows) -> None:
+    """The start-up allowance after the log's milestone (catalogue/priors.yaml: 120 s for a
+    first batch or a silent compile on one GPU), then the alert's persistence; the old 600 s
+    prior missed it in 10 min."""
     r = rows["idle_hang: before its first iteration (start-up never ends)"]
-    assert r["detected"] and r["latency_s"] <= 60.0, r
+    assert r["detected"] and r["latency_s"] <= 180.0, r
