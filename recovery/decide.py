@@ -39,6 +39,7 @@ class Reason(StrEnum):
     BACKOFF = "backoff"
     JOB_ENDED = "job_ended"
     ENDED_LONG_AGO = "job_ended_before_requeue_window"  # a late alert: no restart now
+    CULPRIT_ALREADY_EXCLUDED = "culprit_already_excluded_from_job"  # an earlier restart did it
     NODES_ALREADY_UNAVAILABLE = "nodes_already_unavailable"
     BLAST_DRAINS_PER_HOUR = "blast_radius_drains_per_hour"
     BLAST_PARTITION_FRACTION = "blast_radius_partition_fraction"
@@ -127,6 +128,7 @@ class JobView:
     start_time: float | None = None
     node_count: int = 0  # nodes the job asks for (0: unknown; its allocation's size is used)
     end_time: float | None = None
+    nodes: tuple[str, ...] = ()  # its latest allocation's nodes (() while pending or unknown)
 
     @property
     def need(self) -> int:
@@ -278,6 +280,16 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         kind = "hold_for_person"
         reasons.append(Reason.LOW_CONFIDENCE)
 
+    moved_off = job is not None and job.nodes and not set(nodes) & set(job.nodes)
+    if (
+        kind in (*RESTARTS, "stop")
+        and nodes
+        and moved_off
+        and set(nodes) <= set(history.excluded_before)
+    ):
+        # an earlier restart moved the job off every culprit: the fault is the ended run's
+        kind = "drain" if kind == "drain_and_requeue" else "none"
+        reasons.append(Reason.CULPRIT_ALREADY_EXCLUDED)
     if kind in RESTARTS and job is not None:
         if job.ended and job.exit_code == 93:
             kind = "drain" if kind == "drain_and_requeue" else "stop"

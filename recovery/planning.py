@@ -113,6 +113,7 @@ def _history(
             job.start_time,
             node_count=job.node_count or len(job.nodes),
             end_time=job.end_time,
+            nodes=tuple(job.nodes),
         )
     return History(
         now=now,

@@ -167,3 +167,27 @@ def test_a_job_restarted_again_and_again_always_has_room(need, events):
         if room >= need:
             assert free(after, a.exclude) >= need, (a, states)
         earlier.update(dict.fromkeys(a.exclude))
+
+
+def test_a_fault_on_a_node_the_job_was_already_moved_off_neither_restarts_nor_stops_it():
+    """The new run's incident blames the culprit an earlier restart excluded (its XID gauge
+    keeps its value): the job left that node, so the fault is the ended run's. Failed before:
+    the fault benchmark's gsp-timeout runs stopped the healthy restarted job (sticky root
+    cause) in 2 of 3 seeds."""
+    h = History(
+        now=2000.0,
+        job=JobView("RUNNING", 1, None, "gpu", 1000.0, node_count=1, nodes=("node3",)),
+        nodes=views({"node1": "DRAINED", "node2": "IDLE", "node3": "ALLOCATED"}),
+        restarts_done=1,
+        same_cause_restarts=1,
+        excluded_before=("node1",),
+    )
+    sticky = parse_policy({"mode": "act", "retry": {"sticky_after": 1, "backoff_s": [0]}}, env={})
+    a = decide(hang(3, ("node1",), "gpu_hardware_fault"), h, sticky)
+    assert a.kind == "none" and a.job_id == "42"
+    assert Reason.CULPRIT_ALREADY_EXCLUDED in a.reasons
+    b = decide(hang(4, ("node3",), "gpu_hardware_fault"), h, sticky)  # a node it runs on now
+    assert b.kind == "stop" and Reason.STICKY_ROOT_CAUSE in b.reasons
+    back = History(**{**h.__dict__, "job": JobView("RUNNING", 1, nodes=("node1",))})
+    c = decide(hang(5, ("node1",), "gpu_hardware_fault"), back, sticky)  # the cap put it back
+    assert c.kind == "stop"
