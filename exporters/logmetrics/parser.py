@@ -62,10 +62,7 @@ class LogState:
                 elif m.pattern == "checkpoint_saved":
                     job.last_checkpoint = now
                 elif m.pattern == "training_start":
-                    # a (re)started job is making progress from now: a requeued job's old
-                    # last-progress time must not read as a hang while it initialises
-                    job.last_progress = {"": now}
-                    job.last_pause = now  # ... and its start-up is a pause until it iterates
+                    _new_run(job, now)
                 if m.symptom == "pause":  # later in the log than any progress read before it
                     latest = max(job.last_progress.values(), default=-math.inf)
                     job.last_pause = latest + ORDER_S if latest >= now else now
@@ -89,6 +86,16 @@ class LogState:
         self.jobs.pop(job_id, None)
         for key in [k for k in self.pattern_matches if k[0] == job_id]:
             del self.pattern_matches[key]
+
+
+def _new_run(job: JobState, now: float) -> None:
+    """A start-up milestone: a (re)started run is making progress from now (a requeued job's
+    old last-progress time must not read as a hang while it initialises), its start-up is a
+    pause until it iterates, and it has no step time of its own yet: the earlier run's would
+    read as "iterated" (the long never-started allowance) and is not this run's rate."""
+    job.last_progress = {"": now}
+    job.last_pause = now
+    job.iteration_seconds = job.throughput = job._samples = None
 
 
 def _progress(job: JobState, g: dict, now: float) -> None:

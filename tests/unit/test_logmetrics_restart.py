@@ -1,0 +1,80 @@
+"""A restarted job (Goodput's requeue or Slurm's: same job id, one log file) has no step time
+of its own until its new run's first step. Fails on the code before: the earlier run's step
+time survived the new run's start-up milestone, so the physics `never_started` rule read the
+job as "iterated" and gave a hang right after the restart the long 600 s allowance instead of
+the short one (120 s on one GPU): caught ~10 minutes late."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from detector import fields as F
+from detector.frame import Frame
+from detector.physics import Physics
+from detector.synthetic import healthy_frame
+from exporters.logmetrics.exporter import LogMetrics
+from exporters.logmetrics.parser import LogState
+
+COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
+STEP = (  # Megatron's progress line (the catalogue's example)
+    " iteration {it:>8}/  500000 | consumed samples: {s:>11} | elapsed time per iteration"
+    " (ms): {ms} | learning rate: 3.000E-04 | global batch size: 512 | lm loss: 2.345678E+00 |"
+    " number of skipped iterations: 0 | number of nan iterations: 0 |"
+)
+REQUEUE = (
+    "slurmstepd: error: *** JOB 42 ON node1 CANCELLED AT 2026-12-01T10:05:00 DUE TO JOB REQUEUE ***"
+)
+RESTART = [  # the new run's start-up, in the same log (Slurm appends): resume, then start
+    "> building GPT model ...",
+    " loading checkpoint from /checkpoints/gpt at iteration 2000",
+    "[after dataloaders are built] datetime: 2026-12-01 10:07:00",
+    "training ...",
+]
+
+
+def _restarted(logs: LogState) -> None:
+    """Job 42 iterates at 512.3 ms, is requeued at 1300, restarts; its milestone at 1420."""
+    logs.feed_job("42", [STEP.format(it=i, s=i * 512, ms=512.3) for i in (1990, 2000)], 1200.0)
+    logs.feed_job("42", [REQUEUE], 1300.0)
+    logs.feed_job("42", RESTART[:2], 1360.0)
+    logs.feed_job("42", RESTART[2:], 1420.0)
+
+
+def test_the_new_runs_milestone_drops_the_earlier_runs_step_time(tmp_path: Path) -> None:
+    logs = LogState()
+    logs.feed_job("42", [STEP.format(it=2000, s=1024000, ms=512.3)], 1200.0)
+    js = logs.jobs["42"]
+    assert js.iteration_seconds == pytest.approx(0.5123) and js.throughput is not None
+    _restarted(logs)
+    assert js.iteration_seconds is None and js.throughput is None  # not this run's rate
+    assert js.iteration == 2000.0  # the counter is the job's: it resumes from there
+    assert js.last_progress == {"": 1420.0} and js.last_pause == 1420.0
+    m = LogMetrics(tmp_path)
+    m.state = logs
+    names = {s.name for fam in m.collect() for s in fam.samples if s.labels.get("job_id") == "42"}
+    assert "goodput_job_iteration_seconds" not in names  # absent on the wire, not stale
+    assert "goodput_job_last_progress_timestamp_seconds" in names
+    logs.feed_job("42", [STEP.format(it=2001, s=1024512, ms=610.0)], 1421.0)  # its first step
+    assert js.iteration_seconds == pytest.approx(0.61)
+
+
+def test_a_hang_right_after_a_restart_scores_on_the_short_allowance() -> None:
+    """GPU idle with memory held 240 s after the restart's milestone, no step yet: 240 / 120 s
+    (one GPU) = 2.0. Before: 240 / 600 s = 0.4, no alert for another six minutes."""
+    logs = LogState()
+    _restarted(logs)
+    js = logs.jobs["42"]
+    now = 1660.0
+    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=3, start=now)
+    f = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), "NVIDIA H200", object))
+    step = np.nan if js.iteration_seconds is None else js.iteration_seconds
+    f.values[:, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    f.values[:, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
+    f.values[:, COL[F.ITER_SECONDS]] = step
+    f.values[:, COL[F.STALL_SECONDS]] = now - max(js.last_progress.values())
+    f.values[:, COL[F.SINCE_PAUSE]] = now - js.last_pause
+    f.values[:, COL[F.JOB_AGE]] = now - 1330.0  # the engine first saw the new run then
+    assert Physics().score(f)[0] == pytest.approx(240.0 / 120.0)
