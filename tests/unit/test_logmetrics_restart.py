@@ -75,6 +75,71 @@ def test_a_hang_right_after_a_restart_scores_on_the_short_allowance() -> None:
     f.values[:, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
     f.values[:, COL[F.ITER_SECONDS]] = step
     f.values[:, COL[F.STALL_SECONDS]] = now - max(js.last_progress.values())
-    f.values[:, COL[F.SINCE_PAUSE]] = now - js.last_pause
+    f.values[:, COL[F.SINCE_PAUSE]] = now - (np.nan if js.last_pause is None else js.last_pause)
     f.values[:, COL[F.JOB_AGE]] = now - 1330.0  # the engine first saw the new run then
     assert Physics().score(f)[0] == pytest.approx(240.0 / 120.0)
+    # the engine kept the job through a quick requeue: it saw the earlier run busy at 1200 s
+    det = Physics()
+    busy = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=3, start=1200.0)
+    busy = Frame(busy.time, busy.job, busy.node, busy.gpu, busy.values, model=f.model)
+    busy.values[:, COL[F.JOB_AGE]] = 100.0
+    assert det.score(busy)[0] == 0.0
+    f.values[:, COL[F.JOB_AGE]] = 560.0
+    assert det.score(f)[0] == pytest.approx(240.0 / 120.0)  # this run has not started
+    f.values[:, COL[F.SINCE_PAUSE]] = f.values[:, COL[F.STALL_SECONDS]] = np.nan  # no log:
+    assert Physics().score(f)[0] == pytest.approx(560.0 / 600.0)  # never busy: its age
+    assert det.score(f)[0] == 0.0  # once busy, started
+
+
+@pytest.mark.parametrize("load_s", [0.0, 90.0])
+def test_a_healthy_restart_raises_nothing(tmp_path: Path, load_s: float) -> None:
+    """The simulator's job trains, is requeued (Goodput's action, Slurm's verb), starts again
+    on the same log (launcher lines, start-up, a checkpoint load of `load_s`, `training ...`),
+    and trains on: no detector scores its job at alert level at any time (the engine counts
+    a score of 1.0 as an alert), and no incident opens."""
+    from bench.inproc import Harness
+    from exporters.sim import parse_scenario
+
+    job = {"name": "again", "nodes": 1, "gpus_per_node": 2, "duration_s": 3600}
+    job |= {"step_time_s": 1.2, "init_s": 40.0, "load_s": load_s, "checkpoint_every_s": 120}
+    sc = parse_scenario({"name": "restart", "duration_s": 900, "nodes": 2, "jobs": [job]})
+    h = Harness(sc, 7, tmp_path)
+    peak: dict[str, float] = {}
+    step = h.engine.step
+
+    def record(frame, now, names=None):  # type: ignore[no-untyped-def]
+        res = step(frame, now, names)
+        for det, score in zip(res.job_cols["detector"], res.job_cols["score"], strict=True):
+            peak[det] = max(peak.get(det, 0.0), float(score))
+        return res
+
+    h.engine.step = record  # type: ignore[method-assign]
+    try:
+        h.run_until(sc.start + 360)
+        (j,) = h.sim.cluster.jobs.values()
+        assert j.state == "RUNNING" and j.iteration > 100
+        h.sim.cluster.requeue(j.job_id)
+        peak.clear()  # the restart and the new run from here
+        h.run_until(sc.start + 840)
+        assert j.restarts == 1 and j.state == "RUNNING" and j.last_progress_t > j.start_t
+        js = h.logs.jobs[j.job_id]
+        assert js.iteration_seconds == pytest.approx(1.2, rel=0.3)  # the new run's own
+        assert peak and max(peak.values()) < 1.0, peak
+        assert not h.incidents
+    finally:
+        h.close()
+
+
+def test_slurms_job_end_line_opens_the_next_runs_start_up_a_step_end_does_not() -> None:
+    """From the requeue's `*** JOB ... CANCELLED` line the job is between runs: progress dated
+    then (the earlier run's last step must not read as a stall through the restart's init),
+    start-up work open 1 ms after it (the long allowance, no idle_hang), no step time. A
+    `*** STEP 42.0 ...` line ends one step of the run, not the run."""
+    logs = LogState()
+    logs.feed_job("42", [STEP.format(it=2000, s=1024000, ms=512.3)], 1200.0)
+    js = logs.jobs["42"]
+    logs.feed_job("42", [REQUEUE.replace("JOB 42", "STEP 42.0")], 1250.0)
+    assert js.iteration_seconds == pytest.approx(0.5123) and js.last_progress == {"": 1200.0}
+    logs.feed_job("42", [REQUEUE], 1300.0)
+    assert js.iteration_seconds is None and js.last_progress == {"": 1300.0}
+    assert js.last_pause == pytest.approx(1300.001)
