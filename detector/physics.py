@@ -96,21 +96,27 @@ class Physics(PerJob):
         job's earlier run, busy before the new run's start-up, has not started this run."""
         t = frame.time.astype(float)
         began = t - np.nan_to_num(frame.col(F.SINCE_PAUSE), nan=np.inf)
-        last = pd.Series(frame.job).map(self._busy_last).to_numpy(dtype=float)
+        codes, uniq = frame.job_codes
+        last = np.array([self._busy_last.get(str(j), np.nan) for j in uniq] + [np.nan])[codes]
         with np.errstate(invalid="ignore"):
             out = (last >= began) & (last <= t)
         seen = busy & (frame.job != "")
         if not seen.any():
             return out
-        # this frame: a busy row of the row's job in [began, t], by one sorted (job, time) key
-        codes = frame.job_codes[0].astype(float)
-        t0, span = t.min(), t.max() - t.min() + 1.0
-        keys = np.sort(codes[seen] * span + (t[seen] - t0))
-        lo = codes * span + np.clip(began - t0, 0.0, span)
-        n = np.searchsorted(keys, codes * span + (t - t0), "right") - np.searchsorted(keys, lo)
-        for j, last in pd.Series(t[seen]).groupby(frame.job[seen]).max().items():
-            self._busy_last[str(j)] = max(float(last), self._busy_last.get(str(j), -np.inf))
-        return out | (n > 0)
+        latest = np.full(len(uniq), -np.inf)
+        np.maximum.at(latest, codes[seen], t[seen])
+        if len(t) and t[0] == t[-1]:  # one instant (the engine's cycle)
+            out |= np.isfinite(latest[codes]) & (began <= t)
+        else:  # a busy row of the row's job in [began, t], by one sorted (job, time) key
+            t0, span = t.min(), t.max() - t.min() + 1.0
+            keys = np.sort(codes[seen] * span + (t[seen] - t0))
+            lo = codes * span + np.clip(began - t0, 0.0, span)
+            hi = codes * span + (t - t0)
+            out |= np.searchsorted(keys, hi, "right") - np.searchsorted(keys, lo) > 0
+        for i in np.flatnonzero(np.isfinite(latest)):
+            j = str(uniq[i])
+            self._busy_last[j] = max(latest[i], self._busy_last.get(j, -np.inf))
+        return out
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
