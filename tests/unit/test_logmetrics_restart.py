@@ -143,3 +143,46 @@ def test_slurms_job_end_line_opens_the_next_runs_start_up_a_step_end_does_not() 
     logs.feed_job("42", [REQUEUE], 1300.0)
     assert js.iteration_seconds is None and js.last_progress == {"": 1300.0}
     assert js.last_pause == pytest.approx(1300.001)
+
+
+def test_a_hang_right_after_a_restart_is_caught_on_the_short_allowance(tmp_path: Path) -> None:
+    """The simulator's job trains, is requeued, and its new run hangs host-side from its start
+    (the dataloader stall: GPUs idle, memory held, no step): the physics detector scores the
+    job at alert level 120 s + 20 s x log2(2 GPUs) after the new run's milestone. Before: the
+    engine kept the job through the quick requeue, its earlier run's busy GPUs read as this
+    run's start, and nothing scored (the earlier run's step time, when the job was dropped,
+    gave the 600 s allowance)."""
+    from bench.inproc import Harness
+    from exporters.sim import parse_scenario
+
+    job = {"name": "again", "nodes": 1, "gpus_per_node": 2, "duration_s": 3600}
+    job |= {"step_time_s": 1.2, "init_s": 40.0, "checkpoint_every_s": 120}
+    sc = parse_scenario({"name": "restart", "duration_s": 900, "nodes": 2, "jobs": [job]})
+    h = Harness(sc, 7, tmp_path)
+    first: list[float] = []
+    step = h.engine.step
+
+    def record(frame, now, names=None):  # type: ignore[no-untyped-def]
+        res = step(frame, now, names)
+        c = res.job_cols
+        if any(d == "physics" and s >= 1.0 for d, s in zip(c["detector"], c["score"], strict=True)):
+            first.append(now)
+        return res
+
+    h.engine.step = record  # type: ignore[method-assign]
+    try:
+        h.run_until(sc.start + 360)
+        (j,) = h.sim.cluster.jobs.values()
+        h.sim.cluster.requeue(j.job_id)
+        h.step()
+        assert j.state == "RUNNING" and j.restarts == 1
+        j.stall = "host"  # the new run never reaches its first step
+        first.clear()
+        h.run_until(sc.start + 700)
+        milestone = h.logs.jobs[j.job_id].last_pause
+        assert milestone is not None and milestone > sc.start + 360
+        assert first, "never scored"
+        assert 140.0 <= first[0] - milestone <= 160.0
+        assert h.logs.jobs[j.job_id].iteration_seconds is None
+    finally:
+        h.close()
