@@ -16,9 +16,10 @@ evaluates them. Two rules read the job's log-derived progress as well:
   is a milestone (`training_start`: start-up done, it dates progress and pause alike); long
   (`pause_allowance_s`) while start-up work is open (a `pause` line after the latest
   milestone, or before any: checkpoint load, model build, compilation), inside a pause after
-  iterating, or when the log says nothing. A job with no step time whose GPUs were once busy
-  has started, whatever its log says (a log whose progress lines the catalogue does not know
-  reads as "no first step"): no never_started for it.
+  iterating, or when the log says nothing. A job with no step time whose GPUs were busy
+  since its latest pause or start-up line began (ever, with no log) has started, whatever its
+  log says (a log whose progress lines the catalogue does not know reads as "no first step"):
+  no never_started for it; a restarted job's earlier run does not start the new one.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -87,26 +88,40 @@ class Physics(PerJob):
     def __init__(self, path: str | None = None, min_gaps: int = 5) -> None:
         self.path = path
         self.min_gaps = min_gaps
-        self._busy_at: dict[str, float] = {}  # job -> the least job age it was seen busy at
+        self._busy_last: dict[str, float] = {}  # job -> the latest time it was seen busy
 
     def _started(self, frame: Frame, busy: np.ndarray) -> np.ndarray:
-        """Rows of jobs seen busy at or before the row's age (this frame or earlier ones)."""
-        age = frame.col(F.JOB_AGE)
-        seen = busy & (frame.job != "") & np.isfinite(age)
-        if seen.any():
-            first = pd.Series(age[seen]).groupby(frame.job[seen]).min()
-            for job, a in first.items():
-                self._busy_at[str(job)] = min(float(a), self._busy_at.get(str(job), np.inf))
-        if not self._busy_at:
-            return np.zeros(len(frame), dtype=bool)
-        at = pd.Series(frame.job).map(self._busy_at).to_numpy(dtype=float)
+        """Rows of jobs seen busy since their latest pause or start-up line began (or ever, with
+        no log) and at or before the row's time, in this frame or earlier ones: a restarted
+        job's earlier run, busy before the new run's start-up, has not started this run."""
+        t = frame.time.astype(float)
+        began = t - np.nan_to_num(frame.col(F.SINCE_PAUSE), nan=np.inf)
+        codes, uniq = frame.job_codes
+        last = np.array([self._busy_last.get(str(j), np.nan) for j in uniq] + [np.nan])[codes]
         with np.errstate(invalid="ignore"):
-            return at <= age
+            out = (last >= began) & (last <= t)
+        seen = busy & (frame.job != "")
+        if not seen.any():
+            return out
+        latest = np.full(len(uniq), -np.inf)
+        np.maximum.at(latest, codes[seen], t[seen])
+        if len(t) and t[0] == t[-1]:  # one instant (the engine's cycle)
+            out |= np.isfinite(latest[codes]) & (began <= t)
+        else:  # a busy row of the row's job in [began, t], by one sorted (job, time) key
+            t0, span = t.min(), t.max() - t.min() + 1.0
+            keys = np.sort(codes[seen] * span + (t[seen] - t0))
+            lo = codes * span + np.clip(began - t0, 0.0, span)
+            hi = codes * span + (t - t0)
+            out |= np.searchsorted(keys, hi, "right") - np.searchsorted(keys, lo) > 0
+        for i in np.flatnonzero(np.isfinite(latest)):
+            j = str(uniq[i])
+            self._busy_last[j] = max(latest[i], self._busy_last.get(j, -np.inf))
+        return out
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         for job in jobs:
-            self._busy_at.pop(job, None)
+            self._busy_last.pop(job, None)
 
     @property
     def priors(self) -> P.Priors:

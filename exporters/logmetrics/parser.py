@@ -20,6 +20,14 @@ from catalogue import Catalogue, default, names
 JOB_ID = names.JOB_ID
 NODE = names.NODE
 PROGRESS_PATTERNS = ("megatron_progress", "generic_progress")
+# Slurm's line that ends the job's run (a requeue, a node failure, ...): a restart follows or
+# the job is over; on a `JOB` line (a `STEP` one, `<job>.<step>`, ends one step of the run)
+RUN_END_PATTERNS = (
+    "slurm_job_cancelled",
+    "slurm_job_node_failure",
+    "slurm_job_preempted",
+    "slurm_job_time_limit",
+)
 ORDER_S = 0.001  # the recordings' time resolution (detector/export.py writes milliseconds)
 
 
@@ -62,10 +70,10 @@ class LogState:
                 elif m.pattern == "checkpoint_saved":
                     job.last_checkpoint = now
                 elif m.pattern == "training_start":
-                    # a (re)started job is making progress from now: a requeued job's old
-                    # last-progress time must not read as a hang while it initialises
-                    job.last_progress = {"": now}
-                    job.last_pause = now  # ... and its start-up is a pause until it iterates
+                    _new_run(job, now)
+                elif m.pattern in RUN_END_PATTERNS and "." not in str(g.get("slurm_job_id")):
+                    _new_run(job, now)  # the next run's start-up is open from here ...
+                    job.last_pause = now + ORDER_S  # ... as start-up work, not a milestone
                 if m.symptom == "pause":  # later in the log than any progress read before it
                     latest = max(job.last_progress.values(), default=-math.inf)
                     job.last_pause = latest + ORDER_S if latest >= now else now
@@ -89,6 +97,17 @@ class LogState:
         self.jobs.pop(job_id, None)
         for key in [k for k in self.pattern_matches if k[0] == job_id]:
             del self.pattern_matches[key]
+
+
+def _new_run(job: JobState, now: float) -> None:
+    """A start-up milestone or the end of a run: a (re)started run is making progress from now
+    (a requeued job's old last-progress time must not read as a hang while it initialises),
+    its start-up is a pause until it iterates, and it has no step time of its own yet: the
+    earlier run's would read as "iterated" (the long never-started allowance) and is not this
+    run's rate."""
+    job.last_progress = {"": now}
+    job.last_pause = now
+    job.iteration_seconds = job.throughput = job._samples = None
 
 
 def _progress(job: JobState, g: dict, now: float) -> None:
