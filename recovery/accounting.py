@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Column, Engine, Float, Integer, String, Table, select, update
+from sqlalchemy.exc import IntegrityError
 
 from catalogue import promql
 from clients.prometheus import PromClient, PromError
@@ -53,24 +54,29 @@ def _checkpoint(prom_url: str | None, job_id: str | None) -> float | None:
 def open_incident(
     engine: Engine, incident: dict[str, Any], diag: Any, prom_url: str | None
 ) -> None:
-    """Record onset and detection (idempotent); job_id was validated by the caller."""
+    """Record onset and detection (idempotent, also against a concurrent planner: the
+    reconciler thread may plan the same action); job_id was validated by the caller."""
     iid = str(diag.incident_id)
-    with engine.begin() as conn:
-        if conn.execute(
-            select(incidents.c.incident_id).where(incidents.c.incident_id == iid)
-        ).first():
-            return
-        opened = incident.get("opened_at")
-        conn.execute(
-            incidents.insert().values(
-                incident_id=iid,
-                job_id=diag.job_id,
-                onset=diag.onset,
-                detected_at=float(opened) if isinstance(opened, int | float) else clock.now(engine),
-                checkpoint_at=_checkpoint(prom_url, diag.job_id),
-                gpus=0,
+    try:
+        with engine.begin() as conn:
+            if conn.execute(
+                select(incidents.c.incident_id).where(incidents.c.incident_id == iid)
+            ).first():
+                return
+            opened = incident.get("opened_at")
+            detected = float(opened) if isinstance(opened, int | float) else clock.now(engine)
+            conn.execute(
+                incidents.insert().values(
+                    incident_id=iid,
+                    job_id=diag.job_id,
+                    onset=diag.onset,
+                    detected_at=detected,
+                    checkpoint_at=_checkpoint(prom_url, diag.job_id),
+                    gpus=0,
+                )
             )
-        )
+    except IntegrityError:  # another planner recorded it between the check and the insert
+        return
 
 
 def mark_decided(engine: Engine, incident_id: str, at: float) -> None:
