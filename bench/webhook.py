@@ -196,9 +196,17 @@ def _pg_schema(url: str) -> tuple[str, Any]:
 
 
 def run(
-    stores: list[str], threads: int, seconds: float, rate: float, out: Path, label: str = ""
+    stores: list[str],
+    threads: int,
+    seconds: float,
+    rate: float,
+    out: Path,
+    label: str = "",
+    repeats: int = 3,
 ) -> dict[str, Any]:
-    """Both runs on each store; writes webhook.json and webhook.md under `out`."""
+    """Per store a closed-loop run and `repeats` open-loop runs (one after the other on the same
+    receiver: on a shared machine a single run's p99 moves with its neighbours' load); writes
+    webhook.json and webhook.md under `out`."""
     results = []
     for store in stores:
         with tempfile.TemporaryDirectory(prefix="goodput-bench-webhook-") as d:
@@ -213,10 +221,9 @@ def run(
             server = Server(url, tmp)
             try:
                 load(server, threads, 2.0, None)  # warm-up: imports, pools, first pages
-                for r in (
-                    load(server, threads, seconds, None),
-                    load(server, threads, seconds, rate),
-                ):
+                runs = [load(server, threads, seconds, None)]
+                runs += [load(server, threads, seconds, rate) for _ in range(repeats)]
+                for r in runs:
                     r["store"] = store
                     results.append(r)
             finally:
@@ -244,6 +251,18 @@ def markdown(report: dict[str, Any]) -> str:
         for r in report["results"]
     ]
     t = report["target"]
+    spread = []
+    for store in dict.fromkeys(r["store"] for r in report["results"]):
+        p99 = sorted(
+            r["p99_ms"]
+            for r in report["results"]
+            if r["store"] == store and r["mode"].startswith("open")
+        )
+        if p99:
+            spread.append(
+                f"- {store}, open loop: p99 over {len(p99)} runs min / median / max "
+                f"{p99[0]} / {statistics.median(p99)} / {p99[-1]} ms"
+            )
     return "\n".join(
         [
             "# Webhook throughput (the production receiver over HTTP)",
@@ -258,6 +277,8 @@ def markdown(report: dict[str, Any]) -> str:
             "| receiver CPU ms/alert | load avg |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
+            "",
+            *spread,
             "",
             f"Machine: {report['machine']}; measured {report['measured']}.",
             "",

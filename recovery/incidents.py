@@ -63,7 +63,7 @@ from recovery.store import (
     dumps,
     incident_alerts,
     incidents,
-    store_payload,
+    store_payloads,
 )
 
 __all__ = [
@@ -164,16 +164,32 @@ def ingest_payloads(
     now = clock.now(engine) if now is None else now
     with _LOCK, engine.begin() as conn:
         serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
-        return [_fold(conn, settings, p, now) for p in payloads]
+        store_payloads(conn, [(p.raw, p.group_key, p.status) for p in payloads], now)
+        known = _stored_alerts(conn, [d for p in payloads for d in p.docs])
+        return [_fold(conn, settings, p, now, known) for p in payloads]
 
 
-def _fold(conn: Connection, settings: Settings, p: Payload, now: float) -> IngestResult:
+Identity = tuple[str, str]  # Alertmanager's (fingerprint, startsAt)
+
+
+def _stored_alerts(conn: Connection, docs: list[dict[str, Any]]) -> dict[Identity, Any]:
+    """The stored alerts among `docs`, by identity, in one query (under the ingest lock, so
+    only this transaction adds or changes them: `_upsert_alert` keeps the map current)."""
+    fps = {d["fingerprint"] for d in docs}
+    if not fps:
+        return {}
+    rows = conn.execute(_ALERTS_BY_FINGERPRINT, {"b_fps": sorted(fps)})
+    return {(r.fingerprint, r.starts_at): r for r in rows}
+
+
+def _fold(
+    conn: Connection, settings: Settings, p: Payload, now: float, known: dict[Identity, Any]
+) -> IngestResult:
     result = IngestResult()
     touched: set[int] = set()
     ended: set[int] = set()  # incidents an alert's status change may resolve
-    store_payload(conn, p.raw, group_key=p.group_key, status=p.status, now=now)
     for doc in p.docs:
-        alert_id, is_new, changed = _upsert_alert(conn, doc, now)
+        alert_id, is_new, changed = _upsert_alert(conn, doc, now, known)
         result.new += int(is_new)
         result.changed += int(changed)
         if doc["labels"].get("goodput_notification") == "true":
@@ -236,9 +252,9 @@ def _jobs_on_nodes(
 
 # The webhook's hot statements, built once with bound parameters (building them per alert cost
 # as much as running them: `bench/webhook.py`).
-_ALERT_BY_IDENTITY = select(alerts.c.id, alerts.c.status, alerts.c.ends_ts).where(
-    alerts.c.fingerprint == bindparam("b_fp"), alerts.c.starts_at == bindparam("b_starts")
-)
+_ALERTS_BY_FINGERPRINT = select(
+    alerts.c.id, alerts.c.status, alerts.c.fingerprint, alerts.c.starts_at
+).where(alerts.c.fingerprint.in_(bindparam("b_fps", expanding=True)))
 _INSERT_ALERT = insert(alerts)
 _RESTARTED_AT = restarted_at(incidents.c.id)
 _OPEN_OF_JOB = (
@@ -268,11 +284,13 @@ _LINK = _LINK_ONLY.values(  # and schedule a new diagnosis
 )
 
 
-def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[int, bool, bool]:
+def _upsert_alert(
+    conn: Connection, doc: dict[str, Any], now: float, known: dict[Identity, Any]
+) -> tuple[int, bool, bool]:
+    """(alert id, new, status changed) of one alert of a payload; `known` is updated."""
     labels = doc["labels"]
-    row = conn.execute(
-        _ALERT_BY_IDENTITY, {"b_fp": doc["fingerprint"], "b_starts": doc["startsAt"]}
-    ).first()
+    identity = (doc["fingerprint"], doc["startsAt"])
+    row = known.get(identity)
     ends = validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
     if row is not None:
         if row.status == doc["status"]:
@@ -282,6 +300,7 @@ def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[in
             .where(alerts.c.id == row.id)
             .values(status=doc["status"], ends_ts=ends, updated_at=now)
         )
+        known[identity] = _Stored(row.id, doc["status"])
         return row.id, False, True
     new_id = conn.execute(
         _INSERT_ALERT,
@@ -302,7 +321,14 @@ def _upsert_alert(conn: Connection, doc: dict[str, Any], now: float) -> tuple[in
             "updated_at": now,
         },
     ).inserted_primary_key[0]  # type: ignore[index]
+    known[identity] = _Stored(int(new_id), doc["status"])
     return int(new_id), True, False
+
+
+@dataclass(frozen=True)
+class _Stored:  # an alert this transaction wrote, as `_stored_alerts` reads one
+    id: int
+    status: str
 
 
 def _job_incident(

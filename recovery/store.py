@@ -5,7 +5,7 @@
 theirs, all on the one `recovery.schema.metadata`. Times are stored as float unix
 seconds (portable across both databases); JSON as text.
 
-Webhook bodies are kept once per distinct body (`store_payload`: a redelivery counts
+Webhook bodies are kept once per distinct body (`store_payloads`: a redelivery counts
 `deliveries` and moves `last_seen`) and pruned after the policy's `retention.payload_days`
 (`prune_payloads`).
 """
@@ -162,19 +162,26 @@ def make_engine(url: str, create: bool = True, clock: clocks.Clock | None = None
     return engine
 
 
-def store_payload(conn: Connection, body: str, *, group_key: str, status: str, now: float) -> None:
-    """Keep `body` once: a new body is inserted, a redelivered one counted (race-free upsert)."""
-    digest = hashlib.sha256(body.encode()).hexdigest()
-    values = {
-        "received_at": now,
-        "group_key": group_key[:4096],
-        "status": status,
-        "body": body,
-        "digest": digest,
-        "deliveries": 1,
-        "last_seen": now,
-    }
-    conn.execute(_payload_upsert(conn.dialect.name), values)
+def store_payloads(conn: Connection, bodies: list[tuple[str, str, str]], now: float) -> None:
+    """Keep each (body, group_key, status) once: a new body is inserted, a redelivered one
+    counted (race-free upsert); one statement for the lot (the webhook's group commit)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for body, group_key, status in bodies:
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        if digest in rows:  # the same body twice in one batch: one row, both deliveries
+            rows[digest]["deliveries"] += 1
+            continue
+        rows[digest] = {
+            "received_at": now,
+            "group_key": group_key[:4096],
+            "status": status,
+            "body": body,
+            "digest": digest,
+            "deliveries": 1,
+            "last_seen": now,
+        }
+    if rows:
+        conn.execute(_payload_upsert(conn.dialect.name), list(rows.values()))
 
 
 @functools.cache
@@ -183,7 +190,10 @@ def _payload_upsert(dialect_name: str) -> Any:
     stmt = (sqlite if dialect_name == "sqlite" else postgresql).insert(payloads)
     return stmt.on_conflict_do_update(
         index_elements=[payloads.c.digest],
-        set_={"deliveries": payloads.c.deliveries + 1, "last_seen": stmt.excluded.last_seen},
+        set_={
+            "deliveries": payloads.c.deliveries + stmt.excluded.deliveries,
+            "last_seen": stmt.excluded.last_seen,
+        },
     )
 
 

@@ -177,6 +177,7 @@ def webhook(
     threads: int = typer.Option(16, "--threads", min=1, max=128, help="client threads"),
     seconds: float = typer.Option(15.0, "--seconds", min=1.0, max=600.0, help="per run"),
     rate: float = typer.Option(500.0, "--rate", min=1.0, max=100_000.0, help="open-loop alerts/s"),
+    repeats: int = typer.Option(3, "--repeats", min=1, max=20, help="open-loop runs per store"),
     label: str = typer.Option("", "--label", help="a note kept with the results"),
     out: Path = typer.Option(Path("bench/results"), "--out", help="where webhook.json/.md go"),
 ) -> None:
@@ -188,7 +189,7 @@ def webhook(
     if not chosen or any(s not in ("sqlite", "postgresql") for s in chosen):
         raise typer.BadParameter("--stores: a comma list of sqlite, postgresql")
     try:
-        bench_webhook.run(chosen, threads, seconds, rate, out, label[:200])
+        bench_webhook.run(chosen, threads, seconds, rate, out, label[:200], repeats)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     typer.echo((out / "webhook.md").read_text())

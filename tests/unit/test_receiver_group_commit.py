@@ -86,3 +86,66 @@ def test_a_bad_payload_fails_alone(gc):
     assert all(isinstance(r, incidents.IngestResult) for k, r in enumerate(out) if k != 3), out
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(alerts)).scalar_one() == 5
+
+
+def _tables(engine) -> dict[str, list[tuple]]:
+    """The ingest's tables, without ids and times (which differ between two stores)."""
+    from recovery.store import incident_alerts, payloads
+
+    with engine.connect() as conn:
+        return {
+            "alerts": sorted(
+                conn.execute(select(alerts.c.fingerprint, alerts.c.starts_at, alerts.c.status))
+            ),
+            "payloads": sorted(conn.execute(select(payloads.c.body, payloads.c.deliveries))),
+            "links": sorted(conn.execute(select(incident_alerts.c.incident_id))),
+        }
+
+
+def test_one_batch_stores_what_one_payload_at_a_time_stores(tmp_path):
+    """An alert fired, resolved and fired again, a body delivered twice and a new alert, all
+    in one transaction, leave the tables as one transaction per payload would."""
+    resolved = {**_alert("a", "7"), "status": "resolved", "endsAt": "2026-01-01T00:01:00Z"}
+    sequence = [
+        ([_alert("a", "7")], "body a"),
+        ([resolved], "body a resolved"),
+        ([_alert("a", "7")], "body a"),  # Alertmanager re-sends: same body, alert fires again
+        ([_alert("b", "8")], "body b"),
+        ([_alert("a", "7"), _alert("b", "8")], "body a+b"),
+        ([_alert("z", "9")], "body z"),  # stored before, then twice in the batch
+        ([_alert("z", "9")], "body z"),
+    ]
+    stores = []
+    for name in ("batch", "single"):
+        s = Settings(
+            db_url=f"sqlite:///{tmp_path}/{name}.db", require_auth=False, slurm_enabled=False
+        )
+        engine = make_engine(s.db_url)
+        incidents.ingest(engine, s, [_alert("z", "9")], raw="body z", now=50.0)
+        ready = [incidents.prepare(engine, s, docs, raw=raw) for docs, raw in sequence]
+        if name == "batch":
+            results = incidents.ingest_payloads(engine, s, ready, now=100.0)
+        else:
+            results = [incidents.ingest_payloads(engine, s, [p], now=100.0)[0] for p in ready]
+        stores.append((results, _tables(engine)))
+    (batch, batch_tables), (single, single_tables) = stores
+    assert [(r.new, r.changed) for r in batch] == [
+        (1, 0),
+        (0, 1),
+        (0, 1),
+        (1, 0),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+    ]
+    assert [(r.new, r.changed, r.incident_ids) for r in batch] == [
+        (r.new, r.changed, r.incident_ids) for r in single
+    ]
+    assert batch_tables == single_tables
+    assert ("body a", 2) in batch_tables["payloads"]
+    assert ("body z", 3) in batch_tables["payloads"]
+    assert batch_tables["alerts"] == [
+        ("a", "2026-01-01T00:00:10Z", "firing"),
+        ("b", "2026-01-01T00:00:10Z", "firing"),
+        ("z", "2026-01-01T00:00:10Z", "firing"),
+    ]
