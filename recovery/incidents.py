@@ -166,7 +166,35 @@ def ingest_payloads(
         serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
         store_payloads(conn, [(p.raw, p.group_key, p.status) for p in payloads], now)
         known = _stored_alerts(conn, [d for p in payloads for d in p.docs])
-        return [_fold(conn, settings, p, now, known) for p in payloads]
+        links = _Links()
+        results = [_fold(conn, settings, p, now, known, links) for p in payloads]
+        links.flush(conn)
+        return results
+
+
+class _Links:
+    """New alert→incident links and their incident updates, written together (executemany:
+    one round trip each on PostgreSQL's pipeline) before anything reads the links again."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.updates: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+
+    def add(self, incident_id: int, alert_id: int, now: float, settle: float | None, starts):
+        self.rows.append({"incident_id": incident_id, "alert_id": alert_id})
+        params = {"b_id": incident_id, "b_now": now, "b_starts": starts}
+        if settle is None:
+            self.updates[False].append(params)
+        else:
+            self.updates[True].append({**params, "b_due": now + settle})
+
+    def flush(self, conn: Connection) -> None:
+        if self.rows:
+            conn.execute(_INSERT_LINK, self.rows)
+        for diagnose, stmt in ((False, _LINK_ONLY), (True, _LINK)):
+            if self.updates[diagnose]:  # commutative: a min and a counter per incident
+                conn.execute(stmt, self.updates[diagnose])
+        self.rows, self.updates = [], {True: [], False: []}
 
 
 Identity = tuple[str, str]  # Alertmanager's (fingerprint, startsAt)
@@ -183,7 +211,12 @@ def _stored_alerts(conn: Connection, docs: list[dict[str, Any]]) -> dict[Identit
 
 
 def _fold(
-    conn: Connection, settings: Settings, p: Payload, now: float, known: dict[Identity, Any]
+    conn: Connection,
+    settings: Settings,
+    p: Payload,
+    now: float,
+    known: dict[Identity, Any],
+    links: _Links,
 ) -> IngestResult:
     result = IngestResult()
     touched: set[int] = set()
@@ -199,12 +232,15 @@ def _fold(
             t = now if starts is None else starts
             if not doc["labels"].get("node"):  # a job-level detector alert: its new run's
                 t -= settings.restart_grace_s  # first minutes are relearned, not a new fault
-            for inc, again in _incidents_for(conn, doc, p.on_node, now, t):
-                _link(conn, inc, alert_id, now, settings.settle_s if again else None, starts)
+            for inc, again in _incidents_for(conn, doc, p.on_node, now, t, links):
+                links.add(inc, alert_id, now, settings.settle_s if again else None, starts)
                 touched.add(inc)
         elif is_new or changed:
+            links.flush(conn)
             ended.update(_linked_incidents(conn, alert_id))
     touched |= ended
+    if ended:
+        links.flush(conn)  # a firing alert linked since keeps its incident open
     for inc in ended:  # one with a new firing alert stays open: nothing to count there
         _maybe_resolve(conn, inc, now)
     result.incident_ids = sorted(touched)
@@ -376,7 +412,12 @@ def _new_incident(conn: Connection, now: float, job_id: str | None, node: str | 
 
 
 def _incidents_for(
-    conn: Connection, doc: dict[str, Any], on_node: dict[str, list[str]], now: float, t: float
+    conn: Connection,
+    doc: dict[str, Any],
+    on_node: dict[str, list[str]],
+    now: float,
+    t: float,
+    links: _Links,
 ) -> list[tuple[int, bool]]:
     """The incidents a new firing alert that started at `t` joins, each with whether it is
     diagnosed again."""
@@ -386,6 +427,7 @@ def _incidents_for(
         return [_job_incident(conn, now, job_id, t, node)]
     if not node:
         return [(_node_incident(conn, now, ""), True)]  # cluster-level alert: one bucket
+    links.flush(conn)  # the jobs' incidents that already name the node, by their links
     jobs: set[str] = set(on_node.get(node, ()))
     known = conn.execute(
         select(incidents.c.job_id)
@@ -405,26 +447,6 @@ def _incidents_for(
     if not jobs:
         return [(_node_incident(conn, now, node), True)]
     return [_job_incident(conn, now, j, t) for j in sorted(jobs)]
-
-
-def _link(
-    conn: Connection,
-    incident_id: int,
-    alert_id: int,
-    now: float,
-    settle: float | None,
-    starts: float | None = None,
-) -> None:
-    """Link a new alert (it has no link yet) to the incident and schedule its diagnosis
-    `settle` seconds from now (None: no new diagnosis)."""
-    if starts is None:
-        starts = conn.execute(select(alerts.c.starts_ts).where(alerts.c.id == alert_id)).scalar()
-    conn.execute(_INSERT_LINK, {"incident_id": incident_id, "alert_id": alert_id})
-    params = {"b_id": incident_id, "b_now": now, "b_starts": starts}
-    if settle is None:
-        conn.execute(_LINK_ONLY, params)
-    else:
-        conn.execute(_LINK, {**params, "b_due": now + settle})
 
 
 def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:

@@ -26,11 +26,12 @@ def test_the_benchmark_runs_the_receivers_settle_and_executor(monkeypatch) -> No
     assert base["time_to_recover_s"] is not None and base["time_to_recover_s"] < 120
 
     # the receiver's settle (recovery.incidents): diagnose 60 s after an alert, not settle_s
-    link = incidents._link  # noqa: SLF001
+    links = incidents._Links  # noqa: SLF001
+    add = links.add
     monkeypatch.setattr(
-        incidents,
-        "_link",
-        lambda conn, inc, alert, now, settle, *rest: link(conn, inc, alert, now, 60.0, *rest),
+        links,
+        "add",
+        lambda self, inc, alert, now, settle, starts: add(self, inc, alert, now, 60.0, starts),
     )
     late = _xid79()
     assert late["latency_s"] == base["latency_s"]  # detection is not the receiver's

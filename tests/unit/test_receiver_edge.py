@@ -94,7 +94,9 @@ def test_a_bad_row_stored_earlier_does_not_break_reads(app, client):
             )
         )
         bad = conn.execute(select(alerts.c.id).where(alerts.c.fingerprint == "bad")).scalar_one()
-        incidents._link(conn, inc, bad, 1.0, 3600)
+        links = incidents._Links()  # noqa: SLF001
+        links.add(inc, bad, 1.0, 3600, 1.0)
+        links.flush(conn)
     r = client.get(f"/api/v1/incidents/{inc}")
     assert r.status_code == 200, r.text
     assert {"alertname": "X", "rack": "\ufffd"} in [x["labels"] for x in r.json()["alerts"]]

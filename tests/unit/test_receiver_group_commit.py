@@ -90,10 +90,18 @@ def test_a_bad_payload_fails_alone(gc):
 
 def _tables(engine) -> dict[str, list[tuple]]:
     """The ingest's tables, without ids and times (which differ between two stores)."""
-    from recovery.store import incident_alerts, payloads
+    from recovery.store import incident_alerts, incidents, payloads
 
+    i = incidents.c
     with engine.connect() as conn:
         return {
+            "incidents": sorted(
+                conn.execute(
+                    select(i.id, i.job_id, i.state, i.first_alert_ts, i.diagnosis_gen).add_columns(
+                        i.diagnosis_state, i.diagnosis_due
+                    )
+                )
+            ),
             "alerts": sorted(
                 conn.execute(select(alerts.c.fingerprint, alerts.c.starts_at, alerts.c.status))
             ),
@@ -103,17 +111,29 @@ def _tables(engine) -> dict[str, list[tuple]]:
 
 
 def test_one_batch_stores_what_one_payload_at_a_time_stores(tmp_path):
-    """An alert fired, resolved and fired again, a body delivered twice and a new alert, all
-    in one transaction, leave the tables as one transaction per payload would."""
-    resolved = {**_alert("a", "7"), "status": "resolved", "endsAt": "2026-01-01T00:01:00Z"}
+    """Alerts fired, resolved and fired again, a body delivered again, a node alert joining
+    the incident a job alert just joined, resolutions: all in one transaction, they leave the
+    tables as one transaction per payload would."""
+    ended = {"status": "resolved", "endsAt": "2026-01-01T00:01:00Z"}
+    a_resolved, b_resolved, d_resolved = (
+        {**_alert(fp, j), **ended} for fp, j in ("a7", "b8", "d6")
+    )
+    on_node = _alert("e", "7")
+    on_node["labels"] = {**on_node["labels"], "node": "n1"}
+    node_only = {**_alert("f", "0"), "labels": {"alertname": "GoodputGPUAnomaly", "node": "n1"}}
     sequence = [
         ([_alert("a", "7")], "body a"),
-        ([resolved], "body a resolved"),
+        ([a_resolved], "body a resolved"),
         ([_alert("a", "7")], "body a"),  # Alertmanager re-sends: same body, alert fires again
         ([_alert("b", "8")], "body b"),
         ([_alert("a", "7"), _alert("b", "8")], "body a+b"),
         ([_alert("z", "9")], "body z"),  # stored before, then twice in the batch
         ([_alert("z", "9")], "body z"),
+        ([on_node], "job 7 on n1"),
+        ([node_only], "n1"),  # joins job 7's incident, by the link made just before
+        ([b_resolved, _alert("c", "8")], "b resolves, c fires"),  # job 8's stays open
+        ([_alert("d", "6")], "d"),
+        ([d_resolved], "d resolves"),  # job 6's incident resolves
     ]
     stores = []
     for name in ("batch", "single"):
@@ -129,23 +149,16 @@ def test_one_batch_stores_what_one_payload_at_a_time_stores(tmp_path):
             results = [incidents.ingest_payloads(engine, s, [p], now=100.0)[0] for p in ready]
         stores.append((results, _tables(engine)))
     (batch, batch_tables), (single, single_tables) = stores
-    assert [(r.new, r.changed) for r in batch] == [
-        (1, 0),
-        (0, 1),
-        (0, 1),
-        (1, 0),
-        (0, 0),
-        (0, 0),
-        (0, 0),
-    ]
+    counts = [(r.new, r.changed) for r in batch]
+    assert counts == [(1, 0), (0, 1), (0, 1), (1, 0)] + [(0, 0)] * 3 + [
+        (1, 0), (1, 0), (1, 1), (1, 0), (0, 1),
+    ]  # fmt: skip
     assert [(r.new, r.changed, r.incident_ids) for r in batch] == [
         (r.new, r.changed, r.incident_ids) for r in single
     ]
     assert batch_tables == single_tables
+    assert batch[8].incident_ids == batch[7].incident_ids  # the node alert: job 7's incident
+    states = {job: state for _, job, state, *_ in batch_tables["incidents"]}
+    assert states == {"7": "open", "8": "open", "9": "open", "6": "resolved"}, states
     assert ("body a", 2) in batch_tables["payloads"]
     assert ("body z", 3) in batch_tables["payloads"]
-    assert batch_tables["alerts"] == [
-        ("a", "2026-01-01T00:00:10Z", "firing"),
-        ("b", "2026-01-01T00:00:10Z", "firing"),
-        ("z", "2026-01-01T00:00:10Z", "firing"),
-    ]
