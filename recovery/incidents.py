@@ -36,7 +36,6 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
-    case,
     func,
     insert,
     or_,
@@ -44,7 +43,7 @@ from sqlalchemy import (
     update,
 )
 
-from recovery import clock, failpoints, validate
+from recovery import clock, failpoints, ingest_rows, validate
 from recovery.diagnosis_queue import (
     _LOCK,
     claim_diagnoses,
@@ -60,7 +59,6 @@ from recovery.schema import INGEST_LOCK, serialize
 from recovery.settings import Settings
 from recovery.store import (
     alerts,
-    dumps,
     incident_alerts,
     incidents,
     store_payloads,
@@ -165,49 +163,11 @@ def ingest_payloads(
     with _LOCK, engine.begin() as conn:
         serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
         store_payloads(conn, [(p.raw, p.group_key, p.status) for p in payloads], now)
-        known = _stored_alerts(conn, [d for p in payloads for d in p.docs])
-        links = _Links()
+        known = ingest_rows.stored_alerts(conn, [d for p in payloads for d in p.docs])
+        links = ingest_rows.Links()
         results = [_fold(conn, settings, p, now, known, links) for p in payloads]
         links.flush(conn)
         return results
-
-
-class _Links:
-    """New alert→incident links and their incident updates, written together (executemany:
-    one round trip each on PostgreSQL's pipeline) before anything reads the links again."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.updates: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-
-    def add(self, incident_id: int, alert_id: int, now: float, settle: float | None, starts):
-        self.rows.append({"incident_id": incident_id, "alert_id": alert_id})
-        params = {"b_id": incident_id, "b_now": now, "b_starts": starts}
-        if settle is None:
-            self.updates[False].append(params)
-        else:
-            self.updates[True].append({**params, "b_due": now + settle})
-
-    def flush(self, conn: Connection) -> None:
-        if self.rows:
-            conn.execute(_INSERT_LINK, self.rows)
-        for diagnose, stmt in ((False, _LINK_ONLY), (True, _LINK)):
-            if self.updates[diagnose]:  # commutative: a min and a counter per incident
-                conn.execute(stmt, self.updates[diagnose])
-        self.rows, self.updates = [], {True: [], False: []}
-
-
-Identity = tuple[str, str]  # Alertmanager's (fingerprint, startsAt)
-
-
-def _stored_alerts(conn: Connection, docs: list[dict[str, Any]]) -> dict[Identity, Any]:
-    """The stored alerts among `docs`, by identity, in one query (under the ingest lock, so
-    only this transaction adds or changes them: `_upsert_alert` keeps the map current)."""
-    fps = {d["fingerprint"] for d in docs}
-    if not fps:
-        return {}
-    rows = conn.execute(_ALERTS_BY_FINGERPRINT, {"b_fps": sorted(fps)})
-    return {(r.fingerprint, r.starts_at): r for r in rows}
 
 
 def _fold(
@@ -215,14 +175,14 @@ def _fold(
     settings: Settings,
     p: Payload,
     now: float,
-    known: dict[Identity, Any],
-    links: _Links,
+    known: dict[ingest_rows.Identity, Any],
+    links: ingest_rows.Links,
 ) -> IngestResult:
     result = IngestResult()
     touched: set[int] = set()
     ended: set[int] = set()  # incidents an alert's status change may resolve
     for doc in p.docs:
-        alert_id, is_new, changed = _upsert_alert(conn, doc, now, known)
+        alert_id, is_new, changed = ingest_rows.upsert_alert(conn, doc, now, known)
         result.new += int(is_new)
         result.changed += int(changed)
         if doc["labels"].get("goodput_notification") == "true":
@@ -286,85 +246,13 @@ def _jobs_on_nodes(
     return out
 
 
-# The webhook's hot statements, built once with bound parameters (building them per alert cost
-# as much as running them: `bench/webhook.py`).
-_ALERTS_BY_FINGERPRINT = select(
-    alerts.c.id, alerts.c.status, alerts.c.fingerprint, alerts.c.starts_at
-).where(alerts.c.fingerprint.in_(bindparam("b_fps", expanding=True)))
-_INSERT_ALERT = insert(alerts)
+# The fold's own statement, built once (`recovery.ingest_rows` has the others)
 _RESTARTED_AT = restarted_at(incidents.c.id)
 _OPEN_OF_JOB = (
     select(incidents.c.id, _RESTARTED_AT.label("restarted_at"))
     .where(incidents.c.state == "open", incidents.c.job_id == bindparam("b_job"))
     .order_by(incidents.c.id.desc())
 )
-_INSERT_LINK = insert(incident_alerts)
-_was = incidents.c.first_alert_ts
-_LINK_ONLY = (
-    update(incidents)
-    .where(incidents.c.id == bindparam("b_id"))
-    .values(
-        updated_at=bindparam("b_now"),
-        first_alert_ts=case(
-            (or_(_was.is_(None), _was > bindparam("b_starts")), bindparam("b_starts")),
-            else_=_was,
-        ),
-    )
-)
-_LINK = _LINK_ONLY.values(  # and schedule a new diagnosis
-    diagnosis_state="pending",
-    diagnosis_due=bindparam("b_due"),
-    diagnosis_gen=incidents.c.diagnosis_gen + 1,
-    diagnosis_owner=None,
-    diagnosis_lease=None,
-)
-
-
-def _upsert_alert(
-    conn: Connection, doc: dict[str, Any], now: float, known: dict[Identity, Any]
-) -> tuple[int, bool, bool]:
-    """(alert id, new, status changed) of one alert of a payload; `known` is updated."""
-    labels = doc["labels"]
-    identity = (doc["fingerprint"], doc["startsAt"])
-    row = known.get(identity)
-    ends = validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
-    if row is not None:
-        if row.status == doc["status"]:
-            return row.id, False, False
-        conn.execute(
-            update(alerts)
-            .where(alerts.c.id == row.id)
-            .values(status=doc["status"], ends_ts=ends, updated_at=now)
-        )
-        known[identity] = _Stored(row.id, doc["status"])
-        return row.id, False, True
-    new_id = conn.execute(
-        _INSERT_ALERT,
-        {
-            "fingerprint": doc["fingerprint"],
-            "starts_at": doc["startsAt"],
-            "starts_ts": validate.timestamp(doc["startsAt"]),
-            "ends_ts": ends,
-            "status": doc["status"],
-            "alertname": labels.get("alertname", "")[:128],
-            "severity": labels.get("severity", "")[:32],
-            "job_id": labels.get("job_id") or None,
-            "node": labels.get("node") or None,
-            "gpu": labels.get("gpu") or None,
-            "labels": dumps(labels),
-            "annotations": dumps(doc.get("annotations") or {}),
-            "received_at": now,
-            "updated_at": now,
-        },
-    ).inserted_primary_key[0]  # type: ignore[index]
-    known[identity] = _Stored(int(new_id), doc["status"])
-    return int(new_id), True, False
-
-
-@dataclass(frozen=True)
-class _Stored:  # an alert this transaction wrote, as `_stored_alerts` reads one
-    id: int
-    status: str
 
 
 def _job_incident(
@@ -417,7 +305,7 @@ def _incidents_for(
     on_node: dict[str, list[str]],
     now: float,
     t: float,
-    links: _Links,
+    links: ingest_rows.Links,
 ) -> list[tuple[int, bool]]:
     """The incidents a new firing alert that started at `t` joins, each with whether it is
     diagnosed again."""

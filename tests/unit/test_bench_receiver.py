@@ -9,7 +9,7 @@ import pytest
 
 from bench import faults as B
 from bench.faults_plan import plan
-from recovery import executor, incidents
+from recovery import executor, ingest_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -26,7 +26,7 @@ def test_the_benchmark_runs_the_receivers_settle_and_executor(monkeypatch) -> No
     assert base["time_to_recover_s"] is not None and base["time_to_recover_s"] < 120
 
     # the receiver's settle (recovery.incidents): diagnose 60 s after an alert, not settle_s
-    links = incidents._Links  # noqa: SLF001
+    links = ingest_rows.Links
     add = links.add
     monkeypatch.setattr(
         links,

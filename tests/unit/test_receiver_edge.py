@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, insert, select
 
-from recovery import incidents
+from recovery import incidents, ingest_rows
 from recovery.app import create_app
 from recovery.settings import Settings
 from recovery.store import alerts, payloads
@@ -94,7 +94,7 @@ def test_a_bad_row_stored_earlier_does_not_break_reads(app, client):
             )
         )
         bad = conn.execute(select(alerts.c.id).where(alerts.c.fingerprint == "bad")).scalar_one()
-        links = incidents._Links()  # noqa: SLF001
+        links = ingest_rows.Links()
         links.add(inc, bad, 1.0, 3600, 1.0)
         links.flush(conn)
     r = client.get(f"/api/v1/incidents/{inc}")
