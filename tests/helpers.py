@@ -59,3 +59,54 @@ def terminate(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+class SlurmJobs:
+    """Test jobs (`sleep 600`, one GPU per node, requeueable) on the local stack's real Slurm,
+    named `<prefix>-<tag>`; `close` cancels them and resumes the nodes drained with the tag in
+    their reason. `settings(mode)` is what the action executor reads, on this scheduler."""
+
+    POLICY = {
+        "blast_radius": {
+            "max_drains_per_hour": 100,
+            "max_partition_unavailable_fraction": 0.75,
+            "min_healthy_nodes": 1,
+        }
+    }
+
+    def __init__(self, prefix: str) -> None:
+        import uuid
+
+        from recovery.scheduler.slurm import SlurmScheduler
+
+        self.sched = SlurmScheduler()
+        self.tag = uuid.uuid4().hex[:8]
+        self.name = f"{prefix}-{self.tag}"
+        self.jobs: list[str] = []
+
+    def submit(self, *extra: str, nodes: int = 1) -> str:
+        job = slurm(
+            "sbatch", "--parsable", "--requeue", f"--nodes={nodes}", f"--job-name={self.name}",
+            "--output=/dev/null", "--gpus-per-node=1", *extra, "--wrap", "sleep 600",
+        ).strip()  # fmt: skip
+        self.jobs.append(job)
+        return job
+
+    def settings(self, mode: str, **policy: object) -> object:
+        from types import SimpleNamespace
+
+        from recovery.policy import parse_policy
+
+        return SimpleNamespace(
+            policy=parse_policy({"mode": mode, **self.POLICY, **policy}, env={}),
+            scheduler_adapter=self.sched,
+            alertmanager_url=None,
+            prometheus_url=None,
+        )
+
+    def close(self) -> None:
+        for job in self.jobs:
+            slurm("scancel", job, check=False)
+        for n in self.sched.node_states():
+            if n.drained and self.tag in n.reason:
+                slurm("scontrol", "update", f"NodeName={n.node}", "State=RESUME", check=False)

@@ -14,67 +14,39 @@ from types import SimpleNamespace
 import pytest
 
 from recovery import actions, approvals, audit, outbox
-from recovery.policy import parse_policy
-from recovery.scheduler.slurm import SlurmScheduler
 from recovery.store import make_engine
 from tests.conftest import wait_until
-from tests.helpers import slurm
+from tests.helpers import SlurmJobs
 
-POLICY = {
-    "blast_radius": {
-        "max_drains_per_hour": 100,
-        "max_partition_unavailable_fraction": 0.75,
-        "min_healthy_nodes": 1,
-    }
-}
+POLICY = SlurmJobs.POLICY
 
 
 @pytest.fixture
 def cluster(local_stack, tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
     monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
-    sched = SlurmScheduler()
-    jobs: list[str] = []
-    tag = uuid.uuid4().hex[:8]
+    jobs = SlurmJobs("gp7")
     db = f"sqlite:///{tmp_path / 'actions.db'}"
 
     def submit(n_nodes: int = 1) -> tuple[str, str]:
-        job = slurm(
-            "sbatch",
-            "--parsable",
-            "--requeue",
-            f"--nodes={n_nodes}",
-            f"--job-name=gp7-{tag}",
-            "--output=/dev/null",
-            "--gpus-per-node=1",
-            "--wrap",
-            "sleep 600",
-        ).strip()
-        jobs.append(job)
+        job = jobs.submit(nodes=n_nodes)
         s = wait_until(
-            lambda: (j := sched.job_state(job)) and j.state == "RUNNING" and j,
+            lambda: (j := jobs.sched.job_state(job)) and j.state == "RUNNING" and j,
             timeout=20,
             what=f"job {job} running",
         )
         time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
         return job, s.nodes[0]
 
-    def settings(mode: str, **extra):
-        return SimpleNamespace(
-            policy=parse_policy({"mode": mode, **POLICY, **extra}, env={}),
-            scheduler_adapter=sched,
-            alertmanager_url=None,
-            prometheus_url=None,
-        )
-
     yield SimpleNamespace(
-        sched=sched, submit=submit, settings=settings, tag=tag, db=db, engine=make_engine(db)
+        sched=jobs.sched,
+        submit=submit,
+        settings=jobs.settings,
+        tag=jobs.tag,
+        db=db,
+        engine=make_engine(db),
     )
-    for job in jobs:
-        slurm("scancel", job, check=False)
-    for n in sched.node_states():
-        if n.drained and tag in n.reason:
-            slurm("scontrol", "update", f"NodeName={n.node}", "State=RESUME", check=False)
+    jobs.close()
 
 
 def diag(cluster, job, node, outcome="gpu_hardware_fault", cause="xid79", onset=None):

@@ -12,37 +12,17 @@ from types import SimpleNamespace
 import pytest
 
 from recovery import actions
-from recovery.policy import parse_policy
-from recovery.scheduler.slurm import SlurmScheduler
 from recovery.store import make_engine
 from tests.conftest import wait_until
-from tests.helpers import slurm
-from tests.integration.test_actions_slurm import POLICY
+from tests.helpers import SlurmJobs, slurm
 
 
 @pytest.fixture
 def cluster(local_stack, tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
     monkeypatch.delenv("GOODPUT_TEST_CRASH_AT", raising=False)
-    sched = SlurmScheduler()
-    jobs: list[str] = []
-    tag = uuid.uuid4().hex[:8]
-
-    def submit(*extra: str) -> str:
-        job = slurm(
-            "sbatch",
-            "--parsable",
-            "--requeue",
-            "--nodes=1",
-            f"--job-name=gp20-{tag}",
-            "--output=/dev/null",
-            "--gpus-per-node=1",
-            *extra,
-            "--wrap",
-            "sleep 600",
-        ).strip()
-        jobs.append(job)
-        return job
+    jobs = SlurmJobs("gp20")
+    sched = jobs.sched
 
     def running(job: str, restarts: int = 0):
         return wait_until(
@@ -56,21 +36,15 @@ def cluster(local_stack, tmp_path, monkeypatch):
             what=f"job {job} running (restarts {restarts})",
         )
 
-    settings = SimpleNamespace(
-        policy=parse_policy({"mode": "act", **POLICY}, env={}),
-        scheduler_adapter=sched,
-        alertmanager_url=None,
-        prometheus_url=None,
-    )
-    engine = make_engine(f"sqlite:///{tmp_path / 'actions.db'}")
     yield SimpleNamespace(
-        sched=sched, submit=submit, running=running, tag=tag, settings=settings, engine=engine
+        sched=sched,
+        submit=jobs.submit,
+        running=running,
+        tag=jobs.tag,
+        settings=jobs.settings("act"),
+        engine=make_engine(f"sqlite:///{tmp_path / 'actions.db'}"),
     )
-    for job in jobs:
-        slurm("scancel", job, check=False)
-    for n in sched.node_states():
-        if n.drained and tag in n.reason:
-            slurm("scontrol", "update", f"NodeName={n.node}", "State=RESUME", check=False)
+    jobs.close()
 
 
 def test_a_dropped_exclusion_is_cleared_on_requeue(cluster):
