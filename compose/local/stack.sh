@@ -213,6 +213,12 @@ start_slurm() {
     launch "slurmd-node$i" slurmd -D -N "node$i"
   done
   wait_for 30 "slurm nodes" sh -c "[ \$(sinfo -h -N -t idle,mix,alloc -o %N | sort -u | wc -l) -ge $NODES ]"
+  # Slurm's state outlives a stop: a drain from an earlier run would surprise the next tests
+  local drained; drained=$(sinfo -h -N -t drain -o '%N %E' | grep -i goodput | sort -u || true)
+  if [ -n "$drained" ]; then
+    say "nodes Goodput drained in an earlier run (scontrol update nodename=NODE state=resume):"
+    printf '%s\n' "$drained" | sed 's/^/  /'
+  fi
 }
 
 start_prometheus() {
