@@ -19,7 +19,8 @@ Rules:
   is made by one receiver; a new alert ends the claim (the diagnosis under way is superseded);
 - an incident resolves when all its alerts are resolved.
 
-This module folds webhook payloads into incidents; the diagnosis claims and their storage are
+This module folds webhook payloads into incidents (the alert and link rows a batch writes are
+`recovery.ingest_rows`); the diagnosis claims and their storage are
 `recovery.diagnosis_queue`, the list/detail queries `recovery.incident_views`, both
 re-exported here so callers use `recovery.incidents` alone.
 """
