@@ -62,6 +62,13 @@ def group_median(
     return out
 
 
+def pause_open(stall: np.ndarray, since_pause: np.ndarray) -> np.ndarray:
+    """Rows whose job's log has a pause open: one began at or after the last progress (or
+    before any). `stall` and `since_pause` are seconds since each."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(since_pause) & (~np.isfinite(stall) | (since_pause <= stall))
+
+
 def robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Column median and MAD-sigma, NaN-aware (all-NaN columns give NaN)."""
     with np.errstate(all="ignore"), warnings.catch_warnings():

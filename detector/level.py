@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
-from detector.base import Detector, group_median
+from detector.base import Detector, group_median, pause_open
 from detector.frame import Frame
 from detector.univariate import Bank
 
@@ -93,7 +93,6 @@ class Level(Detector):
         medians: NaN while a pause is open and while the job settles after one (its first steps
         run slow), for 1.5 x the job's longest pause seen (30 s before one) + max(10 s, 30
         steps), as `progress` does. `learn` records the pauses' lengths."""
-        from detector.physics import _open  # the one definition of an open pause
 
         groups = None
         if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
@@ -107,7 +106,7 @@ class Level(Detector):
         both = group_median(frame.cols((*SERIES, F.SINCE_PAUSE)), codes, n, groups)
         med, sp = both[:, :K], both[:, K]
         since = frame.col(F.SINCE_PAUSE)
-        is_open = np.bincount(codes, _open(frame.col(F.STALL_SECONDS), since), n) > 0
+        is_open = np.bincount(codes, pause_open(frame.col(F.STALL_SECONDS), since), n) > 0
         pause = np.array([self.pause_.get(j, np.nan) for j in jobs.tolist()])
         seen = is_open & np.isfinite(sp)
         if learn and seen.any():  # each group knows the pauses up to and including its own

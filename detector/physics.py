@@ -45,17 +45,12 @@ import pandas as pd
 
 from catalogue import priors as P
 from detector import fields as F
+from detector.base import pause_open
 from detector.frame import Frame
 from detector.perjob import PerJob
 
 FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
-
-
-def _open(stall: np.ndarray, since_pause: np.ndarray) -> np.ndarray:
-    """A pause is open when it began at or after the last progress (or before any)."""
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(since_pause) & (~np.isfinite(stall) | (since_pause <= stall))
 
 
 def _holds(x: np.ndarray, op: str, v: float) -> np.ndarray:
@@ -130,7 +125,7 @@ class Physics(PerJob):
     def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
         """The job's p99 progress gap outside pauses (stall seconds sampled while healthy)."""
         stall = frame.col(F.STALL_SECONDS)
-        gaps = stall[np.isfinite(stall) & ~_open(stall, frame.col(F.SINCE_PAUSE))]
+        gaps = stall[np.isfinite(stall) & ~pause_open(stall, frame.col(F.SINCE_PAUSE))]
         if len(gaps) < self.min_gaps:
             return None
         return {"gap_": np.array(float(np.percentile(gaps, 99)))}
@@ -151,7 +146,7 @@ class Physics(PerJob):
         stall = frame.col(F.STALL_SECONDS)
         since_pause = frame.col(F.SINCE_PAUSE)
         announced = np.isfinite(since_pause)  # the job's log says when it pauses
-        paused = _open(stall, since_pause)
+        paused = pause_open(stall, since_pause)
         step = frame.col(F.ITER_SECONDS)
         with np.errstate(invalid="ignore"):  # before the first step, a milestone is the latest
             ready = ~np.isfinite(step) & (since_pause == stall)

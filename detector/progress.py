@@ -5,11 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from catalogue import priors
 from detector import fields as F
-from detector.base import MAD_TO_SIGMA, z_crit
+from detector.base import MAD_TO_SIGMA, pause_open, z_crit
 from detector.frame import Frame
 from detector.perjob import PerJob
+
+
+def _startup_allowance(models: np.ndarray) -> np.ndarray:
+    """Each row's start-up allowance by GPU model (catalogue/priors.yaml `pause_allowance_s`)."""
+    pri = priors.load()
+    out = np.empty(len(models))
+    for model in pd.unique(models):
+        out[models == model] = pri.params(str(model))["pause_allowance_s"]
+    return out
 
 
 class Progress(PerJob):
@@ -111,6 +122,13 @@ class Progress(PerJob):
                 settle = 1.5 * usual + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
                 settling = since <= settle
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
+        # a run's start-up that its log announces (a pause open, no step time yet: a fresh
+        # job, or a restarted one, whose earlier step time the log parser drops) waits as
+        # long as the physics priors' start-up work does: a requeued job loading a checkpoint
+        # for minutes is not a hang (physics judges that window on the GPUs)
+        starting = ~np.isfinite(it) & pause_open(stall, frame.col(F.SINCE_PAUSE))
+        if starting.any():
+            allow[starting] = np.fmax(allow[starting], _startup_allowance(frame.models[starting]))
         return np.nan_to_num(stall / allow), slow
 
     def score(self, frame: Frame) -> np.ndarray:
