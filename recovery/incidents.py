@@ -166,7 +166,9 @@ def ingest_payloads(
         store_payloads(conn, [(p.raw, p.group_key, p.status) for p in payloads], now)
         known = ingest_rows.stored_alerts(conn, [d for p in payloads for d in p.docs])
         links = ingest_rows.Links()
-        results = [_fold(conn, settings, p, now, known, links) for p in payloads]
+        jobs = {d["labels"].get("job_id") for p in payloads for d in p.docs} - {None, ""}
+        open_ = _OpenOfJobs(conn, jobs)
+        results = [_fold(conn, settings, p, now, known, links, open_) for p in payloads]
         links.flush(conn)
         return results
 
@@ -178,6 +180,7 @@ def _fold(
     now: float,
     known: dict[ingest_rows.Identity, Any],
     links: ingest_rows.Links,
+    open_: _OpenOfJobs,
 ) -> IngestResult:
     result = IngestResult()
     touched: set[int] = set()
@@ -193,7 +196,7 @@ def _fold(
             t = now if starts is None else starts
             if not doc["labels"].get("node"):  # a job-level detector alert: its new run's
                 t -= settings.restart_grace_s  # first minutes are relearned, not a new fault
-            for inc, again in _incidents_for(conn, doc, p.on_node, now, t, links):
+            for inc, again in _incidents_for(conn, doc, p.on_node, now, t, links, open_):
                 links.add(inc, alert_id, now, settings.settle_s if again else None, starts)
                 touched.add(inc)
         elif is_new or changed:
@@ -203,7 +206,8 @@ def _fold(
     if ended:
         links.flush(conn)  # a firing alert linked since keeps its incident open
     for inc in ended:  # one with a new firing alert stays open: nothing to count there
-        _maybe_resolve(conn, inc, now)
+        if _maybe_resolve(conn, inc, now):
+            open_.resolved(inc)
     result.incident_ids = sorted(touched)
     return result
 
@@ -249,15 +253,53 @@ def _jobs_on_nodes(
 
 # The fold's own statement, built once (`recovery.ingest_rows` has the others)
 _RESTARTED_AT = restarted_at(incidents.c.id)
-_OPEN_OF_JOB = (
-    select(incidents.c.id, _RESTARTED_AT.label("restarted_at"))
-    .where(incidents.c.state == "open", incidents.c.job_id == bindparam("b_job"))
-    .order_by(incidents.c.id.desc())
+_OPEN = select(incidents.c.id, incidents.c.job_id, _RESTARTED_AT.label("restarted_at")).where(
+    incidents.c.state == "open"
+)
+_OPEN_OF_JOB = _OPEN.where(incidents.c.job_id == bindparam("b_job")).order_by(incidents.c.id.desc())
+_OPEN_OF_JOBS = _OPEN.where(incidents.c.job_id.in_(bindparam("b_jobs", expanding=True))).order_by(
+    incidents.c.id.desc()
 )
 
 
+class _OpenOfJobs:
+    """The open incidents of a batch's jobs (id, restarted_at; newest first), read in one
+    query and kept current as the batch opens and resolves incidents (no restart is recorded
+    during an ingest); a job first met through a node alert is read when met."""
+
+    def __init__(self, conn: Connection, jobs: set[str]) -> None:
+        self.rows: dict[str, list[Any]] = {j: [] for j in jobs}
+        if jobs:
+            for r in conn.execute(_OPEN_OF_JOBS, {"b_jobs": sorted(jobs)}):
+                self.rows[r.job_id].append(r)
+
+    def of(self, conn: Connection, job_id: str) -> list[Any]:
+        if job_id not in self.rows:
+            self.rows[job_id] = list(conn.execute(_OPEN_OF_JOB, {"b_job": job_id}))
+        return self.rows[job_id]
+
+    def opened(self, job_id: str, incident_id: int) -> None:
+        self.rows.setdefault(job_id, []).insert(0, _Open(incident_id, job_id, None))
+
+    def resolved(self, incident_id: int) -> None:
+        for job, rows in self.rows.items():
+            self.rows[job] = [r for r in rows if r.id != incident_id]
+
+
+@dataclass(frozen=True)
+class _Open:  # an incident this batch opened, as `_OPEN_OF_JOB` reads one
+    id: int
+    job_id: str
+    restarted_at: float | None
+
+
 def _job_incident(
-    conn: Connection, now: float, job_id: str, t: float, node: str | None = None
+    conn: Connection,
+    now: float,
+    job_id: str,
+    t: float,
+    open_: _OpenOfJobs,
+    node: str | None = None,
 ) -> tuple[int, bool]:
     """The incident of the job that an alert started at `t` (on `node`) joins, and whether it
     is diagnosed again. `t` falls in one of the job's runs, which Goodput's restarts end: the
@@ -265,7 +307,7 @@ def _job_incident(
     none); a late alert of an ended run, or one on a node a restart took the job off (a
     detector's alert that fires after its `for`), joins the open incident whose restart ended
     that run, without a new diagnosis."""
-    rows = conn.execute(_OPEN_OF_JOB, {"b_job": job_id}).all()
+    rows = open_.of(conn, job_id)
     for r in rows:
         if node is not None and r.restarted_at is not None and node in excluded(conn, r.id):
             return int(r.id), False
@@ -273,7 +315,9 @@ def _job_incident(
     for r in rows:
         if r.restarted_at == ended:  # None == None: the current run's incident
             return int(r.id), ended is None
-    return _new_incident(conn, now, job_id, None), True
+    new_id = _new_incident(conn, now, job_id, None)
+    open_.opened(job_id, new_id)
+    return new_id, True
 
 
 def _node_incident(conn: Connection, now: float, node: str) -> int:
@@ -307,13 +351,14 @@ def _incidents_for(
     now: float,
     t: float,
     links: ingest_rows.Links,
+    open_: _OpenOfJobs,
 ) -> list[tuple[int, bool]]:
     """The incidents a new firing alert that started at `t` joins, each with whether it is
     diagnosed again."""
     labels = doc["labels"]
     job_id, node = labels.get("job_id") or None, labels.get("node") or None
     if job_id:
-        return [_job_incident(conn, now, job_id, t, node)]
+        return [_job_incident(conn, now, job_id, t, open_, node)]
     if not node:
         return [(_node_incident(conn, now, ""), True)]  # cluster-level alert: one bucket
     links.flush(conn)  # the jobs' incidents that already name the node, by their links
@@ -335,7 +380,7 @@ def _incidents_for(
     jobs.update(j for j in known if j)
     if not jobs:
         return [(_node_incident(conn, now, node), True)]
-    return [_job_incident(conn, now, j, t) for j in sorted(jobs)]
+    return [_job_incident(conn, now, j, t, open_) for j in sorted(jobs)]
 
 
 def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:
@@ -346,7 +391,8 @@ def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:
     )
 
 
-def _maybe_resolve(conn: Connection, incident_id: int, now: float) -> None:
+def _maybe_resolve(conn: Connection, incident_id: int, now: float) -> bool:
+    """Resolve the incident when none of its alerts fires; whether it was resolved now."""
     firing = conn.execute(
         select(func.count())
         .select_from(incident_alerts.join(alerts))
@@ -361,3 +407,5 @@ def _maybe_resolve(conn: Connection, incident_id: int, now: float) -> None:
             .where(incidents.c.id == incident_id)
             .values(state="resolved", resolved_at=now, updated_at=now)
         )
+        return True
+    return False

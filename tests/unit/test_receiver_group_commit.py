@@ -134,6 +134,7 @@ def test_one_batch_stores_what_one_payload_at_a_time_stores(tmp_path):
         ([b_resolved, _alert("c", "8")], "b resolves, c fires"),  # job 8's stays open
         ([_alert("d", "6")], "d"),
         ([d_resolved], "d resolves"),  # job 6's incident resolves
+        ([_alert("g", "6")], "g"),  # job 6 again: a new incident
     ]
     stores = []
     for name in ("batch", "single"):
@@ -151,14 +152,18 @@ def test_one_batch_stores_what_one_payload_at_a_time_stores(tmp_path):
     (batch, batch_tables), (single, single_tables) = stores
     counts = [(r.new, r.changed) for r in batch]
     assert counts == [(1, 0), (0, 1), (0, 1), (1, 0)] + [(0, 0)] * 3 + [
-        (1, 0), (1, 0), (1, 1), (1, 0), (0, 1),
+        (1, 0), (1, 0), (1, 1), (1, 0), (0, 1), (1, 0),
     ]  # fmt: skip
     assert [(r.new, r.changed, r.incident_ids) for r in batch] == [
         (r.new, r.changed, r.incident_ids) for r in single
     ]
     assert batch_tables == single_tables
     assert batch[8].incident_ids == batch[7].incident_ids  # the node alert: job 7's incident
-    states = {job: state for _, job, state, *_ in batch_tables["incidents"]}
-    assert states == {"7": "open", "8": "open", "9": "open", "6": "resolved"}, states
+    states = [(job, state) for _, job, state, *_ in batch_tables["incidents"]]
+    assert sorted(states) == sorted(
+        [("9", "open"), ("8", "open"), ("6", "resolved"), ("6", "open")]
+        + [("7", "resolved"), ("7", "open")]  # a resolved, e fired on a new incident
+    ), states
+    assert batch[-1].incident_ids != batch[-3].incident_ids  # not the resolved one
     assert ("body a", 2) in batch_tables["payloads"]
     assert ("body z", 3) in batch_tables["payloads"]
