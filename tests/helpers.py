@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import requests
 
@@ -92,9 +93,7 @@ class SlurmJobs:
         self.jobs.append(job)
         return job
 
-    def settings(self, mode: str, **policy: object) -> object:
-        from types import SimpleNamespace
-
+    def settings(self, mode: str, **policy: object) -> SimpleNamespace:
         from recovery.policy import parse_policy
 
         return SimpleNamespace(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,13 +14,11 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from recovery import actions, approvals, audit, outbox, reconciler, watchdog
-from recovery.policy import parse_policy
-from recovery.scheduler.slurm import SlurmScheduler
 from recovery.store import make_engine
 from tests.chaos.harness import restore_stack
 from tests.conftest import wait_until
-from tests.helpers import slurm
-from tests.integration.test_actions_slurm import POLICY, diag
+from tests.helpers import SlurmJobs
+from tests.integration.test_actions_slurm import diag
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,27 +36,16 @@ def active_notice(am: str) -> list[dict]:
 def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, tmp_path):
     env = {**os.environ, **local_stack}
     am = local_stack["GOODPUT_ALERTMANAGER_URL"].rstrip("/")
-    sched = SlurmScheduler()
-    tag = uuid.uuid4().hex[:8]
-    settings = SimpleNamespace(
-        policy=parse_policy(
-            {"mode": "approve", **POLICY, "watchdog": {"required": ["scheduler"]}}, env={}
-        ),
-        scheduler_adapter=sched,
-        alertmanager_url=am,
-        prometheus_url=None,
-        loki_url=None,
-        log_dir=None,
-    )
+    jobs = SlurmJobs("gpwd")
+    sched = jobs.sched
+    settings = jobs.settings("approve", watchdog={"required": ["scheduler"]})
+    settings.alertmanager_url, settings.loki_url, settings.log_dir = am, None, None
     engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}")
     dog = watchdog.Watchdog(engine, settings, lambda: settings.policy.watchdog)
     registry = CollectorRegistry()
     registry.register(watchdog.ActingCollector(engine))
-    cluster = SimpleNamespace(tag=tag)
-    job = slurm(
-        "sbatch", "--parsable", "--requeue", f"--job-name=gpwd-{tag}", "--output=/dev/null",
-        "--gpus-per-node=1", "--wrap", "sleep 600",
-    ).strip()  # fmt: skip
+    cluster = SimpleNamespace(tag=jobs.tag)
+    job = jobs.submit()
     pid = Path(local_stack["GOODPUT_STACK_DIR"], "run", "slurmctld.pid")
     try:
         s = wait_until(
@@ -116,7 +102,4 @@ def test_slurmctld_down_stops_actions_and_its_return_resumes_them(local_stack, t
         )
         assert s.nodes[0] in again.excluded
     finally:
-        slurm("scancel", job, check=False)
-        for n in sched.node_states():
-            if n.drained and tag in n.reason:
-                slurm("scontrol", "update", f"NodeName={n.node}", "State=RESUME", check=False)
+        jobs.close()
