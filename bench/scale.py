@@ -295,7 +295,10 @@ def markdown(doc: dict) -> str:
             "show the slowest shard (by median wall cycle). Ratios are medians of per-cycle "
             "ratios, each bare run taken right after its cycle (same load); the CPU ratios "
             "count this process' (cycle / parse) or the scoring thread's (engine / numpy) CPU "
-            "seconds, which other work on the machine inflates less than wall seconds.\n\n"
+            "seconds, which other work on the machine inflates less than wall seconds. The "
+            "limit stays a bare orjson parse of the answers, while the service decodes the "
+            "per-GPU answers with msgspec straight into typed records (values already floats; "
+            "`clients.prometheus.decode_column`), which costs less than that parse.\n\n"
             + head
             + body
             + "\n"

@@ -7,9 +7,9 @@ label (`max by` of node, gpu and job joined: the answer holds only what the engi
 progress, iteration seconds and last pause (checkpoint save, start-up). With `--shard K/N`
 every query selects `goodput_shard="K"`, the label Prometheus computes at scrape time (hashmod
 of `hpc_job` / `job_id`), so a job's GPUs are always scored together and each replica's work is
-O(its GPUs). Answers are decoded by orjson (`clients.prometheus`) and read straight into
-columns; what depends only on the answers' labels (split, validation, the frame's order) is
-computed once per label set.
+O(its GPUs). The per-GPU and per-job answers are decoded straight into columns
+(`clients.prometheus.decode_column`); what depends only on the answers' labels (split,
+validation, the frame's order) is computed once per label set.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from catalogue import promql
-from clients.prometheus import PromClient, column, samples
+from clients.prometheus import Column, PromClient, samples
 from detector import fields as F
 from detector.frame import JOB_RE, NODE_RE, Frame
 
@@ -76,8 +76,8 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
     return out
 
 
-def _per_job(result: list[Any]) -> dict[str, float]:
-    jobs, vals = column(result, "job_id")
+def _per_job(col: Column) -> dict[str, float]:
+    jobs, vals = col
     return dict(zip(jobs, vals.tolist(), strict=True))
 
 
@@ -91,11 +91,14 @@ def fetch(
     now = time.time() if now is None else now
     qs = queries(shard)
     rows = _Rows(_LAST_SPLIT[0][0] if _LAST_SPLIT[0] is not None else [])
-    small = (NODE_INFO, *PER_JOB)  # asked first: their answers wait while the fields decode
-    answers = client.raw_many([qs[n] for n in small] + [qs[n] for n in F.DCGM_FIELDS])
-    info, *per_job_raw = [next(answers) for _ in small]
-    for name, result in zip(F.DCGM_FIELDS, answers, strict=True):
-        rows.add(F.ALL_FIELDS.index(name), *column(result, KEY))
+    # the small answers are asked first: they wait while the fields decode
+    calls: list[Callable[[], Any]] = [partial(client.raw, qs[NODE_INFO])]
+    calls += [partial(client.column, qs[n], "job_id") for n in PER_JOB]
+    calls += [partial(client.column, qs[n], KEY) for n in F.DCGM_FIELDS]
+    answers = client.many(calls)
+    info, *per_job_raw = [next(answers) for _ in range(1 + len(PER_JOB))]
+    for name, col in zip(F.DCGM_FIELDS, answers, strict=True):
+        rows.add(F.ALL_FIELDS.index(name), *col)
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in samples(info):

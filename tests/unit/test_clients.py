@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from clients.loki import LokiClient, LokiError, labels_key
-from clients.prometheus import MAX_POINTS, PromClient, PromError
+from clients.prometheus import MAX_POINTS, PromClient, PromError, decode
 from recovery import accounting
 from recovery.console import plot
 from recovery.evidence import Context
@@ -133,7 +133,10 @@ def test_a_long_range_is_asked_in_parts_under_the_point_limit_and_joined(serve):
     srv = serve(prometheus_range)
     prom = PromClient(srv.url)
     with pytest.raises(PromError, match="11,000 points"):  # what asking at once gets
-        prom._post("/api/v1/query_range", {"start": "0", "end": "2500", "step": "0.1"}, "matrix")
+        status, body, url = prom._post(
+            "/api/v1/query_range", {"start": "0", "end": "2500", "step": "0.1"}
+        )
+        decode(body, status, url, "matrix")
     srv.requests.clear()
     [(labels, points)] = prom.query_range("m", 0.0, 2500.0, 0.1)
     assert labels == {"__name__": "m", "gpu": "0"}

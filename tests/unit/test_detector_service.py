@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bench.scale_data import Cluster, answers
-from clients.prometheus import PromClient, PromError, decode
+from clients.prometheus import PromClient, PromError
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.ingest import KEY, Shard, fetch, queries
@@ -24,15 +24,12 @@ class Recorded(PromClient):
         super().__init__("http://127.0.0.1:9")
         self.recorded, self.down, self.calls = recorded, False, 0
 
-    def raw(self, expr, at=None, want="vector"):
+    def _post(self, path, form):
         self.calls += 1
         if self.down:
             raise PromError("connection refused")
-        return decode(
-            self.recorded.get(
-                expr, b'{"status":"success","data":{"resultType":"vector","result":[]}}'
-            )
-        )
+        empty = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+        return 200, self.recorded.get(form["query"], empty), self.url + path
 
 
 def cluster(jobs: int, slow: tuple[int, int] | None = None) -> Cluster:
