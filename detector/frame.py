@@ -87,6 +87,12 @@ class Frame:
         codes, uniques = pd.factorize(self.node)
         return codes, np.asarray(uniques, dtype=object)
 
+    @cached_property
+    def model_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(code per row, unique modelName values), for the per-model priors."""
+        codes, uniques = pd.factorize(self.models)
+        return codes, np.asarray(uniques, dtype=object)
+
     def col(self, name: str) -> np.ndarray:
         """One metric column (NaN where not reported)."""
         return self.values[:, self.fields.index(name)]
@@ -98,7 +104,7 @@ class Frame:
         """The same rows with other times and values (`values` follows this frame's rows);
         the label codes and groups computed on this frame are shared, not computed again."""
         out = Frame(time, self.job, self.node, self.gpu, values, self.fields, self.model)
-        for k in ("job_codes", "node_codes", "job_groups"):
+        for k in ("job_codes", "node_codes", "job_groups", "model_codes"):
             if k in self.__dict__:
                 out.__dict__[k] = self.__dict__[k]
         return out

@@ -186,7 +186,7 @@ class _Split:
         )  # fmt: skip
         rows = probe.values[:, 0].astype(np.int64)
         template = probe.with_values(probe.time, np.zeros((n, len(F.ALL_FIELDS))))
-        template.job_codes, template.node_codes, template.job_groups  # noqa: B018 - shared
+        template.job_codes, template.node_codes, template.job_groups, template.model_codes  # noqa: B018
         return rows, template
 
 

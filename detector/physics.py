@@ -53,12 +53,22 @@ FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
 
 
-def _holds(x: np.ndarray, op: str, v: float) -> np.ndarray:
+def _holds(x: np.ndarray, op: str, v: float | np.ndarray) -> np.ndarray:
+    """`x op v` per row (`v` a number or each row's prior; NaN on either side: False)."""
     with np.errstate(invalid="ignore"):
         if op == "&":
-            ok = np.isfinite(x)
-            return ok & ((np.where(ok, x, 0).astype(np.int64) & int(v)) != 0)
+            ok = np.isfinite(x) & np.isfinite(v)
+            bits = np.where(ok, v, 0).astype(np.int64)
+            return ok & ((np.where(ok, x, 0).astype(np.int64) & bits) != 0)
         return {">=": x >= v, "<=": x <= v, ">": x > v, "<": x < v}[op]
+
+
+def prior_rows(frame: Frame, key: str, pri: P.Priors | None = None) -> np.ndarray:
+    """Each row's prior `key` for its GPU model (catalogue/priors.yaml; NaN where unset)."""
+    codes, models = frame.model_codes
+    pri = pri or P.load()
+    table = [pri.params(str(m)).get(key, np.nan) for m in models.tolist()]
+    return np.array(table + [np.nan], dtype=float)[codes]
 
 
 def _job_size(frame: Frame) -> np.ndarray:
@@ -92,7 +102,9 @@ class Physics(PerJob):
         t = frame.time.astype(float)
         began = t - np.nan_to_num(frame.col(F.SINCE_PAUSE), nan=np.inf)
         codes, uniq = frame.job_codes
-        last = np.array([self._busy_last.get(str(j), np.nan) for j in uniq] + [np.nan])[codes]
+        get = self._busy_last.get
+        prev = np.array([get(j, np.nan) for j in uniq.tolist()] + [np.nan])
+        last = prev[codes]
         with np.errstate(invalid="ignore"):
             out = (last >= began) & (last <= t)
         seen = busy & (frame.job != "")
@@ -108,9 +120,9 @@ class Physics(PerJob):
             lo = codes * span + np.clip(began - t0, 0.0, span)
             hi = codes * span + (t - t0)
             out |= np.searchsorted(keys, hi, "right") - np.searchsorted(keys, lo) > 0
-        for i in np.flatnonzero(np.isfinite(latest)):
-            j = str(uniq[i])
-            self._busy_last[j] = max(latest[i], self._busy_last.get(j, -np.inf))
+        fin = np.flatnonzero(np.isfinite(latest))
+        newest = np.fmax(latest[fin], prev[fin])
+        self._busy_last.update(zip(uniq[fin].tolist(), newest.tolist(), strict=True))
         return out
 
     def drop_jobs(self, jobs: set[str]) -> None:
@@ -137,7 +149,13 @@ class Physics(PerJob):
         out = np.zeros((len(frame), len(ids)))
         if not len(frame):
             return out, ids
-        models = frame.models
+        cache: dict[str, np.ndarray] = {}
+
+        def prior(key: str) -> np.ndarray:
+            if key not in cache:
+                cache[key] = prior_rows(frame, key, pri)
+            return cache[key]
+
         codes = self._codes(frame)
         gap = np.full(len(frame), np.nan)
         known = codes >= 0
@@ -153,37 +171,33 @@ class Physics(PerJob):
         age = frame.col(F.JOB_AGE)
         util = frame.col(F.UTIL)
         fb = frame.col(FB)
-        size = _job_size(frame)
-        busy = np.zeros(len(frame), dtype=bool)
-        for model in pd.unique(models):
-            with np.errstate(invalid="ignore"):
-                busy |= (models == model) & (util > pri.params(str(model))["idle_util_max"])
+        with np.errstate(invalid="ignore"):
+            busy = util > prior("idle_util_max")
+            held = (util <= prior("idle_util_max")) & (fb >= prior("fb_held_min_mib"))
         started = self._started(frame, busy)
+        for rule in pri.rules:
+            hit = np.ones(len(frame), dtype=bool)
+            for c in rule.when:
+                if c.field not in frame.fields:
+                    hit[:] = False
+                    break
+                hit &= _holds(
+                    frame.col(c.field),
+                    c.op,
+                    prior(c.value) if isinstance(c.value, str) else c.value,
+                )
+            col = ids.index(rule.id)
+            out[hit, col] = np.fmax(out[hit, col], rule.score)
         idle_col, wait_col = len(ids) - 2, len(ids) - 1
-        for model in pd.unique(models):
-            rows = models == model
-            p = pri.params(str(model))
-            for rule in pri.rules:
-                hit = rows.copy()
-                for c in rule.when:
-                    v = p.get(c.value) if isinstance(c.value, str) else c.value
-                    if v is None or c.field not in frame.fields:
-                        hit[:] = False
-                        break
-                    hit &= _holds(frame.col(c.field), c.op, v)
-                col = ids.index(rule.id)
-                out[hit, col] = np.fmax(out[hit, col], rule.score)
-            with np.errstate(invalid="ignore"):
-                held = rows & (util <= p["idle_util_max"]) & (fb >= p["fb_held_min_mib"])
-            base = np.where(np.isfinite(gap), gap, np.nan_to_num(step))
-            allow = np.fmax(p["idle_stall_floor_s"], p["idle_stall_factor"] * base)
-            idle = held & announced & np.isfinite(stall) & ~paused
-            out[idle, idle_col] = stall[idle] / allow[idle]
-            waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
-            since = np.where(paused, since_pause, age)
-            short = p["startup_s"] + p["startup_per_doubling_s"] * np.log2(size)
-            allow = np.where(ready, short, p["pause_allowance_s"])
-            out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
+        base = np.where(np.isfinite(gap), gap, np.nan_to_num(step))
+        allow = np.fmax(prior("idle_stall_floor_s"), prior("idle_stall_factor") * base)
+        idle = held & announced & np.isfinite(stall) & ~paused
+        out[idle, idle_col] = stall[idle] / allow[idle]
+        waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
+        since = np.where(paused, since_pause, age)
+        short = prior("startup_s") + prior("startup_per_doubling_s") * np.log2(_job_size(frame))
+        allow = np.where(ready, short, prior("pause_allowance_s"))
+        out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         return out, ids
 
     def score(self, frame: Frame) -> np.ndarray:

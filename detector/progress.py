@@ -5,22 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from catalogue import priors
 from detector import fields as F
 from detector.base import MAD_TO_SIGMA, pause_open, z_crit
 from detector.frame import Frame
 from detector.perjob import PerJob
-
-
-def _startup_allowance(models: np.ndarray) -> np.ndarray:
-    """Each row's start-up allowance by GPU model (catalogue/priors.yaml `pause_allowance_s`)."""
-    pri = priors.load()
-    out = np.empty(len(models))
-    for model in pd.unique(models):
-        out[models == model] = pri.params(str(model))["pause_allowance_s"]
-    return out
+from detector.physics import prior_rows
 
 
 class Progress(PerJob):
@@ -128,7 +118,8 @@ class Progress(PerJob):
         # for minutes is not a hang (physics judges that window on the GPUs)
         starting = ~np.isfinite(it) & pause_open(stall, frame.col(F.SINCE_PAUSE))
         if starting.any():
-            allow[starting] = np.fmax(allow[starting], _startup_allowance(frame.models[starting]))
+            pause_allowance = prior_rows(frame, "pause_allowance_s")[starting]
+            allow[starting] = np.fmax(allow[starting], pause_allowance)
         return np.nan_to_num(stall / allow), slow
 
     def score(self, frame: Frame) -> np.ndarray:

@@ -323,7 +323,8 @@ cmd_start() {
   [ "$(id -u)" = 0 ] || die "the local stack needs root (Slurm daemons, munge, package installs)"
   install_missing
   mkdir -p "$STATE/run" "$STATE/logs/cluster/jobs" "$STATE/logs/cluster/kernel"
-  local before; before=$(cat "$STATE/slurm/slurm.conf" 2>/dev/null | md5sum)
+  local before=""  # no slurm.conf yet on a fresh machine (pipefail: no `cat missing | md5sum`)
+  [ -f "$STATE/slurm/slurm.conf" ] && before=$(md5sum < "$STATE/slurm/slurm.conf")
   write_slurm_conf; write_env
   [ "$before" != "$(md5sum < "$STATE/slurm/slurm.conf")" ] && SLURM_CONF_CHANGED=1
   local t0=$SECONDS
