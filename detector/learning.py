@@ -4,6 +4,7 @@ detectors' learning, and the store by job name (a requeued job starts with its b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,15 +100,18 @@ class Baselines:
         rows_all = np.flatnonzero(sel)
         order = rows_all[np.argsort(job[rows_all], kind="stable")]
         starts = np.flatnonzero(np.r_[True, job[order][1:] != job[order][:-1]])
-        for rows in np.split(order, starts[1:]) if len(order) else []:
+        if not len(order):
+            return
+        with np.errstate(invalid="ignore"):  # each job's longest stall (NaN: none reported)
+            longest = np.fmax.reduceat(stall[order], starts).tolist()
+        for rows, st in zip(np.split(order, starts[1:]), longest, strict=True):
             info = self.jobs.get(self.ids[job[rows[0]]])
             if info is None or now - info.first_seen < self.cfg.warmup_s:
                 continue
             self._reservoir(info, frame.values[rows])
             info.learns += 1
-            st = stall[rows]
-            if np.isfinite(st).any():
-                info.max_stall = max(info.max_stall, float(np.nanmax(st)))
+            if math.isfinite(st):
+                info.max_stall = max(info.max_stall, st)
             enough = info.seen >= self.cfg.fit_rows and info.learns >= self.cfg.fit_cycles
             first = enough or now - info.first_seen >= self.cfg.fit_after_s
             due = (info.fitted_at is None and first) or (

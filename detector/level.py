@@ -86,14 +86,18 @@ class Level(Detector):
             return s
         return int(self.bank_.add(K)[0]) // K
 
-    def _groups(
-        self, frame: Frame, learn: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Row -> (job, instant) group, each group's job and time, and their (g, series)
-        medians: NaN while a pause is open and while the job settles after one (its first steps
-        run slow), for 1.5 x the job's longest pause seen (30 s before one) + max(10 s, 30
-        steps), as `progress` does. `learn` records the pauses' lengths."""
+    def _medians(self, frame: Frame, keep: bool) -> tuple[np.ndarray, ...]:
+        """Row -> (job, instant) group, each group's job and time, its (g, series + 1) medians
+        (the series, then seconds since the pause) and whether a pause is open in it. The
+        engine scores an instant, then learns it: scoring keeps what it computed (`keep`), and
+        the learning of the same frame object takes it instead of computing it again."""
+        last = None if keep else getattr(self, "_scored", None)
+        out = last[1] if last is not None and last[0] is frame else self._compute(frame)
+        self._scored = (frame, out) if keep else None
+        return out
 
+    @staticmethod
+    def _compute(frame: Frame) -> tuple[np.ndarray, ...]:
         groups = None
         if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
             (codes, jobs), groups = frame.job_codes, frame.job_groups
@@ -104,9 +108,19 @@ class Level(Detector):
             times = uniq.get_level_values(1).to_numpy(dtype=float)
         n = len(jobs)
         both = group_median(frame.cols((*SERIES, F.SINCE_PAUSE)), codes, n, groups)
-        med, sp = both[:, :K], both[:, K]
         since = frame.col(F.SINCE_PAUSE)
         is_open = np.bincount(codes, pause_open(frame.col(F.STALL_SECONDS), since), n) > 0
+        return codes, jobs, times, both, is_open
+
+    def _groups(
+        self, frame: Frame, learn: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Row -> (job, instant) group, each group's job and time, and their (g, series)
+        medians: NaN while a pause is open and while the job settles after one (its first steps
+        run slow), for 1.5 x the job's longest pause seen (30 s before one) + max(10 s, 30
+        steps), as `progress` does. `learn` records the pauses' lengths."""
+        codes, jobs, times, both, is_open = self._medians(frame, keep=not learn)
+        med, sp = both[:, :K].copy(), both[:, K]
         pause = np.array([self.pause_.get(j, np.nan) for j in jobs.tolist()])
         seen = is_open & np.isfinite(sp)
         if learn and seen.any():  # each group knows the pauses up to and including its own

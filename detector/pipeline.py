@@ -154,6 +154,7 @@ class Engine:
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
         self._index: pd.Index | None = None  # slot_key's hash index
+        self._last_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # --- scoring ------------------------------------------------------------------------------
     def step(self, frame: Frame, now: float, names: dict[str, str] | None = None) -> Result:
@@ -168,7 +169,7 @@ class Engine:
         job = table[jcodes] if len(frame) else np.zeros(0, dtype=np.int32)
         if len(frame):  # derived: how long the engine has seen each row's job
             frame.values[:, frame.fields.index(F.JOB_AGE)] = now - base.first_seen()[job]
-        idx, new = self._slots(frame)
+        idx, new, nid = self._slots(frame)
         hw = self.det.get("hardware")
         if isinstance(hw, HardwareEvents) and len(new):  # counter baseline: first sight
             hw.fit(frame.take(new))
@@ -179,20 +180,22 @@ class Engine:
         )
         gpu = self._persist(idx, job, raw, now)
         self._phase(frame, job, gpu)
-        jobs, nodes, missing, combined, calm = self._aggregate(frame, idx, job, gpu, now)
+        jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
         base.learn(frame, job, calm, now, self.cycle)
         base.learn_online(frame, combined)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
 
-    def _slots(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's slot (created on first sight) and the rows whose slot is new."""
+    def _slots(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's slot (created on first sight), the rows whose slot is new and each row's
+        node id."""
         ncodes, nuniq = frame.node_codes
         for u in nuniq:
             if u not in self._node_ids:
                 self._node_ids[u] = len(self._node_names)
                 self._node_names.append(str(u))
         ids = np.array([self._node_ids[u] for u in nuniq] + [0], dtype=np.int64)
-        key = ids[ncodes] * 1024 + frame.gpu if len(frame) else np.zeros(0, dtype=np.int64)
+        nid = ids[ncodes] if len(frame) else np.zeros(0, dtype=np.int64)
+        key = nid * 1024 + frame.gpu
         if self._index is None:  # kept while no slot is added or dropped
             self._index = pd.Index(self.slot_key)
         idx = self._index.get_indexer(key)
@@ -208,7 +211,7 @@ class Engine:
             self.ring = np.concatenate(
                 [self.ring, np.zeros((self.k, len(new), len(self.names)), np.float32)], axis=1
             )
-        return idx, new
+        return idx, new, nid
 
     def _persist(self, idx: np.ndarray, job: np.ndarray, raw: np.ndarray, now: float):
         """Min over the last k cycles (a metric anomaly must persist); a new job on a GPU
@@ -268,7 +271,7 @@ class Engine:
         capped = phase[job] & on[:, None]
         gpu[:, cols] = np.where(capped, np.minimum(gpu[:, cols], 0.99), gpu[:, cols])
 
-    def _aggregate(self, frame: Frame, idx: np.ndarray, job: np.ndarray, gpu: np.ndarray, now):
+    def _aggregate(self, idx: np.ndarray, job: np.ndarray, gpu: np.ndarray, now, nid):
         n = len(self.base.ids)
         held = np.zeros(len(job), dtype=np.int32)
         if len(idx):  # a GPU its job just left: its hardware evidence still counts for the job
@@ -284,17 +287,9 @@ class Engine:
         loc = [i for i, nm in enumerate(self.names) if nm in LOCALISING]
         suspect = agg[on][:, loc].max(axis=1) if loc else np.zeros(on.sum())
         nn = max(len(self._node_names), 1)
-        node_id = frame.node_codes[0] if len(frame) else np.zeros(0, np.int64)
-        nid = (
-            np.array([self._node_ids[u] for u in frame.node_codes[1]] + [0], dtype=np.int64)[
-                node_id
-            ]
-            if len(frame)
-            else np.zeros(0, np.int64)
-        )
         pair = held[on].astype(np.int64) * nn + nid[on]
-        upair, inv = np.unique(pair, return_inverse=True)
-        node_score = _group_max(suspect[:, None], inv.ravel(), len(upair))[:, 0]
+        upair, inv = self._pairs(pair)
+        node_score = _group_max(suspect[:, None], inv, len(upair))[:, 0]
         missing = self._missing(now)
         names = list(self.names)
         if len(missing["job_id"]):
@@ -335,6 +330,16 @@ class Engine:
         if len(codes):
             calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
         return jobs, nodes, missing, comb, calm
+
+    def _pairs(self, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`np.unique(pair, return_inverse=True)`, kept while the (job, node) pairs of the rows
+        are the last cycle's (steady state: one comparison instead of a sort)."""
+        last = self._last_pairs
+        if last is not None and np.array_equal(last[0], pair):
+            return last[1], last[2]
+        upair, inv = np.unique(pair, return_inverse=True)
+        self._last_pairs = (pair, upair, inv.ravel())
+        return upair, inv.ravel()
 
     def _missing(self, now: float) -> dict[str, np.ndarray]:
         """GPUs that went silent while labelled with a job (a lost node stops answering; a

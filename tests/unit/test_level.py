@@ -189,3 +189,27 @@ def test_a_known_job_keeps_its_series_and_builds_no_new_ones() -> None:
     again = det.rows("42")
     assert again is not None and (again == kept).all() and len(det.bank_) == size
     assert (det.bank_.t_[kept] == 4).all()  # the same rows saw every instant
+
+
+def test_learning_an_instant_just_scored_learns_what_learning_alone_does() -> None:
+    """`update` after `score` of the same frame takes the group medians the scoring computed
+    (the engine's cycle), and only of that frame object; a frame changed in place between two
+    scores is scored anew."""
+    alone, scored = Level(), Level()
+    for k in range(60):
+        power = 700.0 if k < 40 else 560.0  # a lasting shift: relearned, pauses and all
+        f = _frame(5.0 * k, power)
+        if k % 7 == 3:
+            f.values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = 2.0
+        alone.update(f, set())
+        g = _frame(5.0 * k, power)
+        g.values[:] = f.values
+        scored.score(g if k % 5 else _frame(5.0 * k, 2 * power))  # or another frame's
+        scored.update(g, set())
+    for attr in ("t_", "buf_", "nbuf_", "rec_", "nrec_"):
+        np.testing.assert_array_equal(getattr(alone.bank_, attr), getattr(scored.bank_, attr))
+    assert alone.pause_ == scored.pause_
+    f = _frame(400.0, 700.0)
+    first = scored.score(f).max()
+    f.values[:, F.ALL_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] *= 0.5
+    assert scored.score(f).max() > first
