@@ -44,7 +44,7 @@ def group_median(
     for g, rows in by_size(codes, ngroups) if groups is None else groups:
         block = values[rows]  # (g, s, m)
         nan = np.isnan(block)
-        flat = nan.reshape(-1, nan.shape[2])  # (g * s, m): column flags in one fast pass
+        flat = np.asfortranarray(nan.reshape(-1, nan.shape[2]))  # (g * s, m): column flags
         has, every = flat.any(axis=0), flat.all(axis=0)
         clean = ~has
         size = block.shape[1]
@@ -78,11 +78,19 @@ def robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return med, mad
 
 
+def row_max(z: np.ndarray) -> np.ndarray:
+    """`z.max(axis=1)` over a column-major copy: numpy reduces a C-order (n, m) array along
+    its rows with an m-long inner loop per row, ~10x slower than the copy and a column-wise
+    pass for the 4 to 12 columns the detectors have (10,000 rows: 0.40 vs 0.04 ms)."""
+    return np.asfortranarray(z).max(axis=1)
+
+
 def rowmax(z: np.ndarray) -> np.ndarray:
-    """Row max ignoring NaN (0 where all NaN): the scoring path, no argmax."""
+    """Row max ignoring NaN (0 where all NaN): the scoring path, no argmax (column-major, as
+    `row_max`)."""
     if not z.shape[1]:
         return np.zeros(len(z))
-    return np.nan_to_num(np.fmax.reduce(z, axis=1), nan=0.0)
+    return np.nan_to_num(np.fmax.reduce(np.asfortranarray(z), axis=1), nan=0.0)
 
 
 def nanmax_rows(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,14 +104,6 @@ def nanmax_rows(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def multi_instant(frame: Frame) -> bool:
     """Whether the frame holds more than one instant (a recording, not a cycle)."""
     return len(frame) > 0 and frame.time[0] != frame.time[-1]
-
-
-def job_codes(frame: Frame, jobs: list[str] | dict[str, int]) -> np.ndarray:
-    """Index of each row's job in `jobs` (-1 when the job has no fitted state)."""
-    codes, uniques = frame.job_codes
-    lookup = jobs if isinstance(jobs, dict) else {j: i for i, j in enumerate(jobs)}
-    table = np.array([lookup.get(u, -1) for u in uniques] + [-1], dtype=np.int64)
-    return table[codes]
 
 
 class Detector:

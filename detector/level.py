@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
-from detector.base import Detector, group_median, pause_open
+from detector.base import Detector, group_median, pause_open, row_max
 from detector.frame import Frame
 from detector.univariate import Bank
 
@@ -172,7 +172,7 @@ class Level(Detector):
 
     def score(self, frame: Frame) -> np.ndarray:
         z = self._z(frame)
-        return z.max(axis=1) if len(z) else np.zeros(0)
+        return row_max(z) if len(z) else np.zeros(0)
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         z = self._z(frame.take(rows))

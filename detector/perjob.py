@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from detector.base import Detector, job_codes
+from detector.base import Detector
 from detector.frame import Frame
 
 
@@ -78,8 +78,23 @@ class PerJob(Detector):
         raise NotImplementedError
 
     def _codes(self, frame: Frame) -> np.ndarray:
+        """Each row's index in `jobs_` (-1: not fitted). The lookup table is kept while the
+        frame's distinct jobs are the same array (the service's frames share it while the
+        labels stay) and `jobs_` the same list and length (jobs are only appended to it; a
+        drop makes a new list)."""
         self._ensure()
-        return job_codes(frame, self.jobs_)
+        codes, uniques = frame.job_codes
+        memo = getattr(self, "_table", None)
+        if (
+            memo is None
+            or memo[0] is not uniques
+            or memo[1] is not self.jobs_
+            or memo[2] != len(self.jobs_)
+        ):
+            index = {j: i for i, j in enumerate(self.jobs_)}
+            table = np.array([index.get(u, -1) for u in uniques.tolist()] + [-1], dtype=np.int64)
+            memo = self._table = (uniques, self.jobs_, len(self.jobs_), table)
+        return memo[3][codes]
 
 
 def to_json(a: np.ndarray) -> Any:

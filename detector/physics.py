@@ -146,7 +146,7 @@ class Physics(PerJob):
         """(n, rules) scores and the rule id of each column."""
         pri = self.priors
         ids = tuple(dict.fromkeys(r.id for r in pri.rules)) + JOB_RULES
-        out = np.zeros((len(frame), len(ids)))
+        out = np.zeros((len(frame), len(ids)), order="F")  # column-major: a fast row max
         if not len(frame):
             return out, ids
         cache: dict[str, np.ndarray] = {}

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
-from detector.base import Detector
+from detector.base import Detector, row_max
 from detector.baselines import BaselineStore
 from detector.covariance import RobustCovariance
 from detector.deviation import BaselineDeviation, NodeShift
@@ -118,15 +118,33 @@ _EMPTY = Frame(
 )
 
 
-def _group_max(values: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
-    """Column max of `values` (rows, D) per code in [0, n) -> (n, D); 0 for empty groups."""
-    out = np.zeros((n, values.shape[1]))
-    if len(codes):
+class GroupMax:
+    """Column max of `values` (rows, D) per code in [0, n) -> (n, D), 0 for empty groups;
+    the sorts of the last few code arrays are kept (a cycle groups its rows as the last one
+    did: one comparison instead of a sort). One per engine."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._sorts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def _sort(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        for k, entry in enumerate(self._sorts):
+            if np.array_equal(entry[0], codes):
+                self._sorts.insert(0, self._sorts.pop(k))
+                return entry[1:]
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
-        out[sc[starts]] = np.maximum.reduceat(values[order], starts, axis=0)
-    return out
+        self._sorts.insert(0, (codes.copy(), order, sc[starts], starts))
+        del self._sorts[self.keep :]
+        return order, sc[starts], starts
+
+    def __call__(self, values: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
+        out = np.zeros((n, values.shape[1]))
+        if len(codes):
+            order, first, starts = self._sort(codes)
+            out[first] = np.maximum.reduceat(values[order], starts, axis=0)
+        return out
 
 
 class Engine:
@@ -155,6 +173,7 @@ class Engine:
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
         self._index: pd.Index | None = None  # slot_key's hash index
         self._last_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._group_max = GroupMax()
 
     # --- scoring ------------------------------------------------------------------------------
     def step(self, frame: Frame, now: float, names: dict[str, str] | None = None) -> Result:
@@ -254,20 +273,22 @@ class Engine:
             return
         n = len(self.base.ids)
         on = job > 0
-        jo, g = job[on], gpu[on]
+        jo, g = (job, gpu) if on.all() else (job[on], gpu[on])
         count = np.maximum(np.bincount(jo, minlength=n), 1).astype(float)
         over = (g[:, cols] >= 1.0).astype(float)
         share = np.column_stack([np.bincount(jo, over[:, i], n) for i in range(len(cols))])
         share = share / count[:, None]
         seen = np.isfinite(frame.col(F.ITER_SECONDS)) | np.isfinite(frame.col(F.STALL_SECONDS))
         has = np.bincount(jo, weights=seen[on], minlength=n) > 0
-        prog = _group_max(g[:, [self.names.index("progress")]], jo, n)[:, 0]
+        prog = self._group_max(g[:, [self.names.index("progress")]], jo, n)[:, 0]
         calm = has & (prog < self.cfg.phase_calm)
         dev = self.det.get("deviation")
         if isinstance(dev, BaselineDeviation):
             spin = np.bincount(jo, weights=dev.spinning(frame)[on], minlength=n)
             calm &= spin / count < 0.5
         phase = (share >= self.cfg.phase_share) & calm[:, None]
+        if not phase.any():
+            return
         capped = phase[job] & on[:, None]
         gpu[:, cols] = np.where(capped, np.minimum(gpu[:, cols], 0.99), gpu[:, cols])
 
@@ -282,14 +303,14 @@ class Engine:
             keep = self.names.index("hardware")
             agg[mask] = np.where(np.arange(len(self.names)) == keep, agg[mask], 0.0)
         on = held > 0
-        per_job = _group_max(agg[on], held[on], n)
+        per_job = self._group_max(agg[on], held[on], n)
         present = np.bincount(held[on], minlength=n) > 0
         loc = [i for i, nm in enumerate(self.names) if nm in LOCALISING]
-        suspect = agg[on][:, loc].max(axis=1) if loc else np.zeros(on.sum())
+        suspect = row_max(agg[on][:, loc]) if loc else np.zeros(on.sum())
         nn = max(len(self._node_names), 1)
         pair = held[on].astype(np.int64) * nn + nid[on]
         upair, inv = self._pairs(pair)
-        node_score = _group_max(suspect[:, None], inv, len(upair))[:, 0]
+        node_score = self._group_max(suspect[:, None], inv, len(upair))[:, 0]
         missing = self._missing(now)
         names = list(self.names)
         if len(missing["job_id"]):
@@ -303,7 +324,7 @@ class Engine:
             allp = np.concatenate([upair, extra])
             alls = np.concatenate([node_score, np.full(len(extra), 2.0)])
             upair, inv = np.unique(allp, return_inverse=True)
-            node_score = _group_max(alls[:, None], inv.ravel(), len(upair))[:, 0]
+            node_score = self._group_max(alls[:, None], inv.ravel(), len(upair))[:, 0]
         codes = np.flatnonzero(present)
         ids = np.array(self.base.ids, dtype=object)
         combined = per_job[codes].max(axis=1) if len(codes) else np.zeros(0)
