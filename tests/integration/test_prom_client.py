@@ -5,10 +5,12 @@ than the server's 11,000-point limit asked in parts, and the server's own error 
 from __future__ import annotations
 
 import time
+from unittest import mock
 
 import pytest
 
-from clients.prometheus import PromClient, PromError
+from clients import prometheus
+from clients.prometheus import PromClient, PromError, decode
 
 
 def check_the_client(url: str, exact: bool = True) -> None:
@@ -28,6 +30,10 @@ def check_the_client(url: str, exact: bool = True) -> None:
             prom.raw("up{")
         assert bad.value.status in (400, 422) and bad.value.url == f"{url}/api/v1/query"
         assert f"Prometheus at {url}/api/v1/query answered {bad.value.status}: " in str(bad.value)
+        # the detector's columns: the server's answer takes the typed (msgspec) path
+        with mock.patch.object(prometheus, "decode", side_effect=AssertionError("fell back")):
+            keys, vals = prom.column('label_replace(vector(0.5), "k", "n1,,0", "", "")', "k")
+        assert keys == ["n1,,0"] and vals.tolist() == [0.5]
 
 
 def test_the_client_on_prometheus(prometheus_url):
@@ -37,9 +43,9 @@ def test_the_client_on_prometheus(prometheus_url):
     with pytest.raises(PromError, match="answered 404: 404 page not found"):
         PromClient(prometheus_url + "/no-such-prefix").raw("up")
     with pytest.raises(PromError) as bad:  # Prometheus' own words for a too long range
-        PromClient(prometheus_url)._post(
+        status, body, url = PromClient(prometheus_url)._post(
             "/api/v1/query_range",
             {"query": "vector(1)", "start": "0", "end": "1200", "step": "0.1"},
-            "matrix",
         )
+        decode(body, status, url, "matrix")
     assert bad.value.status == 400 and "11,000 points" in str(bad.value)
