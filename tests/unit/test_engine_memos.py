@@ -1,0 +1,63 @@
+"""What the engine keeps from one cycle to the next to save work (lookup tables, sorts) is
+dropped when what it was computed from changes: the same frame object scored after jobs were
+dropped and fitted, GPUs added to the counter baselines, rows regrouped. Each test compares
+against a fresh detector or a plain computation, so a memo that outlived its inputs fails."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detector import fields as F
+from detector.deviation import BaselineDeviation
+from detector.hardware import HardwareEvents
+from detector.pipeline import GroupMax
+from detector.synthetic import healthy_frame
+
+
+def _one_instant(jobs: int, seed: int):
+    f = healthy_frame(jobs=jobs, nodes=1, steps=1, seed=seed)
+    f.values[:, F.ALL_FIELDS.index(F.UTIL)] = 99.0
+    return f
+
+
+def test_a_per_job_table_follows_drops_and_fits_on_the_same_frame():
+    train = healthy_frame(jobs=3, nodes=1, steps=12, seed=1)
+    frame = _one_instant(3, 2)
+    frame.values[frame.job == "101", F.ALL_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] *= 0.3
+    det = BaselineDeviation().fit(train)
+    before = det.score(frame)
+    det.drop_jobs({"100"})  # job 101 moves to index 0 of jobs_
+    det.fit(train.take(np.flatnonzero(train.job == "100")))  # and 100 comes back last
+    fresh = BaselineDeviation().fit(train.take(np.flatnonzero(train.job != "100")))
+    fresh.fit(train.take(np.flatnonzero(train.job == "100")))
+    np.testing.assert_allclose(det.score(frame), fresh.score(frame))
+    np.testing.assert_allclose(det.score(frame), before)
+    det.drop_jobs({"101"})  # unfitted now: the slow job is not scored against 100's baseline
+    assert det.score(frame)[frame.job == "101"].max() == 0.0
+
+
+def test_counter_baselines_follow_gpus_fitted_after_a_score():
+    """The same GPUs (the same keys) scored before and after some of them got baselines: the
+    rows looked up before must not be reused against the grown table."""
+    frame = _one_instant(1, 3)
+    det = HardwareEvents().fit(frame.take(np.arange(4)))  # GPUs 0-3 of the node only
+    sbe = F.ALL_FIELDS.index("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")  # not severe: scored on its rise
+    frame.values[:, sbe] = 1000.0
+    assert (det.score(frame)[4:] == 0.0).all()  # no baseline yet for GPUs 4-7
+    det.fit(frame)  # the engine fits a GPU when it first sees it: here all eight at once
+    frame.values[:, sbe] = 1500.0  # 500 more single-bit errors on every GPU
+    got = det.score(frame)
+    assert (got[4:] >= 1.0).all() and (got[:4] >= 1.0).all()
+
+
+def test_group_max_follows_new_codes():
+    gm = GroupMax(keep=2)
+    rng = np.random.default_rng(5)
+    values = rng.random((40, 3))
+    for _ in range(3):
+        for codes in (rng.integers(0, 6, 40), np.repeat(np.arange(8), 5)):
+            want = np.zeros((8, 3))
+            for c in range(8):
+                if (codes == c).any():
+                    want[c] = values[codes == c].max(axis=0)
+            np.testing.assert_array_equal(gm(values, codes, 8), want)
