@@ -29,7 +29,8 @@ class JobInfo:
     first_seen: float
     fitted_at: float | None = None
     seen: int = 0
-    rows: np.ndarray | None = None  # reservoir (reservoir, len(ALL_FIELDS)) float32
+    rows: np.ndarray | None = None  # reservoir (reservoir, len(ALL_FIELDS)) float32; the
+    # first min(seen, reservoir) rows are filled
     max_stall: float = 0.0
     loaded: bool = False
     code: int = 0
@@ -139,11 +140,12 @@ class Baselines:
     def _reservoir(self, info: JobInfo, rows: np.ndarray) -> None:
         """Algorithm R, vectorised: a uniform sample over the job's healthy life."""
         size = self.cfg.reservoir
-        if info.rows is None:
-            info.rows = np.empty((0, rows.shape[1]), dtype=np.float32)
-        room = max(size - len(info.rows), 0)
-        if room:
-            info.rows = np.vstack([info.rows, rows[:room].astype(np.float32)])
+        if info.rows is None:  # allocated whole: filling it is a copy, not a vstack per learn
+            info.rows = np.empty((size, rows.shape[1]), dtype=np.float32)
+        filled = min(info.seen, size)
+        room = size - filled
+        add = rows[:room]
+        info.rows[filled : filled + len(add)] = add
         rest = rows[room:]
         seen = info.seen + room + 1 + np.arange(len(rest))
         info.seen += len(rows)
@@ -155,9 +157,9 @@ class Baselines:
     def fit_job(self, job: str, now: float) -> None:
         """Fit every detector on the job's reservoir and save the baseline under its name."""
         info = self.jobs[job]
-        if info.rows is None or not len(info.rows):
+        if info.rows is None or not info.seen:
             return
-        rows = info.rows.astype(float)
+        rows = info.rows[: min(info.seen, self.cfg.reservoir)].astype(float)
         stall_col = F.ALL_FIELDS.index(F.STALL_SECONDS)
         if info.max_stall > 0:  # the longest healthy gap is kept even if the sample missed it
             rows[0, stall_col] = max(np.nan_to_num(rows[0, stall_col]), info.max_stall)

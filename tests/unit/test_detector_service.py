@@ -172,7 +172,8 @@ def test_two_shards_partition_the_jobs_and_restart_keeps_baselines(tmp_path):
         assert svc.cycle(now=now)
         seen.append(set(svc.engine.base.jobs))
         job = sorted(svc.engine.base.jobs)[0]
-        svc.engine.base.jobs[job].rows = np.ones((4, len(F.ALL_FIELDS)), dtype=np.float32)
+        info = svc.engine.base.jobs[job]
+        info.rows, info.seen = np.ones((4, len(F.ALL_FIELDS)), dtype=np.float32), 4
         svc.engine.base.fit_job(job, now)  # saved under the job's name in the shared store
         again = make(tmp_path, answers(c, shard, now), shard)  # the replica restarts
         assert again.cycle(now=now + 5)
