@@ -50,9 +50,8 @@ class PeerComparison(Detector):
 
     def _z(self, frame: Frame) -> np.ndarray:
         x = frame.cols(F.GAUGE_NAMES)
-        z = np.full(x.shape, np.nan)
         if not len(frame):
-            return z
+            return np.full(x.shape, np.nan)
         groups = None
         if multi_instant(frame):
             codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
@@ -65,6 +64,7 @@ class PeerComparison(Detector):
         ok = ((size >= self.min_peers) & (np.asarray(uniques, dtype=object) != ""))[codes]
         if ok.all():
             return np.abs(x - med) / scale
+        z = np.full(x.shape, np.nan)
         z[ok] = np.abs(x[ok] - med[ok]) / scale[ok]
         return z
 

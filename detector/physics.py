@@ -107,7 +107,7 @@ class Physics(PerJob):
         last = prev[codes]
         with np.errstate(invalid="ignore"):
             out = (last >= began) & (last <= t)
-        seen = busy & (frame.job != "")
+        seen = busy & (uniq != "")[codes] if len(codes) else busy
         if not seen.any():
             return out
         latest = np.full(len(uniq), -np.inf)
