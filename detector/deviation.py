@@ -86,15 +86,18 @@ class BaselineDeviation(PerJob):
     def _z(self, frame: Frame) -> np.ndarray:
         codes = self._codes(frame)
         x = frame.cols(F.GAUGE_NAMES)
-        z = np.full(x.shape, np.nan)
         known = codes >= 0
         if not known.any():
-            return z
-        idle = (frame.col(F.UTIL)[known] < self.busy_util).astype(np.int64)
-        mode = codes[known] * 2 + idle  # one gather from the stacked (busy, idle) tables
+            return np.full(x.shape, np.nan)
+        idle = (frame.col(F.UTIL) < self.busy_util).astype(np.int64)
+        mode = codes * 2 + idle  # one gather from the stacked (busy, idle) tables
         med = np.stack([self.busy_med_, self.idle_med_], axis=1).reshape(-1, x.shape[1])
         scale = np.stack([self.busy_scale_, self.idle_scale_], axis=1).reshape(-1, x.shape[1])
-        z[known] = np.abs(x[known] - med[mode]) / scale[mode]
+        if known.all():  # steady state: every job fitted, no masked gathers
+            return np.abs(x - med[mode]) / scale[mode]
+        z = np.full(x.shape, np.nan)
+        m = mode[known]
+        z[known] = np.abs(x[known] - med[m]) / scale[m]
         return z
 
     def score(self, frame: Frame) -> np.ndarray:
