@@ -16,7 +16,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache, partial
+from functools import lru_cache
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -187,10 +187,6 @@ class PromClient:
         """Instant vector query read as `column` of `label`: (label values, float64 values)."""
         status, body, url = self._post("/api/v1/query", self._instant(expr, at))
         return decode_column(body, label, status, url)
-
-    def raw_many(self, exprs: list[str]) -> Iterator[list[dict[str, Any]]]:
-        """`raw` of each expression, in order (`many`)."""
-        return self.many([partial(self.raw, e) for e in exprs])
 
     def many(self, calls: list[Callable[[], T]]) -> Iterator[T]:
         """Each call's answer, in order, `parallel` in flight at once: Prometheus evaluates

@@ -79,9 +79,10 @@ def robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def row_max(z: np.ndarray) -> np.ndarray:
-    """`z.max(axis=1)` over a column-major copy: numpy reduces a C-order (n, m) array along
-    its rows with an m-long inner loop per row, ~10x slower than the copy and a column-wise
-    pass for the 4 to 12 columns the detectors have (10,000 rows: 0.40 vs 0.04 ms)."""
+    """`z.max(axis=1)` (NaN propagates; `rowmax` ignores it) over a column-major copy:
+    numpy reduces a C-order (n, m) array along its rows with an m-long inner loop per row,
+    ~10x slower than the copy and a column-wise pass for the 4 to 12 columns the detectors
+    have (10,000 rows: 0.40 vs 0.04 ms)."""
     return np.asfortranarray(z).max(axis=1)
 
 
