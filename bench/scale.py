@@ -113,7 +113,7 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
     )
     bodies = list(recorded.values())
     frame, _ = fetch(svc.client, None, now, shard)
-    x = frame.cols(F.GAUGE_NAMES)
+    x = np.ascontiguousarray(frame.cols(F.GAUGE_NAMES))  # row-major: the bare pass's fastest
     codes, uniq = frame.job_codes
     mu = np.random.default_rng(0).normal(size=(len(uniq), x.shape[1]))
     sd = np.ones((len(uniq), x.shape[1]))

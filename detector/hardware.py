@@ -40,6 +40,8 @@ class HardwareEvents(Detector):
 
     name = "hardware"
     params = ()
+    _fits = 0  # how many times `fit` changed the table (the row memo's check)
+    _rows: tuple[np.ndarray, int, np.ndarray, bool] | None = None
 
     def _ensure(self) -> None:
         if not hasattr(self, "keys_"):
@@ -76,8 +78,20 @@ class HardwareEvents(Detector):
         self._pos = (self.keys_, keys, pos)
         return pos
 
+    def _base_rows(self, pos: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Each row's counter baseline (NaN where none) and whether any is NaN; kept while
+        the rows and the table are the last call's (`fit` changes the table in place)."""
+        last = self._rows
+        if last is not None and last[0] is pos and last[1] == self._fits:
+            return last[2], last[3]
+        base = np.full((len(pos), len(_COUNTERS)), np.nan)
+        base[pos >= 0] = self.base_[pos[pos >= 0]]
+        self._rows = (pos, self._fits, base, bool(np.isnan(base).any()))
+        return base, self._rows[3]
+
     def fit(self, frame: Frame) -> Detector:
         self._ensure()
+        self._fits += 1
         if not len(frame):
             return self
         keys = self._keys(frame, add=True)
@@ -106,15 +120,11 @@ class HardwareEvents(Detector):
         xid = np.nan_to_num(frame.col(F.XID_FIELD)).astype(np.int64)
         xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
         x = frame.cols(_COUNTERS)
-        pos = self._lookup(self._keys(frame, add=False))
-        if len(pos) and (pos >= 0).all():  # every GPU has its baseline (steady state)
-            base = self.base_[pos]
-        else:
-            base = np.full(x.shape, np.nan)
-            base[pos >= 0] = self.base_[pos[pos >= 0]]
-        severe_abs = np.where(_SEVERE, x, np.nan)
-        inc = np.where(np.isnan(base), severe_abs, x - base)
+        base, gaps = self._base_rows(self._lookup(self._keys(frame, add=False)))
         with np.errstate(all="ignore"):
+            inc = x - base
+            if gaps:  # no baseline yet: only the severe counters count, from zero
+                inc = np.where(np.isnan(base), np.where(_SEVERE, x, np.nan), inc)
             c = np.nan_to_num(np.fmax(inc, 0.0) / _ALLOW)
         return xid_score, c
 

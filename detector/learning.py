@@ -105,11 +105,13 @@ class Baselines:
             return
         with np.errstate(invalid="ignore"):  # each job's longest stall (NaN: none reported)
             longest = np.fmax.reduceat(stall[order], starts).tolist()
-        for rows, st in zip(np.split(order, starts[1:]), longest, strict=True):
-            info = self.jobs.get(self.ids[job[rows[0]]])
+        block = frame.values[order]  # one gather; each job's rows are a slice of it
+        ends = np.r_[starts[1:], len(order)].tolist()
+        for a, b, st in zip(starts.tolist(), ends, longest, strict=True):
+            info = self.jobs.get(self.ids[job[order[a]]])
             if info is None or now - info.first_seen < self.cfg.warmup_s:
                 continue
-            self._reservoir(info, frame.values[rows])
+            self._reservoir(info, block[a:b])
             info.learns += 1
             if math.isfinite(st):
                 info.max_stall = max(info.max_stall, st)

@@ -59,8 +59,8 @@ class PeerComparison(Detector):
             (codes, uniques), groups = frame.job_codes, frame.job_groups
         n = len(uniques)
         size = np.bincount(codes, minlength=n)
-        med = group_median(x, codes, n, groups)[codes]
-        scale = np.fmax(FLOORS, self.rel_floor * np.abs(med))
+        med_g = group_median(x, codes, n, groups)  # per group: the scale too, then per row
+        med, scale = med_g[codes], np.fmax(FLOORS, self.rel_floor * np.abs(med_g))[codes]
         ok = ((size >= self.min_peers) & (np.asarray(uniques, dtype=object) != ""))[codes]
         if ok.all():
             return np.abs(x - med) / scale

@@ -125,9 +125,11 @@ class GroupMax:
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
-        self._sorts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._sorts: list[tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]] = []
 
-    def _sort(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _sort(self, codes: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """(the order that groups the rows, None when they already are; each group's code;
+        where each starts in that order)."""
         for k, entry in enumerate(self._sorts):
             if np.array_equal(entry[0], codes):
                 self._sorts.insert(0, self._sorts.pop(k))
@@ -135,15 +137,18 @@ class GroupMax:
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
-        self._sorts.insert(0, (codes.copy(), order, sc[starts], starts))
+        sorted_ = bool((order == np.arange(len(order))).all())  # rows already grouped
+        self._sorts.insert(0, (codes.copy(), None if sorted_ else order, sc[starts], starts))
         del self._sorts[self.keep :]
-        return order, sc[starts], starts
+        return self._sorts[0][1:]
 
     def __call__(self, values: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
         out = np.zeros((n, values.shape[1]))
         if len(codes):
             order, first, starts = self._sort(codes)
-            out[first] = np.maximum.reduceat(values[order], starts, axis=0)
+            out[first] = np.maximum.reduceat(
+                values if order is None else values[order], starts, axis=0
+            )
         return out
 
 
@@ -172,6 +177,8 @@ class Engine:
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
         self._index: pd.Index | None = None  # slot_key's hash index
+        self._last_idx: tuple[np.ndarray, np.ndarray] | None = None  # (keys, their slots)
+        self._last_nodes: tuple[list[str], np.ndarray] | None = None  # (node names, their ids)
         self._last_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._group_max = GroupMax()
 
@@ -208,16 +215,24 @@ class Engine:
         """Each row's slot (created on first sight), the rows whose slot is new and each row's
         node id."""
         ncodes, nuniq = frame.node_codes
-        for u in nuniq:
-            if u not in self._node_ids:
-                self._node_ids[u] = len(self._node_names)
-                self._node_names.append(str(u))
-        ids = np.array([self._node_ids[u] for u in nuniq] + [0], dtype=np.int64)
+        names = nuniq.tolist()
+        if self._last_nodes is None or self._last_nodes[0] != names:  # else: the last cycle's
+            for u in names:
+                if u not in self._node_ids:
+                    self._node_ids[u] = len(self._node_names)
+                    self._node_names.append(str(u))
+            ids = np.array([self._node_ids[u] for u in names] + [0], dtype=np.int64)
+            self._last_nodes = (names, ids)
+        ids = self._last_nodes[1]
         nid = ids[ncodes] if len(frame) else np.zeros(0, dtype=np.int64)
         key = nid * 1024 + frame.gpu
-        if self._index is None:  # kept while no slot is added or dropped
-            self._index = pd.Index(self.slot_key)
-        idx = self._index.get_indexer(key)
+        if self._index is None:  # kept while no slot is added or dropped, and with it the
+            self._index, self._last_idx = pd.Index(self.slot_key), None  # last cycle's lookup
+        if self._last_idx is not None and np.array_equal(self._last_idx[0], key):
+            idx = self._last_idx[1]
+        else:
+            idx = self._index.get_indexer(key)
+            self._last_idx = (key, idx.copy())
         new = np.flatnonzero(idx < 0)
         if len(new):
             start = len(self.slot_key)
@@ -303,12 +318,14 @@ class Engine:
             keep = self.names.index("hardware")
             agg[mask] = np.where(np.arange(len(self.names)) == keep, agg[mask], 0.0)
         on = held > 0
-        per_job = self._group_max(agg[on], held[on], n)
-        present = np.bincount(held[on], minlength=n) > 0
+        if not on.all():
+            agg, held, nid = agg[on], held[on], nid[on]
+        per_job = self._group_max(agg, held, n)
+        present = np.bincount(held, minlength=n) > 0
         loc = [i for i, nm in enumerate(self.names) if nm in LOCALISING]
-        suspect = row_max(agg[on][:, loc]) if loc else np.zeros(on.sum())
+        suspect = row_max(agg[:, loc]) if loc else np.zeros(len(agg))
         nn = max(len(self._node_names), 1)
-        pair = held[on].astype(np.int64) * nn + nid[on]
+        pair = held.astype(np.int64) * nn + nid
         upair, inv = self._pairs(pair)
         node_score = self._group_max(suspect[:, None], inv, len(upair))[:, 0]
         missing = self._missing(now)

@@ -61,3 +61,36 @@ def test_group_max_follows_new_codes():
                 if (codes == c).any():
                     want[c] = values[codes == c].max(axis=0)
             np.testing.assert_array_equal(gm(values, codes, 8), want)
+
+
+def test_counter_baselines_follow_a_refit_of_the_same_gpus():
+    """`fit` lowers known GPUs' baselines in place (a counter that went back, e.g. after a GPU
+    reset): the baseline rows gathered for the last score must not outlive it."""
+    frame = _one_instant(1, 4)
+    sbe = F.ALL_FIELDS.index("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
+    frame.values[:, sbe] = 1000.0
+    det = HardwareEvents().fit(frame)
+    assert (det.score(frame) == 0.0).all()
+    low = _one_instant(1, 4)
+    low.values[:, sbe] = 200.0
+    det.fit(low)  # the same GPUs: their baselines drop to 200 in the same table
+    assert (det.score(frame) >= 1.0).all()  # 800 single-bit errors since
+
+
+def test_slot_lookup_follows_nodes_and_slots_that_come_and_go():
+    """Each row's slot is its own GPU's whatever the order of cycles: the same GPUs again (the
+    kept lookup), a new node (slots added), an old one gone for good (slots dropped)."""
+    from detector.pipeline import Engine
+
+    eng = Engine()
+    a = healthy_frame(jobs=1, nodes=2, steps=1, seed=6)
+    b = healthy_frame(jobs=1, nodes=3, steps=1, seed=6)
+    b = b.take(np.flatnonzero(b.node != a.node[0]))  # a's second node and a new one
+    cycles = ((a, 0.0), (a, 5.0), (b, 10.0), (a, 15.0), (b, 10_000.0), (b, 10_005.0), (a, 10_010.0))
+    for frame, now in cycles:
+        idx, _, _ = eng._slots(frame)
+        key = eng.slot_key[idx]
+        assert (np.array(eng._node_names, dtype=object)[key // 1024] == frame.node).all()
+        assert (key % 1024 == frame.gpu).all()
+        eng.slot_seen[idx] = now
+        eng._missing(now)  # drops the slots not seen for a long time
