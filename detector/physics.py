@@ -38,6 +38,7 @@ once some rule held on every sample of its persistence window, and then at its l
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,9 @@ FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
 
 
+_COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+
+
 def _holds(x: np.ndarray, op: str, v: float | np.ndarray) -> np.ndarray:
     """`x op v` per row (`v` a number or each row's prior; NaN on either side: False)."""
     with np.errstate(invalid="ignore"):
@@ -60,7 +64,7 @@ def _holds(x: np.ndarray, op: str, v: float | np.ndarray) -> np.ndarray:
             ok = np.isfinite(x) & np.isfinite(v)
             bits = np.where(ok, v, 0).astype(np.int64)
             return ok & ((np.where(ok, x, 0).astype(np.int64) & bits) != 0)
-        return {">=": x >= v, "<=": x <= v, ">": x > v, "<": x < v}[op]
+        return _COMPARE[op](x, v)
 
 
 def prior_rows(frame: Frame, key: str, pri: P.Priors | None = None) -> np.ndarray:
@@ -94,6 +98,7 @@ class Physics(PerJob):
         self.path = path
         self.min_gaps = min_gaps
         self._busy_last: dict[str, float] = {}  # job -> the latest time it was seen busy
+        self._busy: tuple[np.ndarray, np.ndarray] | None = None  # (jobs, `_busy_rows`)
 
     def _started(self, frame: Frame, busy: np.ndarray) -> np.ndarray:
         """Rows of jobs seen busy since their latest pause or start-up line began (or ever, with
@@ -102,8 +107,7 @@ class Physics(PerJob):
         t = frame.time.astype(float)
         began = t - np.nan_to_num(frame.col(F.SINCE_PAUSE), nan=np.inf)
         codes, uniq = frame.job_codes
-        get = self._busy_last.get
-        prev = np.array([get(j, np.nan) for j in uniq.tolist()] + [np.nan])
+        prev = self._busy_rows(uniq)
         last = prev[codes]
         with np.errstate(invalid="ignore"):
             out = (last >= began) & (last <= t)
@@ -123,10 +127,22 @@ class Physics(PerJob):
         fin = np.flatnonzero(np.isfinite(latest))
         newest = np.fmax(latest[fin], prev[fin])
         self._busy_last.update(zip(uniq[fin].tolist(), newest.tolist(), strict=True))
+        prev = prev.copy()
+        prev[fin] = newest
+        self._busy = (uniq, prev)
         return out
+
+    def _busy_rows(self, uniq: np.ndarray) -> np.ndarray:
+        """`_busy_last` of each of the frame's jobs (NaN: never busy), and NaN last for rows
+        without a code; kept while the frame's jobs are the last frame's (the same array)."""
+        if self._busy is not None and self._busy[0] is uniq:
+            return self._busy[1]
+        get = self._busy_last.get
+        return np.array([get(j, np.nan) for j in uniq.tolist()] + [np.nan])
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
+        self._busy = None
         for job in jobs:
             self._busy_last.pop(job, None)
 

@@ -94,3 +94,19 @@ def test_slot_lookup_follows_nodes_and_slots_that_come_and_go():
         assert (key % 1024 == frame.gpu).all()
         eng.slot_seen[idx] = now
         eng._missing(now)  # drops the slots not seen for a long time
+
+
+def test_physics_forgets_a_dropped_jobs_busy_time_on_the_same_job_table():
+    """The busy times kept for the frame's job table (the same array each cycle) go with
+    `drop_jobs`: a job that ended and came back under the same id has not started yet."""
+    from detector.physics import Physics
+
+    det = Physics()
+    frame = _one_instant(1, 7)
+    busy = np.ones(len(frame), dtype=bool)
+    assert det._started(frame, busy).all()
+    later = frame.with_values(frame.time + 5.0, frame.values.copy())  # the same job table
+    assert later.job_codes[1] is frame.job_codes[1]
+    assert det._started(later, ~busy).all()  # seen busy before: started
+    det.drop_jobs(set(frame.job))
+    assert not det._started(later, ~busy).any()
