@@ -10,7 +10,7 @@ the bare parse of the raw `{__name__=~...}` answer with all labels that the serv
 ask for. 100,000 GPUs run as 10 shards (each shard's answer holds what `goodput_shard="K"`
 selects), one after the other, each its own service.
 
-    python -m bench.scale [--sizes 1000,10000,100000] [--shards 10] [--cycles 6] [--out DIR]
+    python -m bench.scale [--sizes 1000,10000,100000] [--shards 10] [--cycles 24] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from urllib.parse import parse_qs
 import numpy as np
 import orjson
 
-from bench.scale_data import Cluster, answers, raw_answer, vector_answer
+from bench.scale_data import Cluster, gpu_answers, job_answers, raw_answer, vector_answer
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.ingest import Shard, fetch, no_gc
@@ -58,7 +58,7 @@ def serve_answers(directory: str, port: int) -> None:
         def do_POST(self) -> None:  # noqa: N802
             n = int(self.headers.get("Content-Length") or 0)
             expr = parse_qs(self.rfile.read(n).decode()).get("query", [""])[0]
-            path = root / (hashlib.sha256(expr.encode()).hexdigest() + ".json")
+            path = root / "current" / (hashlib.sha256(expr.encode()).hexdigest() + ".json")
             body = path.read_bytes() if path.exists() else vector_answer([])
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -73,8 +73,7 @@ def serve_answers(directory: str, port: int) -> None:
 
 
 def _write(directory: Path, recorded: dict[str, bytes]) -> None:
-    for f in directory.glob("*.json"):
-        f.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
     for expr, body in recorded.items():
         (directory / (hashlib.sha256(expr.encode()).hexdigest() + ".json")).write_bytes(body)
 
@@ -88,30 +87,48 @@ def _best(fn, n: int, clock=time.perf_counter) -> float:
     return min(times)
 
 
-def _fitted(svc: Service, now: float) -> None:
-    """Every job fitted and past warm-up, as in steady state (so cycles also learn)."""
-    frame, _ = fetch(svc.client, None, now, svc.cfg.shard)
-    for name, det in svc.engine.det.items():
-        if name not in ("hardware", "multivariate"):
-            det.fit(frame)
-    for info in svc.engine.base.jobs.values():
-        info.first_seen, info.fitted_at = now - svc.engine.cfg.warmup_s - 1.0, now
+VARIANTS = 4  # healthy samples drawn afresh per GPU: cycle k reads variant k % VARIANTS
+WARM_CYCLES = 72  # 6 minutes at 5 s from a fresh start: warm-up, first fits, Level's fits
+
+
+class Answers:
+    """What the answer server gives in each cycle: the GPUs' samples of one variant (in turn)
+    and the jobs' progress up to the cycle's time, under `work/current`."""
+
+    def __init__(self, c: Cluster, shard: Shard | None, now: float, work: Path) -> None:
+        self.c, self.shard, self.now, self.work = c, shard, now, work
+        self.gpu = []
+        for k in range(VARIANTS):
+            variant = Cluster(c.node, c.gpu, c.job, Cluster.make(len(c.node), seed=k).values)
+            self.gpu.append(gpu_answers(variant, shard, now))
+            _write(work / f"v{k}", self.gpu[-1])
+
+    def serve(self, k: int) -> list[bytes]:
+        """Cycle k's answers in place (returns their bodies, for the bare parse)."""
+        jobs = job_answers(self.c, self.shard, self.now + 5.0 * k)
+        _write(self.work / f"v{k % VARIANTS}", jobs)
+        link, tmp = self.work / "current", self.work / "current.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self.work / f"v{k % VARIANTS}")
+        tmp.replace(link)
+        return [*self.gpu[k % VARIANTS].values(), *jobs.values()]
 
 
 def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: int) -> dict:
-    """One service (one shard) over its recorded answers: timings, sizes, the two limits.
+    """One service (one shard) over generated answers: timings, sizes, the two limits.
 
-    Each steady cycle is followed at once by a bare parse of the same answers and a bare numpy
-    pass, so the ratios compare runs under the same load from other work (median of the
-    per-cycle ratios); wall and CPU seconds of this process are both kept."""
+    The service starts fresh and runs `WARM_CYCLES` cycles untimed (its jobs past warm-up,
+    fitted, their Level series fitted: the steady state it reaches by itself), then `cycles`
+    measured ones. Each measured cycle is followed at once by a bare parse of the answers it
+    read and a bare numpy pass, so the ratios compare runs under the same load from other work
+    (median of the per-cycle ratios); wall and CPU seconds of this process are both kept."""
     now = 1.8e9
-    recorded = answers(c, shard, now)
-    _write(work, recorded)
+    served = Answers(c, shard, now, work)
+    bodies = served.serve(0)
     svc = Service(
         ServiceConfig(prometheus_url=f"http://127.0.0.1:{port}", shard=shard),
         store=BaselineStore(work / "baselines"),
     )
-    bodies = list(recorded.values())
     frame, _ = fetch(svc.client, None, now, shard)
     x = np.ascontiguousarray(frame.cols(F.GAUGE_NAMES))  # row-major: the bare pass's fastest
     codes, uniq = frame.job_codes
@@ -125,10 +142,14 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
     def bare_numpy() -> None:
         np.abs((x - mu[codes]) / sd[codes]).max(axis=1)
 
-    runs = []
-    for k in range(cycles + 1):  # the first cycle creates every job: reported apart
+    steady, first = [], 0.0
+    for k in range(WARM_CYCLES + cycles):
+        bodies = served.serve(k)
         cpu = time.process_time()
         assert svc.cycle(now=now + 5.0 * k), "a cycle failed"
+        first = first or svc.scores.cycle_seconds  # the first cycle creates every job
+        if k < WARM_CYCLES:
+            continue
         run = {"total": svc.scores.cycle_seconds, "cpu": time.process_time() - cpu}
         run.update(svc.scores.phases)
         run["score_cpu"] = svc.scores.phases_cpu["score"]
@@ -138,10 +159,7 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
             run["parse_cpu"] = time.process_time() - cpu
         run["numpy"] = _best(bare_numpy, 5)
         run["numpy_cpu"] = _best(bare_numpy, 5, time.thread_time)
-        runs.append(run)
-        if k == 0:
-            _fitted(svc, now)
-    steady = runs[1:]
+        steady.append(run)
     text = svc.exposition()
     bare_gc = _best(parse_all, 2)
 
@@ -156,15 +174,20 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
         "shard": f"{shard.index}/{shard.count}" if shard else "all",
         "gpus": len(frame),
         "jobs": len(set(frame.job) - {""}),
-        "queries": len(recorded),
+        "queries": len(bodies),
         "answer_bytes": sum(map(len, bodies)),
         "answer_series": sum(b.count(b'"value"') for b in bodies),
-        "first_cycle_s": round(runs[0]["total"], 4),
+        "warm_cycles": WARM_CYCLES,
+        "measured_cycles": len(steady),
+        "first_cycle_s": round(first, 4),
         "cycle_s_min": stat("total"),
         "cycle_s_median": stat("total", statistics.median),
+        "cycle_s_max": stat("total", max),
         "cycle_cpu_s_median": stat("cpu", statistics.median),
         "fetch_s_min": stat("fetch"),
         "score_s_min": stat("score"),
+        "score_s_median": stat("score", statistics.median),
+        "score_s_max": stat("score", max),
         "render_s_min": stat("render"),
         "bare_orjson_parse_s_min": stat("parse"),
         "bare_orjson_parse_cpu_s_median": stat("parse_cpu", statistics.median),
@@ -183,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--shards", type=int, default=10, help="shards for sizes above 10,000")
-    ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--cycles", type=int, default=24, help="measured, after the warm ones")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]

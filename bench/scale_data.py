@@ -65,6 +65,13 @@ def _num(v: float, name: str) -> str:
 def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -> dict[str, bytes]:
     """query -> the answer Prometheus gives to it (the service's fixed set). `hpc_job=False`:
     dcgm-exporter without job mapping (jobs known only from the Slurm exporter's node info)."""
+    return {**gpu_answers(c, shard, now, hpc_job), **job_answers(c, shard, now)}
+
+
+def gpu_answers(
+    c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True
+) -> dict[str, bytes]:
+    """The per-GPU answers (one per DCGM field) of `answers`."""
     idx = c.rows(shard)
     out = {}
     for q, expr in queries(shard).items():
@@ -81,6 +88,16 @@ def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -
                     for i in idx.tolist()
                 ]
             )
+    return out
+
+
+def job_answers(c: Cluster, shard: Shard | None, now: float) -> dict[str, bytes]:
+    """The Slurm exporter's node info and the per-job log metrics of `answers`: every job
+    logged progress a second before `now`."""
+    idx = c.rows(shard)
+    out = {}
+    for q, expr in queries(shard).items():
+        if q in F.DCGM_FIELDS:
             continue
         pairs = sorted({(c.job[i], c.node[i]) for i in idx.tolist() if c.job[i]})
         if q == NODE_INFO:

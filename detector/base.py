@@ -69,12 +69,28 @@ def pause_open(stall: np.ndarray, since_pause: np.ndarray) -> np.ndarray:
         return np.isfinite(since_pause) & (~np.isfinite(stall) | (since_pause <= stall))
 
 
+def nanmedian_cols(x: np.ndarray) -> np.ndarray:
+    """`np.nanmedian(x, axis=0)` of an (n, m) array (NaN for all-NaN columns) by one sort:
+    numpy takes its masked-array path below 600 rows, 1.5 ms for a job's 256-row reservoir
+    against 0.03 ms here (each fit computes four)."""
+    if not x.shape[0]:
+        return np.full(x.shape[1:], np.nan)
+    srt = np.sort(x, axis=0)  # NaN sorts last
+    n = np.count_nonzero(~np.isnan(x), axis=0)
+    lo, hi = np.maximum((n - 1) // 2, 0), n // 2
+    hi = np.minimum(hi, x.shape[0] - 1)
+    cols = np.arange(x.shape[1])
+    a, b = srt[lo, cols], srt[hi, cols]
+    with np.errstate(all="ignore"):
+        med = np.where(lo == hi, a, (a + b) / 2)
+    return np.where(n > 0, med, np.nan)
+
+
 def robust(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Column median and MAD-sigma, NaN-aware (all-NaN columns give NaN)."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        med = np.nanmedian(x, axis=0)
-        mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_SIGMA
+    med = nanmedian_cols(x)
+    with np.errstate(all="ignore"):
+        mad = nanmedian_cols(np.abs(x - med)) * MAD_TO_SIGMA
     return med, mad
 
 

@@ -169,27 +169,52 @@ class NodeShift(BaselineDeviation):
         known = codes >= 0
         if not known.any():
             return out
-        c = codes[known]
-        z = np.full(x.shape, np.nan)
-        z[known] = (x[known] - self.busy_med_[c][:, _ACT]) / self.busy_scale_[c][:, _ACT]
-        nodes = frame.node_codes[0].astype(np.int64)
-        owner = codes.astype(np.int64)  # the job (and instant, for multi-instant frames)
-        if multi_instant(frame):
-            owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
-        owner = np.where(known, owner, -1)
-        pair_codes, pair_uniq = pd.factorize(owner * (nodes.max() + 1) + nodes)
-        zn = group_median(z, pair_codes, len(pair_uniq))  # (pairs, fields)
-        pair_owner = np.asarray(pair_uniq) // (nodes.max() + 1)
+        med, scale = self.busy_med_[:, _ACT], self.busy_scale_[:, _ACT]  # columns, then rows
+        if known.all():
+            z = (x - med[codes]) / scale[codes]
+        else:
+            z = np.full(x.shape, np.nan)
+            c = codes[known]
+            z[known] = (x[known] - med[c]) / scale[c]
+        pair_codes, npairs, pair_groups, owner_groups = self._pairs(frame, codes, known)
+        zn = group_median(z, pair_codes, npairs, pair_groups)  # (pairs, fields)
         ref = np.full(zn.shape, np.nan)
-        n_owner = int(pair_owner.max()) + 1 if len(pair_owner) else 0
-        for _, rows in by_size(np.where(pair_owner >= 0, pair_owner, -1), n_owner):
-            if rows.shape[1] < 2:
-                continue
+        for _, rows in owner_groups:
             block = zn[rows]  # (g, nodes, fields)
             mag = np.where(np.isnan(block), np.inf, np.abs(block))
             pick = np.take_along_axis(block, mag.argmin(axis=1)[:, None, :], axis=1)
             ref[rows] = np.broadcast_to(pick, block.shape)
-        out[known] = np.abs(zn - ref)[pair_codes][known]
+        pair_z = np.abs(zn - ref)
+        if known.all():
+            return pair_z[pair_codes]
+        out[known] = pair_z[pair_codes[known]]
+        return out
+
+    def _pairs(self, frame: Frame, codes: np.ndarray, known: np.ndarray) -> tuple[Any, ...]:
+        """Each row's (job, node) pair code, how many pairs, their `by_size` groups, and the
+        pairs grouped by owner (the job, and instant for multi-instant frames; owners of 2+
+        nodes only). Kept while the rows' owners and nodes are the last call's (a cycle's
+        usually are)."""
+        nodes = frame.node_codes[0].astype(np.int64)
+        owner = codes.astype(np.int64)
+        if multi_instant(frame):
+            owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
+        owner = np.where(known, owner, -1)
+        memo = getattr(self, "_pair_memo", None)
+        if memo is not None and np.array_equal(memo[0], owner) and np.array_equal(memo[1], nodes):
+            return memo[2]
+        span = nodes.max() + 1
+        pair_codes, pair_uniq = pd.factorize(owner * span + nodes)
+        pair_owner = np.asarray(pair_uniq) // span
+        n_owner = int(pair_owner.max()) + 1 if len(pair_owner) else 0
+        by_owner = by_size(np.where(pair_owner >= 0, pair_owner, -1), n_owner)
+        out = (
+            pair_codes,
+            len(pair_uniq),
+            by_size(pair_codes, len(pair_uniq)),
+            [(g, rows) for g, rows in by_owner if rows.shape[1] >= 2],
+        )
+        self._pair_memo = (owner, nodes, out)
         return out
 
     def score(self, frame: Frame) -> np.ndarray:

@@ -54,6 +54,7 @@ class Baselines:
         self.jobs: dict[str, JobInfo] = {}
         self.ids: list[str] = [""]
         self.code: dict[str, int] = {"": 0}
+        self._due: dict[str, tuple[bool, float]] = {}  # job -> (refit, due since), see _fit_due
 
     def add(self, job: str, name: str, now: float) -> None:
         """A job seen for the first time: a code, and its stored baseline by name if any."""
@@ -88,7 +89,13 @@ class Baselines:
         """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
         cycle, spread over jobs; small jobs every cycle) and fit when due: first as soon as
         `fit_rows` calm rows are in (or at `fit_after_s`), again at 4x as many, then every
-        `refit_s`."""
+        `refit_s` (at most `fits_per_cycle` jobs a cycle: `_fit_due`)."""
+        self._add_rows(frame, job, combined, now, cycle)
+        self._fit_due(now)
+
+    def _add_rows(
+        self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
+    ) -> None:
         every = max(self.cfg.learn_every, 1)
         codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
         size = np.bincount(job, minlength=len(combined))[codes] if len(job) else codes * 0
@@ -124,8 +131,19 @@ class Baselines:
                     or (0 < info.fitted_rows and info.seen >= 4 * info.fitted_rows)
                 )
             )
-            if due:
-                self.fit_job(self.ids[info.code], now)
+            if due:  # (first fits ahead of refits, then the longest waiting)
+                self._due.setdefault(self.ids[info.code], (info.fitted_at is not None, now))
+
+    def _fit_due(self, now: float) -> None:
+        """Fit the jobs that came due, at most `fits_per_cycle` a cycle. A burst (every job of
+        a restarted service reaching its first fit within a minute: 100 fits at 5 ms in one
+        cycle at 10,000 GPUs) is spread over the next cycles instead of stalling one."""
+        if not self._due:
+            return
+        for job in sorted(self._due, key=self._due.__getitem__)[: self.cfg.fits_per_cycle]:
+            del self._due[job]
+            if job in self.jobs:
+                self.fit_job(job, now)
 
     def learn_online(self, frame: Frame, combined: np.ndarray) -> None:
         """Online detectors (`Level`) learn every instant, except from jobs whose alert is on
@@ -192,6 +210,7 @@ class Baselines:
         ended = {j for j in self.jobs if j not in running}
         for job in ended:
             del self.jobs[job]
+            self._due.pop(job, None)
         if ended:
             for det in self.det.values():
                 det.drop_jobs(ended)

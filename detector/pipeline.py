@@ -60,6 +60,7 @@ class Config:
     learn_every: int = 6  # each job adds to its reservoir every n-th cycle (spread over jobs)
     learn_small: int = 8  # ... except jobs of at most this many GPUs, which learn every cycle
     reservoir: int = 256
+    fits_per_cycle: int = 32  # at most this many jobs fitted in one cycle (the rest wait)
     missing_after_s: float = 20.0  # a GPU silent this long while labelled with a job
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:

@@ -110,3 +110,19 @@ def test_physics_forgets_a_dropped_jobs_busy_time_on_the_same_job_table():
     assert det._started(later, ~busy).all()  # seen busy before: started
     det.drop_jobs(set(frame.job))
     assert not det._started(later, ~busy).any()
+
+
+def test_node_shift_regroups_when_the_rows_nodes_change():
+    """The (job, node) pairs kept from the last score are not reused for rows on other nodes."""
+    from detector.deviation import NodeShift
+    from detector.frame import Frame
+
+    train = healthy_frame(jobs=1, nodes=3, steps=30, seed=8)
+    a = healthy_frame(jobs=1, nodes=3, steps=1, seed=9, start=600.0)
+    a.values[a.node == "node2", F.ALL_FIELDS.index(F.UTIL)] = 40.0  # node2 slowed
+    moved = a.node.copy()
+    moved[np.flatnonzero(a.node == "node3")[:4]] = "node2"  # half of node3's rows on node2
+    b = Frame(a.time, a.job, moved, a.gpu, a.values)  # (labels as a cycle could read them)
+    det = NodeShift().fit(train)
+    det.score(a)
+    np.testing.assert_allclose(det.score(b), NodeShift().fit(train).score(b))
