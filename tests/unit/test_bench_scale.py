@@ -13,6 +13,7 @@ def test_scale_bench_runs_the_whole_cycle_and_reports_it(tmp_path):
     doc = scale.run([1000], shards=1, cycles=2, out=tmp_path)
     row = doc["rows"][0]["worst_shard"]
     assert row["gpus"] == 1000 and row["jobs"] == 63
+    assert row["jobs_fitted"] == 63  # measured in the steady state the service reached itself
     assert row["queries"] == len(F.DCGM_FIELDS) + 4
     # + the job -> node join (125 pairs) and three per-job answers (progress, step, pause; 63 jobs)
     assert row["answer_series"] == 1000 * len(F.DCGM_FIELDS) + 125 + 3 * 63
