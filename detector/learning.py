@@ -136,7 +136,7 @@ class Baselines:
 
     def _fit_due(self, now: float) -> None:
         """Fit the jobs that came due, at most `fits_per_cycle` a cycle. A burst (every job of
-        a restarted service reaching its first fit within a minute: 100 fits at 5 ms in one
+        a restarted service reaching its first fit within a minute: ~100 fits, 0.2-0.5 s in one
         cycle at 10,000 GPUs) is spread over the next cycles instead of stalling one."""
         if not self._due:
             return
