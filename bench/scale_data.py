@@ -30,8 +30,11 @@ class Cluster:
     values: np.ndarray  # (gpus, len(F.DCGM_FIELDS))
 
     @staticmethod
-    def make(gpus: int, idle: float = 0.0, seed: int = 0) -> Cluster:
-        """`gpus` GPUs, 8 per node, 16 per job; the last `idle` share runs no job."""
+    def make(gpus: int, idle: float = 0.0, seed: int = 0, no_dcp: int = 0) -> Cluster:
+        """`gpus` GPUs, 8 per node, 16 per job; the last `idle` share runs no job. `no_dcp`:
+        every `no_dcp`-th node's exporter has no profiling (DCGM_FI_PROF_*) series, as when its
+        profiling module failed ("Not collecting DCP metrics", NVIDIA/dcgm-exporter#327;
+        NVIDIA/DCGM#3): NaN here, absent from the answers."""
         rng = np.random.default_rng(seed)
         busy = int(round(gpus * (1 - idle)))
         node = [f"node{i // 8 + 1}" for i in range(gpus)]
@@ -44,6 +47,10 @@ class Cluster:
                 values[:, i] = col if name in FLOATS else np.round(np.minimum(col, 1e9))
         u = F.DCGM_FIELDS.index(F.UTIL)
         values[:, u] = np.minimum(values[:, u], 100)
+        if no_dcp:
+            off = (np.arange(gpus) // 8) % no_dcp == no_dcp - 1
+            prof = [i for i, n in enumerate(F.DCGM_FIELDS) if n.startswith("DCGM_FI_PROF")]
+            values[np.ix_(off, prof)] = np.nan
         return Cluster(node, [i % 8 for i in range(gpus)], job, values)
 
     def rows(self, shard: Shard | None) -> np.ndarray:
@@ -86,6 +93,7 @@ def gpu_answers(
                         "value": [now, _num(c.values[i, col], q)],
                     }
                     for i in idx.tolist()
+                    if not np.isnan(c.values[i, col])
                 ]
             )
     return out
@@ -150,7 +158,11 @@ def dcgm_text(c: Cluster) -> bytes:
     out = []
     for col, name in enumerate(F.DCGM_FIELDS):
         out.append(f"# TYPE {name} gauge\n")
-        out += [f"{name}{{{lab}}} {_num(c.values[i, col], name)}\n" for i, lab in enumerate(labels)]
+        out += [
+            f"{name}{{{lab}}} {_num(c.values[i, col], name)}\n"
+            for i, lab in enumerate(labels)
+            if not np.isnan(c.values[i, col])
+        ]
     return "".join(out).encode()
 
 
@@ -174,5 +186,6 @@ def raw_answer(c: Cluster, now: float) -> bytes:
         }
         for col, name in enumerate(F.DCGM_FIELDS)
         for i in range(len(c.node))
+        if not np.isnan(c.values[i, col])
     ]
     return vector_answer(res)

@@ -37,19 +37,7 @@ import warnings
 
 import numpy as np
 
-from detector.base import MAD_TO_SIGMA, z_crit
-
-
-def _median(x: np.ndarray) -> np.ndarray:
-    """Row medians of (k, w), NaN-padded rows (NaN where a row has none): one sort."""
-    return _sorted_median(np.sort(x, axis=1), x)  # NaN sort last
-
-
-def _sorted_median(srt: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """`_median(x)` from `srt`, x sorted along its rows."""
-    n = np.count_nonzero(~np.isnan(x), axis=1)
-    i = np.arange(len(x))
-    return (srt[i, np.maximum((n - 1) // 2, 0)] + srt[i, n // 2]) / 2
+from detector.base import MAD_TO_SIGMA, nanmedian, sorted_median, z_crit
 
 
 def _percentile(srt: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
@@ -251,19 +239,21 @@ class Bank:
             for i in np.flatnonzero(n >= 2 * self.period + 1):
                 season[i] = self._profile(int(rows[i]))
         srt = np.sort(x, axis=1)  # shared where it can be: one sort of the window, not three
+        count = np.count_nonzero(~np.isnan(x), axis=1)
+        median_x = sorted_median(srt, count, 1)
         if season.any():
             x0 = x - np.take_along_axis(season, ph % season.shape[1], axis=1)
-            level = _median(x0)
+            level = nanmedian(x0, 1)
         else:  # no seasonal profile: x0 is x
-            x0, level = x, _sorted_median(srt, x)
+            x0, level = x, median_x
         resid = x0 - level[:, None]
-        mad = _median(np.abs(resid - _median(resid)[:, None])) * MAD_TO_SIGMA
+        mad = nanmedian(np.abs(resid - nanmedian(resid, 1)[:, None]), 1) * MAD_TO_SIGMA
         if self.robust == "qn":
             from statsmodels.robust.scale import qn_scale
 
             for i in np.flatnonzero(n >= 8):
                 mad[i] = float(qn_scale(resid[i, : n[i]]))
-        typical = _median(np.abs(x)) if (srt[:, 0] < 0).any() else _sorted_median(srt, x)
+        typical = nanmedian(np.abs(x), 1) if (srt[:, 0] < 0).any() else median_x
         spread = _percentile(srt, n, 95) - _percentile(srt, n, 5)
         floor = self.rel_floor * np.where(
             typical > 1e-12 * np.maximum(spread, 1e-300), typical, spread
