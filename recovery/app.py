@@ -8,6 +8,7 @@ If `recovery.api_actions` exists its `router` is included behind the same auth.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import gc
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recovery import incidents, retention, validate
+from recovery import failpoints, incidents, retention, validate
 from recovery.group_commit import GroupCommit
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
@@ -353,13 +354,18 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
             return _error(422, "invalid Alertmanager v4 payload", _validation_detail(exc.errors()))
         except RecursionError:
             return _error(400, "payload nested too deeply")
-        result = await run_in_threadpool(
-            commits.ingest,
-            [a.model_dump() for a in payload.alerts],
-            raw=raw.decode("utf-8"),
-            group_key=payload.groupKey,
-            status=payload.status,
-        )
+        docs = [a.model_dump() for a in payload.alerts]
+        kw: dict[str, Any] = {
+            "raw": raw.decode("utf-8"),
+            "group_key": payload.groupKey,
+            "status": payload.status,
+        }
+        if incidents.node_lookups(docs):  # Slurm's jobs on its nodes: asked off the loop
+            ready = await run_in_threadpool(incidents.prepare, engine, settings, docs, **kw)
+        else:
+            ready = incidents.Payload(docs, **kw)
+        result = await asyncio.wrap_future(commits.submit(ready))
+        failpoints.hit("ingested")
         for a in payload.alerts:
             metrics.alerts_received.labels(status=a.status).inc()
         return Accepted(alerts=len(payload.alerts), new=result.new, incidents=result.incident_ids)

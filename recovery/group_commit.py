@@ -2,15 +2,18 @@
 
 Ingest is serialised (one transaction at a time per store: `incidents.ingest_payloads`), so
 under load each webhook request would wait for every earlier commit (on PostgreSQL, a WAL
-flush each). `GroupCommit.ingest` queues the payload; the first waiting request becomes the
-writer, folds everything queued in one transaction and wakes the others; each request returns
-(and the webhook answers 200) only after the commit that holds its payload. If a batch fails,
-its payloads are written again one by one, so one bad payload fails only its own request.
+flush each). `GroupCommit.submit` queues a ready payload and returns a future; one writer
+thread folds everything queued in one transaction and completes the futures of its batch only
+after the commit. The webhook awaits its future on the event loop: no worker thread is held
+per waiting request, and a commit wakes only its own batch's requests. If a batch fails, its
+payloads are written again one by one, so one bad payload fails only its own request. The
+writer starts with the first payload and ends after `LINGER_S` without one.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +23,13 @@ from recovery import failpoints, incidents
 from recovery.settings import Settings
 
 MAX_BATCH = 256
+LINGER_S = 1.0  # the writer waits this long for the next payload before it ends
 
 
 @dataclass
 class _Slot:
     payload: incidents.Payload
-    result: incidents.IngestResult | None = None
-    error: BaseException | None = None
-    done: bool = False
+    future: Future[incidents.IngestResult]
 
 
 class GroupCommit:
@@ -35,51 +37,59 @@ class GroupCommit:
         self.engine, self.settings = engine, settings
         self._cv = threading.Condition()
         self._queue: list[_Slot] = []
-        self._writing = False
+        self._writer: threading.Thread | None = None
 
-    def ingest(self, docs: list[dict[str, Any]], **kw: Any) -> incidents.IngestResult:
-        """`incidents.ingest`, committed together with whatever else is waiting."""
-        slot = _Slot(incidents.prepare(self.engine, self.settings, docs, **kw))
+    def submit(self, payload: incidents.Payload) -> Future[incidents.IngestResult]:
+        """Queue a payload (`incidents.prepare`d): its future completes after the commit that
+        holds it (or with the error that failed it alone)."""
+        slot = _Slot(payload, Future())
         with self._cv:
             self._queue.append(slot)
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._drain, name="goodput-group-commit", daemon=True
+                )
+                self._writer.start()
+            self._cv.notify()
+        return slot.future
+
+    def ingest(self, docs: list[dict[str, Any]], **kw: Any) -> incidents.IngestResult:
+        """`incidents.ingest`, committed together with whatever else is waiting (blocking)."""
+        result = self.submit(incidents.prepare(self.engine, self.settings, docs, **kw)).result()
+        failpoints.hit("ingested")
+        return result
+
+    def _drain(self) -> None:
         while True:
             with self._cv:
-                while not slot.done and self._writing:
-                    self._cv.wait()
-                if slot.done:
-                    break
-                # nobody is writing: this request writes what is queued, its own included
+                if not self._queue:
+                    self._cv.wait(LINGER_S)
+                if not self._queue:
+                    self._writer = None  # the next submit starts another
+                    return
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-                self._writing = True
-            try:
-                self._write(batch)
-            finally:
-                with self._cv:
-                    self._writing = False
-                    self._cv.notify_all()
-        if slot.error is not None:
-            raise slot.error
-        failpoints.hit("ingested")
-        assert slot.result is not None
-        return slot.result
+            # a request that went away before its payload was taken: not written (no 200 was
+            # sent, so Alertmanager delivers it again)
+            self._write([s for s in batch if s.future.set_running_or_notify_cancel()])
 
     def _write(self, batch: list[_Slot]) -> None:
+        if not batch:
+            return
         try:
             results = incidents.ingest_payloads(
                 self.engine, self.settings, [s.payload for s in batch]
             )
-            for s, r in zip(batch, results, strict=True):
-                s.result = r
         except Exception as exc:  # noqa: BLE001 - each payload alone: only a bad one fails
             if len(batch) == 1:
-                batch[0].error = exc
-            else:
-                for s in batch:
-                    try:
-                        (s.result,) = incidents.ingest_payloads(
-                            self.engine, self.settings, [s.payload]
-                        )
-                    except Exception as one:  # noqa: BLE001
-                        s.error = one
-        for s in batch:
-            s.done = True
+                batch[0].future.set_exception(exc)
+                return
+            for s in batch:
+                try:
+                    (one,) = incidents.ingest_payloads(self.engine, self.settings, [s.payload])
+                except Exception as err:  # noqa: BLE001
+                    s.future.set_exception(err)
+                else:
+                    s.future.set_result(one)
+            return
+        for s, r in zip(batch, results, strict=True):
+            s.future.set_result(r)

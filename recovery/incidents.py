@@ -164,11 +164,13 @@ def ingest_payloads(
     with _LOCK, engine.begin() as conn:
         serialize(conn, INGEST_LOCK)  # other receivers on this PostgreSQL wait for our commit
         store_payloads(conn, [(p.raw, p.group_key, p.status) for p in payloads], now)
-        known = ingest_rows.stored_alerts(conn, [d for p in payloads for d in p.docs])
+        docs = [d for p in payloads for d in p.docs]
+        known = ingest_rows.stored_alerts(conn, docs)
+        fresh = ingest_rows.insert_new(conn, docs, now, known)
         links = ingest_rows.Links()
-        jobs = {d["labels"].get("job_id") for p in payloads for d in p.docs} - {None, ""}
+        jobs = {d["labels"].get("job_id") for d in docs} - {None, ""}
         open_ = _OpenOfJobs(conn, jobs)
-        results = [_fold(conn, settings, p, now, known, links, open_) for p in payloads]
+        results = [_fold(conn, settings, p, now, known, fresh, links, open_) for p in payloads]
         links.flush(conn)
         return results
 
@@ -179,6 +181,7 @@ def _fold(
     p: Payload,
     now: float,
     known: dict[ingest_rows.Identity, Any],
+    fresh: set[ingest_rows.Identity],
     links: ingest_rows.Links,
     open_: _OpenOfJobs,
 ) -> IngestResult:
@@ -186,7 +189,7 @@ def _fold(
     touched: set[int] = set()
     ended: set[int] = set()  # incidents an alert's status change may resolve
     for doc in p.docs:
-        alert_id, is_new, changed = ingest_rows.upsert_alert(conn, doc, now, known)
+        alert_id, is_new, changed = ingest_rows.upsert_alert(conn, doc, now, known, fresh)
         result.new += int(is_new)
         result.changed += int(changed)
         if doc["labels"].get("goodput_notification") == "true":
@@ -212,13 +215,9 @@ def _fold(
     return result
 
 
-def _jobs_on_nodes(
-    engine: Engine, docs: list[dict[str, Any]], lookup: NodeJobs
-) -> dict[str, list[str]]:
-    """Slurm's jobs on each node named by a new firing alert that has no job_id, asked before
-    the ingest lock and transaction are taken, so a slow or unreachable Slurm delays only this
-    request. A redelivered alert asks nothing; after one failed lookup the remaining nodes
-    fall back on the open incidents that already name them."""
+def node_lookups(docs: list[dict[str, Any]]) -> dict[str, set[tuple[str, str]]]:
+    """The nodes whose jobs `prepare` asks Slurm for (firing alerts naming a node and no job),
+    each with those alerts' identities."""
     wanted: dict[str, set[tuple[str, str]]] = {}
     for doc in docs:
         labels = doc["labels"]
@@ -229,6 +228,17 @@ def _jobs_on_nodes(
             and labels.get("goodput_notification") != "true"
         ):
             wanted.setdefault(labels["node"], set()).add((doc["fingerprint"], doc["startsAt"]))
+    return wanted
+
+
+def _jobs_on_nodes(
+    engine: Engine, docs: list[dict[str, Any]], lookup: NodeJobs
+) -> dict[str, list[str]]:
+    """Slurm's jobs on each node named by a new firing alert that has no job_id, asked before
+    the ingest lock and transaction are taken, so a slow or unreachable Slurm delays only this
+    request. A redelivered alert asks nothing; after one failed lookup the remaining nodes
+    fall back on the open incidents that already name them."""
+    wanted = node_lookups(docs)
     if not wanted:
         return {}
     fps = {fp for ids in wanted.values() for fp, _ in ids}

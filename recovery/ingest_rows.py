@@ -1,5 +1,6 @@
 """The rows one ingest transaction writes besides incidents: the alerts of a batch of webhook
-payloads (their stored state read in one query, kept current while the batch folds) and the
+payloads (their stored state read in one query, the new ones inserted in one statement, kept
+current while the batch folds) and the
 new alert→incident links with their incident updates (written together, executemany: one
 round trip each on PostgreSQL's pipeline). `recovery.incidents` decides what joins what.
 """
@@ -27,45 +28,72 @@ def stored_alerts(conn: Connection, docs: list[dict[str, Any]]) -> dict[Identity
     return {(r.fingerprint, r.starts_at): r for r in rows}
 
 
+def insert_new(
+    conn: Connection, docs: list[dict[str, Any]], now: float, known: dict[Identity, Any]
+) -> set[Identity]:
+    """Insert every alert among `docs` that is not stored, as its first sight in the batch
+    gives it, in one statement (ids in the docs' order, as one insert each would give them);
+    `known` gains them. Returns their identities, for `upsert_alert` to report them new."""
+    rows: dict[Identity, dict[str, Any]] = {}
+    for doc in docs:
+        identity = (doc["fingerprint"], doc["startsAt"])
+        if identity not in known and identity not in rows:
+            rows[identity] = _alert_row(doc, now)
+    if not rows:
+        return set()
+    ids = conn.execute(_INSERT_ALERTS, list(rows.values())).scalars().all()
+    for (identity, row), new_id in zip(rows.items(), ids, strict=True):
+        known[identity] = Stored(int(new_id), row["status"])
+    return set(rows)
+
+
 def upsert_alert(
-    conn: Connection, doc: dict[str, Any], now: float, known: dict[Identity, Any]
+    conn: Connection,
+    doc: dict[str, Any],
+    now: float,
+    known: dict[Identity, Any],
+    fresh: set[Identity],
 ) -> tuple[int, bool, bool]:
-    """(alert id, new, status changed) of one alert of a payload; `known` is updated."""
-    labels = doc["labels"]
+    """(alert id, new, status changed) of one alert of a payload, in the batch's order: the
+    first sight of an alert `insert_new` inserted (`fresh`) is new; `known` is updated."""
     identity = (doc["fingerprint"], doc["startsAt"])
-    row = known.get(identity)
-    ends = validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
-    if row is not None:
-        if row.status == doc["status"]:
-            return row.id, False, False
-        conn.execute(
-            update(alerts)
-            .where(alerts.c.id == row.id)
-            .values(status=doc["status"], ends_ts=ends, updated_at=now)
-        )
-        known[identity] = Stored(row.id, doc["status"])
-        return row.id, False, True
-    new_id = conn.execute(
-        _INSERT_ALERT,
-        {
-            "fingerprint": doc["fingerprint"],
-            "starts_at": doc["startsAt"],
-            "starts_ts": validate.timestamp(doc["startsAt"]),
-            "ends_ts": ends,
-            "status": doc["status"],
-            "alertname": labels.get("alertname", "")[:128],
-            "severity": labels.get("severity", "")[:32],
-            "job_id": labels.get("job_id") or None,
-            "node": labels.get("node") or None,
-            "gpu": labels.get("gpu") or None,
-            "labels": dumps(labels),
-            "annotations": dumps(doc.get("annotations") or {}),
-            "received_at": now,
-            "updated_at": now,
-        },
-    ).inserted_primary_key[0]  # type: ignore[index]
-    known[identity] = Stored(int(new_id), doc["status"])
-    return int(new_id), True, False
+    row = known[identity]
+    if identity in fresh:
+        fresh.discard(identity)
+        return row.id, True, False
+    if row.status == doc["status"]:
+        return row.id, False, False
+    conn.execute(
+        update(alerts)
+        .where(alerts.c.id == row.id)
+        .values(status=doc["status"], ends_ts=_ends(doc), updated_at=now)
+    )
+    known[identity] = Stored(row.id, doc["status"])
+    return row.id, False, True
+
+
+def _ends(doc: dict[str, Any]) -> float | None:
+    return validate.timestamp(doc.get("endsAt") or "0001-01-01T00:00:00Z") or None
+
+
+def _alert_row(doc: dict[str, Any], now: float) -> dict[str, Any]:
+    labels = doc["labels"]
+    return {
+        "fingerprint": doc["fingerprint"],
+        "starts_at": doc["startsAt"],
+        "starts_ts": validate.timestamp(doc["startsAt"]),
+        "ends_ts": _ends(doc),
+        "status": doc["status"],
+        "alertname": labels.get("alertname", "")[:128],
+        "severity": labels.get("severity", "")[:32],
+        "job_id": labels.get("job_id") or None,
+        "node": labels.get("node") or None,
+        "gpu": labels.get("gpu") or None,
+        "labels": dumps(labels),
+        "annotations": dumps(doc.get("annotations") or {}),
+        "received_at": now,
+        "updated_at": now,
+    }
 
 
 @dataclass(frozen=True)
@@ -111,7 +139,7 @@ class Links:
 _ALERTS_BY_FINGERPRINT = select(
     alerts.c.id, alerts.c.status, alerts.c.fingerprint, alerts.c.starts_at
 ).where(alerts.c.fingerprint.in_(bindparam("b_fps", expanding=True)))
-_INSERT_ALERT = insert(alerts)
+_INSERT_ALERTS = insert(alerts).returning(alerts.c.id, sort_by_parameter_order=True)
 _INSERT_LINK = insert(incident_alerts)
 _was = incidents.c.first_alert_ts
 _LINK_ONLY = (

@@ -167,3 +167,33 @@ def test_one_batch_stores_what_one_payload_at_a_time_stores(tmp_path):
     assert batch[-1].incident_ids != batch[-3].incident_ids  # not the resolved one
     assert ("body a", 2) in batch_tables["payloads"]
     assert ("body z", 3) in batch_tables["payloads"]
+
+
+def test_a_payload_whose_request_went_away_is_not_written(gc, monkeypatch):
+    """A future cancelled before the writer takes its payload (the webhook's client left: no
+    200 was sent, Alertmanager delivers it again) is skipped; the others are written."""
+    commits, engine, batches = gc
+    first = commits.submit(incidents.Payload([_alert("1", "5")], raw="one"))
+    time.sleep(0.05)  # the writer is inside the first (slow) commit
+    gone = commits.submit(incidents.Payload([_alert("2", "5")], raw="two"))
+    kept = commits.submit(incidents.Payload([_alert("3", "5")], raw="three"))
+    assert gone.cancel()
+    assert first.result(5).new == 1 and kept.result(5).new == 1
+    assert batches == [1, 1]
+    with engine.connect() as conn:
+        fps = set(conn.execute(select(alerts.c.fingerprint)).scalars())
+    assert fps == {"1", "3"}
+
+
+def test_the_writer_ends_when_idle_and_starts_again(gc, monkeypatch):
+    from recovery import group_commit
+
+    monkeypatch.setattr(group_commit, "LINGER_S", 0.05)
+    commits, engine, batches = gc
+    assert commits.ingest([_alert("a", "1")], raw="a").new == 1
+    deadline = time.monotonic() + 5
+    while commits._writer is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert commits._writer is None  # nothing queued: no thread left behind
+    assert commits.ingest([_alert("b", "1")], raw="b").new == 1
+    assert batches == [1, 1]
