@@ -19,6 +19,7 @@ from detector.base import (
     z_crit,
 )
 from detector.frame import Frame, by_size
+from detector.memo import Memo
 from detector.perjob import PerJob
 
 
@@ -161,6 +162,10 @@ class NodeShift(BaselineDeviation):
 
     name = "shift"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pair_memo: Memo[tuple[Any, ...]] = Memo()
+
     def _node_shift(self, frame: Frame) -> np.ndarray:
         """(n, fields) |node median z - reference node's z| (NaN where not scored)."""
         codes = self._codes(frame)
@@ -200,22 +205,7 @@ class NodeShift(BaselineDeviation):
         if multi_instant(frame):
             owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
         owner = np.where(known, owner, -1)
-        memo = getattr(self, "_pair_memo", None)
-        if memo is not None and np.array_equal(memo[0], owner) and np.array_equal(memo[1], nodes):
-            return memo[2]
-        span = nodes.max() + 1
-        pair_codes, pair_uniq = pd.factorize(owner * span + nodes)
-        pair_owner = np.asarray(pair_uniq) // span
-        n_owner = int(pair_owner.max()) + 1 if len(pair_owner) else 0
-        by_owner = by_size(np.where(pair_owner >= 0, pair_owner, -1), n_owner)
-        out = (
-            pair_codes,
-            len(pair_uniq),
-            by_size(pair_codes, len(pair_uniq)),
-            [(g, rows) for g, rows in by_owner if rows.shape[1] >= 2],
-        )
-        self._pair_memo = (owner, nodes, out)
-        return out
+        return self._pair_memo.get((owner, nodes), lambda: _pair_groups(owner, nodes))
 
     def score(self, frame: Frame) -> np.ndarray:
         return rowmax(self._node_shift(frame)) / z_crit(self.p, len(ACTIVITY))
@@ -227,3 +217,18 @@ class NodeShift(BaselineDeviation):
             "least-changed node"
             for i, a in enumerate(arg)
         ]
+
+
+def _pair_groups(owner: np.ndarray, nodes: np.ndarray) -> tuple[Any, ...]:
+    """`NodeShift._pairs` from each row's owner (-1: not scored) and node."""
+    span = nodes.max() + 1
+    pair_codes, pair_uniq = pd.factorize(owner * span + nodes)
+    pair_owner = np.asarray(pair_uniq) // span
+    n_owner = int(pair_owner.max()) + 1 if len(pair_owner) else 0
+    by_owner = by_size(np.where(pair_owner >= 0, pair_owner, -1), n_owner)
+    return (
+        pair_codes,
+        len(pair_uniq),
+        by_size(pair_codes, len(pair_uniq)),
+        [(g, rows) for g, rows in by_owner if rows.shape[1] >= 2],
+    )

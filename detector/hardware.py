@@ -9,6 +9,7 @@ import numpy as np
 from detector import fields as F
 from detector.base import Detector, row_max
 from detector.frame import Frame
+from detector.memo import Memo
 from detector.perjob import from_json, to_json
 
 _XID_TABLE = np.zeros(1024)
@@ -41,7 +42,9 @@ class HardwareEvents(Detector):
     name = "hardware"
     params = ()
     _fits = 0  # how many times `fit` changed the table (the row memo's check)
-    _rows: tuple[np.ndarray, int, np.ndarray, bool] | None = None
+
+    def __init__(self) -> None:
+        self._memo: dict[str, Memo[Any]] = {k: Memo() for k in ("ids", "pos", "rows")}
 
     def _ensure(self) -> None:
         if not hasattr(self, "keys_"):
@@ -55,13 +58,11 @@ class HardwareEvents(Detector):
         if add:
             for u in names:
                 self.nodes_.setdefault(str(u), len(self.nodes_))
-        last = getattr(self, "_last", None)  # the nodes' ids, kept while the nodes are the same
-        if last is not None and last[0] == names and last[1] == len(self.nodes_):
-            ids = last[2]
-        else:
-            get = self.nodes_.get
-            ids = np.array([get(str(u), -1) for u in names] + [-1], dtype=np.int64)
-            self._last = (names, len(self.nodes_), ids)
+        get = self.nodes_.get
+        ids = self._memo["ids"].get(  # kept while the nodes and the table are the same
+            (names, len(self.nodes_)),
+            lambda: np.array([get(str(u), -1) for u in names] + [-1], dtype=np.int64),
+        )
         node = ids[codes] if len(codes) else np.zeros(0, dtype=np.int64)
         return np.where(node >= 0, node * 1024 + frame.gpu, -1)
 
@@ -70,24 +71,24 @@ class HardwareEvents(Detector):
         the table are the last call's (a cycle's GPUs are the last one's)."""
         if not len(self.keys_):
             return np.full(len(keys), -1)
-        last = getattr(self, "_pos", None)
-        if last is not None and last[0] is self.keys_ and np.array_equal(last[1], keys):
-            return last[2]
-        pos = np.minimum(np.searchsorted(self.keys_, keys), len(self.keys_) - 1)
-        pos = np.where(self.keys_[pos] == keys, pos, -1)
-        self._pos = (self.keys_, keys, pos)
-        return pos
+        table = self.keys_
+
+        def lookup() -> np.ndarray:
+            pos = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+            return np.where(table[pos] == keys, pos, -1)
+
+        return self._memo["pos"].get((table, keys), lookup)
 
     def _base_rows(self, pos: np.ndarray) -> tuple[np.ndarray, bool]:
         """Each row's counter baseline (NaN where none) and whether any is NaN; kept while
         the rows and the table are the last call's (`fit` changes the table in place)."""
-        last = self._rows
-        if last is not None and last[0] is pos and last[1] == self._fits:
-            return last[2], last[3]
-        base = np.full((len(pos), len(_COUNTERS)), np.nan)
-        base[pos >= 0] = self.base_[pos[pos >= 0]]
-        self._rows = (pos, self._fits, base, bool(np.isnan(base).any()))
-        return base, self._rows[3]
+
+        def gather() -> tuple[np.ndarray, bool]:
+            base = np.full((len(pos), len(_COUNTERS)), np.nan)
+            base[pos >= 0] = self.base_[pos[pos >= 0]]
+            return base, bool(np.isnan(base).any())
+
+        return self._memo["rows"].get((pos, self._fits), gather)
 
     def fit(self, frame: Frame) -> Detector:
         self._ensure()

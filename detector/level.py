@@ -12,6 +12,7 @@ import pandas as pd
 from detector import fields as F
 from detector.base import Detector, group_median, pause_open, row_max
 from detector.frame import Frame
+from detector.memo import Memo
 from detector.univariate import Bank
 
 # the job-level series the engine follows: watts, a 0..1 ratio, MiB and seconds, one threshold
@@ -61,6 +62,8 @@ class Level(Detector):
             self.slot_: dict[str, int] = {}  # job -> its rows slot * K ... slot * K + K - 1
             self.free_: list[int] = []  # slots of ended jobs, reused
             self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
+            self._changes = 0  # changes to slot_ and pause_ (the memo's check)
+            self._memo: Memo[tuple[np.ndarray, np.ndarray]] = Memo()
 
     def rows(self, job: str) -> np.ndarray | None:
         """The job's `Bank` rows, one per series (None if unknown)."""
@@ -70,14 +73,28 @@ class Level(Detector):
 
     def _slots(self, jobs: np.ndarray, create: bool) -> np.ndarray:
         """Each job's slot (-1 unknown; created on first sight when `create`, not for "")."""
-        get = self.slot_.get
-        out = np.array([get(j, -1) for j in jobs.tolist()], dtype=np.int64)
+        out = self._per_job(jobs)[0]
         if create and (out < 0).any():
             for j in dict.fromkeys(jobs[out < 0].tolist()):
                 if j:
                     self.slot_[j] = self._new_slot()
-            out = np.array([get(j, -1) for j in jobs.tolist()], dtype=np.int64)
+            self._changes += 1
+            out = self._per_job(jobs)[0]
         return out
+
+    def _per_job(self, jobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each job's slot (-1 unknown) and longest pause (NaN: none seen), kept while the
+        jobs and the tables are the last call's (a cycle's jobs are the last one's)."""
+
+        def lookup() -> tuple[np.ndarray, np.ndarray]:
+            names = jobs.tolist()
+            slot, pause = self.slot_.get, self.pause_.get
+            return (
+                np.array([slot(j, -1) for j in names], dtype=np.int64),
+                np.array([pause(j, np.nan) for j in names], dtype=float),
+            )
+
+        return self._memo.get((jobs, self._changes), lookup)
 
     def _new_slot(self) -> int:
         if self.free_:
@@ -121,13 +138,14 @@ class Level(Detector):
         steps), as `progress` does. `learn` records the pauses' lengths."""
         codes, jobs, times, both, is_open = self._medians(frame, keep=not learn)
         med, sp = both[:, :K].copy(), both[:, K]
-        pause = np.array([self.pause_.get(j, np.nan) for j in jobs.tolist()])
+        pause = self._per_job(jobs)[1]
         seen = is_open & np.isfinite(sp)
         if learn and seen.any():  # each group knows the pauses up to and including its own
             run = pd.Series(np.where(seen, np.fmax(sp, 0.0), -np.inf)).groupby(jobs).cummax()
             pause = np.fmax(pause, np.where(np.isinf(run), np.nan, run))
             for j, v in zip(jobs[seen].tolist(), pause[seen].tolist(), strict=True):
                 self.pause_[j] = max(self.pause_.get(j, 0.0), v)
+            self._changes += 1
         settle = 1.5 * np.where(np.isfinite(pause), pause, 30.0) + np.maximum(
             10.0, 30.0 * np.nan_to_num(med[:, _STEP])
         )
@@ -206,6 +224,7 @@ class Level(Detector):
         rows = self.rows(job)
         if rows is None:
             self.slot_[job] = self._new_slot()
+            self._changes += 1
             rows = self.rows(job)
             assert rows is not None
         else:
@@ -224,3 +243,4 @@ class Level(Detector):
             if s is not None:
                 self.free_.append(s)
             self.pause_.pop(j, None)
+        self._changes += 1

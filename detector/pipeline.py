@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,7 @@ from detector.frame import Frame
 from detector.hardware import HardwareEvents
 from detector.learning import ONLINE, Baselines
 from detector.level import Level
+from detector.memo import Memo
 from detector.peer import PeerComparison
 from detector.physics import Physics
 from detector.progress import Progress
@@ -177,10 +179,9 @@ class Engine:
         self.slot_job = np.zeros(0, dtype=np.int32)  # job code of its last row (0 = none)
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
-        self._index: pd.Index | None = None  # slot_key's hash index
-        self._last_idx: tuple[np.ndarray, np.ndarray] | None = None  # (keys, their slots)
-        self._last_nodes: tuple[list[str], np.ndarray] | None = None  # (node names, their ids)
-        self._last_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._memo: dict[str, Memo[Any]] = {
+            k: Memo() for k in ("node_ids", "index", "slots", "pairs")
+        }
         self._group_max = GroupMax()
 
     # --- scoring ------------------------------------------------------------------------------
@@ -217,29 +218,18 @@ class Engine:
         node id."""
         ncodes, nuniq = frame.node_codes
         names = nuniq.tolist()
-        if self._last_nodes is None or self._last_nodes[0] != names:  # else: the last cycle's
-            for u in names:
-                if u not in self._node_ids:
-                    self._node_ids[u] = len(self._node_names)
-                    self._node_names.append(str(u))
-            ids = np.array([self._node_ids[u] for u in names] + [0], dtype=np.int64)
-            self._last_nodes = (names, ids)
-        ids = self._last_nodes[1]
+        ids = self._memo["node_ids"].get((names,), lambda: self._ids_of(names))
         nid = ids[ncodes] if len(frame) else np.zeros(0, dtype=np.int64)
         key = nid * 1024 + frame.gpu
-        if self._index is None:  # kept while no slot is added or dropped, and with it the
-            self._index, self._last_idx = pd.Index(self.slot_key), None  # last cycle's lookup
-        if self._last_idx is not None and np.array_equal(self._last_idx[0], key):
-            idx = self._last_idx[1]
-        else:
-            idx = self._index.get_indexer(key)
-            self._last_idx = (key, idx.copy())
+        slots = self.slot_key  # a new array whenever a slot is added or dropped
+        index = self._memo["index"].get((slots,), lambda: pd.Index(slots))
+        idx = self._memo["slots"].get((key, slots), lambda: index.get_indexer(key))
         new = np.flatnonzero(idx < 0)
         if len(new):
             start = len(self.slot_key)
+            idx = idx.copy()  # the memo's stays as computed
             idx[new] = start + np.arange(len(new))
             self.slot_key = np.concatenate([self.slot_key, key[new]])
-            self._index = None
             self.slot_job = np.concatenate([self.slot_job, np.zeros(len(new), np.int32)])
             self.slot_seen = np.concatenate([self.slot_seen, np.full(len(new), np.nan)])
             self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(len(new), np.nan)])
@@ -247,6 +237,14 @@ class Engine:
                 [self.ring, np.zeros((self.k, len(new), len(self.names)), np.float32)], axis=1
             )
         return idx, new, nid
+
+    def _ids_of(self, names: list[str]) -> np.ndarray:
+        """Each node's id (given on first sight), and 0 last for rows without a node code."""
+        for u in names:
+            if u not in self._node_ids:
+                self._node_ids[u] = len(self._node_names)
+                self._node_names.append(str(u))
+        return np.array([self._node_ids[u] for u in names] + [0], dtype=np.int64)
 
     def _persist(self, idx: np.ndarray, job: np.ndarray, raw: np.ndarray, now: float):
         """Min over the last k cycles (a metric anomaly must persist); a new job on a GPU
@@ -373,12 +371,12 @@ class Engine:
     def _pairs(self, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`np.unique(pair, return_inverse=True)`, kept while the (job, node) pairs of the rows
         are the last cycle's (steady state: one comparison instead of a sort)."""
-        last = self._last_pairs
-        if last is not None and np.array_equal(last[0], pair):
-            return last[1], last[2]
-        upair, inv = np.unique(pair, return_inverse=True)
-        self._last_pairs = (pair, upair, inv.ravel())
-        return upair, inv.ravel()
+
+        def unique() -> tuple[np.ndarray, np.ndarray]:
+            upair, inv = np.unique(pair, return_inverse=True)
+            return upair, inv.ravel()
+
+        return self._memo["pairs"].get((pair,), unique)
 
     def _missing(self, now: float) -> dict[str, np.ndarray]:
         """GPUs that went silent while labelled with a job (a lost node stops answering; a
@@ -407,7 +405,6 @@ class Engine:
         keep[idx] = False
         for a in ("slot_key", "slot_job", "slot_seen", "slot_job_seen"):
             setattr(self, a, getattr(self, a)[keep])
-        self._index = None
         self.ring = self.ring[:, keep]
 
     def end_jobs(self, running: set[str]) -> None:

@@ -126,3 +126,48 @@ def test_node_shift_regroups_when_the_rows_nodes_change():
     det = NodeShift().fit(train)
     det.score(a)
     np.testing.assert_allclose(det.score(b), NodeShift().fit(train).score(b))
+
+
+def test_level_follows_jobs_that_end_and_come_back_on_the_same_job_table():
+    """Level's per-job lookups (slot, longest pause) are kept for the frame's job table: a job
+    dropped and learned again under the same id is looked up again (its rows reset)."""
+    from detector.level import Level
+
+    det = Level()
+    det._ensure()
+    frame = _one_instant(2, 11)
+    jobs = frame.job_codes[1]
+    first = det._slots(jobs, create=True).copy()
+    assert (first >= 0).all() and det._slots(jobs, create=False) is det._slots(jobs, False)
+    det.drop_jobs({str(jobs[0])})
+    assert det._slots(jobs, create=False)[0] == -1  # gone, though the job table is the same
+    again = det._slots(jobs, create=True)
+    assert again[0] >= 0 and again[1] == first[1]
+    det.pause_[str(jobs[1])] = 120.0  # as learning records a pause (with its count of changes)
+    det._changes += 1
+    assert det._per_job(jobs)[1][1] == 120.0
+
+
+def test_memo_compares_its_key_by_value_and_recomputes_on_any_change():
+    from detector.memo import Memo
+
+    calls: list[int] = []
+    memo: Memo[int] = Memo()
+
+    def value() -> int:
+        calls.append(1)
+        return len(calls)
+
+    a = np.arange(4)
+    assert memo.get((a, ["x"], 3), value) == 1
+    assert memo.get((a.copy(), ["x"], 3), value) == 1  # equal parts: kept
+    assert memo.get((a.astype(float), ["x"], 3), value) == 2  # another dtype
+    assert memo.get((a[:3], ["x"], 3), value) == 3  # another shape
+    assert memo.get((a[:3], ["y"], 3), value) == 4
+    assert memo.get((a[:3], ["y"], 4), value) == 5
+    assert memo.get((a[:3], ["y"], 4.0), value) == 6  # 4 == 4.0, but another type
+    nan = np.array([np.nan])
+    assert memo.get((nan,), value) == 7 and memo.get((nan,), value) == 7  # the same object
+    assert memo.get((nan.copy(),), value) == 8  # NaN is never equal: recomputed
+    memo.clear()
+    assert memo.get((nan,), value) == 9
