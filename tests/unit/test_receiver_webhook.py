@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from recovery import incidents
-from recovery.app import create_app
+from recovery.app import Accepted, create_app
 from recovery.settings import Settings
 from recovery.store import alerts, payloads
 
@@ -105,6 +105,7 @@ def test_basic_auth_accepted(settings):
 def test_payload_is_durable_and_opens_incident(client):
     r = client.post("/api/v1/alerts", json=payload(alert(job_id="42", node="node2", gpu="3")))
     assert r.status_code == 200 and r.json()["new"] == 1
+    assert Accepted.model_validate(r.json()) == Accepted(alerts=1, new=1, incidents=[1])
     engine = client.app.state.engine
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(payloads)).scalar() == 1
