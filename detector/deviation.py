@@ -11,6 +11,7 @@ import pandas as pd
 from detector import fields as F
 from detector.base import (
     FLOORS,
+    Detector,
     group_median,
     multi_instant,
     nanmax_rows,
@@ -147,7 +148,8 @@ class NodeShift(BaselineDeviation):
     compared with the node of the same job whose z is closest to zero: a phase the whole job
     shares (evaluation, checkpoint) moves every node alike and scores 0; one slow host moves
     alone. Score = max over fields of the difference / z_crit(p, fields); jobs on one node
-    score 0. Shares the deviation detector's fit.
+    score 0. Given `of`, a fitted `BaselineDeviation` (the engine's), it reads that detector's
+    baselines and keeps none of its own (one fit, one stored state); alone, it fits its own.
 
     >>> from detector.synthetic import healthy_frame
     >>> det = NodeShift().fit(healthy_frame(jobs=1, nodes=2, steps=60, seed=1))
@@ -162,19 +164,35 @@ class NodeShift(BaselineDeviation):
 
     name = "shift"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, of: BaselineDeviation | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.of = of
         self._pair_memo: Memo[tuple[Any, ...]] = Memo()
+
+    def fit(self, frame: Frame) -> Detector:
+        return self if self.of is not None else super().fit(frame)
+
+    def job_state(self, job: str) -> dict[str, Any] | None:
+        return None if self.of is not None else super().job_state(job)
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        if self.of is None:  # else the deviation's own state is its
+            super().set_job_state(job, state)
+
+    def drop_jobs(self, jobs: set[str]) -> None:
+        if self.of is None:
+            super().drop_jobs(jobs)
 
     def _node_shift(self, frame: Frame) -> np.ndarray:
         """(n, fields) |node median z - reference node's z| (NaN where not scored)."""
-        codes = self._codes(frame)
+        fitted = self.of if self.of is not None else self
+        codes = fitted._codes(frame)
         x = frame.cols(ACTIVITY)
         out = np.full(x.shape, np.nan)
         known = codes >= 0
         if not known.any():
             return out
-        med, scale = self.busy_med_[:, _ACT], self.busy_scale_[:, _ACT]  # columns, then rows
+        med, scale = fitted.busy_med_[:, _ACT], fitted.busy_scale_[:, _ACT]  # columns, rows
         if known.all():
             z = (x - med[codes]) / scale[codes]
         else:

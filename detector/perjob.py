@@ -9,6 +9,7 @@ import pandas as pd
 
 from detector.base import Detector
 from detector.frame import Frame
+from detector.memo import Memo
 
 
 class PerJob(Detector):
@@ -19,6 +20,7 @@ class PerJob(Detector):
     def _ensure(self) -> None:
         if not hasattr(self, "jobs_"):
             self.jobs_: list[str] = []
+            self._table: Memo[np.ndarray] = Memo()  # `_codes`' job -> row table
             for k in self.state_keys:
                 setattr(self, k, None)
 
@@ -79,22 +81,16 @@ class PerJob(Detector):
 
     def _codes(self, frame: Frame) -> np.ndarray:
         """Each row's index in `jobs_` (-1: not fitted). The lookup table is kept while the
-        frame's distinct jobs are the same array (the service's frames share it while the
-        labels stay) and `jobs_` the same list and length (jobs are only appended to it; a
-        drop makes a new list)."""
+        frame's distinct jobs and `jobs_` are the last call's (jobs are only appended to it,
+        hence its length in the key; a drop makes a new list)."""
         self._ensure()
         codes, uniques = frame.job_codes
-        memo = getattr(self, "_table", None)
-        if (
-            memo is None
-            or memo[0] is not uniques
-            or memo[1] is not self.jobs_
-            or memo[2] != len(self.jobs_)
-        ):
+
+        def table() -> np.ndarray:
             index = {j: i for i, j in enumerate(self.jobs_)}
-            table = np.array([index.get(u, -1) for u in uniques.tolist()] + [-1], dtype=np.int64)
-            memo = self._table = (uniques, self.jobs_, len(self.jobs_), table)
-        return memo[3][codes]
+            return np.array([index.get(u, -1) for u in uniques.tolist()] + [-1], dtype=np.int64)
+
+        return self._table.get((uniques, self.jobs_, len(self.jobs_)), table)[codes]
 
 
 def to_json(a: np.ndarray) -> Any:

@@ -97,9 +97,10 @@ class Result:
 
 
 def default_detectors(cfg: Config) -> dict[str, Detector]:
+    deviation = BaselineDeviation()
     dets: list[Detector] = [
-        BaselineDeviation(),
-        NodeShift(),
+        deviation,
+        NodeShift(of=deviation),  # reads the deviation's baselines: one fit, one stored state
         PeerComparison().fit(_EMPTY),
         Progress(),
         HardwareEvents(),

@@ -171,3 +171,24 @@ def test_memo_compares_its_key_by_value_and_recomputes_on_any_change():
     assert memo.get((nan.copy(),), value) == 8  # NaN is never equal: recomputed
     memo.clear()
     assert memo.get((nan,), value) == 9
+
+
+def test_the_engines_node_shift_reads_the_deviations_baselines():
+    """One fit, one stored state: the engine's NodeShift scores against its deviation
+    detector's tables exactly as a NodeShift fitted on the same rows would, and stores none."""
+    from detector.deviation import NodeShift
+    from detector.pipeline import Config, default_detectors
+
+    train = healthy_frame(jobs=2, nodes=3, steps=30, seed=12)
+    test = healthy_frame(jobs=2, nodes=3, steps=1, seed=13, start=600.0)
+    test.values[test.node == "node2", F.ALL_FIELDS.index(F.UTIL)] = 40.0
+    dets = default_detectors(Config())
+    for d in (dets["deviation"], dets["shift"]):
+        d.fit(train)
+    alone = NodeShift().fit(train)
+    np.testing.assert_array_equal(dets["shift"].score(test), alone.score(test))
+    assert dets["shift"].score(test).max() > 1.0
+    assert dets["shift"].job_state("100") is None and dets["shift"].to_dict()["jobs"] == {}
+    assert alone.job_state("100") is not None
+    dets["deviation"].drop_jobs({"100"})  # ended: the shift stops scoring it too
+    assert (dets["shift"].score(test)[test.job == "100"] == 0.0).all()
