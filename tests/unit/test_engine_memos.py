@@ -192,3 +192,15 @@ def test_the_engines_node_shift_reads_the_deviations_baselines():
     assert alone.job_state("100") is not None
     dets["deviation"].drop_jobs({"100"})  # ended: the shift stops scoring it too
     assert (dets["shift"].score(test)[test.job == "100"] == 0.0).all()
+
+
+def test_a_per_job_table_follows_a_job_fitted_after_a_score():
+    """A job fitted after a score is appended to the same `jobs_` list: the table kept from
+    that score must not leave it unscored."""
+    train = healthy_frame(jobs=2, nodes=1, steps=12, seed=14)
+    frame = _one_instant(2, 15)
+    frame.values[:, F.ALL_FIELDS.index("DCGM_FI_DEV_POWER_USAGE")] *= 0.3  # both far off
+    det = BaselineDeviation().fit(train.take(np.flatnonzero(train.job == "100")))
+    assert det.score(frame)[frame.job == "101"].max() == 0.0  # not fitted yet
+    det.fit(train.take(np.flatnonzero(train.job == "101")))
+    assert det.score(frame)[frame.job == "101"].min() > 1.0
