@@ -265,7 +265,9 @@ def run(sizes: list[int], shards: int, cycles: int, out: Path) -> dict:
             "load_after": [round(x, 2) for x in os.getloadavg()],
         },
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "data": "generated Prometheus answers in dcgm-exporter's label shape (bench/scale.py)",
+        "data": "generated Prometheus answers in dcgm-exporter's label shape (bench/scale.py), "
+        "one node in 100 without profiling fields (its exporter's profiling module failed; "
+        "until 2026-12-04 every node had them, which hid a 4-9 ms slow path of the medians)",
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)

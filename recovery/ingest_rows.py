@@ -1,8 +1,8 @@
 """The rows one ingest transaction writes besides incidents: the alerts of a batch of webhook
 payloads (their stored state read in one query, the new ones inserted in one statement, kept
-current while the batch folds) and the
-new alert→incident links with their incident updates (written together, executemany: one
-round trip each on PostgreSQL's pipeline). `recovery.incidents` decides what joins what.
+current while the batch folds) and the new alert→incident links with their incident updates
+(written together, executemany: one round trip each on PostgreSQL's pipeline).
+`recovery.incidents` decides what joins what.
 """
 
 from __future__ import annotations
