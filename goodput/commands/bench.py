@@ -141,7 +141,9 @@ def scale(
     shards: int = typer.Option(
         10, "--shards", min=1, max=64, help="shards above 10,000 GPUs (--live: replicas)"
     ),
-    cycles: int = typer.Option(6, "--cycles", min=2, max=50, help="timed cycles per service"),
+    cycles: int = typer.Option(
+        24, "--cycles", min=2, max=50, help="timed cycles per service (after 72 warm ones)"
+    ),
     out: Path = typer.Option(Path("bench/results"), "--out", help="where scale.json/.md go"),
     live: bool = typer.Option(
         False,
