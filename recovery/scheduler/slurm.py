@@ -30,7 +30,11 @@ from recovery.scheduler.base import (
 TRANSIENT = re.compile(
     r"unable to contact slurm controller|socket timed out|connection refused|"
     r"zero bytes were transmitted|communication connection failure|slurm_receive_msg|"
-    r"slurmctld is not responding|try again",
+    r"slurmctld is not responding|try again|"
+    # a controller that is stopping or starting answers so (SLURM_UNEXPECTED_MSG_ERROR): seen
+    # here when slurmctld got SIGTERM mid-requeue, and at start-up in
+    # stackhpc/ansible-slurm-appliance#443 ("failed to fetch remote configs: ...")
+    r"unexpected message received",
     re.IGNORECASE,
 )
 

@@ -66,6 +66,14 @@ def test_transient_failures_retry_then_raise_unavailable(monkeypatch):
     assert len(r.calls) == 3
 
 
+def test_a_controller_stopping_mid_call_is_retried(monkeypatch):
+    """slurmctld stopped while `scontrol requeue` was in flight (the chaos suite's outage)."""
+    r = Runner([(1, "", "Unexpected message received for job 17"), (0, "", "")])
+    monkeypatch.setattr(subprocess, "run", r)
+    assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "requeue", "17"]) == ""
+    assert len(r.calls) == 2
+
+
 def test_permanent_failure_is_not_retried(monkeypatch):
     from recovery.scheduler.base import SchedulerError
 
