@@ -85,22 +85,39 @@ class BaselineDeviation(PerJob):
             "idle_scale_": self._scale(imed, imad),
         }
 
+    def _modes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(median, scale) as (fields, 2 x jobs) tables, a job's busy mode then its idle one:
+        a row's reference is one column gather from a table this small; kept until the
+        state changes."""
+
+        self._ensure()
+
+        def stack() -> tuple[np.ndarray, np.ndarray]:
+            return tuple(  # type: ignore[return-value]
+                np.ascontiguousarray(np.stack([b, i], axis=1).reshape(-1, len(F.GAUGES)).T)
+                for b, i in ((self.busy_med_, self.idle_med_), (self.busy_scale_, self.idle_scale_))
+            )
+
+        return self._tables.get((self._changes,), stack)
+
     def _z(self, frame: Frame) -> np.ndarray:
+        """(n, fields) |z| against each row's job and mode (NaN: job not fitted), computed
+        as contiguous field planes."""
         codes = self._codes(frame)
-        x = frame.cols(F.GAUGE_NAMES)
+        x = frame.cols(F.GAUGE_NAMES).T  # (fields, n): contiguous for column-major frames
         known = codes >= 0
         if not known.any():
-            return np.full(x.shape, np.nan)
-        idle = (frame.col(F.UTIL) < self.busy_util).astype(np.int64)
-        mode = codes * 2 + idle  # one gather from the stacked (busy, idle) tables
-        med = np.stack([self.busy_med_, self.idle_med_], axis=1).reshape(-1, x.shape[1])
-        scale = np.stack([self.busy_scale_, self.idle_scale_], axis=1).reshape(-1, x.shape[1])
+            return np.full(x.shape, np.nan).T
+        mode = codes * 2 + (frame.col(F.UTIL) < self.busy_util)
+        med, scale = self._modes()
         if known.all():  # steady state: every job fitted, no masked gathers
-            return np.abs(x - med[mode]) / scale[mode]
+            z = np.abs(x - med.take(mode, axis=1))
+            z /= scale.take(mode, axis=1)
+            return z.T
         z = np.full(x.shape, np.nan)
         m = mode[known]
-        z[known] = np.abs(x[known] - med[m]) / scale[m]
-        return z
+        z[:, known] = np.abs(x[:, known] - med.take(m, axis=1)) / scale.take(m, axis=1)
+        return z.T
 
     def score(self, frame: Frame) -> np.ndarray:
         return rowmax(self._z(frame)) / z_crit(self.p, len(F.GAUGES))
@@ -183,50 +200,62 @@ class NodeShift(BaselineDeviation):
         if self.of is None:
             super().drop_jobs(jobs)
 
-    def _node_shift(self, frame: Frame) -> np.ndarray:
-        """(n, fields) |node median z - reference node's z| (NaN where not scored)."""
+    def _pair_shift(self, frame: Frame) -> tuple[np.ndarray, np.ndarray] | None:
+        """(each row's (job, node) pair code; per pair and field, |the node's median z - the
+        reference node's|, NaN where not scored); None when no row's job is fitted. The
+        median z of a node is its median value's z: z is monotone in the value within a job,
+        so one sort of the node's values serves, and z is taken per pair, not per row."""
         fitted = self.of if self.of is not None else self
         codes = fitted._codes(frame)
-        x = frame.cols(ACTIVITY)
-        out = np.full(x.shape, np.nan)
-        known = codes >= 0
-        if not known.any():
-            return out
-        med, scale = fitted.busy_med_[:, _ACT], fitted.busy_scale_[:, _ACT]  # columns, rows
-        if known.all():
-            z = (x - med[codes]) / scale[codes]
-        else:
-            z = np.full(x.shape, np.nan)
-            c = codes[known]
-            z[known] = (x[known] - med[c]) / scale[c]
-        pair_codes, npairs, pair_groups, owner_groups = self._pairs(frame, codes, known)
-        zn = group_median(z, pair_codes, npairs, pair_groups)  # (pairs, fields)
+        if not (codes >= 0).any():
+            return None
+        pair_codes, npairs, pair_groups, owner_groups = self._pairs(frame, codes)
+        xn = group_median(frame.cols(ACTIVITY), pair_codes, npairs, pair_groups)
+        job = np.full(npairs, -1)
+        job[pair_codes] = codes  # a pair's rows share its job
+        zn = np.full(xn.shape, np.nan)
+        ok = job >= 0
+        c = job[ok]
+        zn[ok] = (xn[ok] - fitted.busy_med_[c][:, _ACT]) / fitted.busy_scale_[c][:, _ACT]
         ref = np.full(zn.shape, np.nan)
         for _, rows in owner_groups:
             block = zn[rows]  # (g, nodes, fields)
             mag = np.where(np.isnan(block), np.inf, np.abs(block))
             pick = np.take_along_axis(block, mag.argmin(axis=1)[:, None, :], axis=1)
             ref[rows] = np.broadcast_to(pick, block.shape)
-        pair_z = np.abs(zn - ref)
-        if known.all():
-            return pair_z[pair_codes]
-        out[known] = pair_z[pair_codes[known]]
-        return out
+        return pair_codes, np.abs(zn - ref)
 
-    def _pairs(self, frame: Frame, codes: np.ndarray, known: np.ndarray) -> tuple[Any, ...]:
+    def _pairs(self, frame: Frame, codes: np.ndarray) -> tuple[Any, ...]:
         """Each row's (job, node) pair code, how many pairs, their `by_size` groups, and the
         pairs grouped by owner (the job, and instant for multi-instant frames; owners of 2+
-        nodes only). Kept while the rows' owners and nodes are the last call's (a cycle's
-        usually are)."""
-        nodes = frame.node_codes[0].astype(np.int64)
-        owner = codes.astype(np.int64)
-        if multi_instant(frame):
-            owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
-        owner = np.where(known, owner, -1)
-        return self._pair_memo.get((owner, nodes), lambda: _pair_groups(owner, nodes))
+        nodes only). Kept while the rows' jobs, nodes (and times) are the last call's (a
+        cycle's usually are)."""
+        nodes = frame.node_codes[0]
+        multi = multi_instant(frame)
+
+        def groups() -> tuple[Any, ...]:
+            owner = codes.astype(np.int64)
+            if multi:
+                owner = pd.factorize(pd.MultiIndex.from_arrays([codes, frame.time]))[0]
+            owner = np.where(codes >= 0, owner, -1)
+            return _pair_groups(owner, nodes.astype(np.int64))
+
+        return self._pair_memo.get((codes, nodes, frame.time if multi else None), groups)
+
+    def _node_shift(self, frame: Frame) -> np.ndarray:
+        """(n, fields) |node median z - reference node's z| (NaN where not scored)."""
+        shift = self._pair_shift(frame)
+        if shift is None:
+            return np.full((len(frame), len(ACTIVITY)), np.nan)
+        pair_codes, pair_z = shift
+        return pair_z[pair_codes]
 
     def score(self, frame: Frame) -> np.ndarray:
-        return rowmax(self._node_shift(frame)) / z_crit(self.p, len(ACTIVITY))
+        shift = self._pair_shift(frame)
+        if shift is None:
+            return np.zeros(len(frame))
+        pair_codes, pair_z = shift
+        return rowmax(pair_z)[pair_codes] / z_crit(self.p, len(ACTIVITY))
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         top, arg = nanmax_rows(self._node_shift(frame)[rows])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pandas as pd
 
@@ -9,10 +11,10 @@ from detector import fields as F
 from detector.base import (
     FLOORS,
     Detector,
-    group_median,
+    group_blocks,
+    line_median,
     multi_instant,
     nanmax_rows,
-    rowmax,
     z_crit,
 )
 from detector.frame import Frame
@@ -48,28 +50,37 @@ class PeerComparison(Detector):
         self.n_features_in_ = len(F.GAUGES)
         return self
 
-    def _z(self, frame: Frame) -> np.ndarray:
-        x = frame.cols(F.GAUGE_NAMES)
+    def _blocks(self, frame: Frame) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(row index (g, s), their z as (fields, g, s)) for each size of scored group (a job,
+        or a job at one instant in a recording) with `min_peers` or more GPUs."""
         if not len(frame):
-            return np.full(x.shape, np.nan)
+            return
         groups = None
         if multi_instant(frame):
             codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
         else:
             (codes, uniques), groups = frame.job_codes, frame.job_groups
-        n = len(uniques)
-        size = np.bincount(codes, minlength=n)
-        med_g = group_median(x, codes, n, groups)  # per group: the scale too, then per row
-        med, scale = med_g[codes], np.fmax(FLOORS, self.rel_floor * np.abs(med_g))[codes]
-        ok = ((size >= self.min_peers) & (np.asarray(uniques, dtype=object) != ""))[codes]
-        if ok.all():
-            return np.abs(x - med) / scale
-        z = np.full(x.shape, np.nan)
-        z[ok] = np.abs(x[ok] - med[ok]) / scale[ok]
+        named = np.asarray(uniques, dtype=object) != ""
+        floors = FLOORS[:, None, None]
+        for g, rows, x in group_blocks(frame.cols(F.GAUGE_NAMES), codes, len(uniques), groups):
+            if rows.shape[1] < self.min_peers:
+                continue
+            if not named[g].all():
+                rows, x = rows[named[g]], x[:, named[g]]
+            med = line_median(x)[..., None]  # (fields, g, 1)
+            yield rows, np.abs(x - med) / np.fmax(floors, self.rel_floor * np.abs(med))
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        z = np.full((len(frame), len(F.GAUGES)), np.nan)
+        for rows, zb in self._blocks(frame):
+            z[rows] = np.moveaxis(zb, 0, -1)
         return z
 
     def score(self, frame: Frame) -> np.ndarray:
-        return rowmax(self._z(frame)) / z_crit(self.p, len(F.GAUGES))
+        out = np.zeros(len(frame))
+        for rows, zb in self._blocks(frame):  # a max over field planes, NaN ignored
+            out[rows] = np.nan_to_num(np.fmax.reduce(zb, axis=0), nan=0.0)
+        return out / z_crit(self.p, len(F.GAUGES))
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         top, arg = nanmax_rows(self._z(frame)[rows])

@@ -21,6 +21,8 @@ class PerJob(Detector):
         if not hasattr(self, "jobs_"):
             self.jobs_: list[str] = []
             self._table: Memo[np.ndarray] = Memo()  # `_codes`' job -> row table
+            self._changes = 0  # changes to the state arrays (memos of tables built from them)
+            self._tables: Memo[Any] = Memo()  # a subclass's tables from the state, by `_changes`
             for k in self.state_keys:
                 setattr(self, k, None)
 
@@ -34,6 +36,7 @@ class PerJob(Detector):
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:
         self._ensure()
         rows = {k: np.asarray(from_json(state[k]), dtype=float) for k in self.state_keys}
+        self._changes += 1
         if job in self.jobs_:
             i = self.jobs_.index(job)
             for k in self.state_keys:
@@ -50,6 +53,7 @@ class PerJob(Detector):
         keep = np.array([j not in jobs for j in self.jobs_], dtype=bool)
         if keep.all():
             return
+        self._changes += 1
         self.jobs_ = [j for j, k in zip(self.jobs_, keep, strict=True) if k]
         for k in self.state_keys:
             setattr(self, k, getattr(self, k)[keep] if keep.any() else None)
@@ -69,6 +73,7 @@ class PerJob(Detector):
         for j in [j for j in new if j in self.jobs_]:
             self.set_job_state(j, new[j])
         if fresh:  # stack all new jobs at once (not one concatenate per job)
+            self._changes += 1
             for k in self.state_keys:
                 block = np.stack([np.asarray(new[j][k], dtype=float) for j in fresh])
                 old = getattr(self, k)
