@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from detector import fields as F
-from detector.base import Detector, row_max
+from detector.base import Detector
 from detector.frame import Frame
 from detector.memo import Memo
 from detector.perjob import from_json, to_json
@@ -79,16 +79,19 @@ class HardwareEvents(Detector):
 
         return self._memo["pos"].get((table, keys), lookup)
 
-    def _base_rows(self, pos: np.ndarray) -> tuple[np.ndarray, bool]:
-        """Each row's counter baseline (NaN where none) and whether any is NaN; kept while
-        the rows and the table are the last call's (`fit` changes the table in place)."""
+    def _base_rows(self, frame: Frame) -> tuple[np.ndarray, bool]:
+        """Each row's counter baseline as (counters, n) planes (NaN where none) and whether
+        any is NaN; kept while the frame's GPUs and the table are the last call's (a cycle's
+        GPUs are the last one's; `fit` changes the table, counted in `_fits`)."""
 
         def gather() -> tuple[np.ndarray, bool]:
-            base = np.full((len(pos), len(_COUNTERS)), np.nan)
-            base[pos >= 0] = self.base_[pos[pos >= 0]]
+            pos = self._lookup(self._keys(frame, add=False))
+            base = np.full((len(_COUNTERS), len(pos)), np.nan)
+            base[:, pos >= 0] = self.base_[pos[pos >= 0]].T
             return base, bool(np.isnan(base).any())
 
-        return self._memo["rows"].get((pos, self._fits), gather)
+        key = (*frame.node_codes, frame.gpu, self._fits)
+        return self._memo["rows"].get(key, gather)
 
     def fit(self, frame: Frame) -> Detector:
         self._ensure()
@@ -117,26 +120,31 @@ class HardwareEvents(Detector):
         return self._lookup(self._keys(frame, add=False)) >= 0
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        """(each row's XID score; (counters, n) planes of each counter's rise over the GPU's
+        baseline / its allowance, NaN where not reported)."""
         self._ensure()
         xid = np.nan_to_num(frame.col(F.XID_FIELD)).astype(np.int64)
         xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
-        x = frame.cols(_COUNTERS)
-        base, gaps = self._base_rows(self._lookup(self._keys(frame, add=False)))
+        x = frame.cols(_COUNTERS).T  # contiguous planes for the frames' column-major values
+        base, gaps = self._base_rows(frame)
         with np.errstate(all="ignore"):
-            inc = x - base
+            rise = x - base
             if gaps:  # no baseline yet: only the severe counters count, from zero
-                inc = np.where(np.isnan(base), np.where(_SEVERE, x, np.nan), inc)
-            c = np.nan_to_num(np.fmax(inc, 0.0) / _ALLOW)
-        return xid_score, c
+                rise = np.where(np.isnan(base), np.where(_SEVERE[:, None], x, np.nan), rise)
+            rise /= _ALLOW[:, None]
+        return xid_score, rise
 
     def score(self, frame: Frame) -> np.ndarray:
-        xid, c = self._parts(frame)
-        top = row_max(c) if c.shape[1] else np.zeros(len(c))  # c >= 0
-        return np.fmax(xid, np.minimum(top, 10.0))
+        xid, rise = self._parts(frame)
+        if not len(rise):
+            return xid
+        top = np.nan_to_num(np.fmax.reduce(rise, axis=0), nan=0.0)  # a fall scores 0
+        return np.fmax(xid, np.clip(top, 0.0, 10.0))
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         sub = frame.take(rows)
-        xid, c = self._parts(sub)
+        xid, rise = self._parts(sub)
+        c = np.nan_to_num(np.fmax(rise, 0.0)).T
         out = []
         for i in range(len(rows)):
             a = int(c[i].argmax())

@@ -104,7 +104,7 @@ class Physics(PerJob):
         """Rows of jobs seen busy since their latest pause or start-up line began (or ever, with
         no log) and at or before the row's time, in this frame or earlier ones: a restarted
         job's earlier run, busy before the new run's start-up, has not started this run."""
-        t = frame.time.astype(float)
+        t = frame.time
         began = t - np.nan_to_num(frame.col(F.SINCE_PAUSE), nan=np.inf)
         codes, uniq = frame.job_codes
         prev = self._busy_rows(uniq)
@@ -114,22 +114,22 @@ class Physics(PerJob):
         seen = busy & (uniq != "")[codes] if len(codes) else busy
         if not seen.any():
             return out
-        latest = np.full(len(uniq), -np.inf)
-        np.maximum.at(latest, codes[seen], t[seen])
-        if len(t) and t[0] == t[-1]:  # one instant (the engine's cycle)
+        one = t[0] == t[-1]  # one instant (the engine's cycle)
+        if one:
+            latest = np.where(np.bincount(codes[seen], minlength=len(uniq)) > 0, t[0], -np.inf)
             out |= np.isfinite(latest[codes]) & (began <= t)
         else:  # a busy row of the row's job in [began, t], by one sorted (job, time) key
+            latest = np.full(len(uniq), -np.inf)
+            np.maximum.at(latest, codes[seen], t[seen])
             t0, span = t.min(), t.max() - t.min() + 1.0
             keys = np.sort(codes[seen] * span + (t[seen] - t0))
             lo = codes * span + np.clip(began - t0, 0.0, span)
             hi = codes * span + (t - t0)
             out |= np.searchsorted(keys, hi, "right") - np.searchsorted(keys, lo) > 0
-        fin = np.flatnonzero(np.isfinite(latest))
-        newest = np.fmax(latest[fin], prev[fin])
-        self._busy_last.update(zip(uniq[fin].tolist(), newest.tolist(), strict=True))
         prev = prev.copy()
-        prev[fin] = newest
-        self._busy = (uniq, prev)
+        fin = np.flatnonzero(np.isfinite(latest))
+        prev[fin] = np.fmax(latest[fin], prev[fin])
+        self._busy = (uniq, prev)  # written back to `_busy_last` when the jobs change
         return out
 
     def _busy_rows(self, uniq: np.ndarray) -> np.ndarray:
@@ -137,12 +137,21 @@ class Physics(PerJob):
         without a code; kept while the frame's jobs are the last frame's (the same array)."""
         if self._busy is not None and self._busy[0] is uniq:
             return self._busy[1]
+        self._write_back()
         get = self._busy_last.get
         return np.array([get(j, np.nan) for j in uniq.tolist()] + [np.nan])
 
+    def _write_back(self) -> None:
+        """The kept `_busy_rows` into `_busy_last` (the times of the jobs seen busy)."""
+        if self._busy is not None:
+            uniq, prev = self._busy
+            fin = np.flatnonzero(np.isfinite(prev[:-1]))
+            self._busy_last.update(zip(uniq[fin].tolist(), prev[fin].tolist(), strict=True))
+            self._busy = None
+
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
-        self._busy = None
+        self._write_back()
         for job in jobs:
             self._busy_last.pop(job, None)
 
