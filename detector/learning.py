@@ -15,6 +15,7 @@ from detector.base import Detector
 from detector.baselines import BaselineStore
 from detector.frame import Frame
 from detector.level import Level
+from detector.memo import Memo
 from detector.thresholds import level as alert_level
 
 if TYPE_CHECKING:
@@ -55,10 +56,13 @@ class Baselines:
         self.ids: list[str] = [""]
         self.code: dict[str, int] = {"": 0}
         self._due: dict[str, tuple[bool, float]] = {}  # job -> (refit, due since), see _fit_due
+        self.version = 0  # changes to the job table (`add`, `end`): the memos' check
+        self._first_seen: Memo[np.ndarray] = Memo()
 
     def add(self, job: str, name: str, now: float) -> None:
         """A job seen for the first time: a code, and its stored baseline by name if any."""
         info = JobInfo(name=name, first_seen=now, code=len(self.ids))
+        self.version += 1
         self.jobs[job] = info
         self.code[job] = info.code
         self.ids.append(job)
@@ -77,11 +81,16 @@ class Baselines:
             self.store.errors.append(f"{name}: {exc}")
 
     def first_seen(self) -> np.ndarray:
-        """Per job code, when the engine first saw the job (NaN for code 0 and ended jobs)."""
-        jobs = self.jobs
-        return np.array(
-            [np.nan] + [getattr(jobs.get(j), "first_seen", np.nan) for j in self.ids[1:]]
-        )
+        """Per job code, when the engine first saw the job (NaN for code 0 and ended jobs);
+        kept until the job table changes."""
+
+        def table() -> np.ndarray:
+            jobs = self.jobs
+            return np.array(
+                [np.nan] + [getattr(jobs.get(j), "first_seen", np.nan) for j in self.ids[1:]]
+            )
+
+        return self._first_seen.get((self.version,), table)
 
     def learn(
         self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
@@ -208,6 +217,7 @@ class Baselines:
         stay the size of the live set on a service that runs for months: returns the old ->
         new code table when they were (None otherwise)."""
         ended = {j for j in self.jobs if j not in running}
+        self.version += bool(ended)
         for job in ended:
             del self.jobs[job]
             self._due.pop(job, None)
@@ -223,6 +233,7 @@ class Baselines:
         new = {j: i for i, j in enumerate(ids)}
         remap = np.array([new.get(j, 0) for j in self.ids], dtype=np.int32)
         self.ids, self.code = ids, new
+        self.version += 1
         for job, info in self.jobs.items():
             info.code = new[job]
         return remap

@@ -177,21 +177,26 @@ class Level(Detector):
         """Learn this instant: the jobs in `alerting` (their alert is on) are not learned."""
         self._learn(frame, alerting)
 
-    def _z(self, frame: Frame) -> np.ndarray:
+    def _job_z(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        """(each row's (job, instant) group; each group's (series) scores)."""
         self._ensure()
         if not len(frame) or not self.slot_:
-            return np.zeros((len(frame), K))
+            return np.zeros(len(frame), dtype=np.int64), np.zeros((1, K))
         codes, jobs, _, med = self._groups(frame)
         slot = self._slots(jobs, create=False)
         per = np.zeros((len(jobs), K))
         k = slot >= 0
         rows = (slot[k][:, None] * K + np.arange(K)).ravel()
         per[k] = self.bank_.score(rows, med[k].ravel()).reshape(-1, K)
+        return codes, per
+
+    def _z(self, frame: Frame) -> np.ndarray:
+        codes, per = self._job_z(frame)
         return per[codes]
 
     def score(self, frame: Frame) -> np.ndarray:
-        z = self._z(frame)
-        return row_max(z) if len(z) else np.zeros(0)
+        codes, per = self._job_z(frame)  # a max per group, then one value per row
+        return row_max(per)[codes] if len(codes) else np.zeros(0)
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         z = self._z(frame.take(rows))

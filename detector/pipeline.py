@@ -181,7 +181,16 @@ class Engine:
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
         self._memo: dict[str, Memo[Any]] = {
-            k: Memo() for k in ("node_ids", "index", "slots", "pairs")
+            k: Memo()
+            for k in (
+                "node_ids",
+                "index",
+                "slots",
+                "pairs",
+                "job_codes",
+                "job_labels",
+                "node_labels",
+            )
         }
         self._group_max = GroupMax()
 
@@ -191,11 +200,7 @@ class Engine:
         self.cycle += 1
         jcodes, juniq = frame.job_codes
         base = self.base
-        for j in juniq.tolist():
-            if j and j not in base.jobs:
-                base.add(j, (names or {}).get(j, j), now)
-        table = np.array([base.code[j] for j in juniq.tolist()] + [0], dtype=np.int32)
-        job = table[jcodes] if len(frame) else np.zeros(0, dtype=np.int32)
+        job = self._job_codes(juniq, names, now)[jcodes] if len(frame) else np.zeros(0, np.int32)
         if len(frame):  # derived: how long the engine has seen each row's job
             frame.values[:, frame.fields.index(F.JOB_AGE)] = now - base.first_seen()[job]
         idx, new, nid = self._slots(frame)
@@ -213,6 +218,20 @@ class Engine:
         base.learn(frame, job, calm, now, self.cycle)
         base.learn_online(frame, combined)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
+
+    def _job_codes(self, juniq: np.ndarray, names: dict[str, str] | None, now: float):
+        """The code of each of the frame's jobs (those seen for the first time are added), and
+        0 last for rows without one; kept while the frame's jobs and the job table are the
+        last cycle's."""
+        base = self.base
+
+        def table() -> np.ndarray:
+            for j in juniq.tolist():
+                if j and j not in base.jobs:
+                    base.add(j, (names or {}).get(j, j), now)
+            return np.array([base.code[j] for j in juniq.tolist()] + [0], dtype=np.int32)
+
+        return self._memo["job_codes"].get((juniq, base.version), table)
 
     def _slots(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each row's slot (created on first sight), the rows whose slot is new and each row's
@@ -343,22 +362,10 @@ class Engine:
             upair, inv = np.unique(allp, return_inverse=True)
             node_score = self._group_max(alls[:, None], inv.ravel(), len(upair))[:, 0]
         codes = np.flatnonzero(present)
-        ids = np.array(self.base.ids, dtype=object)
         combined = per_job[codes].max(axis=1) if len(codes) else np.zeros(0)
         block = np.column_stack([per_job[codes], combined])
-        cols = names + ["combined"]
-        jobs = {
-            "job_id": np.repeat(ids[codes], len(cols)),
-            "detector": np.tile(np.array(cols, dtype=object), len(codes)),
-            "score": block.ravel(),
-        }
-        nodes = {
-            "job_id": ids[upair // nn],
-            "node": np.array(self._node_names, dtype=object)[upair % nn]
-            if len(upair)
-            else np.zeros(0, dtype=object),
-            "score": node_score,
-        }
+        jobs = {**self._job_labels(codes, names + ["combined"]), "score": block.ravel()}
+        nodes = {**self._node_labels(upair, nn), "score": node_score}
         comb = np.full(n, -1.0)
         comb[codes] = combined
         # the reservoir's gate leaves out the online detectors: they learn on their own guard,
@@ -368,6 +375,34 @@ class Engine:
         if len(codes):
             calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
         return jobs, nodes, missing, comb, calm
+
+    def _job_labels(self, codes: np.ndarray, cols: list[str]) -> dict[str, np.ndarray]:
+        """The job table's label columns (job_id, detector), row-major over `codes` x `cols`;
+        kept while the jobs and detectors are the last cycle's (the id list only grows
+        between compactions, which make a new one)."""
+
+        def labels() -> dict[str, np.ndarray]:
+            ids = np.array(self.base.ids, dtype=object)
+            return {
+                "job_id": np.repeat(ids[codes], len(cols)),
+                "detector": np.tile(np.array(cols, dtype=object), len(codes)),
+            }
+
+        return self._memo["job_labels"].get((codes, self.base.ids, cols), labels)
+
+    def _node_labels(self, upair: np.ndarray, nn: int) -> dict[str, np.ndarray]:
+        """The node table's label columns (job_id, node) of each (job, node) pair code;
+        kept while the pairs are the last cycle's."""
+
+        def labels() -> dict[str, np.ndarray]:
+            return {
+                "job_id": np.array(self.base.ids, dtype=object)[upair // nn],
+                "node": np.array(self._node_names, dtype=object)[upair % nn]
+                if len(upair)
+                else np.zeros(0, dtype=object),
+            }
+
+        return self._memo["node_labels"].get((upair, nn, self.base.ids), labels)
 
     def _pairs(self, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`np.unique(pair, return_inverse=True)`, kept while the (job, node) pairs of the rows
