@@ -113,8 +113,9 @@ class Baselines:
         if not len(codes):
             return
         stall = frame.col(F.STALL_SECONDS)
-        sel = np.isin(job, codes)
-        rows_all = np.flatnonzero(sel)
+        chosen = np.zeros(len(combined), dtype=bool)  # a table: np.isin sorts both sides
+        chosen[codes] = True
+        rows_all = np.flatnonzero(chosen[job])
         order = rows_all[np.argsort(job[rows_all], kind="stable")]
         starts = np.flatnonzero(np.r_[True, job[order][1:] != job[order][:-1]])
         if not len(order):
@@ -123,11 +124,13 @@ class Baselines:
             longest = np.fmax.reduceat(stall[order], starts).tolist()
         block = frame.values[order]  # one gather; each job's rows are a slice of it
         ends = np.r_[starts[1:], len(order)].tolist()
+        learning = []  # (job, its rows' span in block, its longest stall): past warm-up
         for a, b, st in zip(starts.tolist(), ends, longest, strict=True):
             info = self.jobs.get(self.ids[job[order[a]]])
-            if info is None or now - info.first_seen < self.cfg.warmup_s:
-                continue
-            self._reservoir(info, block[a:b])
+            if info is not None and now - info.first_seen >= self.cfg.warmup_s:
+                learning.append((info, a, b, st))
+        self._reservoirs(block, [(info, a, b) for info, a, b, _ in learning])
+        for info, _, _, st in learning:
             info.learns += 1
             if math.isfinite(st):
                 info.max_stall = max(info.max_stall, st)
@@ -166,22 +169,37 @@ class Baselines:
         for det in online:
             det.update(frame, alerting)
 
-    def _reservoir(self, info: JobInfo, rows: np.ndarray) -> None:
-        """Algorithm R, vectorised: a uniform sample over the job's healthy life."""
+    def _reservoirs(self, block: np.ndarray, spans: list[tuple[JobInfo, int, int]]) -> None:
+        """Algorithm R for several jobs at once, each adding the rows `block[a:b]`: a uniform
+        sample over each job's healthy life. The random draws are those the jobs would make
+        one after the other (one per row past a full reservoir), in one call."""
+        if not spans:
+            return
         size = self.cfg.reservoir
-        if info.rows is None:  # allocated whole: filling it is a copy, not a vstack per learn
-            info.rows = np.empty((size, rows.shape[1]), dtype=np.float32)
-        filled = min(info.seen, size)
-        room = size - filled
-        add = rows[:room]
-        info.rows[filled : filled + len(add)] = add
-        rest = rows[room:]
-        seen = info.seen + room + 1 + np.arange(len(rest))
-        info.seen += len(rows)
-        if len(rest):
-            j = (self.rng.random(len(rest)) * seen).astype(np.int64)
-            hit = j < size
-            info.rows[j[hit]] = rest[hit]
+        seen = np.array([info.seen for info, _, _ in spans])
+        start = np.array([a for _, a, _ in spans])
+        count = np.array([b - a for _, a, b in spans])
+        room = np.minimum(np.maximum(size - seen, 0), count)  # rows that fill a free place
+        for (info, a, _), free in zip(spans, room.tolist(), strict=True):
+            if info.rows is None:  # allocated whole: filling is a copy, not a vstack per learn
+                info.rows = np.empty((size, block.shape[1]), dtype=np.float32)
+            if free:
+                filled = min(info.seen, size)
+                info.rows[filled : filled + free] = block[a : a + free]
+        rest = count - room  # rows drawn for: each replaces a random place with p = size/seen
+        k = np.repeat(np.arange(len(spans)), rest)  # each draw's job
+        pos = np.arange(len(k)) - np.repeat(np.cumsum(rest) - rest, rest)  # its rank in the job
+        place = (self.rng.random(len(k)) * ((seen + room + 1)[k] + pos)).astype(np.int64)
+        hit = np.flatnonzero(place < size)
+        if len(hit):  # in draw order, so a place drawn twice keeps the later row, as one by one
+            row = (start + room)[k[hit]] + pos[hit]
+            bounds = np.flatnonzero(np.r_[True, k[hit][1:] != k[hit][:-1]]).tolist()
+            for lo, hi in zip(bounds, [*bounds[1:], len(hit)], strict=True):
+                rows = spans[int(k[hit[lo]])][0].rows
+                assert rows is not None
+                rows[place[hit[lo:hi]]] = block[row[lo:hi]]
+        for (info, _, _), n in zip(spans, count.tolist(), strict=True):
+            info.seen += n
 
     def fit_job(self, job: str, now: float) -> None:
         """Fit every detector on the job's reservoir and save the baseline under its name."""

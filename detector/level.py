@@ -160,7 +160,9 @@ class Level(Detector):
         _, jobs, times, med = self._groups(frame, learn=True)
         slot = self._slots(jobs, create=True)
         # a set lookup per job: np.isin on object arrays compares every pair (8 ms at 625 jobs)
-        conf = np.fromiter((j in alerting for j in jobs.tolist()), bool, len(jobs))
+        conf = np.zeros(len(jobs), dtype=bool)
+        if alerting:
+            conf[:] = np.fromiter((j in alerting for j in jobs.tolist()), bool, len(jobs))
         g = np.flatnonzero(slot >= 0)
         g = g[np.argsort(times[g], kind="stable")]
         cuts = np.flatnonzero(np.diff(times[g])) + 1
