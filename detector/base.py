@@ -50,8 +50,8 @@ def group_blocks(
 def line_median(block: np.ndarray) -> np.ndarray:
     """Medians along the last axis of `block`, NaN-aware (NaN where a line has no value):
     one sort, NaN last, so the sorted last value says which lines miss one; only those with
-    any value take the counting path (numpy's nanmedian took 4-9 ms per call at 10,000 GPUs when one value
-    was missing)."""
+    any value take the counting path (numpy's nanmedian took 4-9 ms per call at 10,000 GPUs
+    when one value was missing)."""
     srt = np.sort(block, axis=-1)
     size = srt.shape[-1]
     if not size:

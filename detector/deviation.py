@@ -23,6 +23,8 @@ from detector.frame import Frame, by_size
 from detector.memo import Memo
 from detector.perjob import PerJob
 
+_POWER = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+
 
 class BaselineDeviation(PerJob):
     """Per-GPU deviation from the job's own healthy baseline, in two modes (busy / idle).
@@ -129,10 +131,11 @@ class BaselineDeviation(PerJob):
         out = np.zeros(len(frame), dtype=bool)
         known = codes >= 0
         if known.any():
-            p = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
-            ref = self.busy_med_[codes[known], p]
-            busy = frame.col(F.UTIL)[known] >= self.busy_util
-            out[known] = busy & (frame.col("DCGM_FI_DEV_POWER_USAGE")[known] < power_share * ref)
+            util, power = frame.col(F.UTIL), frame.col("DCGM_FI_DEV_POWER_USAGE")
+            if not known.all():
+                codes, util, power = codes[known], util[known], power[known]
+            ref = self._modes()[0][_POWER, 0::2][codes]  # each job's busy median power
+            out[known] = (util >= self.busy_util) & (power < power_share * ref)
         return out
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:

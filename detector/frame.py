@@ -83,6 +83,28 @@ class Frame:
         return by_size(codes, len(uniques))
 
     @cached_property
+    def job_first(self) -> np.ndarray:
+        """Each job code's first row."""
+        first = np.zeros(len(self.job_codes[1]), dtype=np.int64)
+        for g, rows in self.job_groups:
+            first[g] = rows[:, 0]
+        return first
+
+    def one_per_job(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(each job's first row, each row's job code) when the columns `names` hold one
+        value per job (bit for bit) at one instant, else None. A service cycle's frame has
+        the progress fields per job, so what follows from them alone is worked out once per
+        job, not per GPU."""
+        if not len(self) or self.time[0] != self.time[-1]:
+            return None
+        codes, first = self.job_codes[0], self.job_first
+        for name in names:
+            bits = self.col(name).view(np.int64)  # NaN equals NaN (ingest copies each job's)
+            if not np.array_equal(bits, bits[first][codes]):
+                return None
+        return first, codes
+
+    @cached_property
     def node_codes(self) -> tuple[np.ndarray, np.ndarray]:
         codes, uniques = pd.factorize(self.node)
         return codes, np.asarray(uniques, dtype=object)
@@ -104,7 +126,7 @@ class Frame:
         """The same rows with other times and values (`values` follows this frame's rows);
         the label codes and groups computed on this frame are shared, not computed again."""
         out = Frame(time, self.job, self.node, self.gpu, values, self.fields, self.model)
-        for k in ("job_codes", "node_codes", "job_groups", "model_codes"):
+        for k in ("job_codes", "node_codes", "job_groups", "job_first", "model_codes"):
             if k in self.__dict__:
                 out.__dict__[k] = self.__dict__[k]
         return out

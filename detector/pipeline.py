@@ -150,9 +150,8 @@ class GroupMax:
         out = np.zeros((n, values.shape[1]))
         if len(codes):
             order, first, starts = self._sort(codes)
-            out[first] = np.maximum.reduceat(
-                values if order is None else values[order], starts, axis=0
-            )
+            planes = values.T if order is None else np.take(values.T, order, axis=1)
+            out[first] = np.maximum.reduceat(planes, starts, axis=1).T  # a row per field
         return out
 
 

@@ -12,6 +12,8 @@ from detector.frame import Frame
 from detector.perjob import PerJob
 from detector.physics import prior_rows
 
+_PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
+
 
 class Progress(PerJob):
     """The job's own progress: stall (time since last progress) and step-time slowdown.
@@ -92,11 +94,33 @@ class Progress(PerJob):
         }
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
-        codes = self._codes(frame)
-        stall = frame.col(F.STALL_SECONDS)
-        it = frame.col(F.ITER_SECONDS)
-        allow = np.full(len(frame), self.unfitted_stall_s)
-        slow = np.zeros(len(frame))
+        """(stall score, slow score) per row; worked out per job when the frame has the
+        progress fields per job (a service cycle), then given to each of its rows."""
+        one = frame.one_per_job(_PER_JOB)
+        sel = slice(None) if one is None else one[0]
+        stall = frame.col(F.STALL_SECONDS)[sel]
+        it = frame.col(F.ITER_SECONDS)[sel]
+        since = frame.col(F.SINCE_PAUSE)[sel]
+        allow, slow = self._allow_slow(self._codes(frame)[sel], stall, it, since)
+        # a run's start-up that its log announces (a pause open, no step time yet: a fresh
+        # job, or a restarted one, whose earlier step time the log parser drops) waits as
+        # long as the physics priors' start-up work does: a requeued job loading a checkpoint
+        # for minutes is not a hang (physics judges that window on the GPUs)
+        starting = ~np.isfinite(it) & pause_open(stall, since)
+        if one is not None:  # each row its job's
+            job = one[1]
+            stall, allow, slow, starting = stall[job], allow[job], slow[job], starting[job]
+        if starting.any():  # the allowance is the GPU model's
+            pause_allowance = prior_rows(frame, "pause_allowance_s")[starting]
+            allow[starting] = np.fmax(allow[starting], pause_allowance)
+        return np.nan_to_num(stall / allow), slow
+
+    def _allow_slow(
+        self, codes: np.ndarray, stall: np.ndarray, it: np.ndarray, since: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(stall allowance, slow score) of rows with these job codes and progress fields."""
+        allow = np.full(len(codes), self.unfitted_stall_s)
+        slow = np.zeros(len(codes))
         known = codes >= 0
         if known.any():
             c = codes[known]
@@ -107,20 +131,11 @@ class Progress(PerJob):
                 z = (np.log(it[known]) - np.log(self.step_[c])) / self.step_scale_[c]
                 # the first iterations after a pause (a save, a restart) run slow: measured
                 # ~18 % for ~10 iterations on an H200; not a straggler
-                since = frame.col(F.SINCE_PAUSE)[known]
                 usual = np.where(self.pause_[c] > 0, self.pause_[c], self.unknown_pause_s)
                 settle = 1.5 * usual + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
-                settling = since <= settle
+                settling = since[known] <= settle
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
-        # a run's start-up that its log announces (a pause open, no step time yet: a fresh
-        # job, or a restarted one, whose earlier step time the log parser drops) waits as
-        # long as the physics priors' start-up work does: a requeued job loading a checkpoint
-        # for minutes is not a hang (physics judges that window on the GPUs)
-        starting = ~np.isfinite(it) & pause_open(stall, frame.col(F.SINCE_PAUSE))
-        if starting.any():
-            pause_allowance = prior_rows(frame, "pause_allowance_s")[starting]
-            allow[starting] = np.fmax(allow[starting], pause_allowance)
-        return np.nan_to_num(stall / allow), slow
+        return allow, slow
 
     def score(self, frame: Frame) -> np.ndarray:
         stall, slow = self._parts(frame)
