@@ -62,8 +62,12 @@ def line_median(block: np.ndarray) -> np.ndarray:
         med = (srt[..., size // 2 - 1] + srt[..., size // 2]) / 2
     gaps = np.isnan(srt[..., -1]) & ~np.isnan(srt[..., 0])  # some values (none: NaN already)
     if gaps.any():
-        part = srt[gaps]
-        med[gaps] = sorted_median(part, np.count_nonzero(~np.isnan(part), axis=-1), axis=-1)
+        part = srt[gaps]  # (lines, size), each with 1 to size - 1 values, NaN last
+        n = np.count_nonzero(~np.isnan(part), axis=-1)
+        line = np.arange(len(part))
+        lo, hi = part[line, (n - 1) // 2], part[line, n // 2]
+        with np.errstate(all="ignore"):  # an odd count's middle value as it is (no overflow)
+            med[gaps] = np.where(n % 2 == 1, lo, (lo + hi) / 2)
     return med
 
 

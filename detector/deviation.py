@@ -224,8 +224,8 @@ class NodeShift(BaselineDeviation):
         for _, rows in owner_groups:
             block = zn[rows]  # (g, nodes, fields)
             mag = np.where(np.isnan(block), np.inf, np.abs(block))
-            pick = np.take_along_axis(block, mag.argmin(axis=1)[:, None, :], axis=1)
-            ref[rows] = np.broadcast_to(pick, block.shape)
+            owner, field = np.ogrid[: block.shape[0], : block.shape[2]]
+            ref[rows] = block[owner, mag.argmin(axis=1), field][:, None, :]
         return pair_codes, np.abs(zn - ref)
 
     def _pairs(self, frame: Frame, codes: np.ndarray) -> tuple[Any, ...]:
