@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,15 +61,10 @@ class PerJob(Detector):
 
     def fit(self, frame: Frame) -> Detector:
         self._ensure()
-        codes, uniques = pd.factorize(frame.job)
-        order = np.argsort(codes, kind="stable")
-        bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
         new: dict[str, dict[str, Any]] = {}
-        for ci, job in enumerate(uniques):
-            if job:
-                state = self._fit_job(frame.take(order[bounds[ci] : bounds[ci + 1]]))
-                if state is not None:
-                    new[job] = state
+        for job, rows in _by_job(frame):
+            if job and (state := self._fit_job(rows)) is not None:
+                new[job] = state
         fresh = [j for j in new if j not in self.jobs_]
         for j in [j for j in new if j in self.jobs_]:
             self.set_job_state(j, new[j])
@@ -96,6 +92,18 @@ class PerJob(Detector):
             return np.array([index.get(u, -1) for u in uniques.tolist()] + [-1], dtype=np.int64)
 
         return self._table.get((uniques, self.jobs_, len(self.jobs_)), table)[codes]
+
+
+def _by_job(frame: Frame) -> Iterator[tuple[str, Frame]]:
+    """Each job of the frame and its rows; a frame of one job (a refit's reservoir) as it is."""
+    if len(frame) and (frame.job == frame.job[0]).all():
+        yield frame.job[0], frame
+        return
+    codes, uniques = pd.factorize(frame.job)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+    for ci, job in enumerate(uniques):
+        yield job, frame.take(order[bounds[ci] : bounds[ci + 1]])
 
 
 def to_json(a: np.ndarray) -> Any:

@@ -23,6 +23,10 @@ def test_scale_bench_runs_the_whole_cycle_and_reports_it(tmp_path):
     # bounded (issue 18): at most 2 series per GPU plus per-job and per-node series, one per
     # detector (8 with the combined score) for each of the 63 jobs and 125 nodes
     assert row["metrics_series"] <= 2 * 1000 + 8 * (63 + 125) + 20
+    # the long run's refits, timed after the measured cycles: each of the 63 jobs every 15 min
+    assert row["refits_per_cycle_long_run"] == round(63 * 5.0 / 900.0, 2)
+    assert 0 < row["refit_s_median"]
+    assert row["engine_with_refits_vs_bare_numpy"] > row["engine_vs_bare_numpy"]
     saved = json.loads((tmp_path / "scale.json").read_text())
     assert saved["rows"][0]["gpus"] == 1000
     live = {
@@ -33,4 +37,5 @@ def test_scale_bench_runs_the_whole_cycle_and_reports_it(tmp_path):
         "rows": [{"nodes": 2000, "gpus": 16000, "failed": "simulator did not start", "phases": []}],
     }
     text = scale.markdown({**saved, "live": live})
+    assert "0.35 refits a cycle on this shard" in text
     assert "| 1,000 | 1 | 1,000 |" in text and "| 16,000 | failed: simulator did not start" in text
