@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,15 +25,63 @@ def default_dir() -> Path:
 
 
 class BaselineStore:
-    def __init__(self, directory: str | Path | None = None) -> None:
+    """The files, written at once (`save`), or by one writer thread (`background=True`, the
+    service's: a cycle never waits on the disk). In the background the latest state of a
+    name wins (one saved twice before the writer reached it is written once), `load` sees a
+    save not written yet, `flush` waits for the writes, and a failed write is kept in
+    `errors`; a killed service loses at most the saves not written yet (a file is replaced
+    whole, never left half written)."""
+
+    def __init__(self, directory: str | Path | None = None, background: bool = False) -> None:
         self.dir = Path(directory) if directory else default_dir()
         self.errors: list[str] = []
+        self.background = background
+        self._pending: dict[str, dict[str, dict[str, Any]]] = {}  # name -> states to write
+        self._changed = threading.Condition()
+        self._writer: threading.Thread | None = None
 
     def path(self, name: str) -> Path:
         safe = _SAFE.sub("_", name)[:120] or "_"
         return self.dir / f"{safe}.json"
 
     def save(self, name: str, states: dict[str, dict[str, Any]]) -> Path:
+        if not self.background:
+            return self._write(name, states)
+        with self._changed:
+            self._pending.pop(name, None)  # to the back of the queue, with its latest state
+            self._pending[name] = states
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._run, daemon=True, name="baselines")
+                self._writer.start()
+            self._changed.notify_all()
+        return self.path(name)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every save handed over is written (or failed); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._pending, timeout)
+
+    @property
+    def pending(self) -> int:
+        """Saves handed over and not written yet."""
+        with self._changed:
+            return len(self._pending)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._pending))
+                name, states = next(iter(self._pending.items()))  # the longest waiting
+            try:
+                self._write(name, states)
+            except OSError as exc:
+                self.errors.append(f"{self.path(name).name}: not saved: {exc}")
+            with self._changed:
+                if self._pending.get(name) is states:  # else saved again meanwhile: once more
+                    del self._pending[name]
+                self._changed.notify_all()
+
+    def _write(self, name: str, states: dict[str, dict[str, Any]]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.path(name)
         tmp = path.with_suffix(".tmp")
@@ -42,7 +91,12 @@ class BaselineStore:
         return path
 
     def load(self, name: str, known: set[str]) -> dict[str, dict[str, Any]] | None:
-        """The stored per-detector states for `name`, or None (missing or invalid: see errors)."""
+        """The stored per-detector states for `name`, or None (missing or invalid: see errors);
+        a save not written yet is what is stored."""
+        with self._changed:
+            pending = self._pending.get(name)
+        if pending is not None:
+            return pending
         path = self.path(name)
         if not path.exists():
             return None

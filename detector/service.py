@@ -102,7 +102,7 @@ class Service:
         self.client = PromClient(cfg.prometheus_url)
         ecfg = engine_cfg or Config()
         ecfg.interval_s = cfg.interval_s
-        self.engine = Engine(ecfg, store or BaselineStore())
+        self.engine = Engine(ecfg, store or BaselineStore(background=True))
         self.scores = Scores(cfg.shard)
         self.registry = registry or CollectorRegistry()
         self.registry.register(self.scores)
@@ -172,6 +172,9 @@ class Service:
         finally:
             server.shutdown()
             server.server_close()
+            store = self.engine.base.store
+            if store is not None and not store.flush(10.0):
+                log.warning("%d baselines not saved at exit", store.pending)
 
 
 def _handler(service: Service) -> type[BaseHTTPRequestHandler]:

@@ -61,7 +61,7 @@ def serve(
         shard=owned,
     )
     try:
-        service = Service(cfg, store=BaselineStore(state_dir))
+        service = Service(cfg, store=BaselineStore(state_dir, background=True))
     except ValueError as exc:  # the Prometheus URL
         raise typer.BadParameter(str(exc)) from None
     service.serve()

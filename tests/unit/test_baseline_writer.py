@@ -1,0 +1,67 @@
+"""The baseline store's writer thread (the service's): saves are written in the background,
+the latest state of a name wins, a save not written yet is what `load` gives, a failed write
+is kept in `errors`, and `flush` waits for all of it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from detector.baselines import BaselineStore
+
+KNOWN = {"deviation"}
+
+
+def state(v: float) -> dict:
+    return {"deviation": {"busy_med_": [v]}}
+
+
+def test_saves_are_written_and_the_latest_wins(tmp_path):
+    store = BaselineStore(tmp_path, background=True)
+    for v in range(50):
+        store.save("train-a", state(float(v)))
+        store.save(f"job-{v}", state(float(v)))
+    assert store.flush(10.0) and store.pending == 0
+    doc = json.loads(store.path("train-a").read_text())
+    assert doc["detectors"] == state(49.0)
+    assert len(list(tmp_path.glob("*.json"))) == 51 and not list(tmp_path.glob("*.tmp"))
+    assert BaselineStore(tmp_path).load("job-7", KNOWN) == state(7.0)
+
+
+def test_load_gives_a_save_not_written_yet(tmp_path, monkeypatch):
+    store = BaselineStore(tmp_path, background=True)
+    release, writing = threading.Event(), threading.Event()
+    write = store._write
+
+    def slow_write(name, states):
+        writing.set()
+        release.wait(10.0)
+        return write(name, states)
+
+    monkeypatch.setattr(store, "_write", slow_write)
+    store.save("train-a", state(1.0))
+    assert writing.wait(10.0)
+    store.save("train-a", state(2.0))  # while the first is being written
+    assert not store.path("train-a").exists()
+    assert store.load("train-a", KNOWN) == state(2.0)
+    assert not store.flush(0.05)  # still writing
+    release.set()
+    assert store.flush(10.0)
+    assert json.loads(store.path("train-a").read_text())["detectors"] == state(2.0)
+
+
+def test_a_failed_write_is_kept_in_errors(tmp_path):
+    blocked = tmp_path / "baselines"
+    blocked.write_text("a file where the directory should be")
+    store = BaselineStore(blocked, background=True)
+    store.save("train-a", state(1.0))
+    assert store.flush(10.0)
+    assert len(store.errors) == 1 and "not saved" in store.errors[0]
+    store.save("train-b", state(1.0))  # the writer goes on after a failure
+    assert store.flush(10.0) and len(store.errors) == 2
+
+
+def test_without_background_a_save_is_written_at_once(tmp_path):
+    store = BaselineStore(tmp_path)
+    store.save("train-a", state(3.0))
+    assert store.load("train-a", KNOWN) == state(3.0) and store.pending == 0
