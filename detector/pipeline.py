@@ -377,8 +377,7 @@ class Engine:
 
     def _job_labels(self, codes: np.ndarray, cols: list[str]) -> dict[str, np.ndarray]:
         """The job table's label columns (job_id, detector), row-major over `codes` x `cols`;
-        kept while the jobs and detectors are the last cycle's (the id list only grows
-        between compactions, which make a new one)."""
+        kept while the jobs, the job table and the detectors are the last cycle's."""
 
         def labels() -> dict[str, np.ndarray]:
             ids = np.array(self.base.ids, dtype=object)
@@ -387,11 +386,11 @@ class Engine:
                 "detector": np.tile(np.array(cols, dtype=object), len(codes)),
             }
 
-        return self._memo["job_labels"].get((codes, self.base.ids, cols), labels)
+        return self._memo["job_labels"].get((codes, self.base.version, cols), labels)
 
     def _node_labels(self, upair: np.ndarray, nn: int) -> dict[str, np.ndarray]:
         """The node table's label columns (job_id, node) of each (job, node) pair code;
-        kept while the pairs are the last cycle's."""
+        kept while the pairs and the job table are the last cycle's."""
 
         def labels() -> dict[str, np.ndarray]:
             return {
@@ -401,7 +400,7 @@ class Engine:
                 else np.zeros(0, dtype=object),
             }
 
-        return self._memo["node_labels"].get((upair, nn, self.base.ids), labels)
+        return self._memo["node_labels"].get((upair, nn, self.base.version), labels)
 
     def _pairs(self, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`np.unique(pair, return_inverse=True)`, kept while the (job, node) pairs of the rows
