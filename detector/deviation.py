@@ -91,7 +91,6 @@ class BaselineDeviation(PerJob):
         """(median, scale) as (fields, 2 x jobs) tables, a job's busy mode then its idle one:
         a row's reference is one column gather from a table this small; kept until the
         state changes."""
-
         self._ensure()
 
         def stack() -> tuple[np.ndarray, np.ndarray]:
