@@ -63,11 +63,7 @@ def line_median(block: np.ndarray) -> np.ndarray:
     gaps = np.isnan(srt[..., -1]) & ~np.isnan(srt[..., 0])  # some values (none: NaN already)
     if gaps.any():
         part = srt[gaps]  # (lines, size), each with 1 to size - 1 values, NaN last
-        n = np.count_nonzero(~np.isnan(part), axis=-1)
-        line = np.arange(len(part))
-        lo, hi = part[line, (n - 1) // 2], part[line, n // 2]
-        with np.errstate(all="ignore"):  # an odd count's middle value as it is (no overflow)
-            med[gaps] = np.where(n % 2 == 1, lo, (lo + hi) / 2)
+        med[gaps] = sorted_median(part, np.count_nonzero(~np.isnan(part), axis=-1), axis=-1)
     return med
 
 
@@ -103,10 +99,10 @@ def sorted_median(srt: np.ndarray, n: np.ndarray, axis: int) -> np.ndarray:
     size = srt.shape[axis]
     if not size:
         return np.full(n.shape, np.nan)
-    lo = np.expand_dims(np.maximum((n - 1) // 2, 0), axis)
-    hi = np.expand_dims(np.minimum(n // 2, size - 1), axis)
-    a = np.take_along_axis(srt, lo, axis).squeeze(axis)
-    b = np.take_along_axis(srt, hi, axis).squeeze(axis)
+    lines = np.moveaxis(srt, axis, -1)
+    line = np.ix_(*map(np.arange, n.shape))  # every line, by open index grids
+    a = lines[(*line, np.maximum((n - 1) // 2, 0))]
+    b = lines[(*line, np.minimum(n // 2, size - 1))]
     with np.errstate(all="ignore"):
         med = np.where(n % 2 == 1, a, (a + b) / 2)
     return np.where(n > 0, med, np.nan)
