@@ -19,7 +19,7 @@ from detector.base import (
     rowmax,
     z_crit,
 )
-from detector.frame import Frame, by_size
+from detector.frame import Frame, JobRows, by_size
 from detector.memo import Memo
 from detector.perjob import PerJob
 
@@ -70,22 +70,23 @@ class BaselineDeviation(PerJob):
     def _scale(self, med: np.ndarray, mad: np.ndarray) -> np.ndarray:
         return np.fmax(np.fmax(mad, FLOORS), self.rel_floor * np.abs(med))
 
-    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
-        x = frame.cols(F.GAUGE_NAMES)
-        busy = frame.col(F.UTIL) >= self.busy_util
-        if busy.sum() < self.min_rows:
-            return None
-        nan = np.full(x.shape[1], np.nan)
-        bmed, bmad = robust(x[busy])
-        imed, imad = (nan, nan)
-        if (~busy).sum() >= self.min_rows:
-            imed, imad = robust(x[~busy])
-        return {
-            "busy_med_": bmed,
-            "busy_scale_": self._scale(bmed, bmad),
-            "idle_med_": imed,
-            "idle_scale_": self._scale(imed, imad),
-        }
+    def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each job's busy and idle (median, scale) per field, all jobs in one pass; a mode
+        with fewer than `min_rows` rows has none (its scale the floors), a job without enough
+        busy rows is not fitted."""
+        x = rows.cols(F.GAUGE_NAMES)  # (fields, jobs, rows)
+        with np.errstate(invalid="ignore"):
+            busy = rows.col(F.UTIL) >= self.busy_util
+        out = {}
+        for mode, mask in (("busy", busy), ("idle", rows.present & ~busy)):
+            few = mask.sum(axis=1) < self.min_rows
+            med = mad = np.full((x.shape[0], len(few)), np.nan)
+            if not few.all():  # (a mode no job has enough rows of is not sorted for nothing)
+                med, mad = robust(np.where(mask, x, np.nan), axis=-1)
+                med[:, few] = mad[:, few] = np.nan
+            out[f"{mode}_med_"] = med.T
+            out[f"{mode}_scale_"] = self._scale(med.T, mad.T)
+        return busy.sum(axis=1) >= self.min_rows, out
 
     def _modes(self) -> tuple[np.ndarray, np.ndarray]:
         """(median, scale) as (fields, 2 x jobs) tables, a job's busy mode then its idle one:

@@ -6,7 +6,7 @@ a field nobody reported is all-NaN, so every detector works with dcgm-exporter's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -289,3 +289,47 @@ def join_progress(gpu: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
         direction="backward",
     )
     return merged.sort_values("_row").drop(columns="_row").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class JobRows:
+    """A frame's rows by job, padded: job j's rows are `index[j, :count[j]]` (-1 after)."""
+
+    frame: Frame
+    jobs: list[str]
+    index: np.ndarray  # (J, R) row numbers, -1 past each job's rows
+    count: np.ndarray  # (J,)
+
+    @classmethod
+    def of(cls, frame: Frame) -> JobRows:
+        codes, uniques = frame.job_codes
+        known = np.flatnonzero(codes >= 0)  # pandas codes a missing label -1: no job
+        order = known[np.argsort(codes[known], kind="stable")]
+        count = np.bincount(codes[known], minlength=len(uniques))
+        start = np.cumsum(count) - count
+        index = np.full((len(uniques), int(count.max(initial=0))), -1, dtype=np.int64)
+        index[codes[order], np.arange(len(order)) - start[codes[order]]] = order
+        return cls(frame, uniques.tolist(), index, count)
+
+    @property
+    def present(self) -> np.ndarray:
+        """(J, R): which places hold a row."""
+        return self.index >= 0
+
+    def col(self, name: str) -> np.ndarray:
+        """(J, R) values of one column, NaN past each job's rows."""
+        return np.where(self.present, self.frame.col(name)[self.index], np.nan)
+
+    def cols(self, names: Sequence[str]) -> np.ndarray:
+        """(len(names), J, R) field planes, NaN past each job's rows."""
+        planes = np.take(self.frame.cols(names).T, self.index, axis=1)
+        return np.where(self.present, planes, np.nan)
+
+    def frames(self) -> Iterator[tuple[str, Frame]]:
+        """Each job and its rows as a frame; a frame of one job (a refit's reservoir) as it
+        is."""
+        if len(self.jobs) == 1:
+            yield self.jobs[0], self.frame
+            return
+        for job, idx, n in zip(self.jobs, self.index, self.count.tolist(), strict=True):
+            yield job, self.frame.take(idx[:n])

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from detector.base import Detector
-from detector.frame import Frame
+from detector.frame import Frame, JobRows
 from detector.memo import Memo
 
 
@@ -24,22 +22,22 @@ class PerJob(Detector):
             self._table: Memo[np.ndarray] = Memo()  # `_codes`' job -> row table
             self._changes = 0  # changes to the state arrays (memos of tables built from them)
             self._tables: Memo[Any] = Memo()  # a subclass's tables from the state, by `_changes`
+            self._where: Memo[dict[str, int]] = Memo()  # `_positions`
             for k in self.state_keys:
                 setattr(self, k, None)
 
     def job_state(self, job: str) -> dict[str, Any] | None:
-        self._ensure()
-        if job not in self.jobs_:
+        i = self._positions().get(job)
+        if i is None:
             return None
-        i = self.jobs_.index(job)
         return {k: to_json(getattr(self, k)[i]) for k in self.state_keys}
 
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:
         self._ensure()
         rows = {k: np.asarray(from_json(state[k]), dtype=float) for k in self.state_keys}
         self._changes += 1
-        if job in self.jobs_:
-            i = self.jobs_.index(job)
+        i = self._positions().get(job)
+        if i is not None:
             for k in self.state_keys:
                 getattr(self, k)[i] = rows[k]
             return
@@ -60,25 +58,54 @@ class PerJob(Detector):
             setattr(self, k, getattr(self, k)[keep] if keep.any() else None)
 
     def fit(self, frame: Frame) -> Detector:
+        """Fit every job of the frame at once (`_fit_jobs`) and keep the states of those that
+        had enough rows: a refitted job's rows in place, new jobs appended."""
         self._ensure()
-        new: dict[str, dict[str, Any]] = {}
-        for job, rows in _by_job(frame):
-            if job and (state := self._fit_job(rows)) is not None:
-                new[job] = state
-        fresh = [j for j in new if j not in self.jobs_]
-        for j in [j for j in new if j in self.jobs_]:
-            self.set_job_state(j, new[j])
-        if fresh:  # stack all new jobs at once (not one concatenate per job)
-            self._changes += 1
-            for k in self.state_keys:
-                block = np.stack([np.asarray(new[j][k], dtype=float) for j in fresh])
-                old = getattr(self, k)
-                setattr(self, k, block if old is None else np.concatenate([old, block]))
-            self.jobs_.extend(fresh)
+        rows = JobRows.of(frame)
+        if not rows.jobs:
+            return self
+        ok, state = self._fit_jobs(rows)
+        fitted = [i for i in np.flatnonzero(ok).tolist() if rows.jobs[i]]
+        if not fitted:
+            return self
+        self._changes += 1
+        where = self._positions()
+        at = [where.get(rows.jobs[i], -1) for i in fitted]
+        old = [(i, a) for i, a in zip(fitted, at, strict=True) if a >= 0]
+        fresh = [i for i, a in zip(fitted, at, strict=True) if a < 0]
+        for k in self.state_keys:
+            arr = getattr(self, k)
+            if old:
+                arr[[a for _, a in old]] = state[k][[i for i, _ in old]]
+            if fresh:
+                arr = state[k][fresh] if arr is None else np.concatenate([arr, state[k][fresh]])
+            setattr(self, k, arr)
+        self.jobs_.extend(rows.jobs[i] for i in fresh)
         return self
+
+    def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(which of `rows.jobs` could be fitted (J,), each state key's (J, ...) array): here
+        one `_fit_job` per job; detectors whose fit is a few medians do all jobs at once."""
+        states = {i: s for i, (j, f) in enumerate(rows.frames()) if j and (s := self._fit_job(f))}
+        ok = np.zeros(len(rows.jobs), dtype=bool)
+        ok[list(states)] = True
+        out: dict[str, np.ndarray] = {}
+        for k in self.state_keys:
+            shape = np.shape(next(iter(states.values()))[k]) if states else ()
+            out[k] = np.full((len(rows.jobs), *shape), np.nan)
+            for i, st in states.items():
+                out[k][i] = np.asarray(st[k], dtype=float)
+        return ok, out
 
     def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
         raise NotImplementedError
+
+    def _positions(self) -> dict[str, int]:
+        """Each fitted job's row in the state arrays (kept while `jobs_` is unchanged)."""
+        self._ensure()
+        return self._where.get(
+            (self.jobs_, len(self.jobs_)), lambda: {j: i for i, j in enumerate(self.jobs_)}
+        )
 
     def _codes(self, frame: Frame) -> np.ndarray:
         """Each row's index in `jobs_` (-1: not fitted). The lookup table is kept while the
@@ -88,28 +115,18 @@ class PerJob(Detector):
         codes, uniques = frame.job_codes
 
         def table() -> np.ndarray:
-            index = {j: i for i, j in enumerate(self.jobs_)}
+            index = self._positions()
             return np.array([index.get(u, -1) for u in uniques.tolist()] + [-1], dtype=np.int64)
 
         return self._table.get((uniques, self.jobs_, len(self.jobs_)), table)[codes]
 
 
-def _by_job(frame: Frame) -> Iterator[tuple[str, Frame]]:
-    """Each job of the frame and its rows; a frame of one job (a refit's reservoir) as it is."""
-    if len(frame) and (frame.job == frame.job[0]).all():
-        yield frame.job[0], frame
-        return
-    codes, uniques = pd.factorize(frame.job)
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
-    for ci, job in enumerate(uniques):
-        yield job, frame.take(order[bounds[ci] : bounds[ci + 1]])
-
-
-def to_json(a: np.ndarray) -> Any:
-    if isinstance(a, np.ndarray):
-        return np.where(np.isnan(a), None, a.astype(object)).tolist()  # type: ignore[call-overload]
-    return None if isinstance(a, float) and np.isnan(a) else a
+def to_json(a: Any) -> Any:
+    """An array as nested lists, NaN as None (JSON has no NaN)."""
+    v = a.tolist() if isinstance(a, np.ndarray) else a
+    if isinstance(v, list):
+        return [to_json(x) for x in v]
+    return None if isinstance(v, float) and v != v else v
 
 
 def from_json(v: Any) -> Any:

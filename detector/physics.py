@@ -39,15 +39,14 @@ once some rule held on every sample of its persistence window, and then at its l
 from __future__ import annotations
 
 import operator
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from catalogue import priors as P
 from detector import fields as F
-from detector.base import pause_open
-from detector.frame import Frame
+from detector.base import nanpercentile, pause_open
+from detector.frame import Frame, JobRows
 from detector.perjob import PerJob
 
 FB = "DCGM_FI_DEV_FB_USED"
@@ -159,13 +158,12 @@ class Physics(PerJob):
     def priors(self) -> P.Priors:
         return P.load(self.path)
 
-    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
-        """The job's p99 progress gap outside pauses (stall seconds sampled while healthy)."""
-        stall = frame.col(F.STALL_SECONDS)
-        gaps = stall[np.isfinite(stall) & ~pause_open(stall, frame.col(F.SINCE_PAUSE))]
-        if len(gaps) < self.min_gaps:
-            return None
-        return {"gap_": np.array(float(np.percentile(gaps, 99)))}
+    def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each job's p99 progress gap outside pauses (stall seconds sampled while healthy)."""
+        stall = rows.col(F.STALL_SECONDS)
+        gaps = np.isfinite(stall) & ~pause_open(stall, rows.col(F.SINCE_PAUSE))
+        p99 = nanpercentile(np.where(gaps, stall, np.nan), 99, axis=1)
+        return gaps.sum(axis=1) >= self.min_gaps, {"gap_": p99}
 
     def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...]]:
         """(n, rules) scores and the rule id of each column."""

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from detector import fields as F
-from detector.base import MAD_TO_SIGMA, pause_open, z_crit
-from detector.frame import Frame
+from detector.base import nanpercentile, pause_open, robust, z_crit
+from detector.frame import Frame, JobRows
 from detector.perjob import PerJob
 from detector.physics import prior_rows
 
@@ -72,25 +70,23 @@ class Progress(PerJob):
         self.after_pause_s = after_pause_s
         self.unknown_pause_s = unknown_pause_s
 
-    def _fit_job(self, frame: Frame) -> dict[str, Any] | None:
-        it = frame.col(F.ITER_SECONDS)
-        it = it[np.isfinite(it) & (it > 0)]
-        if len(it) < 3:
-            return None
-        logs = np.log(it)
-        med = float(np.median(logs))
-        mad = float(np.median(np.abs(logs - med))) * MAD_TO_SIGMA
-        stall = frame.col(F.STALL_SECONDS)
-        gap = float(np.nanmax(stall)) if np.isfinite(stall).any() else 0.0
-        since = frame.col(F.SINCE_PAUSE)
-        with np.errstate(invalid="ignore"):
-            paused = stall[np.isfinite(since) & (since <= stall)]  # samples inside a pause
-        pause = float(np.percentile(paused, 99)) if len(paused) else 0.0
-        return {
+    def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each job's typical step (median and MAD of log step times, at least 3), its
+        longest progress gap and its p99 gap inside pauses, all jobs in one pass."""
+        it = rows.col(F.ITER_SECONDS)
+        stall = rows.col(F.STALL_SECONDS)
+        since = rows.col(F.SINCE_PAUSE)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            good = np.isfinite(it) & (it > 0)
+            med, mad = robust(np.log(np.where(good, it, np.nan)), axis=1)
+            paused = np.isfinite(since) & (since <= stall)  # samples inside a pause
+        longest = np.fmax.reduce(stall, axis=1)
+        pause = nanpercentile(np.where(paused, stall, np.nan), 99, axis=1)
+        return good.sum(axis=1) >= 3, {
             "step_": np.exp(med),
-            "step_scale_": max(mad, self.rel_floor),
-            "gap_": gap,
-            "pause_": pause,
+            "step_scale_": np.fmax(mad, self.rel_floor),
+            "gap_": np.where(np.isfinite(stall).any(axis=1), longest, 0.0),
+            "pause_": np.nan_to_num(pause, nan=0.0),
         }
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:

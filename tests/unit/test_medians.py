@@ -1,6 +1,7 @@
 """The medians every fit and score takes (`base.nanmedian`, `base.group_median`, both on
 `base.sorted_median`) give exactly what `np.nanmedian` gives, except where numpy overflows
-averaging an odd count's middle value with itself (that value is kept)."""
+averaging an odd count's middle value with itself (that value is kept); the fits' percentiles
+(`base.nanpercentile`) exactly what `np.nanpercentile` gives."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from detector.base import MAD_TO_SIGMA, group_median, nanmedian, robust
+from detector.base import MAD_TO_SIGMA, group_median, nanmedian, nanpercentile, robust
 
 VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True, width=64),
@@ -82,3 +83,34 @@ def test_robust_on_a_reservoir_with_gaps():
         np.testing.assert_array_equal(
             mad, np.nanmedian(np.abs(x - np.nanmedian(x, axis=0)), axis=0) * MAD_TO_SIGMA
         )
+
+
+FINITE = st.one_of(
+    st.floats(-1e12, 1e12, allow_nan=False, width=64), st.sampled_from([np.nan, 0.0, 1.0])
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(0, 40)), elements=FINITE),
+    st.sampled_from([0.0, 1.0, 50.0, 99.0, 100.0]),
+    st.sampled_from([0, 1]),
+)
+def test_percentiles_match_numpy(x, q, axis):
+    """`nanpercentile` (the fits' p99 gaps) is `np.nanpercentile` bit for bit, per line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanpercentile(x, q, axis=axis)
+    np.testing.assert_array_equal(nanpercentile(x, q, axis=axis), want)
+
+
+def test_robust_along_the_last_axis_of_planes():
+    """The batched fits' shape: (fields, jobs, rows) planes, each line its own median."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 4, 50))
+    x[rng.random(x.shape) < 0.2] = np.nan
+    med, mad = robust(x, axis=-1)
+    for f in range(3):
+        for j in range(4):
+            want_med, want_mad = robust(x[f, j][:, None])
+            assert (med[f, j], mad[f, j]) == (want_med[0], want_mad[0])
