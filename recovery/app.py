@@ -8,7 +8,6 @@ If `recovery.api_actions` exists its `router` is included behind the same auth.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import gc
@@ -24,10 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recovery import failpoints, incidents, retention, validate
+from recovery import incidents, retention, validate
 from recovery.group_commit import GroupCommit
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
@@ -360,12 +358,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
             "group_key": payload.groupKey,
             "status": payload.status,
         }
-        if incidents.node_lookups(docs):  # Slurm's jobs on its nodes: asked off the loop
-            ready = await run_in_threadpool(incidents.prepare, engine, settings, docs, **kw)
-        else:
-            ready = incidents.Payload(docs, **kw)
-        result = await asyncio.wrap_future(commits.submit(ready))
-        failpoints.hit("ingested")
+        result = await commits.ingest(docs, **kw)
         for a in payload.alerts:
             metrics.alerts_received.labels(status=a.status).inc()
         return Accepted(alerts=len(payload.alerts), new=result.new, incidents=result.incident_ids)

@@ -4,14 +4,15 @@ Ingest is serialised (one transaction at a time per store: `incidents.ingest_pay
 under load each webhook request would wait for every earlier commit (on PostgreSQL, a WAL
 flush each). `GroupCommit.submit` queues a ready payload and returns a future; one writer
 thread folds everything queued in one transaction and completes the futures of its batch only
-after the commit. The webhook awaits its future on the event loop: no worker thread is held
-per waiting request, and a commit wakes only its own batch's requests. If a batch fails, its
+after the commit. The webhook awaits it on the event loop (`ingest`): no worker thread is
+held per waiting request, and a commit wakes only its own batch's requests. If a batch fails, its
 payloads are written again one by one, so one bad payload fails only its own request. The
 writer starts with the first payload and ends after `LINGER_S` without one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -53,9 +54,17 @@ class GroupCommit:
             self._cv.notify()
         return slot.future
 
-    def ingest(self, docs: list[dict[str, Any]], **kw: Any) -> incidents.IngestResult:
-        """`incidents.ingest`, committed together with whatever else is waiting (blocking)."""
-        result = self.submit(incidents.prepare(self.engine, self.settings, docs, **kw)).result()
+    async def ingest(self, docs: list[dict[str, Any]], **kw: Any) -> incidents.IngestResult:
+        """`incidents.ingest` for the webhook, on the event loop: committed together with
+        whatever else is waiting. Slurm's jobs on the nodes its alerts name are asked in a
+        worker thread, and only when an alert needs them (`incidents.node_lookups`)."""
+        if incidents.node_lookups(docs):
+            ready = await asyncio.to_thread(
+                incidents.prepare, self.engine, self.settings, docs, **kw
+            )
+        else:
+            ready = incidents.Payload(docs, **kw)
+        result = await asyncio.wrap_future(self.submit(ready))
         failpoints.hit("ingested")
         return result
 

@@ -4,7 +4,7 @@ request (the batch is written again one by one)."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 
 import pytest
@@ -44,22 +44,16 @@ def gc(tmp_path, monkeypatch):
 
 
 def _run(gc: GroupCommit, docs: list[list[dict]]) -> list:
-    out: list = [None] * len(docs)
+    """Each payload as the webhook posts it, concurrently on one event loop: the results (or
+    the errors) in order."""
 
-    def one(k: int) -> None:
-        try:
-            out[k] = gc.ingest(docs[k], raw=f"body {k}")
-        except Exception as exc:  # noqa: BLE001
-            out[k] = exc
+    async def main() -> list:
+        first = asyncio.ensure_future(gc.ingest(docs[0], raw="body 0"))
+        await asyncio.sleep(0.05)  # the first one is writing when the others arrive
+        rest = [gc.ingest(d, raw=f"body {k}") for k, d in enumerate(docs[1:], 1)]
+        return await asyncio.gather(first, *rest, return_exceptions=True)
 
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(len(docs))]
-    for k, t in enumerate(threads):
-        t.start()
-        if k == 0:
-            time.sleep(0.05)  # the first one is writing when the others arrive
-    for t in threads:
-        t.join(10)
-    return out
+    return asyncio.run(asyncio.wait_for(main(), 10))
 
 
 def test_payloads_waiting_together_commit_together(gc):
@@ -190,10 +184,10 @@ def test_the_writer_ends_when_idle_and_starts_again(gc, monkeypatch):
 
     monkeypatch.setattr(group_commit, "LINGER_S", 0.05)
     commits, engine, batches = gc
-    assert commits.ingest([_alert("a", "1")], raw="a").new == 1
+    assert asyncio.run(commits.ingest([_alert("a", "1")], raw="a")).new == 1
     deadline = time.monotonic() + 5
     while commits._writer is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert commits._writer is None  # nothing queued: no thread left behind
-    assert commits.ingest([_alert("b", "1")], raw="b").new == 1
+    assert asyncio.run(commits.ingest([_alert("b", "1")], raw="b")).new == 1
     assert batches == [1, 1]
