@@ -5,8 +5,8 @@ under load each webhook request would wait for every earlier commit (on PostgreS
 flush each). `GroupCommit.submit` queues a ready payload and returns a future; one writer
 thread folds everything queued in one transaction and completes the futures of its batch only
 after the commit. The webhook awaits it on the event loop (`ingest`): no worker thread is
-held per waiting request, and a commit wakes only its own batch's requests. If a batch fails, its
-payloads are written again one by one, so one bad payload fails only its own request. The
+held per waiting request, and a commit wakes only its own batch's requests. If a batch fails,
+its payloads are written again one by one, so one bad payload fails only its own request. The
 writer starts with the first payload and ends after `LINGER_S` without one.
 """
 
