@@ -215,6 +215,7 @@ class Baselines:
         stall_col = F.ALL_FIELDS.index(F.STALL_SECONDS)
         blocks = []
         for _, info in infos:
+            assert info.rows is not None
             rows = info.rows[: min(info.seen, self.cfg.reservoir)].astype(float)
             if info.max_stall > 0:  # the longest healthy gap is kept if the sample missed it
                 first = float(rows[0, stall_col])
