@@ -121,16 +121,21 @@ def nanpercentile(x: np.ndarray, q: float, axis: int = -1) -> np.ndarray:
     one sort: numpy's takes a Python loop over lines, and its plain percentile costs ~30 us of
     overhead per call, more than a refit's whole sort."""
     srt = np.moveaxis(np.sort(x, axis=axis), axis, -1)  # NaN last
-    n = np.count_nonzero(~np.isnan(srt), axis=-1)
+    return sorted_percentile(srt, np.count_nonzero(~np.isnan(srt), axis=-1), q)
+
+
+def sorted_percentile(srt: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
+    """Percentile `q` along the last axis of `srt`, sorted with NaN last, `n` values in each
+    line, as numpy's linear method gives it (its lerp from the nearer end); NaN where none."""
     if not srt.shape[-1]:
         return np.full(n.shape, np.nan)
     last = np.maximum(n - 1, 0)
-    pos = q / 100 * last
+    pos = last * (q / 100.0)
     lo = np.minimum(np.floor(pos).astype(np.int64), last)
     line = np.ix_(*map(np.arange, n.shape))
     a, b = srt[(*line, lo)], srt[(*line, np.minimum(lo + 1, last))]
     t = pos - lo
-    with np.errstate(all="ignore"):  # numpy's lerp: from the nearer end
+    with np.errstate(all="ignore"):
         out = np.where(t >= 0.5, b - (b - a) * (1 - t), a + (b - a) * t)
     return np.where(n > 0, out, np.nan)
 

@@ -37,18 +37,7 @@ import warnings
 
 import numpy as np
 
-from detector.base import MAD_TO_SIGMA, nanmedian, sorted_median, z_crit
-
-
-def _percentile(srt: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
-    """Row percentile `q` of sorted NaN-padded rows with `n` values each (numpy's linear)."""
-    v = (n - 1) * (q / 100.0)
-    lo = np.floor(v).astype(np.int64)
-    g = v - lo
-    i = np.arange(len(srt))
-    a, b = srt[i, lo], srt[i, np.minimum(lo + 1, n - 1)]
-    d = b - a
-    return np.where(g >= 0.5, b - d * (1 - g), a + d * g)
+from detector.base import MAD_TO_SIGMA, nanmedian, sorted_median, sorted_percentile, z_crit
 
 
 class Bank:
@@ -244,17 +233,23 @@ class Bank:
         if season.any():
             x0 = x - np.take_along_axis(season, ph % season.shape[1], axis=1)
             level = nanmedian(x0, 1)
-        else:  # no seasonal profile: x0 is x
+            resid = x0 - level[:, None]
+            centre = nanmedian(resid, 1)
+        else:  # no seasonal profile: x0 is x, and x less a finite level keeps x's order
             x0, level = x, median_x
-        resid = x0 - level[:, None]
-        mad = nanmedian(np.abs(resid - nanmedian(resid, 1)[:, None]), 1) * MAD_TO_SIGMA
+            resid = x0 - level[:, None]
+            finite = np.isfinite(level).all()
+            centre = (
+                sorted_median(srt - level[:, None], count, 1) if finite else nanmedian(resid, 1)
+            )
+        mad = nanmedian(np.abs(resid - centre[:, None]), 1) * MAD_TO_SIGMA
         if self.robust == "qn":
             from statsmodels.robust.scale import qn_scale
 
             for i in np.flatnonzero(n >= 8):
                 mad[i] = float(qn_scale(resid[i, : n[i]]))
         typical = nanmedian(np.abs(x), 1) if (srt[:, 0] < 0).any() else median_x
-        spread = _percentile(srt, n, 95) - _percentile(srt, n, 5)
+        spread = sorted_percentile(srt, n, 95) - sorted_percentile(srt, n, 5)
         floor = self.rel_floor * np.where(
             typical > 1e-12 * np.maximum(spread, 1e-300), typical, spread
         )
