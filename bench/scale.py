@@ -230,7 +230,8 @@ def _age(svc: Service, now: float, hours: float = 2.0, seed: int = 0) -> None:
     last fit at a spread phase of `refit_s` (as jobs' different start times spread them), so
     that `jobs x interval / refit_s` refits come due a cycle; its reservoir full (its rows
     repeated: the bench has run minutes) and the rows it has learned those of `hours` at the
-    rate it learned so far, so a new row replaces a reservoir row as rarely as it then does."""
+    rate it learned so far, so a new row replaces a reservoir row as rarely as it then does;
+    `level`'s windows full (each series' samples repeated, oldest first), as after 43 min."""
     base, cfg = svc.engine.base, svc.engine.cfg
     rng = np.random.default_rng(seed)
     for info in base.jobs.values():
@@ -243,6 +244,18 @@ def _age(svc: Service, now: float, hours: float = 2.0, seed: int = 0) -> None:
         info.seen = max(info.seen, cfg.reservoir, later)
         info.fitted_rows = 0  # past the early refit: the periodic ones only
         info.fitted_at = now - cfg.refit_s * rng.uniform()
+    for det in svc.engine.det.values():
+        if (bank := getattr(det, "bank_", None)) is not None:
+            _fill_windows(bank)
+
+
+def _fill_windows(bank) -> None:  # noqa: ANN001 - a `detector.univariate.Bank`
+    rows = np.flatnonzero(bank.nbuf_[: bank.rows] > 0)
+    n, head, w = bank.nbuf_[rows][:, None], bank.bhead_[rows][:, None], bank.window
+    oldest_first = (head - n + np.arange(w) % n) % w
+    bank.buf_[rows] = np.take_along_axis(bank.buf_[rows], oldest_first, axis=1)
+    bank.bph_[rows] = np.take_along_axis(bank.bph_[rows], oldest_first, axis=1)
+    bank.nbuf_[rows], bank.bhead_[rows] = w, 0
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -367,9 +380,10 @@ def markdown(doc: dict) -> str:
             "`refit_s`, 15 min, so jobs x 5 s / 15 min periodic refits come due a cycle; "
             "reservoirs full, their rows repeated, and the rows learned those of 2 hours at the "
             "rate learned so far, so new rows replace reservoir rows as rarely as they then "
-            "do), then as many cycles again are measured, each refitting its "
-            "due jobs (every detector on the job's reservoir, the baseline handed to the store's "
-            "writer thread), as the service does.\n" + note
+            "do; `level`'s windows full, each series' samples repeated), then as many cycles "
+            "again are measured, each refitting its due jobs (every detector on the job's "
+            "reservoir, the baseline handed to the store's writer thread) and `level` its due "
+            "series, as the service does.\n" + note
         )
     text = "# Scale benchmark (detector service)\n\n"
     if body:

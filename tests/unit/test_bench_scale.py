@@ -73,3 +73,19 @@ def test_age_spreads_refits_and_fills_reservoirs():
         # 128 rows in 300 s of learning -> 2 h minus warm-up at that rate
         assert info.seen == int(128 * (7200.0 - cfg.warmup_s) / 300.0)
     assert young.fitted_at is None and young.seen == 0 and young.rows is None
+
+
+def test_age_fills_level_windows_with_each_series_own_samples():
+    from detector.univariate import Bank
+
+    bank = Bank(1e-4)
+    rows = bank.add(3)
+    for t in range(1, 8):  # row 0: 7 samples, row 1: 3 (from t = 5), row 2: none
+        x = np.array([t, t * 10.0 if t >= 5 else np.nan, np.nan])
+        bank.update(rows, x, np.zeros(3, bool))
+    scale._fill_windows(bank)
+    assert list(bank.nbuf_[:3]) == [bank.window, bank.window, 0]
+    assert list(bank.buf_[0, :8]) == [1, 2, 3, 4, 5, 6, 7, 1]  # oldest first, repeated
+    assert list(bank.buf_[1, :4]) == [50, 60, 70, 50]
+    assert set(bank.buf_[0]) == set(range(1, 8))
+    assert bank.bhead_[0] == 0  # the next sample replaces the oldest
