@@ -230,18 +230,17 @@ class Bank:
         srt = np.sort(x, axis=1)  # shared where it can be: one sort of the window, not three
         count = np.count_nonzero(~np.isnan(x), axis=1)
         median_x = sorted_median(srt, count, 1)
-        if season.any():
+        seasonal = season.any()
+        if seasonal:
             x0 = x - np.take_along_axis(season, ph % season.shape[1], axis=1)
             level = nanmedian(x0, 1)
-            resid = x0 - level[:, None]
-            centre = nanmedian(resid, 1)
-        else:  # no seasonal profile: x0 is x, and x less a finite level keeps x's order
+        else:  # no seasonal profile: x0 is x
             x0, level = x, median_x
-            resid = x0 - level[:, None]
-            finite = np.isfinite(level).all()
-            centre = (
-                sorted_median(srt - level[:, None], count, 1) if finite else nanmedian(resid, 1)
-            )
+        resid = x0 - level[:, None]
+        if not seasonal and np.isfinite(level).all():  # x less a finite level keeps x's order
+            centre = sorted_median(srt - level[:, None], count, 1)
+        else:
+            centre = nanmedian(resid, 1)
         mad = nanmedian(np.abs(resid - centre[:, None]), 1) * MAD_TO_SIGMA
         if self.robust == "qn":
             from statsmodels.robust.scale import qn_scale
