@@ -326,9 +326,9 @@ class JobRows:
         return np.where(self.present, planes, np.nan)
 
     def frames(self) -> Iterator[tuple[str, Frame]]:
-        """Each job and its rows as a frame; a frame of one job (a refit's reservoir) as it
-        is."""
-        if len(self.jobs) == 1:
+        """Each job and its rows as a frame; a frame whose rows are all one job's (a refit's
+        reservoir) as it is."""
+        if len(self.jobs) == 1 and self.count[0] == len(self.frame):
             yield self.jobs[0], self.frame
             return
         for job, idx, n in zip(self.jobs, self.index, self.count.tolist(), strict=True):

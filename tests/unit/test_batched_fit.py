@@ -16,7 +16,7 @@ from detector import fields as F
 from detector.base import FLOORS, MAD_TO_SIGMA, pause_open
 from detector.baselines import BaselineStore
 from detector.deviation import BaselineDeviation
-from detector.frame import Frame
+from detector.frame import Frame, JobRows
 from detector.physics import Physics
 from detector.pipeline import Engine
 from detector.progress import Progress
@@ -148,3 +148,14 @@ def test_baselines_fit_jobs_together_as_one_by_one(tmp_path, seed):
         assert info.fitted_at == 100.0 and info.fitted_rows == max(info.seen, 1)
         saved = [json.loads(e.base.store.path(f"name-{k}").read_text()) for e in engines]
         assert saved[0]["detectors"] == saved[1]["detectors"]
+
+
+def test_one_jobs_rows_are_only_its_own():
+    """A frame of one job and rows without a label (pandas codes them -1): the job's frame
+    holds its own rows only, not the whole frame."""
+    frame = training(5, 40, 1)
+    frame.job[frame.job == ""] = None
+    rows = JobRows.of(frame)
+    (job, own), *_ = rows.frames()
+    assert rows.jobs == ["j0"] and job == "j0"
+    assert list(own.job) == ["j0"] * int((frame.job == "j0").sum())
