@@ -122,7 +122,8 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
 
     The service starts fresh and runs `WARM_CYCLES` cycles untimed (its jobs past warm-up,
     fitted, their Level series fitted: the steady state it reaches by itself), then `cycles`
-    measured ones. Each measured cycle is followed at once by a bare parse of the answers it
+    measured ones. Each measured cycle is followed by the writes of the baselines it saved
+    (the service's writer waits for the end of a cycle), then a bare parse of the answers it
     read and a bare numpy pass, so the ratios compare runs under the same load from other work
     (median of the per-cycle ratios); wall and CPU seconds of this process are both kept."""
     now = 1.8e9
@@ -154,6 +155,7 @@ def run_shard(c: Cluster, shard: Shard | None, cycles: int, work: Path, port: in
         run = {"total": svc.scores.cycle_seconds, "cpu": time.process_time() - cpu}
         run.update(svc.scores.phases)
         run["score_cpu"] = svc.scores.phases_cpu["score"]
+        assert svc.store.flush(60.0)  # its saves written, as between the service's cycles
         with no_gc():  # the limit: orjson alone, without the collector (as the service runs)
             cpu = time.process_time()
             run["parse"] = _best(parse_all, 1)

@@ -12,6 +12,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,8 @@ class BaselineStore:
     name wins (one saved twice before the writer reached it is written once), `load` sees a
     save not written yet, `flush` waits for the writes, and a failed write is kept in
     `errors`; a killed service loses at most the saves not written yet (a file is replaced
-    whole, never left half written)."""
+    whole, never left half written). While a caller is `busy` (the service's cycle), the
+    writer starts no write: it takes the time between cycles, not a cycle's."""
 
     def __init__(self, directory: str | Path | None = None, background: bool = False) -> None:
         self.dir = Path(directory) if directory else default_dir()
@@ -39,6 +42,8 @@ class BaselineStore:
         self._pending: dict[str, dict[str, dict[str, Any]]] = {}  # name -> states to write
         self._changed = threading.Condition()
         self._writer: threading.Thread | None = None
+        self._busy = 0  # callers inside `busy`
+        self._flushing = 0  # callers inside `flush`: the writer goes on even when busy
 
     def path(self, name: str) -> Path:
         safe = _SAFE.sub("_", name)[:120] or "_"
@@ -59,7 +64,26 @@ class BaselineStore:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every save handed over is written (or failed); False on timeout."""
         with self._changed:
-            return self._changed.wait_for(lambda: not self._pending, timeout)
+            self._flushing += 1
+            self._changed.notify_all()
+            try:
+                return self._changed.wait_for(lambda: not self._pending, timeout)
+            finally:
+                self._flushing -= 1
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Hold the writer back while the caller works: its disk I/O and the interpreter
+        lock it takes back after each call would slow a cycle down (saves are still handed
+        over, and `load` sees them)."""
+        with self._changed:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy -= 1
+                self._changed.notify_all()
 
     @property
     def pending(self) -> int:
@@ -70,7 +94,7 @@ class BaselineStore:
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: bool(self._pending))
+                self._changed.wait_for(self._may_write)
                 name, states = next(iter(self._pending.items()))  # the longest waiting
             try:
                 self._write(name, states)
@@ -80,6 +104,9 @@ class BaselineStore:
                 if self._pending.get(name) is states:  # else saved again meanwhile: once more
                     del self._pending[name]
                 self._changed.notify_all()
+
+    def _may_write(self) -> bool:
+        return bool(self._pending) and (not self._busy or bool(self._flushing))
 
     def _write(self, name: str, states: dict[str, dict[str, Any]]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -102,7 +102,8 @@ class Service:
         self.client = PromClient(cfg.prometheus_url)
         ecfg = engine_cfg or Config()
         ecfg.interval_s = cfg.interval_s
-        self.engine = Engine(ecfg, store or BaselineStore(background=True))
+        self.store = store or BaselineStore(background=True)
+        self.engine = Engine(ecfg, self.store)
         self.scores = Scores(cfg.shard)
         self.registry = registry or CollectorRegistry()
         self.registry.register(self.scores)
@@ -111,8 +112,9 @@ class Service:
         self.stop = threading.Event()
 
     def cycle(self, now: float | None = None) -> bool:
-        """One query-score-publish cycle; never raises on bad input or a down Prometheus."""
-        with no_gc():
+        """One query-score-publish cycle; never raises on bad input or a down Prometheus. The
+        baselines it saves are written after it (`BaselineStore.busy`)."""
+        with no_gc(), self.store.busy():
             return self._cycle(now)
 
     def _cycle(self, now: float | None) -> bool:
@@ -172,9 +174,8 @@ class Service:
         finally:
             server.shutdown()
             server.server_close()
-            store = self.engine.base.store
-            if store is not None and not store.flush(10.0):
-                log.warning("%d baselines not saved at exit", store.pending)
+            if not self.store.flush(10.0):
+                log.warning("%d baselines not saved at exit", self.store.pending)
 
 
 def _handler(service: Service) -> type[BaseHTTPRequestHandler]:

@@ -1,6 +1,7 @@
 """The baseline store's writer thread (the service's): saves are written in the background,
 the latest state of a name wins, a save not written yet is what `load` gives, a failed write
-is kept in `errors`, and `flush` waits for all of it."""
+is kept in `errors`, `flush` waits for all of it, and no write starts while a caller is busy.
+"""
 
 from __future__ import annotations
 
@@ -65,3 +66,16 @@ def test_without_background_a_save_is_written_at_once(tmp_path):
     store = BaselineStore(tmp_path)
     store.save("train-a", state(3.0))
     assert store.load("train-a", KNOWN) == state(3.0) and store.pending == 0
+
+
+def test_no_write_starts_while_busy_and_flush_still_writes(tmp_path):
+    store = BaselineStore(tmp_path, background=True)
+    with store.busy():  # a service cycle: saves are handed over, written after it
+        store.save("train-b", state(2.0))
+        threading.Event().wait(0.3)  # time enough for a free writer
+        assert not store.path("train-b").exists() and store.pending == 1
+        assert store.load("train-b", KNOWN) == state(2.0)  # yet the save is what is stored
+    assert store.flush(10.0) and store.path("train-b").exists()
+    with store.busy():  # flush inside a busy caller writes (no deadlock)
+        store.save("train-a", state(1.0))
+        assert store.flush(10.0) and store.path("train-a").exists()
