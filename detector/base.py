@@ -109,11 +109,31 @@ def sorted_median(srt: np.ndarray, n: np.ndarray, axis: int) -> np.ndarray:
 
 
 def robust(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Median and MAD-sigma along `axis`, NaN-aware (lines without a value give NaN)."""
-    med = nanmedian(x, axis)
+    """Median and MAD-sigma along `axis`, NaN-aware (lines without a value give NaN): one
+    sort serves both (`sorted_distance_median`)."""
+    srt = np.moveaxis(np.sort(x, axis=axis), axis, -1)  # NaN last
+    n = np.count_nonzero(~np.isnan(srt), axis=-1)
+    med = sorted_median(srt, n, -1)
+    return med, sorted_distance_median(srt, n, med) * MAD_TO_SIGMA
+
+
+def sorted_distance_median(srt: np.ndarray, n: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """`nanmedian(|x - centre|)` along the last axis, from `srt` (x sorted along it, NaN last,
+    `n` values per line), bit for bit. Full lines (a full window) need no second sort: along
+    a sorted line the distances fall, then rise, so the k + 1 nearest values are a run of it,
+    and the k-th smallest distance is the least, over the runs of k + 1 values, of the larger
+    distance at the run's two ends. Other lines are sorted again."""
+    size = srt.shape[-1]
     with np.errstate(all="ignore"):
-        mad = nanmedian(np.abs(x - np.expand_dims(med, axis)), axis) * MAD_TO_SIGMA
-    return med, mad
+        near = np.abs(srt - centre[..., None])  # the distances, in the line's order
+    if not size or not (n == size).all() or np.isnan(near).any():
+        return nanmedian(near, -1)
+
+    def least(k: int) -> np.ndarray:  # the k-th smallest distance (k from 1) of every line
+        return np.maximum(near[..., : size - k + 1], near[..., k - 1 :]).min(axis=-1)
+
+    a = least((size - 1) // 2 + 1)
+    return a if size % 2 else (a + least(size // 2 + 1)) / 2
 
 
 def nanpercentile(x: np.ndarray, q: float, axis: int = -1) -> np.ndarray:

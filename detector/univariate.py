@@ -37,7 +37,14 @@ import warnings
 
 import numpy as np
 
-from detector.base import MAD_TO_SIGMA, nanmedian, sorted_median, sorted_percentile, z_crit
+from detector.base import (
+    MAD_TO_SIGMA,
+    nanmedian,
+    sorted_distance_median,
+    sorted_median,
+    sorted_percentile,
+    z_crit,
+)
 
 
 class Bank:
@@ -237,11 +244,13 @@ class Bank:
         else:  # no seasonal profile: x0 is x
             x0, level = x, median_x
         resid = x0 - level[:, None]
-        if not seasonal and np.isfinite(level).all():  # x less a finite level keeps x's order
-            centre = sorted_median(srt - level[:, None], count, 1)
+        if not seasonal and np.isfinite(level).all():  # x less a finite level keeps x's order:
+            shifted = srt - level[:, None]  # the residuals sorted, no second sort for either
+            centre = sorted_median(shifted, count, 1)
+            mad = sorted_distance_median(shifted, count, centre) * MAD_TO_SIGMA
         else:
             centre = nanmedian(resid, 1)
-        mad = nanmedian(np.abs(resid - centre[:, None]), 1) * MAD_TO_SIGMA
+            mad = nanmedian(np.abs(resid - centre[:, None]), 1) * MAD_TO_SIGMA
         if self.robust == "qn":
             from statsmodels.robust.scale import qn_scale
 

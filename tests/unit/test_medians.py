@@ -18,6 +18,7 @@ from detector.base import (
     nanmedian,
     nanpercentile,
     robust,
+    sorted_distance_median,
     sorted_median,
 )
 
@@ -137,3 +138,27 @@ def test_a_sorted_window_less_a_finite_level_stays_sorted(x, level):
         shifted = srt - level
         want = nanmedian(x - level, 1)
     np.testing.assert_array_equal(sorted_median(shifted, count, 1), want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(1, 40)), elements=VALUES),
+    st.sampled_from(["median", "zero", "huge", "value"]),
+    st.booleans(),
+)
+def test_distances_median_from_the_sorted_lines(x, where, full):
+    """`sorted_distance_median` (the MAD without a second sort) is the median of the sorted
+    distances bit for bit, for full lines (its run search) and lines with gaps alike."""
+    if full:
+        x = np.where(np.isnan(x), 1.5, x)  # every line full: the run search
+    srt = np.sort(x, axis=1)
+    n = np.count_nonzero(~np.isnan(x), axis=1)
+    centre = {
+        "median": sorted_median(srt, n, 1),
+        "zero": np.zeros(len(x)),
+        "huge": np.full(len(x), 1e300),
+        "value": np.nan_to_num(x[:, 0], nan=0.0),
+    }[where]
+    with np.errstate(all="ignore"):
+        want = nanmedian(np.abs(x - centre[:, None]), 1)
+    np.testing.assert_array_equal(sorted_distance_median(srt, n, centre), want)
