@@ -122,18 +122,23 @@ def sorted_distance_median(srt: np.ndarray, n: np.ndarray, centre: np.ndarray) -
     `n` values per line), bit for bit. Full lines (a full window) need no second sort: along
     a sorted line the distances fall, then rise, so the k + 1 nearest values are a run of it,
     and the k-th smallest distance is the least, over the runs of k + 1 values, of the larger
-    distance at the run's two ends. Other lines are sorted again."""
+    distance at the run's two ends. Other lines (gaps, a distance not a number) are sorted."""
     size = srt.shape[-1]
     with np.errstate(all="ignore"):
         near = np.abs(srt - centre[..., None])  # the distances, in the line's order
-    if not size or not (n == size).all() or np.isnan(near).any():
+    other = (n < size) | ~np.isfinite(centre)  # (only an infinite centre gives NaN distances)
+    if not size or other.all():
         return nanmedian(near, -1)
 
     def least(k: int) -> np.ndarray:  # the k-th smallest distance (k from 1) of every line
         return np.maximum(near[..., : size - k + 1], near[..., k - 1 :]).min(axis=-1)
 
-    a = least((size - 1) // 2 + 1)
-    return a if size % 2 else (a + least(size // 2 + 1)) / 2
+    with np.errstate(all="ignore"):
+        a = least((size - 1) // 2 + 1)
+        out = a if size % 2 else (a + least(size // 2 + 1)) / 2
+    if other.any():
+        out[other] = nanmedian(near[other], -1)
+    return out
 
 
 def nanpercentile(x: np.ndarray, q: float, axis: int = -1) -> np.ndarray:

@@ -105,6 +105,11 @@ class Frame:
         return first, codes
 
     @cached_property
+    def job_rows(self) -> JobRows:
+        """The rows by job, padded (`JobRows`): one table for every detector fitting the frame."""
+        return JobRows.of(self)
+
+    @cached_property
     def node_codes(self) -> tuple[np.ndarray, np.ndarray]:
         codes, uniques = pd.factorize(self.node)
         return codes, np.asarray(uniques, dtype=object)

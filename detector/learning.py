@@ -148,10 +148,20 @@ class Baselines:
 
     def _fit_due(self, now: float) -> None:
         """Fit the jobs that came due, at most `fits_per_cycle` a cycle, in one pass
-        (`fit_jobs`: 32 jobs' full reservoirs in 7 ms at 10,000 GPUs, 34 ms one by one). A
-        burst (every job of a restarted service reaching its first fit within a minute: ~100
-        fits) is spread over the next cycles instead of stalling one."""
+        (`fit_jobs`: a pass costs about 0.4 ms and 0.15 ms a job at 10,000 GPUs). A first fit
+        is made at once (a job is scored from it); refits wait until `refit_batch` are due or
+        the longest has waited `refit_wait_s`, so that one pass serves many (at 10,000 GPUs
+        three a cycle come due). A burst (every job of a restarted service reaching its
+        first fit within a minute: ~100 fits) is spread over the next cycles instead of
+        stalling one."""
         if not self._due:
+            return
+        waiting = self._due.values()
+        if (
+            all(refit for refit, _ in waiting)
+            and len(self._due) < self.cfg.refit_batch
+            and now - min(since for _, since in waiting) < self.cfg.refit_wait_s
+        ):
             return
         due = sorted(self._due, key=self._due.__getitem__)[: self.cfg.fits_per_cycle]
         for job in due:
@@ -226,7 +236,7 @@ class Baselines:
         train = Frame(
             np.full(n, now),
             np.repeat(np.array([j for j, _ in infos], dtype=object), size),
-            np.full(n, "train", dtype=object),
+            np.repeat(np.array(["train"], dtype=object), n),  # (np.full: 8x slower)
             np.arange(n) % 1000,
             np.concatenate(blocks),
         )

@@ -209,12 +209,14 @@ class Level(Detector):
 
     def job_state(self, job: str) -> dict[str, Any] | None:
         rows = self.rows(job)
-        if rows is None or not self.bank_.fitted(rows).any():
+        if rows is None:
             return None
-        b = self.bank_
+        level, scale = self.bank_.level_[rows].tolist(), self.bank_.scale_[rows].tolist()
+        if not any(map(math.isfinite, level)):  # no series fitted
+            return None
         return {
-            n: [float(b.level_[r]), float(b.scale_[r])] if b.fitted(r) else None
-            for n, r in zip(SERIES, rows.tolist(), strict=True)
+            n: [v, s] if math.isfinite(v) else None
+            for n, v, s in zip(SERIES, level, scale, strict=True)
         }
 
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:

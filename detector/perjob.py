@@ -61,7 +61,7 @@ class PerJob(Detector):
         """Fit every job of the frame at once (`_fit_jobs`) and keep the states of those that
         had enough rows: a refitted job's rows in place, new jobs appended."""
         self._ensure()
-        rows = JobRows.of(frame)
+        rows = frame.job_rows
         if not rows.jobs:
             return self
         ok, state = self._fit_jobs(rows)
@@ -123,9 +123,14 @@ class PerJob(Detector):
 
 def to_json(a: Any) -> Any:
     """An array as nested lists, NaN as None (JSON has no NaN)."""
-    v = a.tolist() if isinstance(a, np.ndarray) else a
+    return _no_nan(a.tolist() if isinstance(a, np.ndarray) else a)
+
+
+def _no_nan(v: Any) -> Any:
     if isinstance(v, list):
-        return [to_json(x) for x in v]
+        if v and isinstance(v[0], list):
+            return [_no_nan(x) for x in v]
+        return [None if x != x else x for x in v]  # (only NaN differs from itself)
     return None if isinstance(v, float) and v != v else v
 
 

@@ -29,6 +29,7 @@ def test_scale_bench_runs_the_whole_cycle_and_reports_it(tmp_path):
     # the long run: as many cycles again, measured after `_age` spread the jobs' refits
     assert row["long_run_refits_per_cycle"] >= 0
     assert 0 < row["long_run_score_s_median"] and 0 < row["long_run_engine_vs_bare_numpy"]
+    assert 0 < row["long_run_total_engine_vs_bare_numpy"]
     saved = json.loads((tmp_path / "scale.json").read_text())
     assert saved["rows"][0]["gpus"] == 1000
     live = {
