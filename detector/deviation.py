@@ -112,8 +112,9 @@ class BaselineDeviation(PerJob):
             return np.full(x.shape, np.nan).T
         mode = codes * 2 + (frame.col(F.UTIL) < self.busy_util)
         med, scale = self._modes()
-        if known.all():  # steady state: every job fitted, no masked gathers
-            z = np.abs(x - med.take(mode, axis=1))
+        if known.all():  # steady state: every job fitted, no masked gathers; in place
+            z = med.take(mode, axis=1)
+            z = np.abs(np.subtract(x, z, out=z), out=z)
             z /= scale.take(mode, axis=1)
             return z.T
         z = np.full(x.shape, np.nan)
@@ -224,8 +225,8 @@ class NodeShift(BaselineDeviation):
         for _, rows in owner_groups:
             block = zn[rows]  # (g, nodes, fields)
             mag = np.where(np.isnan(block), np.inf, np.abs(block))
-            owner, field = np.ogrid[: block.shape[0], : block.shape[2]]
-            ref[rows] = block[owner, mag.argmin(axis=1), field][:, None, :]
+            nearest = np.take_along_axis(block, mag.argmin(axis=1)[:, None, :], axis=1)
+            ref[rows] = nearest
         return pair_codes, np.abs(zn - ref)
 
     def _pairs(self, frame: Frame, codes: np.ndarray) -> tuple[Any, ...]:

@@ -67,8 +67,8 @@ def _numbers(values: np.ndarray) -> list[bytes]:
 def gpu_combined(res: Result) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(frame rows on a job, their combined score = max over detectors, the index of the
     detector that drives it): what `goodput_gpu_anomaly_score` exposes, for every reader."""
-    codes, uniques = res.frame.job_codes
-    on = np.flatnonzero((uniques != "")[codes]) if len(codes) else np.zeros(0, dtype=np.int64)
+    codes = res.frame.job_codes[0]
+    on = np.flatnonzero(res.frame.job_named[codes]) if len(codes) else np.zeros(0, dtype=np.int64)
     scores = res.gpu[on] if len(on) else np.zeros((0, len(res.detectors)))
     if not scores.shape[1]:
         return on, np.zeros(len(on)), np.zeros(len(on), dtype=np.int64)

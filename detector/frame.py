@@ -77,6 +77,11 @@ class Frame:
         return codes, np.asarray(uniques, dtype=object)
 
     @cached_property
+    def job_named(self) -> np.ndarray:
+        """Per unique job id of `job_codes`, whether it names a job ("" is none)."""
+        return self.job_codes[1] != ""
+
+    @cached_property
     def job_groups(self) -> Groups:
         """`by_size` of `job_codes`: the rows of each job, computed once per frame."""
         codes, uniques = self.job_codes

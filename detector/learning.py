@@ -55,7 +55,7 @@ class Baselines:
         self.jobs: dict[str, JobInfo] = {}
         self.ids: list[str] = [""]
         self.code: dict[str, int] = {"": 0}
-        self._due: dict[str, tuple[bool, float]] = {}  # job -> (refit, due since), see _fit_due
+        self._due: dict[str, tuple[bool, float]] = {}  # job -> (periodic, due since): _fit_due
         self.version = 0  # changes to the job table (`add`, `end`): the memos' check
         self._first_seen: Memo[np.ndarray] = Memo()
 
@@ -136,29 +136,26 @@ class Baselines:
                 info.max_stall = max(info.max_stall, st)
             enough = info.seen >= self.cfg.fit_rows and info.learns >= self.cfg.fit_cycles
             first = enough or now - info.first_seen >= self.cfg.fit_after_s
-            due = (info.fitted_at is None and first) or (
-                info.fitted_at is not None
-                and (
-                    now - info.fitted_at >= self.cfg.refit_s
-                    or (0 < info.fitted_rows and info.seen >= 4 * info.fitted_rows)
-                )
-            )
-            if due:  # (first fits ahead of refits, then the longest waiting)
-                self._due.setdefault(self.ids[info.code], (info.fitted_at is not None, now))
+            early = info.fitted_at is not None and 0 < info.fitted_rows <= info.seen / 4
+            due = (info.fitted_at is None and first) or early
+            periodic = info.fitted_at is not None and now - info.fitted_at >= self.cfg.refit_s
+            if due or periodic:  # (first and early fits first, then the longest waiting)
+                self._due.setdefault(self.ids[info.code], (not due, now))
 
     def _fit_due(self, now: float) -> None:
         """Fit the jobs that came due, at most `fits_per_cycle` a cycle, in one pass
-        (`fit_jobs`: a pass costs about 0.4 ms and 0.15 ms a job at 10,000 GPUs). A first fit
-        is made at once (a job is scored from it); refits wait until `refit_batch` are due or
-        the longest has waited `refit_wait_s`, so that one pass serves many (at 10,000 GPUs
-        three a cycle come due). A burst (every job of a restarted service reaching its
+        (`fit_jobs`: a pass costs about 0.4 ms and 0.15 ms a job at 10,000 GPUs). A job's
+        first fit and its early refit are made at once (a job is scored from them, a short
+        run stores them); periodic refits wait until `refit_batch` are due or the longest has
+        waited `refit_wait_s`, so that one pass serves many (at 10,000 GPUs three a cycle
+        come due). A burst (every job of a restarted service reaching its
         first fit within a minute: ~100 fits) is spread over the next cycles instead of
         stalling one."""
         if not self._due:
             return
         waiting = self._due.values()
         if (
-            all(refit for refit, _ in waiting)
+            all(periodic for periodic, _ in waiting)
             and len(self._due) < self.cfg.refit_batch
             and now - min(since for _, since in waiting) < self.cfg.refit_wait_s
         ):

@@ -103,16 +103,6 @@ class Level(Detector):
             return s
         return int(self.bank_.add(K)[0]) // K
 
-    def _medians(self, frame: Frame, keep: bool) -> tuple[np.ndarray, ...]:
-        """Row -> (job, instant) group, each group's job and time, its (g, series + 1) medians
-        (the series, then seconds since the pause) and whether a pause is open in it. The
-        engine scores an instant, then learns it: scoring keeps what it computed (`keep`), and
-        the learning of the same frame object takes it instead of computing it again."""
-        last = None if keep else getattr(self, "_scored", None)
-        out = last[1] if last is not None and last[0] is frame else self._compute(frame)
-        self._scored = (frame, out) if keep else None
-        return out
-
     @staticmethod
     def _compute(frame: Frame) -> tuple[np.ndarray, ...]:
         groups = None
@@ -135,8 +125,18 @@ class Level(Detector):
         """Row -> (job, instant) group, each group's job and time, and their (g, series)
         medians: NaN while a pause is open and while the job settles after one (its first steps
         run slow), for 1.5 x the job's longest pause seen (30 s before one) + max(10 s, 30
-        steps), as `progress` does. `learn` records the pauses' lengths."""
-        codes, jobs, times, both, is_open = self._medians(frame, keep=not learn)
+        steps), as `progress` does. `learn` records the pauses' lengths.
+
+        The engine scores an instant, then learns it: scoring keeps what it computed, and
+        the learning of the same frame object takes it (all of it unless a pause is to be
+        recorded, the medians then) instead of computing it again."""
+        last, self._scored = getattr(self, "_scored", None), None
+        if learn and last is not None and last[0] is frame:
+            if not last[2]:
+                return last[3]
+            codes, jobs, times, both, is_open = last[1]
+        else:
+            codes, jobs, times, both, is_open = computed = self._compute(frame)
         med, sp = both[:, :K].copy(), both[:, K]
         pause = self._per_job(jobs)[1]
         seen = is_open & np.isfinite(sp)
@@ -150,6 +150,8 @@ class Level(Detector):
             10.0, 30.0 * np.nan_to_num(med[:, _STEP])
         )
         med[is_open | (sp <= settle)] = np.nan
+        if not learn:
+            self._scored = (frame, computed, bool(seen.any()), (codes, jobs, times, med))
         return codes, jobs, times, med
 
     def _learn(self, frame: Frame, alerting: set[str]) -> None:
@@ -166,9 +168,13 @@ class Level(Detector):
         g = np.flatnonzero(slot >= 0)
         g = g[np.argsort(times[g], kind="stable")]
         cuts = np.flatnonzero(np.diff(times[g])) + 1
+        last, self._zs = getattr(self, "_zs", None), None
         for part in np.split(g, cuts) if len(g) else []:
-            rows = (slot[part][:, None] * K + np.arange(K)).ravel()
-            self.bank_.update(rows, med[part].ravel(), np.repeat(conf[part], K))
+            rows, x = (slot[part][:, None] * K + np.arange(K)).ravel(), med[part].ravel()
+            known = None  # the scores this frame's scoring gave the same rows and values
+            if last is not None and last[0] is frame and np.array_equal(last[1], rows):
+                known = last[3] if np.array_equal(last[2], x, equal_nan=True) else None
+            self.bank_.update(rows, x, np.repeat(conf[part], K), known)
 
     def fit(self, frame: Frame) -> Detector:
         """Learn from a recording: each job's instants in time order, none confirmed."""
@@ -188,8 +194,10 @@ class Level(Detector):
         slot = self._slots(jobs, create=False)
         per = np.zeros((len(jobs), K))
         k = slot >= 0
-        rows = (slot[k][:, None] * K + np.arange(K)).ravel()
-        per[k] = self.bank_.score(rows, med[k].ravel()).reshape(-1, K)
+        rows, x = (slot[k][:, None] * K + np.arange(K)).ravel(), med[k].ravel()
+        z = self.bank_.score(rows, x)
+        self._zs = (frame, rows, x, z)  # for the learning of the same instant (`_learn`)
+        per[k] = z.reshape(-1, K)
         return codes, per
 
     def _z(self, frame: Frame) -> np.ndarray:

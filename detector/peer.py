@@ -58,9 +58,9 @@ class PeerComparison(Detector):
         groups = None
         if multi_instant(frame):
             codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
+            named = np.asarray(uniques.get_level_values(0), dtype=object) != ""
         else:
-            (codes, uniques), groups = frame.job_codes, frame.job_groups
-        named = np.asarray(uniques, dtype=object) != ""
+            (codes, uniques), groups, named = frame.job_codes, frame.job_groups, frame.job_named
         floors = FLOORS[:, None, None]
         for g, rows, x in group_blocks(frame.cols(F.GAUGE_NAMES), codes, len(uniques), groups):
             if rows.shape[1] < self.min_peers:
@@ -68,7 +68,8 @@ class PeerComparison(Detector):
             if not named[g].all():
                 rows, x = rows[named[g]], x[:, named[g]]
             med = line_median(x)[..., None]  # (fields, g, 1)
-            yield rows, np.abs(x - med) / np.fmax(floors, self.rel_floor * np.abs(med))
+            z = np.abs(np.subtract(x, med, out=x), out=x)  # in place: x is the blocks' copy
+            yield rows, np.divide(z, np.fmax(floors, self.rel_floor * np.abs(med)), out=z)
 
     def _z(self, frame: Frame) -> np.ndarray:
         z = np.full((len(frame), len(F.GAUGES)), np.nan)

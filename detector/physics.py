@@ -110,7 +110,7 @@ class Physics(PerJob):
         last = prev[codes]
         with np.errstate(invalid="ignore"):
             out = (last >= began) & (last <= t)
-        seen = busy & (uniq != "")[codes] if len(codes) else busy
+        seen = busy & frame.job_named[codes] if len(codes) else busy
         if not seen.any():
             return out
         one = t[0] == t[-1]  # one instant (the engine's cycle)

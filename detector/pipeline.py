@@ -63,7 +63,7 @@ class Config:
     learn_small: int = 8  # ... except jobs of at most this many GPUs, which learn every cycle
     reservoir: int = 256
     fits_per_cycle: int = 32  # at most this many jobs fitted in one cycle (the rest wait)
-    refit_batch: int = 16  # refits wait for this many due (first fits never wait) ...
+    refit_batch: int = 16  # periodic refits wait for this many due (first fits never) ...
     refit_wait_s: float = 30.0  # ... or for the longest waiting to have waited this long
     missing_after_s: float = 20.0  # a GPU silent this long while labelled with a job
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it

@@ -156,12 +156,19 @@ class Bank:
             z = np.minimum(z / self.scale_[rows] / self.zc, 1e6)
         return np.where(np.isfinite(level) & np.isfinite(x), z, 0.0)
 
-    def update(self, rows: np.ndarray, x: np.ndarray, confirmed: np.ndarray) -> np.ndarray:
-        """Score each row's `x`, then learn from it (see the module docstring)."""
+    def update(
+        self,
+        rows: np.ndarray,
+        x: np.ndarray,
+        confirmed: np.ndarray,
+        scores: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Score each row's `x`, then learn from it (see the module docstring). `scores`:
+        what `score(rows, x)` just gave, when the caller has it."""
         rows = np.asarray(rows, dtype=np.int64)
         x = np.asarray(x, dtype=float)
         ph = self.t_[rows] % (self.period or 1)
-        s = self.score(rows, x, ph)
+        s = self.score(rows, x, ph) if scores is None else scores
         self.t_[rows] += 1
         fin = np.isfinite(x)
         conf = rows[fin & confirmed]
@@ -170,7 +177,9 @@ class Bank:
         go = fin & ~confirmed
         r, xv, pv = rows[go], x[go], ph[go]
         h = self.rhead_[r]
-        self.rec_[r, h], self.rph_[r, h] = xv, pv
+        self.rec_[r, h] = xv
+        if self.period:  # (phases are all 0 without one)
+            self.rph_[r, h] = pv
         self.rhead_[r] = (h + 1) % self.relearn_after
         self.nrec_[r] = np.minimum(self.nrec_[r] + 1, self.relearn_after)
         learn = s[go] < self.learn_below
@@ -190,7 +199,9 @@ class Bank:
 
     def _push(self, r: np.ndarray, x: np.ndarray, ph: np.ndarray) -> None:
         h = self.bhead_[r]
-        self.buf_[r, h], self.bph_[r, h] = x, ph
+        self.buf_[r, h] = x
+        if self.period:
+            self.bph_[r, h] = ph
         self.bhead_[r] = (h + 1) % self.window
         self.nbuf_[r] = np.minimum(self.nbuf_[r] + 1, self.window)
         self.since_[r] += 1

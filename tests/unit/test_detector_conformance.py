@@ -104,3 +104,17 @@ def test_group_median_matches_numpy(size):
         warnings.simplefilter("ignore", RuntimeWarning)
         want = np.array([np.nanmedian(values[codes == i], axis=0) for i in range(6)])
     np.testing.assert_allclose(got, want, equal_nan=True)
+
+
+def test_peer_leaves_gpus_without_a_job_alone_in_recordings_too():
+    """GPUs without a job are no one's peers, in a cycle's frame and in a recording (several
+    instants: groups by job and instant, the job id their first level)."""
+    frame = healthy_frame(jobs=1, nodes=2, steps=3, seed=3)
+    idle = np.flatnonzero(frame.node == frame.node[-1])  # the second node's GPUs: no job
+    frame.job[idle] = ""
+    util = frame.fields.index(F.UTIL)
+    frame.values[idle[::8], util] = 0.0  # one idle GPU unlike the others, each instant
+    det = detector.peer.PeerComparison().fit(frame)
+    assert len(set(frame.time)) == 3 and (det.score(frame)[idle] == 0).all()
+    one = frame.take(np.flatnonzero(frame.time == frame.time[0]))
+    assert (det.score(one)[np.flatnonzero(one.job == "")] == 0).all()

@@ -23,7 +23,7 @@ def test_jobs_due_together_are_fitted_a_few_per_cycle_first_fits_first():
     assert (steps[np.flatnonzero(steps)[0] :][:3] == 2).all()  # the burst drains at the budget
 
 
-def test_refits_wait_for_a_batch_or_the_longest_wait_first_fits_never_wait():
+def test_periodic_refits_wait_for_a_batch_or_the_longest_wait_first_fits_never_wait():
     eng = Engine(Config(refit_batch=3, refit_wait_s=30.0))
     for k in range(60):  # four 1-GPU jobs, fitted
         eng.step(healthy_frame(jobs=4, nodes=1, gpus=1, steps=1, seed=k, start=5.0 * k), 5.0 * k)

@@ -192,9 +192,9 @@ def test_a_known_job_keeps_its_series_and_builds_no_new_ones() -> None:
 
 
 def test_learning_an_instant_just_scored_learns_what_learning_alone_does() -> None:
-    """`update` after `score` of the same frame takes the group medians the scoring computed
-    (the engine's cycle), and only of that frame object; a frame changed in place between two
-    scores is scored anew."""
+    """`update` after `score` of the same frame takes the group medians and the scores the
+    scoring computed (the engine's cycle), and only of that frame object; a frame changed in
+    place between two scores is scored anew."""
     alone, scored = Level(), Level()
     for k in range(60):
         power = 700.0 if k < 40 else 560.0  # a lasting shift: relearned, pauses and all
@@ -206,7 +206,17 @@ def test_learning_an_instant_just_scored_learns_what_learning_alone_does() -> No
         g.values[:] = f.values
         scored.score(g if k % 5 else _frame(5.0 * k, 2 * power))  # or another frame's
         scored.update(g, set())
-    for attr in ("t_", "buf_", "nbuf_", "rec_", "nrec_"):
+    for attr in (
+        "t_",
+        "buf_",
+        "nbuf_",
+        "rec_",
+        "nrec_",
+        "level_",
+        "scale_",
+        "since_",
+        "relearned_",
+    ):
         np.testing.assert_array_equal(getattr(alone.bank_, attr), getattr(scored.bank_, attr))
     assert alone.pause_ == scored.pause_
     f = _frame(400.0, 700.0)
