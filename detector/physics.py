@@ -47,6 +47,7 @@ from catalogue import priors as P
 from detector import fields as F
 from detector.base import nanpercentile, pause_open
 from detector.frame import Frame, JobRows
+from detector.memo import Memo
 from detector.perjob import PerJob
 
 FB = "DCGM_FI_DEV_FB_USED"
@@ -74,15 +75,15 @@ def prior_rows(frame: Frame, key: str, pri: P.Priors | None = None) -> np.ndarra
     return np.array(table + [np.nan], dtype=float)[codes]
 
 
-def _job_size(frame: Frame) -> np.ndarray:
-    """Each row's count of its job's GPUs at the same instant (1 for rows without a job)."""
+def _log2_job_size(frame: Frame) -> np.ndarray:
+    """Each row's log2 of the count of its job's GPUs at the same instant (taken per job)."""
     if not len(frame):
-        return np.ones(0)
+        return np.zeros(0)
     if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): the cached codes
         codes, _ = frame.job_codes
     else:
         codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
-    return np.maximum(np.bincount(codes)[codes], 1).astype(float)
+    return np.log2(np.maximum(np.bincount(codes), 1).astype(float))[codes]
 
 
 class Physics(PerJob):
@@ -98,6 +99,7 @@ class Physics(PerJob):
         self.min_gaps = min_gaps
         self._busy_last: dict[str, float] = {}  # job -> the latest time it was seen busy
         self._busy: tuple[np.ndarray, np.ndarray] | None = None  # (jobs, `_busy_rows`)
+        self._models: Memo[dict[str, np.ndarray]] = Memo()  # the priors per model (`_rules`)
 
     def _started(self, frame: Frame, busy: np.ndarray) -> np.ndarray:
         """Rows of jobs seen busy since their latest pause or start-up line began (or ever, with
@@ -172,12 +174,15 @@ class Physics(PerJob):
         out = np.zeros((len(frame), len(ids)), order="F")  # column-major: a fast row max
         if not len(frame):
             return out, ids
-        cache: dict[str, np.ndarray] = {}
+        mcodes, models = frame.model_codes
+        table = self._models.get((models, pri), dict)  # key -> value per model, NaN last
+        one = len(models) == 1 and bool((mcodes >= 0).all())  # one model: a number will do
 
         def prior(key: str) -> np.ndarray:
-            if key not in cache:
-                cache[key] = prior_rows(frame, key, pri)
-            return cache[key]
+            if key not in table:
+                per = [pri.params(str(m)).get(key, np.nan) for m in models.tolist()]
+                table[key] = np.array(per + [np.nan], dtype=float)
+            return table[key][0] if one else table[key][mcodes]
 
         codes = self._codes(frame)
         gap = np.full(len(frame), np.nan)
@@ -218,7 +223,7 @@ class Physics(PerJob):
         out[idle, idle_col] = stall[idle] / allow[idle]
         waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
         since = np.where(paused, since_pause, age)
-        short = prior("startup_s") + prior("startup_per_doubling_s") * np.log2(_job_size(frame))
+        short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         return out, ids

@@ -274,3 +274,20 @@ def test_busy_later_in_one_frame_does_not_start_the_job_earlier() -> None:
     f.values[1, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
     s = Physics().score(f)
     assert s[0] == pytest.approx(40.0 / 120.0) and s[2] == 0.0
+
+
+def test_a_frame_of_two_models_scores_each_row_by_its_own_model() -> None:
+    """Each row takes its own model's priors: a frame of two models (one job on each) scores
+    as the two one-model frames do (a frame of one model takes its priors as numbers)."""
+    f = healthy_frame(jobs=2, nodes=1, gpus=8, steps=1, seed=5, start=400.0)
+    on_a = f.job == f.job[0]
+    _spin(f, np.flatnonzero(f.gpu % 2 == 0), sm=False)  # half the GPUs of each job spin, seen
+    # through power only: the H200's spin_power_max_w says so, the generic priors have none
+    f.values[:, COL[F.JOB_AGE]] = 400.0
+    model = np.where(on_a, H200, "some new GPU").astype(object)
+    mixed = Frame(f.time, f.job, f.node, f.gpu, f.values, model=model)
+    whole = Physics()._rules(mixed)[0]
+    for part in (np.flatnonzero(on_a), np.flatnonzero(~on_a)):
+        alone = Physics()._rules(mixed.take(part))[0]
+        np.testing.assert_array_equal(whole[part], alone)
+    assert whole[on_a].max() == 2.0 and whole[~on_a].max() < 1.0
