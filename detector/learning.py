@@ -117,7 +117,8 @@ class Baselines:
         chosen[codes] = True
         rows_all = np.flatnonzero(chosen[job])
         order = rows_all[np.argsort(job[rows_all], kind="stable")]
-        starts = np.flatnonzero(np.r_[True, job[order][1:] != job[order][:-1]])
+        jo = job[order]
+        starts = np.flatnonzero(np.r_[True, jo[1:] != jo[:-1]])
         if not len(order):
             return
         with np.errstate(invalid="ignore"):  # each job's longest stall (NaN: none reported)
@@ -125,8 +126,9 @@ class Baselines:
         block = frame.values[order]  # one gather; each job's rows are a slice of it
         ends = np.r_[starts[1:], len(order)].tolist()
         learning = []  # (job, its rows' span in block, its longest stall): past warm-up
-        for a, b, st in zip(starts.tolist(), ends, longest, strict=True):
-            info = self.jobs.get(self.ids[job[order[a]]])
+        span_jobs = jo[starts].tolist()
+        for c, a, b, st in zip(span_jobs, starts.tolist(), ends, longest, strict=True):
+            info = self.jobs.get(self.ids[c])
             if info is not None and now - info.first_seen >= self.cfg.warmup_s:
                 learning.append((info, a, b, st))
         self._reservoirs(block, [(info, a, b) for info, a, b, _ in learning])
@@ -188,24 +190,26 @@ class Baselines:
         start = np.array([a for _, a, _ in spans])
         count = np.array([b - a for _, a, b in spans])
         room = np.minimum(np.maximum(size - seen, 0), count)  # rows that fill a free place
-        for (info, a, _), free in zip(spans, room.tolist(), strict=True):
+        for i in np.flatnonzero(room).tolist():  # (a job's first rows find its rows None)
+            info, a, _ = spans[i]
             if info.rows is None:  # allocated whole: filling is a copy, not a vstack per learn
                 info.rows = np.empty((size, block.shape[1]), dtype=np.float32)
-            if free:
-                filled = min(info.seen, size)
-                info.rows[filled : filled + free] = block[a : a + free]
+            filled, free = min(info.seen, size), int(room[i])
+            info.rows[filled : filled + free] = block[a : a + free]
         rest = count - room  # rows drawn for: each replaces a random place with p = size/seen
         k = np.repeat(np.arange(len(spans)), rest)  # each draw's job
         pos = np.arange(len(k)) - np.repeat(np.cumsum(rest) - rest, rest)  # its rank in the job
         place = (self.rng.random(len(k)) * ((seen + room + 1)[k] + pos)).astype(np.int64)
         hit = np.flatnonzero(place < size)
         if len(hit):  # in draw order, so a place drawn twice keeps the later row, as one by one
-            row = (start + room)[k[hit]] + pos[hit]
-            bounds = np.flatnonzero(np.r_[True, k[hit][1:] != k[hit][:-1]]).tolist()
-            for lo, hi in zip(bounds, [*bounds[1:], len(hit)], strict=True):
-                rows = spans[int(k[hit[lo]])][0].rows
+            kh, at = k[hit], place[hit]
+            drawn = block[(start + room)[kh] + pos[hit]]  # the rows that replace, one gather
+            bounds = np.flatnonzero(np.r_[True, kh[1:] != kh[:-1]])
+            ends = [*bounds[1:].tolist(), len(hit)]
+            for j, lo, hi in zip(kh[bounds].tolist(), bounds.tolist(), ends, strict=True):
+                rows = spans[j][0].rows
                 assert rows is not None
-                rows[place[hit[lo:hi]]] = block[row[lo:hi]]
+                rows[at[lo:hi]] = drawn[lo:hi]
         for (info, _, _), n in zip(spans, count.tolist(), strict=True):
             info.seen += n
 
