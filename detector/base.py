@@ -11,7 +11,7 @@ there), and healthy (normal-noise) data exceeds it with probability about `p`; p
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -75,6 +75,30 @@ def group_median(
     for g, _, block in group_blocks(values, codes, ngroups, groups):
         out[g] = line_median(block).T
     return out
+
+
+def job_medians(
+    frame: Frame, names: Sequence[str], known: dict[str, np.ndarray] | None = None
+) -> np.ndarray:
+    """(jobs of `frame.job_codes`, len(names)): each job's median of each column over its rows
+    in a frame of one instant, NaN-aware; each column worked out once while the frame is
+    `unchanged`, and `known` ones (column -> per-job medians) kept for the next caller (peer
+    gives the gauges', level takes three). A progress column holding one value per job (as a
+    cycle's does) gives that value, without a sort."""
+    codes, uniq = frame.job_codes
+    kept: dict[str, np.ndarray] = frame.derived("job_medians", dict)
+    kept.update(known or {})
+    todo = []
+    for name in (n for n in dict.fromkeys(names) if n not in kept):
+        one = frame.one_per_job([name]) if name in F.PROGRESS else None
+        if one is not None:
+            kept[name] = frame.col(name)[one[0]]
+        else:
+            todo.append(name)
+    if todo:
+        meds = group_median(frame.cols(todo), codes, len(uniq), frame.job_groups)
+        kept.update(zip(todo, meds.T, strict=True))
+    return np.column_stack([kept[n] for n in names]) if names else np.zeros((len(uniq), 0))
 
 
 def pause_open(stall: np.ndarray, since_pause: np.ndarray) -> np.ndarray:

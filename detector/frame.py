@@ -6,9 +6,11 @@ a field nobody reported is all-NaN, so every detector works with dcgm-exporter's
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -34,6 +36,7 @@ ALIASES = {
 
 
 Groups = list[tuple[np.ndarray, np.ndarray]]
+T = TypeVar("T")
 
 
 def by_size(codes: np.ndarray, ngroups: int) -> Groups:
@@ -108,6 +111,27 @@ class Frame:
             if not np.array_equal(bits, bits[first][codes]):
                 return None
         return first, codes
+
+    @contextmanager
+    def unchanged(self) -> Iterator[None]:
+        """While the caller does not change the frame (an engine step), what detectors derive
+        from it is kept for one another (`derived`); outside, each computes its own (a frame
+        may be changed in place between two scorings)."""
+        self.__dict__["_derived"] = {}
+        try:
+            yield
+        finally:
+            del self.__dict__["_derived"]
+
+    def derived(self, key: Any, compute: Callable[[], T]) -> T:
+        """`compute()`, kept under `key` while the frame is `unchanged`."""
+        kept = self.__dict__.get("_derived")
+        if kept is None:
+            return compute()
+        if key not in kept:
+            kept[key] = compute()
+        value: T = kept[key]
+        return value
 
     @cached_property
     def job_rows(self) -> JobRows:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
-from detector.base import Detector, group_median, pause_open, row_max
+from detector.base import Detector, group_median, job_medians, pause_open, row_max
 from detector.frame import Frame
 from detector.memo import Memo
 from detector.univariate import Bank
@@ -105,16 +105,17 @@ class Level(Detector):
 
     @staticmethod
     def _compute(frame: Frame) -> tuple[np.ndarray, ...]:
-        groups = None
+        columns = (*SERIES, F.SINCE_PAUSE)
         if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): by job
-            (codes, jobs), groups = frame.job_codes, frame.job_groups
+            codes, jobs = frame.job_codes
             times = np.full(len(jobs), frame.time[0])
+            both = job_medians(frame, columns)  # (shared with peer)
         else:  # groups in time order (frames are sorted by time)
             codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
             jobs = uniq.get_level_values(0).to_numpy(dtype=object)
             times = uniq.get_level_values(1).to_numpy(dtype=float)
+            both = group_median(frame.cols(columns), codes, len(jobs))
         n = len(jobs)
-        both = group_median(frame.cols((*SERIES, F.SINCE_PAUSE)), codes, n, groups)
         since = frame.col(F.SINCE_PAUSE)
         is_open = np.bincount(codes, pause_open(frame.col(F.STALL_SECONDS), since), n) > 0
         return codes, jobs, times, both, is_open

@@ -12,6 +12,7 @@ from detector.base import (
     FLOORS,
     Detector,
     group_blocks,
+    job_medians,
     line_median,
     multi_instant,
     nanmax_rows,
@@ -55,21 +56,28 @@ class PeerComparison(Detector):
         or a job at one instant in a recording) with `min_peers` or more GPUs."""
         if not len(frame):
             return
-        groups = None
+        groups, table = None, None
         if multi_instant(frame):
             codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
             named = np.asarray(uniques.get_level_values(0), dtype=object) != ""
-        else:
+        else:  # one instant: every job's medians, kept for the others (`base.job_medians`)
             (codes, uniques), groups, named = frame.job_codes, frame.job_groups, frame.job_named
+            table = np.full((len(uniques), len(F.GAUGES)), np.nan)
         floors = FLOORS[:, None, None]
         for g, rows, x in group_blocks(frame.cols(F.GAUGE_NAMES), codes, len(uniques), groups):
-            if rows.shape[1] < self.min_peers:
+            med = line_median(x)  # (fields, g)
+            if table is not None:
+                table[g] = med.T
+            scored = named[g] & (rows.shape[1] >= self.min_peers)
+            if not scored.any():
                 continue
-            if not named[g].all():
-                rows, x = rows[named[g]], x[:, named[g]]
-            med = line_median(x)[..., None]  # (fields, g, 1)
+            if not scored.all():
+                rows, x, med = rows[scored], x[:, scored], med[:, scored]
+            med = med[..., None]
             z = np.abs(np.subtract(x, med, out=x), out=x)  # in place: x is the blocks' copy
             yield rows, np.divide(z, np.fmax(floors, self.rel_floor * np.abs(med)), out=z)
+        if table is not None:
+            job_medians(frame, (), dict(zip(F.GAUGE_NAMES, table.T, strict=True)))
 
     def _z(self, frame: Frame) -> np.ndarray:
         z = np.full((len(frame), len(F.GAUGES)), np.nan)

@@ -208,16 +208,17 @@ class Engine:
         hw = self.det.get("hardware")
         if isinstance(hw, HardwareEvents) and len(new):  # counter baseline: first sight
             hw.fit(frame.take(new))
-        raw = (
-            np.column_stack([self.det[n].score(frame) for n in self.names])
-            if len(frame)
-            else np.zeros((0, len(self.names)))
-        )
-        gpu = self._persist(idx, job, raw, now)
-        self._phase(frame, job, gpu)
-        jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
-        base.learn(frame, job, calm, now, self.cycle)
-        base.learn_online(frame, combined)
+        with frame.unchanged():  # the detectors share what they derive from it
+            raw = (
+                np.column_stack([self.det[n].score(frame) for n in self.names])
+                if len(frame)
+                else np.zeros((0, len(self.names)))
+            )
+            gpu = self._persist(idx, job, raw, now)
+            self._phase(frame, job, gpu)
+            jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
+            base.learn(frame, job, calm, now, self.cycle)
+            base.learn_online(frame, combined)
         return Result(frame, self.names, gpu, jobs, nodes, missing)
 
     def _job_codes(self, juniq: np.ndarray, names: dict[str, str] | None, now: float):
@@ -426,12 +427,12 @@ class Engine:
             gone = (self.slot_job > 0) & (age > self.cfg.missing_after_s)
         gone &= age <= self.cfg.missing_after_s + self.cfg.hold_s
         i = np.flatnonzero(gone)
-        ids = np.array(self.base.ids, dtype=object)
+        none = np.zeros(0, dtype=object)  # (the usual cycle: no label table is built)
         return {
-            "job_id": ids[self.slot_job[i]],
+            "job_id": np.array(self.base.ids, dtype=object)[self.slot_job[i]] if len(i) else none,
             "node": np.array(self._node_names, dtype=object)[self.slot_key[i] // 1024]
             if len(i)
-            else np.zeros(0, dtype=object),
+            else none,
             "gpu": (self.slot_key[i] % 1024).astype(int),
             "since": self.slot_seen[i],
         }
