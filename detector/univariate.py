@@ -239,7 +239,12 @@ class Bank:
         if not len(rows):
             return
         n = self.nbuf_[rows]
-        x = np.where(np.arange(self.window) < n[:, None], self.buf_[rows], np.nan)
+        full = bool((n == self.window).all())  # (the usual refit: every window full)
+        x = (
+            self.buf_[rows]
+            if full
+            else np.where(np.arange(self.window) < n[:, None], self.buf_[rows], np.nan)
+        )
         ph = self.bph_[rows]
         season = self.season_[rows]  # kept until two fresh periods allow a new profile
         if self.period:
@@ -254,17 +259,18 @@ class Bank:
             level = nanmedian(x0, 1)
         else:  # no seasonal profile: x0 is x
             x0, level = x, median_x
-        resid = x0 - level[:, None]
         if not seasonal and np.isfinite(level).all():  # x less a finite level keeps x's order:
             shifted = srt - level[:, None]  # the residuals sorted, no second sort for either
             centre = sorted_median(shifted, count, 1)
             mad = sorted_distance_median(shifted, count, centre) * MAD_TO_SIGMA
         else:
+            resid = x0 - level[:, None]
             centre = nanmedian(resid, 1)
             mad = nanmedian(np.abs(resid - centre[:, None]), 1) * MAD_TO_SIGMA
         if self.robust == "qn":
             from statsmodels.robust.scale import qn_scale
 
+            resid = x0 - level[:, None]
             for i in np.flatnonzero(n >= 8):
                 mad[i] = float(qn_scale(resid[i, : n[i]]))
         typical = nanmedian(np.abs(x), 1) if (srt[:, 0] < 0).any() else median_x
