@@ -64,6 +64,10 @@ class Level(Detector):
             self.pause_: dict[str, float] = {}  # each job's longest announced pause (s)
             self._changes = 0  # changes to slot_ and pause_ (the memo's check)
             self._memo: Memo[tuple[np.ndarray, np.ndarray]] = Memo()
+            # what scoring an instant computed, for the learning of the same frame: its groups
+            # (`_groups`) and its series' scores (frame, rows, values, scores: `_job_z`)
+            self._scored: tuple[Any, ...] | None = None
+            self._zs: tuple[Frame, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def rows(self, job: str) -> np.ndarray | None:
         """The job's `Bank` rows, one per series (None if unknown)."""
@@ -131,7 +135,7 @@ class Level(Detector):
         The engine scores an instant, then learns it: scoring keeps what it computed, and
         the learning of the same frame object takes it (all of it unless a pause is to be
         recorded, the medians then) instead of computing it again."""
-        last, self._scored = getattr(self, "_scored", None), None
+        last, self._scored = self._scored, None
         if learn and last is not None and last[0] is frame:
             if not last[2]:
                 return last[3]
@@ -169,7 +173,7 @@ class Level(Detector):
         g = np.flatnonzero(slot >= 0)
         g = g[np.argsort(times[g], kind="stable")]
         cuts = np.flatnonzero(np.diff(times[g])) + 1
-        last, self._zs = getattr(self, "_zs", None), None
+        last, self._zs = self._zs, None
         for part in np.split(g, cuts) if len(g) else []:
             rows, x = (slot[part][:, None] * K + np.arange(K)).ravel(), med[part].ravel()
             known = None  # the scores this frame's scoring gave the same rows and values
