@@ -123,8 +123,12 @@ class HardwareEvents(Detector):
         """(each row's XID score; (counters, n) planes of each counter's rise over the GPU's
         baseline / its allowance, NaN where not reported)."""
         self._ensure()
-        xid = np.nan_to_num(frame.col(F.XID_FIELD)).astype(np.int64)
-        xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
+        code = frame.col(F.XID_FIELD)
+        if (code >= 1).any():  # (the usual cycle has no XID at all: every score 0)
+            xid = np.nan_to_num(code).astype(np.int64)
+            xid_score = _XID_TABLE[np.clip(xid, 0, len(_XID_TABLE) - 1)]
+        else:
+            xid_score = np.zeros(len(code))
         x = frame.cols(_COUNTERS).T  # contiguous planes for the frames' column-major values
         base, gaps = self._base_rows(frame)
         with np.errstate(all="ignore"):

@@ -132,15 +132,18 @@ class Baselines:
             if info is not None and now - info.first_seen >= self.cfg.warmup_s:
                 learning.append((info, a, b, st))
         self._reservoirs(block, [(info, a, b) for info, a, b, _ in learning])
+        cfg = self.cfg
         for info, _, _, st in learning:
             info.learns += 1
             if math.isfinite(st):
                 info.max_stall = max(info.max_stall, st)
-            enough = info.seen >= self.cfg.fit_rows and info.learns >= self.cfg.fit_cycles
-            first = enough or now - info.first_seen >= self.cfg.fit_after_s
-            early = info.fitted_at is not None and 0 < info.fitted_rows <= info.seen / 4
-            due = (info.fitted_at is None and first) or early
-            periodic = info.fitted_at is not None and now - info.fitted_at >= self.cfg.refit_s
+            if info.fitted_at is None:
+                enough = info.seen >= cfg.fit_rows and info.learns >= cfg.fit_cycles
+                due = enough or now - info.first_seen >= cfg.fit_after_s
+                periodic = False
+            else:
+                due = 0 < info.fitted_rows <= info.seen / 4  # the early refit
+                periodic = now - info.fitted_at >= cfg.refit_s
             if due or periodic:  # (first and early fits first, then the longest waiting)
                 self._due.setdefault(self.ids[info.code], (not due, now))
 
