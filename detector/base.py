@@ -77,17 +77,20 @@ def group_median(
     return out
 
 
-def job_medians(
-    frame: Frame, names: Sequence[str], known: dict[str, np.ndarray] | None = None
-) -> np.ndarray:
+def share_job_medians(frame: Frame, known: dict[str, np.ndarray]) -> None:
+    """Keep jobs' medians a detector worked out (column -> per job of `frame.job_codes`) for
+    `job_medians` while the frame is `unchanged` (peer gives the gauges', level takes three)."""
+    kept: dict[str, np.ndarray] = frame.derived("job_medians", dict)
+    kept.update(known)
+
+
+def job_medians(frame: Frame, names: Sequence[str]) -> np.ndarray:
     """(jobs of `frame.job_codes`, len(names)): each job's median of each column over its rows
     in a frame of one instant, NaN-aware; each column worked out once while the frame is
-    `unchanged`, and `known` ones (column -> per-job medians) kept for the next caller (peer
-    gives the gauges', level takes three). A progress column holding one value per job (as a
-    cycle's does) gives that value, without a sort."""
+    `unchanged` (or taken from `share_job_medians`). A progress column holding one value per
+    job (as a cycle's does) gives that value, without a sort."""
     codes, uniq = frame.job_codes
     kept: dict[str, np.ndarray] = frame.derived("job_medians", dict)
-    kept.update(known or {})
     todo = []
     for name in (n for n in dict.fromkeys(names) if n not in kept):
         one = frame.one_per_job([name]) if name in F.PROGRESS else None

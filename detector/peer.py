@@ -12,10 +12,10 @@ from detector.base import (
     FLOORS,
     Detector,
     group_blocks,
-    job_medians,
     line_median,
     multi_instant,
     nanmax_rows,
+    share_job_medians,
     z_crit,
 )
 from detector.frame import Frame
@@ -60,7 +60,7 @@ class PeerComparison(Detector):
         if multi_instant(frame):
             codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
             named = np.asarray(uniques.get_level_values(0), dtype=object) != ""
-        else:  # one instant: every job's medians, kept for the others (`base.job_medians`)
+        else:  # one instant: every job's medians, kept for the others (`share_job_medians`)
             (codes, uniques), groups, named = frame.job_codes, frame.job_groups, frame.job_named
             table = np.full((len(uniques), len(F.GAUGES)), np.nan)
         floors = FLOORS[:, None, None]
@@ -77,7 +77,7 @@ class PeerComparison(Detector):
             z = np.abs(np.subtract(x, med, out=x), out=x)  # in place: x is the blocks' copy
             yield rows, np.divide(z, np.fmax(floors, self.rel_floor * np.abs(med)), out=z)
         if table is not None:
-            job_medians(frame, (), dict(zip(F.GAUGE_NAMES, table.T, strict=True)))
+            share_job_medians(frame, dict(zip(F.GAUGE_NAMES, table.T, strict=True)))
 
     def _z(self, frame: Frame) -> np.ndarray:
         z = np.full((len(frame), len(F.GAUGES)), np.nan)
