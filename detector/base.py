@@ -101,7 +101,7 @@ def job_medians(frame: Frame, names: Sequence[str]) -> np.ndarray:
     if todo:
         meds = group_median(frame.cols(todo), codes, len(uniq), frame.job_groups)
         kept.update(zip(todo, meds.T, strict=True))
-    return np.column_stack([kept[n] for n in names]) if names else np.zeros((len(uniq), 0))
+    return np.column_stack([kept[n] for n in names])
 
 
 def pause_open(stall: np.ndarray, since_pause: np.ndarray) -> np.ndarray:

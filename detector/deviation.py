@@ -102,17 +102,6 @@ class BaselineDeviation(PerJob):
 
         return self._tables.get((self._changes,), stack)
 
-    def _busy_activity(self) -> tuple[np.ndarray, np.ndarray]:
-        """(busy median, busy scale) of the `ACTIVITY` fields as (jobs, fields) tables (what
-        `NodeShift` reads); kept until the state changes."""
-        self._ensure()
-        if not hasattr(self, "_activity"):
-            self._activity: Memo[tuple[np.ndarray, np.ndarray]] = Memo()
-        return self._activity.get(
-            (self._changes,),
-            lambda: (self.busy_med_[:, _ACT], self.busy_scale_[:, _ACT]),  # (copies)
-        )
-
     def _z(self, frame: Frame) -> np.ndarray:
         """(n, fields) |z| against each row's job and mode (NaN: job not fitted), computed
         as contiguous field planes."""
@@ -231,8 +220,8 @@ class NodeShift(BaselineDeviation):
         zn = np.full(xn.shape, np.nan)
         ok = job >= 0
         c = job[ok]
-        med, scale = fitted._busy_activity()
-        zn[ok] = (xn[ok] - med[c]) / scale[c]
+        med, scale = fitted._modes()  # a job's busy mode is its even column
+        zn[ok] = (xn[ok] - med[_ACT][:, 2 * c].T) / scale[_ACT][:, 2 * c].T
         ref = np.full(zn.shape, np.nan)
         for _, rows in owner_groups:
             block = zn[rows]  # (g, nodes, fields)

@@ -39,6 +39,12 @@ Groups = list[tuple[np.ndarray, np.ndarray]]
 T = TypeVar("T")
 
 
+def repeated(value: object, n: int) -> np.ndarray:
+    """An object array of `n` times `value` (np.full of objects is ~8x slower: 230 us for
+    8,192 rows)."""
+    return np.repeat(np.array([value], dtype=object), n)
+
+
 def by_size(codes: np.ndarray, ngroups: int) -> Groups:
     """Rows grouped by code, bucketed by group size: [(group ids (g,), row index (g, s))].
 
@@ -180,7 +186,7 @@ class Frame:
     def models(self) -> np.ndarray:
         """modelName per row ("" where unknown)."""
         if self.model is None:
-            return np.repeat(np.array([""], dtype=object), len(self))  # (np.full: 8x slower)
+            return repeated("", len(self))
         return self.model
 
     @staticmethod

@@ -13,7 +13,7 @@ import numpy as np
 from detector import fields as F
 from detector.base import Detector
 from detector.baselines import BaselineStore
-from detector.frame import Frame
+from detector.frame import Frame, repeated
 from detector.level import Level
 from detector.memo import Memo
 from detector.thresholds import level as alert_level
@@ -240,7 +240,7 @@ class Baselines:
         train = Frame(
             np.full(n, now),
             np.repeat(np.array([j for j, _ in infos], dtype=object), size),
-            np.repeat(np.array(["train"], dtype=object), n),  # (np.full: 8x slower)
+            repeated("train", n),
             np.arange(n) % 1000,
             np.concatenate(blocks),
         )

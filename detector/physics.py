@@ -67,12 +67,17 @@ def _holds(x: np.ndarray, op: str, v: float | np.ndarray) -> np.ndarray:
         return _COMPARE[op](x, v)
 
 
+def prior_by_model(models: np.ndarray, key: str, pri: P.Priors) -> np.ndarray:
+    """Prior `key` of each of `models` (catalogue/priors.yaml; NaN where unset), and NaN last
+    for rows without a model code."""
+    per = [pri.params(str(m)).get(key, np.nan) for m in models.tolist()]
+    return np.array(per + [np.nan], dtype=float)
+
+
 def prior_rows(frame: Frame, key: str, pri: P.Priors | None = None) -> np.ndarray:
-    """Each row's prior `key` for its GPU model (catalogue/priors.yaml; NaN where unset)."""
+    """Each row's prior `key` for its GPU model (NaN where unset)."""
     codes, models = frame.model_codes
-    pri = pri or P.load()
-    table = [pri.params(str(m)).get(key, np.nan) for m in models.tolist()]
-    return np.array(table + [np.nan], dtype=float)[codes]
+    return prior_by_model(models, key, pri or P.load())[codes]
 
 
 def _log2_job_size(frame: Frame) -> np.ndarray:
@@ -180,8 +185,7 @@ class Physics(PerJob):
 
         def prior(key: str) -> np.ndarray:
             if key not in table:
-                per = [pri.params(str(m)).get(key, np.nan) for m in models.tolist()]
-                table[key] = np.array(per + [np.nan], dtype=float)
+                table[key] = prior_by_model(models, key, pri)
             return table[key][0] if one else table[key][mcodes]
 
         codes = self._codes(frame)
