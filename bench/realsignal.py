@@ -214,14 +214,21 @@ def _first(fired: list[dict[str, Any]], onset: float, run: int = 0) -> dict[str,
 
 def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     """The real-signal rows: healthy runs (false alerts) and each fault warm, at job start, and
-    (straggler) at the start of a restart that has the job's stored baseline."""
+    (straggler, a start-up that never ends) in a restart that has the job's stored baseline."""
     trace = load()
     long = job(trace, minutes)
     start = long.runs[0][0]
-    first_iter = min(t for t, x in long.lines if re.search(r"\biteration\s+\d+/", x))
+    first_iter = _first_iteration(long)
+    again = shifted(job(trace, 5.0), long.runs[-1][1] - trace.runs[0][0] + 30.0)
     out: list[dict[str, Any]] = []
-    for name, traces in (("recorded trace (2 runs)", [trace]), (f"{minutes:g}-min job", [long])):
-        fired, peak = replay(traces)
+    healthy = (
+        ("recorded trace (2 runs)", [trace]),
+        (f"{minutes:g}-min job", [long]),
+        (f"{minutes:g}-min job, then a 5-min restart by name", [long, again]),
+    )
+    for name, traces in healthy:
+        with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
+            fired, peak = replay(traces, BaselineStore(tmp) if len(traces) > 1 else None)
         secs = sum(t.runs[-1][1] - t.runs[0][0] for t in traces)
         out.append(
             {
@@ -244,14 +251,19 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     for kind, when, onset in cases:
         fired, peak = replay([splice(long, kind, onset)])
         out.append(_fault_row(kind, when, onset, fired, peak, run=0))
-    with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
-        again = shifted(job(trace, 5.0), long.runs[-1][1] - trace.runs[0][0] + 30.0)
-        onset = again.runs[0][0]
-        fired, peak = replay([long, splice(again, "straggler", onset)], BaselineStore(tmp))
-        out.append(
-            _fault_row("straggler", "restart, stored baseline by name", onset, fired, peak, 1)
-        )
+    restarts = [
+        ("straggler", "restart, stored baseline by name", again.runs[0][0]),
+        ("idle_hang", "restart that never reaches its first iteration", _first_iteration(again)),
+    ]
+    for kind, when, onset in restarts:
+        with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
+            fired, peak = replay([long, splice(again, kind, onset)], BaselineStore(tmp))
+        out.append(_fault_row(kind, when, onset, fired, peak, 1))
     return out
+
+
+def _first_iteration(trace: Trace) -> float:
+    return min(t for t, x in trace.lines if re.search(r"\biteration\s+\d+/", x))
 
 
 def _fault_row(

@@ -20,6 +20,11 @@ evaluates them. Two rules read the job's log-derived progress as well:
   since its latest pause or start-up line began (ever, with no log) has started, whatever its
   log says (a log whose progress lines the catalogue does not know reads as "no first step"):
   no never_started for it; a restarted job's earlier run does not start the new one.
+  A job whose start-up was seen before (this run's earlier start, or its stored baseline by
+  name: `startup_`, from the latest start-up line to the first iteration, measured online)
+  gets max(`startup_floor_s`, `startup_factor` x that) after the milestone instead of the
+  model's short allowance: a restart that hung where its last start took seconds is caught
+  in under a minute, a known slow starter (a silent compile) is left its own time.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -39,6 +44,7 @@ once some rule held on every sample of its persistence window, and then at its l
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -96,8 +102,9 @@ class Physics(PerJob):
 
     name = "physics"
     params = ("path", "min_gaps")
-    state_keys = ("gap_",)
+    state_keys = ("gap_", "startup_")
     gap_: np.ndarray
+    startup_: np.ndarray  # seconds from the latest start-up line to the first iteration
 
     def __init__(self, path: str | None = None, min_gaps: int = 5) -> None:
         self.path = path
@@ -105,6 +112,8 @@ class Physics(PerJob):
         self._busy_last: dict[str, float] = {}  # job -> the latest time it was seen busy
         self._busy: tuple[np.ndarray, np.ndarray] | None = None  # (jobs, `_busy_rows`)
         self._models: Memo[dict[str, np.ndarray]] = Memo()  # the priors per model (`_rules`)
+        self._startup: dict[str, float] = {}  # job -> its start-up as measured (`_measure`)
+        self._unstarted: set[str] = set()  # jobs seen before their first iteration
 
     def _started(self, frame: Frame, busy: np.ndarray) -> np.ndarray:
         """Rows of jobs seen busy since their latest pause or start-up line began (or ever, with
@@ -160,6 +169,11 @@ class Physics(PerJob):
         self._write_back()
         for job in jobs:
             self._busy_last.pop(job, None)
+            self._startup.pop(job, None)
+        self._unstarted -= jobs
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        super().set_job_state(job, {"startup_": None, **state})  # stored before it was kept
 
     @property
     def priors(self) -> P.Priors:
@@ -170,7 +184,46 @@ class Physics(PerJob):
         stall = rows.col(F.STALL_SECONDS)
         gaps = np.isfinite(stall) & ~pause_open(stall, rows.col(F.SINCE_PAUSE))
         p99 = nanpercentile(np.where(gaps, stall, np.nan), 99, axis=1)
-        return gaps.sum(axis=1) >= self.min_gaps, {"gap_": p99}
+        startup = np.array([self._known_startup(j) for j in rows.jobs], dtype=float)
+        return gaps.sum(axis=1) >= self.min_gaps, {"gap_": p99, "startup_": startup}
+
+    def _known_startup(self, job: str) -> float:
+        """The job's start-up as measured in this run or, failing that, as stored (NaN)."""
+        if job in self._startup:
+            return self._startup[job]
+        i = self._positions().get(job)
+        return np.nan if i is None or self.startup_ is None else float(self.startup_[i])
+
+    def _measure(self, frame: Frame, step: np.ndarray, since_pause: np.ndarray) -> None:
+        """Each job's start-up: a job seen with no step yet (this run's), then with one after
+        a start-up line logged while the engine watched it, took from that line to the row's
+        latest progress (at most one interval more than to its first iteration)."""
+        codes, uniq = frame.job_codes
+        t = frame.time
+        one = len(t) > 0 and t[0] == t[-1]  # one instant: the job values are the first row's
+        idx = frame.job_first if one else np.arange(len(t))
+        c, t, step, since = codes[idx], t[idx], step[idx], since_pause[idx]
+        before = ~np.isfinite(step) & frame.job_named[c]
+        if not self._unstarted and not before.any():
+            return
+        seen = np.full(len(uniq) + 1, np.inf)  # first seen with no step; inf last
+        seen[np.flatnonzero(np.isin(uniq, list(self._unstarted)))] = -np.inf
+        np.minimum.at(seen, c[before], t[before])
+        stall, age = frame.col(F.STALL_SECONDS)[idx], frame.col(F.JOB_AGE)[idx]
+        with np.errstate(invalid="ignore"):
+            after = np.isfinite(step) & (stall <= since) & (since <= age) & (t > seen[c])
+        done = np.full(len(uniq) + 1, -np.inf)
+        if after.any():
+            rows = np.flatnonzero(after)
+            rows = rows[np.lexsort((t[rows], c[rows]))]
+            for i in rows[np.r_[True, c[rows][1:] != c[rows][:-1]]].tolist():
+                job = str(uniq[c[i]])
+                self._startup[job] = float(since[i] - stall[i])
+                self._unstarted.discard(job)
+                done[c[i]] = t[i]
+        last = np.full(len(uniq) + 1, -np.inf)
+        np.maximum.at(last, c[before], t[before])
+        self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())
 
     def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...]]:
         """(n, rules) scores and the rule id of each column."""
@@ -207,6 +260,7 @@ class Physics(PerJob):
             busy = util > prior("idle_util_max")
             held = (util <= prior("idle_util_max")) & (fb >= prior("fb_held_min_mib"))
         started = self._started(frame, busy)
+        self._measure(frame, step, since_pause)
         for rule in pri.rules:
             hit = np.ones(len(frame), dtype=bool)
             for c in rule.when:
@@ -228,6 +282,13 @@ class Physics(PerJob):
         waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
         since = np.where(paused, since_pause, age)
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)
+        seen = np.flatnonzero(waiting & ready)
+        if seen.size:  # a start-up seen before: its own time
+            own = np.array([self._known_startup(j) for j in frame.job[seen].tolist()])
+            mine = seen[np.isfinite(own)]
+            floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
+            factor = np.broadcast_to(prior("startup_factor"), len(frame))[mine]
+            short[mine] = np.fmax(floor, factor * own[np.isfinite(own)])
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         return out, ids
