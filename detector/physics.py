@@ -207,7 +207,9 @@ class Physics(PerJob):
         if not self._unstarted and not before.any():
             return
         seen = np.full(len(uniq) + 1, np.inf)  # first seen with no step; inf last
-        seen[np.flatnonzero(np.isin(uniq, list(self._unstarted)))] = -np.inf
+        if self._unstarted:
+            known = self._unstarted.__contains__
+            seen[:-1][np.fromiter(map(known, uniq.tolist()), bool, len(uniq))] = -np.inf
         np.minimum.at(seen, c[before], t[before])
         stall, age = frame.col(F.STALL_SECONDS)[idx], frame.col(F.JOB_AGE)[idx]
         with np.errstate(invalid="ignore"):
@@ -284,7 +286,9 @@ class Physics(PerJob):
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)
         seen = np.flatnonzero(waiting & ready)
         if seen.size:  # a start-up seen before: its own time
-            own = np.array([self._known_startup(j) for j in frame.job[seen].tolist()])
+            jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
+            names = frame.job_codes[1][jobs].tolist()
+            own = np.array([self._known_startup(j) for j in names], dtype=float)[at]
             mine = seen[np.isfinite(own)]
             floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
             factor = np.broadcast_to(prior("startup_factor"), len(frame))[mine]
