@@ -36,9 +36,12 @@ NOTES = [
     "`AUTOTUNE` lines), so a checkpoint load is not flagged. A job whose GPUs were once busy is "
     "never 'not started'. The sim's start-up lines come just before its first step (process "
     "start to first step 20 s in the scenarios). The rows' latency is the price of not "
-    "requeueing healthy compiling jobs: it misses the cold-start p95 <= 45 s target. A "
-    "straggler from a never-seen job's first iteration has no reference at all (caught when a "
-    "stored baseline of the same job name exists: the restart row).",
+    "requeueing healthy compiling jobs: it misses the cold-start p95 <= 45 s target. A job "
+    "whose start-up the detector saw before (an earlier run, or its stored baseline by name) "
+    "has max(20 s, 3 x its longest start-up) instead (real-signal row 'restart that never "
+    "reaches its first iteration'). A straggler from a never-seen job's first iteration has no "
+    "reference at all (caught when a stored baseline of the same job name exists: the restart "
+    "row).",
     "- **False incidents**: showing <= 0.02 per 1,000 GPU-hours needs ~150,000 healthy "
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "

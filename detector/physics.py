@@ -188,7 +188,8 @@ class Physics(PerJob):
         return gaps.sum(axis=1) >= self.min_gaps, {"gap_": p99, "startup_": startup}
 
     def _known_startup(self, job: str) -> float:
-        """The job's start-up as measured in this run or, failing that, as stored (NaN)."""
+        """The job's longest start-up as measured by this detector or, failing that, as
+        stored (NaN: none)."""
         if job in self._startup:
             return self._startup[job]
         i = self._positions().get(job)
@@ -197,7 +198,8 @@ class Physics(PerJob):
     def _measure(self, frame: Frame, step: np.ndarray, since_pause: np.ndarray) -> None:
         """Each job's start-up: a job seen with no step yet (this run's), then with one after
         a start-up line logged while the engine watched it, took from that line to the row's
-        latest progress (at most one interval more than to its first iteration)."""
+        latest progress (at most one interval more than to its first iteration); the longest
+        of its runs is kept."""
         codes, uniq = frame.job_codes
         t = frame.time
         one = len(t) > 0 and t[0] == t[-1]  # one instant: the job values are the first row's
@@ -219,8 +221,8 @@ class Physics(PerJob):
             rows = np.flatnonzero(after)
             rows = rows[np.lexsort((t[rows], c[rows]))]
             for i in rows[np.r_[True, c[rows][1:] != c[rows][:-1]]].tolist():
-                job = str(uniq[c[i]])
-                self._startup[job] = float(since[i] - stall[i])
+                job = str(uniq[c[i]])  # the longest start-up seen: a cold cache's, say
+                self._startup[job] = float(np.fmax(since[i] - stall[i], self._known_startup(job)))
                 self._unstarted.discard(job)
                 done[c[i]] = t[i]
         last = np.full(len(uniq) + 1, -np.inf)

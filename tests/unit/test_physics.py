@@ -306,22 +306,24 @@ def _run(det: Physics, t: float, *, age: float, step: float, stall: float, since
     return float(det.score(f)[0])
 
 
-def _started_in(det: Physics, startup: float) -> None:
-    """The job seen before its start-up line, then training: `startup` s from its milestone to
-    the latest step the next sample reads."""
-    _run(det, 0.0, age=0.0, step=np.nan, stall=np.nan, since=np.nan)
-    _run(det, 5.0 + startup, age=5.0 + startup, step=0.5, stall=1.0, since=startup + 1.0)
+def _started_in(det: Physics, startup: float, t: float = 0.0) -> None:
+    """The job seen before its (next run's) start-up line at `t`, then training: `startup` s
+    from its milestone to the latest step the next sample reads."""
+    _run(det, t, age=t, step=np.nan, stall=np.nan, since=np.nan)
+    _run(det, t + 5.0 + startup, age=t + 5.0 + startup, step=0.5, stall=1.0, since=startup + 1.0)
 
 
 def test_a_restart_is_judged_by_the_start_up_it_was_seen_to_take() -> None:
     """A job seen starting (no step, then a step after a start-up line it watched being
     logged) keeps that start-up; its next run, hanging after the milestone, is scored against
     max(20 s, 3 x it) instead of the model's 120 s: 30 s after `training ...` scores 1.5, not
-    0.25. A known slow starter (100 s: a silent compile) is left 300 s, not flagged at 120 s.
-    Fails on the code before: every run after a milestone had the model's 120 s."""
+    0.25. A known slow starter (100 s: a silent compile) is left 300 s, not flagged at 120 s,
+    even after a quick run (its cache warm): the longest start-up seen is kept. Fails on the
+    code before: every run after a milestone had the model's 120 s."""
     quick, slow, unseen = Physics(), Physics(), Physics()
     _started_in(quick, 4.0)
     _started_in(slow, 100.0)
+    _started_in(slow, 5.0, t=400.0)
     kw = {"step": np.nan}
     assert _run(quick, 900.0, age=900.0, stall=30.0, since=30.0, **kw) == pytest.approx(1.5)
     assert _run(slow, 900.0, age=900.0, stall=240.0, since=240.0, **kw) == pytest.approx(0.8)
