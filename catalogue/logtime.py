@@ -27,6 +27,10 @@ A monotonic stamp becomes a time with the node's boot time when known (`boot_tim
 >>> s = parse("[ 1843.308145] NVRM: GPU 0000:b3:00.0", ref=0)
 >>> s.form, s.monotonic, s.time
 ('monotonic', 1843.308145, None)
+>>> message("[2026-11-29 19:01:37.728] > initialized distributed with backend nccl")
+'> initialized distributed with backend nccl'
+>>> message("  3: 2024-04-10T16:02:56Z exitcode  : -6 (pid: 2385923)")
+'exitcode  : -6 (pid: 2385923)'
 """
 
 from __future__ import annotations
@@ -93,6 +97,22 @@ def parse(
     if m := _ISO.search(text[:200]):
         return _iso(m, "embedded", utc_offset_s)
     return None
+
+
+_LEAD = re.compile(rf"(?:{_ISO.pattern}\]?|{_CTIME.pattern}|{_MONO.pattern})[:,]?\s*")
+
+
+def message(text: str) -> str:
+    """`text` after a launcher's rank prefixes and a leading iso, ctime or monotonic stamp
+    (`[2026-11-29 19:01:37.728] > initialized ...` -> `> initialized ...`): where a
+    pattern anchored at the message's start looks when the line does not match as written."""
+    head = text
+    for _ in range(2):  # a stamp may come before or after the launcher's prefix
+        while m := PREFIX.match(head):
+            head = head[m.end() :]
+        if m := _LEAD.match(head.lstrip()):
+            head = head.lstrip()[m.end() :]
+    return head
 
 
 def line_time(text: str, ref: float, boot_time: float | None = None) -> float | None:

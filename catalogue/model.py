@@ -7,8 +7,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from catalogue import logtime
+
 SOURCES = ("job", "kernel")
 MAX_LINE_CHARS = 8192  # longer lines are matched on their first MAX_LINE_CHARS characters
+_ANCHORS = ("^", "\\A", "(?i)^")  # a regex that must match at the start of the message
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,11 @@ class Catalogue:
             for w in sorted({k for p in patterns for k in p.keywords})
         )
 
+        # patterns anchored at the message's start: tried on a stamped line's message too
+        self._anchored = frozenset(
+            p.id for p in patterns if any(rx.pattern.startswith(_ANCHORS) for rx in p.regexes)
+        )
+
     def xid_info(self, code: int) -> XidInfo | None:
         return self.xids.get(int(code))
 
@@ -128,19 +136,23 @@ class Catalogue:
                 hits |= ids
         taken: set[str] = set()
         out: list[Match] = []
+        body: tuple[str, str] | None = None  # (message, its lower case): `message` on first use
         for p in candidates:
             if p.exclusive and p.exclusive in taken:
                 continue
             if p.keywords and p.id not in hits:
                 continue
             text = low if p.ignore_case else line
-            if p.gate is not None and p.gate.search(text) is None:
-                continue
             m = None
-            for rx in p.regexes:
-                m = rx.search(text)
-                if m:
-                    break
+            if p.gate is None or p.gate.search(text) is not None:
+                m = next((hit for rx in p.regexes if (hit := rx.search(text))), None)
+            if m is None and p.id in self._anchored:  # its message, after a stamp or a prefix
+                if body is None:
+                    msg = logtime.message(line)
+                    body = (msg, msg.lower())
+                if body[0] != line:
+                    text = body[1] if p.ignore_case else body[0]
+                    m = next((hit for rx in p.regexes if (hit := rx.search(text))), None)
             if m is None:
                 continue
             groups = self._typed(m.groupdict())

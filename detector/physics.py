@@ -214,17 +214,18 @@ class Physics(PerJob):
             seen[:-1][np.fromiter(map(known, uniq.tolist()), bool, len(uniq))] = -np.inf
         np.minimum.at(seen, c[before], t[before])
         stall, age = frame.col(F.STALL_SECONDS)[idx], frame.col(F.JOB_AGE)[idx]
-        with np.errstate(invalid="ignore"):
-            after = np.isfinite(step) & (stall <= since) & (since <= age) & (t > seen[c])
+        after = np.isfinite(step) & (t > seen[c])
         done = np.full(len(uniq) + 1, -np.inf)
         if after.any():
             rows = np.flatnonzero(after)
             rows = rows[np.lexsort((t[rows], c[rows]))]
             for i in rows[np.r_[True, c[rows][1:] != c[rows][:-1]]].tolist():
-                job = str(uniq[c[i]])  # the longest start-up seen: a cold cache's, say
-                self._startup[job] = float(np.fmax(since[i] - stall[i], self._known_startup(job)))
+                job = str(uniq[c[i]])
                 self._unstarted.discard(job)
                 done[c[i]] = t[i]
+                if stall[i] <= since[i] <= age[i]:  # the line dates this run's start-up
+                    took = since[i] - stall[i]  # the longest seen: a cold cache's, say
+                    self._startup[job] = float(np.fmax(took, self._known_startup(job)))
         last = np.full(len(uniq) + 1, -np.inf)
         np.maximum.at(last, c[before], t[before])
         self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())

@@ -162,3 +162,39 @@ def test_outcomes_are_the_agreed_names():
 
 def test_module_docstring_examples_run():
     assert doctest.testmod(catalogue, raise_on_error=False).failed == 0
+
+
+# How launchers and loggers lead a job's line: Python logging, a recorder's bracketed stamp,
+# ISO with a zone, srun --label, torchrun's rank prefix, `dmesg -T`'s bracketed ctime.
+LEADS = [
+    "2024-04-10 16:02:56,193 ",
+    "[2026-11-29 19:01:37.728] ",
+    "2026-11-29T19:01:37.728421Z ",
+    "  3: ",
+    "[default0]:",
+    "  3: [2026-11-29 19:01:37.728] ",
+    "[Fri Aug 30 11:43:09 2024] ",
+]
+
+
+@pytest.mark.parametrize("lead", LEADS)
+def test_every_job_pattern_matches_its_examples_behind_a_stamp_or_a_launcher_prefix(lead):
+    """A job's output as written to its file often carries a time stamp or a rank label; the
+    patterns anchored at the message's start (`^\\s*>\\s*initialized distributed`, torch
+    elastic's `exitcode : -6`) must still see it. Failed before: `goodput import` of the real
+    H200 log read no start-up line (`[2026-11-29 19:01:37.728] > initialized ...`), so the
+    job's start-up was never dated, and srun-labelled elastic summaries named no crash."""
+    cat = catalogue.default()
+    for p in cat.patterns:
+        if p.source != "job":
+            continue
+        for line in p.examples:
+            got = {m.pattern for m in cat.match_line(lead + line, "job")}
+            assert p.id in got, (lead + line, got)
+
+
+@pytest.mark.parametrize("lead", LEADS)
+def test_a_stamp_or_a_prefix_adds_no_match_to_a_healthy_line(lead):
+    for source, line in HEALTHY:
+        plain = {m.pattern for m in match_line(line, source)}
+        assert {m.pattern for m in match_line(lead + line, source)} == plain, lead + line

@@ -367,3 +367,14 @@ def test_the_start_up_is_stored_by_name_and_old_baselines_still_load(tmp_path) -
     kw = {"age": 900.0, "step": np.nan, "stall": 30.0, "since": 30.0}
     assert _run(restarted, 900.0, **kw) == pytest.approx(1.5)  # max(20 s, 3 x 1 s)
     assert _run(old, 900.0, **kw) == pytest.approx(0.25)  # the model's 120 s
+
+
+def test_a_first_step_with_no_start_up_line_measures_nothing() -> None:
+    """A job whose log dated no start-up before its first step (no milestone, only progress)
+    has no start-up to learn, and a pause logged later (a save) is not taken for one. Failed
+    before: the first row after the first save measured the save-to-step time as start-up."""
+    det = Physics()
+    _run(det, 0.0, age=0.0, step=np.nan, stall=np.nan, since=np.nan)
+    _run(det, 5.0, age=5.0, step=0.5, stall=1.0, since=np.nan)  # iterating, no start-up line
+    _run(det, 300.0, age=300.0, step=0.5, stall=1.0, since=4.0)  # a save began 4 s ago
+    assert _run(det, 900.0, age=900.0, step=np.nan, stall=30.0, since=30.0) == pytest.approx(0.25)
