@@ -58,6 +58,9 @@ from detector.perjob import PerJob
 
 FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
+# start-ups measured are kept this many jobs after the job ended: a requeued job keeps its id
+# and may be out of Slurm's running set (and the engine's) for minutes before it restarts
+KEEP_STARTUPS = 4096
 
 
 _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -167,9 +170,8 @@ class Physics(PerJob):
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         self._write_back()
-        for job in jobs:
+        for job in jobs:  # a start-up stays: a requeued job keeps its id (`KEEP_STARTUPS`)
             self._busy_last.pop(job, None)
-            self._startup.pop(job, None)
         self._unstarted -= jobs
 
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:
@@ -225,7 +227,11 @@ class Physics(PerJob):
                 done[c[i]] = t[i]
                 if stall[i] <= since[i] <= age[i]:  # the line dates this run's start-up
                     took = since[i] - stall[i]  # the longest seen: a cold cache's, say
-                    self._startup[job] = float(np.fmax(took, self._known_startup(job)))
+                    took = float(np.fmax(took, self._known_startup(job)))
+                    self._startup.pop(job, None)  # the latest measured last in the dict
+                    self._startup[job] = took
+                    if len(self._startup) > KEEP_STARTUPS:
+                        del self._startup[next(iter(self._startup))]
         last = np.full(len(uniq) + 1, -np.inf)
         np.maximum.at(last, c[before], t[before])
         self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())
