@@ -31,6 +31,10 @@ A monotonic stamp becomes a time with the node's boot time when known (`boot_tim
 '> initialized distributed with backend nccl'
 >>> message("  3: 2024-04-10T16:02:56Z exitcode  : -6 (pid: 2385923)")
 'exitcode  : -6 (pid: 2385923)'
+>>> message("[rank0]:[titan] 2026-05-18 16:04:46,338 - root - INFO - step: 14  loss:  3.24")
+'step: 14  loss:  3.24'
+>>> message("I0319 04:50:42.613272   364 learning.py:507] global step 162: loss = 0.2748")
+'global step 162: loss = 0.2748'
 """
 
 from __future__ import annotations
@@ -99,13 +103,22 @@ def parse(
     return None
 
 
-_LEAD = re.compile(rf"(?:{_ISO.pattern}\]?|{_CTIME.pattern}|{_MONO.pattern})[:,]?\s*")
+# A logger's header before the message: an optional [tag] (torchtitan's `[titan]`), a stamp
+# (iso, ctime, monotonic; glog/absl's with its thread id and `file:line]`), then up to three
+# fields of Python logging's or fairseq's (` - root - INFO - `, ` | INFO | train_inner | `) or
+# Hugging Face's ` >> `.
+_LEAD = re.compile(
+    rf"(?:\[[A-Za-z][\w.-]*\] )?"
+    rf"(?:{_ISO.pattern}\]?|{_CTIME.pattern}|{_MONO.pattern}|{_GLOG.pattern}\s+\d+ [^\]\s]+\])"
+    r"(?:(?:\s*[-|]\s*[\w.:]+){0,3}\s*(?:[-|]|>>)\s|[:,]?\s*)"
+)
 
 
 def message(text: str) -> str:
-    """`text` after a launcher's rank prefixes and a leading iso, ctime or monotonic stamp
-    (`[2026-11-29 19:01:37.728] > initialized ...` -> `> initialized ...`): where a
-    pattern anchored at the message's start looks when the line does not match as written."""
+    """`text` after a launcher's rank prefixes and a logger's leading header (a stamp, and
+    the level and name fields after it): `[2026-11-29 19:01:37.728] > initialized ...` ->
+    `> initialized ...`. A pattern anchored at the message's start looks here when the line
+    does not match as written."""
     head = text
     for _ in range(2):  # a stamp may come before or after the launcher's prefix
         while m := PREFIX.match(head):

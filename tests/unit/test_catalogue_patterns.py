@@ -198,3 +198,27 @@ def test_a_stamp_or_a_prefix_adds_no_match_to_a_healthy_line(lead):
     for source, line in HEALTHY:
         plain = {m.pattern for m in match_line(line, source)}
         assert {m.pattern for m in match_line(lead + line, source)} == plain, lead + line
+
+
+def test_real_step_lines_behind_a_logger_header_are_progress():
+    """torchtitan's `[titan] <stamp> - root - INFO - step: 14  loss: ...` and absl's
+    `I0319 04:50:42.613272   364 learning.py:507] global step 162: loss = ...` (real lines of
+    tests/corpus, each with its source) are the job's progress, iteration and loss. Failed
+    before: the header's fields put `step` past the pattern's reach, so such a job had no
+    progress metric at all (no stall, no step time, no never-started judgement)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    corpus = Path(__file__).resolve().parents[1] / "corpus"
+    lines = [
+        e["line"]
+        for family in ("torchtitan", "training")
+        for e in yaml.safe_load((corpus / f"{family}.yaml").read_text())["entries"]
+        if re.search(r"(?:\] |- )(?:global )?step:? +\d+.*\bloss", e["line"])
+    ]
+    assert len(lines) == 5
+    for line in lines:
+        (m,) = [m for m in match_line(line, "job") if m.pattern == "generic_progress"]
+        assert m.groups["iteration"] > 0 and m.groups["loss"] > 0, line
