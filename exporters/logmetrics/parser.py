@@ -19,7 +19,6 @@ from catalogue import Catalogue, default, names
 
 JOB_ID = names.JOB_ID
 NODE = names.NODE
-PROGRESS_PATTERNS = ("megatron_progress", "generic_progress")
 # Slurm's line that ends the job's run (a requeue, a node failure, ...): a restart follows or
 # the job is over; on a `JOB` line (a `STEP` one, `<job>.<step>`, ends one step of the run)
 RUN_END_PATTERNS = (
@@ -65,7 +64,7 @@ class LogState:
         for line in lines:
             for m in match_line(line, "job"):
                 g = m.groups
-                if m.pattern in PROGRESS_PATTERNS:
+                if m.symptom == "progress":  # a step line, or a bar's update (liveness)
                     _progress(job, g, now)
                 elif m.pattern == "checkpoint_saved":
                     job.last_checkpoint = now

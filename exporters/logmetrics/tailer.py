@@ -2,7 +2,8 @@
 
 `Follower` follows one path: it survives rotation (rename + new file: the old file is read to
 its end first), copy-truncation (the file shrinks: read again from the start), partial lines
-(held until their newline arrives, or emitted when the file goes away), binary garbage
+(held until their newline arrives, or emitted when the file goes away), progress bars that
+rewrite their line with a carriage return (each update is a line; `\r\n` ends one), binary garbage
 (decoded with replacement characters, NULs dropped) and huge lines (cut at `max_line_bytes`;
 the rest of that line is skipped and counted). `DirectoryFollower` keeps one `Follower` per file
 matching a glob and drops those whose file is gone. `resume` starts a follower where an earlier
@@ -13,12 +14,16 @@ line), when it is still the same file and not shorter than that.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 READ_CHUNK = 1 << 20
 MAX_LINE_BYTES = 64 * 1024
+# a line ends at \n or at \r: a progress bar (tqdm) rewrites its line with \r, so each update
+# is a line (a \r\n ends one line)
+_EOL = re.compile(rb"[\r\n]")
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Follower:
     _pos: int = 0
     _partial: bytearray = field(default_factory=bytearray)
     _skipping: bool = False  # inside a huge line, dropping bytes until its newline
+    _after_cr: bool = False  # the last line ended at a \r (a \n right after it ends nothing)
 
     def poll(self) -> list[str]:
         out: list[str] = []
@@ -136,11 +142,17 @@ class Follower:
     def _split(self, chunk: bytes) -> Iterator[str]:
         start = 0
         while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
+            m = _EOL.search(chunk, start)
+            if m is None:
                 break
+            nl = m.start()
             piece = chunk[start:nl]
             start = nl + 1
+            cr = chunk[nl] == 0x0D
+            blank = not piece and not self._partial and not self._skipping
+            after_cr, self._after_cr = self._after_cr, cr
+            if blank and (cr or after_cr):  # a bar's leading \r, or the \n of a \r\n
+                continue
             if self._skipping:  # the tail of a huge line whose head was already emitted
                 self._skipping = False
                 continue
@@ -170,6 +182,7 @@ class Follower:
         out = [_decode(bytes(self._partial))] if self._partial else []
         self._partial.clear()
         self._skipping = False
+        self._after_cr = False
         self.stats.lines += len(out)
         return out
 

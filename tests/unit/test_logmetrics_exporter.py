@@ -123,3 +123,29 @@ def test_a_restarted_job_counts_as_progressing_from_its_start():
     assert state.jobs["9"].last_progress == {"3": 100.0}
     state.feed_job("9", ["[after dataloaders are built] datetime: 2026-11-29 20:41:12"], 500.0)
     assert state.jobs["9"].last_progress == {"": 500.0}
+
+
+def test_a_progress_bar_in_the_job_output_is_its_progress(tmp_path):
+    """A Lightning or Hugging Face job logs no step lines, only a tqdm bar rewritten with \\r
+    (Lightning-AI/pytorch-lightning#6206's bars). Each update is progress: the job's
+    last-progress time moves while the bar moves and stops when it stops (a hang's stall
+    clock). No iteration or step time is taken from it. Failed before: such a job exported no
+    progress at all."""
+    m, reg = setup(tmp_path)
+    job = tmp_path / "jobs" / "slurm-6206.out"
+    bar = "\rEpoch 0:  {:2d}%|▋         | {}/14 [00:00<00:04,  2.61it/s, loss=-6.21, v_num=655642]"
+    job.write_text(
+        "Validation sanity check:   0%|          | 0/2 [00:00<?, ?it/s]" + bar.format(7, 1)
+    )
+    m.poll_once(now=100.0)
+    v = reg.get_sample_value
+    last = "goodput_job_last_progress_timestamp_seconds"
+    assert v(last, {"job_id": "6206", "rank": ""}) is None  # a bar at 0, and one still held
+    with job.open("a") as fh:
+        fh.write(bar.format(14, 2) + bar.format(21, 3))
+    m.poll_once(now=110.0)
+    assert v(last, {"job_id": "6206", "rank": ""}) == 110.0
+    m.poll_once(now=400.0)  # the bar stopped: the stall clock runs from 110 s
+    assert v(last, {"job_id": "6206", "rank": ""}) == 110.0
+    assert v("goodput_job_iteration", {"job_id": "6206"}) is None
+    assert v("goodput_job_iteration_seconds", {"job_id": "6206"}) is None

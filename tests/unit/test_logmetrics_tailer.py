@@ -102,15 +102,18 @@ def test_from_end_skips_the_backlog_only(tmp_path):
     ),
     cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=10),
     rotate_at=st.integers(min_value=0, max_value=30),
+    eol=st.sampled_from(["\n", "\r\n", "\r"]),
 )
-def test_any_chunking_and_rotation_loses_no_line(tmp_path_factory, lines, cuts, rotate_at):
+def test_any_chunking_and_rotation_loses_no_line(tmp_path_factory, lines, cuts, rotate_at, eol):
+    """Whatever the chunks, a rotation, and the line ends (\n, \r\n, or a progress bar's
+    \r): every line once (a blank one, where \r ends lines, carries nothing and is not one)."""
     d = tmp_path_factory.mktemp("t")
     p = d / "a.log"
     p.write_bytes(b"")
     f = Follower(p)
     assert f.poll() == []
-    data_old = "".join(f"{ln}\n" for ln in lines[:rotate_at]).encode()
-    data_new = "".join(f"{ln}\n" for ln in lines[rotate_at:]).encode()
+    data_old = "".join(f"{ln}{eol}" for ln in lines[:rotate_at]).encode()
+    data_new = "".join(f"{ln}{eol}" for ln in lines[rotate_at:]).encode()
     got: list[str] = []
     pos = 0
     for cut in sorted(c % (len(data_old) + 1) for c in cuts):
@@ -121,4 +124,17 @@ def test_any_chunking_and_rotation_loses_no_line(tmp_path_factory, lines, cuts, 
     os.rename(p, d / "a.log.1")
     write(p, data_new, "wb")
     got += f.poll()
-    assert got == lines
+    assert got == (lines if eol == "\n" else [ln for ln in lines if ln])
+
+
+def test_a_progress_bar_rewritten_with_carriage_returns_is_one_line_per_update(tmp_path):
+    """tqdm in a job's output file (Lightning, Hugging Face): each update rewrites the line
+    after a \r, and only the bar's end has a \n. Failed before: the updates were one line,
+    held until the bar ended (or cut at 64 KiB), so the job's progress was never seen."""
+    p = tmp_path / "slurm-7.out"
+    bar = "Epoch 0:   7%|▋         | {}/14 [00:00<00:04,  2.61it/s, loss=-6.21, v_num=655642]"
+    write(p, ("\r" + bar.format(1) + "\r" + bar.format(2)).encode())
+    f = Follower(p)
+    assert f.poll() == [bar.format(1)]  # the latest update is held until the next \r
+    write(p, ("\r" + bar.format(3) + "\nTraining done\r\n").encode())
+    assert f.poll() == [bar.format(2), bar.format(3), "Training done"]
