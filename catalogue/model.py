@@ -142,17 +142,13 @@ class Catalogue:
                 continue
             if p.keywords and p.id not in hits:
                 continue
-            text = low if p.ignore_case else line
-            m = None
-            if p.gate is None or p.gate.search(text) is not None:
-                m = next((hit for rx in p.regexes if (hit := rx.search(text))), None)
+            m = _search(p, low if p.ignore_case else line)
             if m is None and p.id in self._anchored:  # its message, after a stamp or a prefix
                 if body is None:
                     msg = logtime.message(line)
                     body = (msg, msg.lower())
                 if body[0] != line:
-                    text = body[1] if p.ignore_case else body[0]
-                    m = next((hit for rx in p.regexes if (hit := rx.search(text))), None)
+                    m = _search(p, body[1] if p.ignore_case else body[0])
             if m is None:
                 continue
             groups = self._typed(m.groupdict())
@@ -185,3 +181,10 @@ class Catalogue:
             except ValueError:
                 continue
         return out
+
+
+def _search(p: Pattern, text: str) -> re.Match[str] | None:
+    """The first of `p`'s regexes that matches `text` (its gate, all of them at once, first)."""
+    if p.gate is not None and p.gate.search(text) is None:
+        return None
+    return next((m for rx in p.regexes if (m := rx.search(text))), None)

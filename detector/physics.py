@@ -298,10 +298,11 @@ class Physics(PerJob):
             jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
             names = frame.job_codes[1][jobs].tolist()
             own = np.array([self._known_startup(j) for j in names], dtype=float)[at]
-            mine = seen[np.isfinite(own)]
+            known = np.isfinite(own)
+            mine = seen[known]
             floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
             factor = np.broadcast_to(prior("startup_factor"), len(frame))[mine]
-            short[mine] = np.fmax(floor, factor * own[np.isfinite(own)])
+            short[mine] = np.fmax(floor, factor * own[known])
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         return out, ids
