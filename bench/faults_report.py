@@ -19,6 +19,14 @@ NOTES = [
     "node named). A one-GPU spin names no node: nothing in the evidence points at the "
     "hardware, while the simulator's truth for spin_hang names the stuck rank's node whatever "
     "the job's size (the culprit misses of spin-hang-1gpu).",
+    "- **A rank that saves while the others wait** (healthy-rank0-saves: rank 0 writes the "
+    "checkpoint, its GPU idle, while the other ranks wait in a barrier, spinning at 100 % util "
+    "on low power like a hung collective, cupy/cupy#3557): inside a save the log announced, "
+    "for the priors' pause_allowance_s (600 s), the baseline and peer detectors are capped "
+    "below the alert level and a spin is scored as a wait; before, the same jobs were "
+    "requeued, then stopped, 15 s into a save (4 destructive false incidents in an hour). "
+    "The same signature with no save line is a hang (a silent rank-0 save or evaluation is "
+    "flagged, not fixed here).",
     "- **Host straggler on a one-node or one-GPU job**: detected (step time against the job's "
     "own history, 20 s), but the GPU shows no hardware signal (no thermal violation, no "
     "clock-event bits; the receiver gathers no host metrics): a step time alone could be the "

@@ -26,6 +26,10 @@ evaluates them. Two rules read the job's log-derived progress as well:
   model's short allowance: a restart that hung where its last start took seconds is caught
   in under a minute, a known slow starter (a silent compile) is left its own time.
 
+`spin_wait` inside a pause after the job's first step (a checkpoint save) is a rank waiting in
+a barrier for the one that saves, not a hung collective: it scores as `never_started` does
+inside a pause (the time since the pause began / `pause_allowance_s`).
+
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
 
@@ -291,6 +295,11 @@ class Physics(PerJob):
         idle = held & announced & np.isfinite(stall) & ~paused
         out[idle, idle_col] = stall[idle] / allow[idle]
         waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
+        if "spin_wait" in ids:  # inside a pause after iterating (a save), a spin waits for
+            spin = ids.index("spin_wait")  # the rank that saves: the pause's allowance
+            inside = paused & np.isfinite(step) & (out[:, spin] > 0)
+            out[inside, spin] = 0.0
+            waiting |= inside
         since = np.where(paused, since_pause, age)
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)
         seen = np.flatnonzero(waiting & ready)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from detector import fields as F
-from detector.base import Detector, row_max
+from detector.base import Detector, pause_open, row_max
 from detector.baselines import BaselineStore
 from detector.covariance import RobustCovariance
 from detector.deviation import BaselineDeviation, NodeShift
@@ -27,11 +27,14 @@ from detector.learning import ONLINE, Baselines
 from detector.level import Level
 from detector.memo import Memo
 from detector.peer import PeerComparison
-from detector.physics import Physics
+from detector.physics import Physics, prior_rows
 from detector.progress import Progress
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
 PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
+# what a GPU looks like against its baseline or its peers: capped inside an announced pause
+# (Engine._pause), where the rank that saves idles while the others wait for it in a barrier
+PAUSE_CAPPED = (*PHASED, "shift", "peer")
 NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
 GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
 ALL: tuple[type[Detector], ...] = (  # the learned and the evidence detectors
@@ -215,6 +218,7 @@ class Engine:
                 else np.zeros((0, len(self.names)))
             )
             gpu = self._persist(idx, job, raw, now)
+            self._pause(frame, gpu)
             self._phase(frame, job, gpu)
             jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
             base.learn(frame, job, calm, now, self.cycle)
@@ -295,6 +299,27 @@ class Engine:
             elif n in GATED:
                 out[:, i] = np.where(out[:, i] > 0, raw[:, i], 0.0)
         return out
+
+    def _pause(self, frame: Frame, gpu: np.ndarray) -> None:
+        """Inside a pause the job's log announced (a checkpoint save or load, start-up work)
+        and younger than the model's `pause_allowance_s`, a job's GPUs idle or wait in a
+        barrier for the rank that saves (spinning like a hung collective: cupy/cupy#3557):
+        the baseline and peer detectors (`PAUSE_CAPPED`) are capped below 1.0 there. A pause
+        that outlives its allowance, hardware evidence, a GPU gone missing, progress and the
+        physics rules (which give a pause its own allowance) are judged as ever."""
+        cols = [i for i, n in enumerate(self.names) if n in PAUSE_CAPPED]
+        if not cols or not len(frame):
+            return
+        since = frame.col(F.SINCE_PAUSE)
+        if not np.isfinite(since).any():
+            return
+        with np.errstate(invalid="ignore"):
+            inside = pause_open(frame.col(F.STALL_SECONDS), since) & (
+                since < prior_rows(frame, "pause_allowance_s")
+            )
+        if inside.any():
+            at = np.ix_(np.flatnonzero(inside), np.array(cols))
+            gpu[at] = np.minimum(gpu[at], 0.99)
 
     def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> None:
         """A job-wide move is judged by the job's progress: when `phase_share` of a job's GPUs

@@ -20,10 +20,10 @@ class Progress(PerJob):
     progress gap seen while healthy (checkpoints, evals). Stall score = stall / allowance, with
     allowance = max(`stall_factor` x step, 1.5 x longest healthy gap, `min_stall_s`) (or
     `unfitted_stall_s` before a baseline exists); slowdown score = robust z of log step time /
-    z_crit(p), 0 for 1.5 x the job's usual pause length (p99 fitted; `unknown_pause_s` before
-    one was seen) + max(`after_pause_s`, 30 steps)
-    after a pause began (the first steps after a checkpoint or a restart run slow). Catches
-    hangs that GPU metrics disguise (spin-wait at 100 % util).
+    z_crit(p), 0 after a pause began for 1.5 x the job's usual pause length (p99 fitted;
+    `unknown_pause_s` before one was seen), or the pause as it ran when longer (seen open by
+    this detector), plus max(`after_pause_s`, 30 steps): the first steps after a checkpoint or
+    a restart run slow. Catches hangs that GPU metrics disguise (spin-wait at 100 % util).
 
     >>> import numpy as np
     >>> from detector.synthetic import healthy_frame
@@ -69,6 +69,8 @@ class Progress(PerJob):
         self.rel_floor = rel_floor
         self.after_pause_s = after_pause_s
         self.unknown_pause_s = unknown_pause_s
+        self._pauses: dict[str, tuple[float, float]] = {}  # job -> its latest pause seen open:
+        # (when it began, how long it ran as last seen)
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each job's typical step (median and MAD of log step times, at least 3), its
@@ -97,7 +99,8 @@ class Progress(PerJob):
         stall = frame.col(F.STALL_SECONDS)[sel]
         it = frame.col(F.ITER_SECONDS)[sel]
         since = frame.col(F.SINCE_PAUSE)[sel]
-        allow, slow = self._allow_slow(self._codes(frame)[sel], stall, it, since)
+        ran = self._pause_ran(frame, one, stall, since)
+        allow, slow = self._allow_slow(self._codes(frame)[sel], stall, it, since, ran)
         # a run's start-up that its log announces (a pause open, no step time yet: a fresh
         # job, or a restarted one, whose earlier step time the log parser drops) waits as
         # long as the physics priors' start-up work does: a requeued job loading a checkpoint
@@ -111,10 +114,46 @@ class Progress(PerJob):
             allow[starting] = np.fmax(allow[starting], pause_allowance)
         return np.nan_to_num(stall / allow), slow
 
+    def _pause_ran(
+        self,
+        frame: Frame,
+        one: tuple[np.ndarray, np.ndarray] | None,
+        stall: np.ndarray,
+        since: np.ndarray,
+    ) -> np.ndarray:
+        """How long each job's latest pause ran, as seen open in one-instant frames (a service
+        cycle; NaN where it was not seen); a pause open now updates its job's."""
+        out = np.full(len(stall), np.nan)
+        rows = np.flatnonzero(np.isfinite(since))
+        if one is None or not rows.size:
+            return out
+        t = float(frame.time[0])
+        jobs = frame.job[one[0]][rows].tolist()
+        began = (t - since[rows]).tolist()
+        for k in np.flatnonzero(pause_open(stall[rows], since[rows])).tolist():
+            self._pauses[jobs[k]] = (began[k], float(since[rows[k]]))
+        seen = map(self._pauses.get, jobs)
+        out[rows] = [  # the latest seen, if it is the pause the log dates now
+            np.nan if p is None or abs(p[0] - b) > 1.0 else p[1]
+            for p, b in zip(seen, began, strict=True)
+        ]
+        return out
+
+    def drop_jobs(self, jobs: set[str]) -> None:
+        super().drop_jobs(jobs)
+        for job in jobs:
+            self._pauses.pop(job, None)
+
     def _allow_slow(
-        self, codes: np.ndarray, stall: np.ndarray, it: np.ndarray, since: np.ndarray
+        self,
+        codes: np.ndarray,
+        stall: np.ndarray,
+        it: np.ndarray,
+        since: np.ndarray,
+        ran: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(stall allowance, slow score) of rows with these job codes and progress fields."""
+        """(stall allowance, slow score) of rows with these job codes and progress fields;
+        `ran`: how long the latest pause ran (NaN: not seen)."""
         allow = np.full(len(codes), self.unfitted_stall_s)
         slow = np.zeros(len(codes))
         known = codes >= 0
@@ -126,9 +165,11 @@ class Progress(PerJob):
             with np.errstate(all="ignore"):
                 z = (np.log(it[known]) - np.log(self.step_[c])) / self.step_scale_[c]
                 # the first iterations after a pause (a save, a restart) run slow: measured
-                # ~18 % for ~10 iterations on an H200; not a straggler
+                # ~18 % for ~10 iterations on an H200; not a straggler. 1.5 x the usual
+                # pause, or the pause as it ran when longer (seen open)
                 usual = np.where(self.pause_[c] > 0, self.pause_[c], self.unknown_pause_s)
-                settle = 1.5 * usual + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
+                length = np.fmax(ran[known], 1.5 * usual)
+                settle = length + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
                 settling = since[known] <= settle
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return allow, slow

@@ -43,6 +43,8 @@ class Job:
     checkpoint_s: float = 25.0
     eval_every_s: float = 0.0
     eval_s: float = 30.0
+    checkpoint_by: str = "all"  # "rank0": rank 0 saves while the others wait in a barrier
+    eval_by: str = "all"  # "rank0": rank 0 evaluates while the others wait in a barrier
     global_batch: int = 512
     log_interval: int = 10
     requeue: bool = True
@@ -238,10 +240,11 @@ class Job:
             return G.SPIN
         if now - self.start_t < self.startup_s:
             return G.INIT  # process up, NCCL init, model build, a checkpoint load
-        if self.phase == "ckpt":
-            return G.CKPT
-        if self.phase == "eval":
-            return G.EVAL
+        if self.phase in ("ckpt", "eval"):
+            by = self.checkpoint_by if self.phase == "ckpt" else self.eval_by
+            if by == "rank0" and self.rank_of(node, gpu) > 0:
+                return G.SPIN  # waiting for rank 0 in a barrier: NCCL spins (cupy/cupy#3557)
+            return G.CKPT if self.phase == "ckpt" else G.EVAL
         base = G.NAN if self.nan else G.TRAIN
         if self.slow > 1.0:
             busy = 1.0 / self.slow

@@ -21,6 +21,8 @@ _JOB_FIELDS = (
     "checkpoint_s",
     "eval_every_s",
     "eval_s",
+    "checkpoint_by",
+    "eval_by",
     "global_batch",
     "log_interval",
     "requeue",

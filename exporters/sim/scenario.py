@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,6 +45,9 @@ class JobSpec(_Strict):
     checkpoint_s: float = Field(default=25.0, ge=0)
     eval_every_s: float = Field(default=0.0, ge=0)
     eval_s: float = Field(default=30.0, ge=0)
+    # who saves (evaluates): every rank, or rank 0 while the others wait for it in a barrier
+    checkpoint_by: Literal["all", "rank0"] = "all"
+    eval_by: Literal["all", "rank0"] = "all"
     global_batch: int = Field(default=512, ge=1)
     log_interval: int = Field(default=10, ge=1)
     requeue: bool = True

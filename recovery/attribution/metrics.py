@@ -4,6 +4,8 @@ peers) as symptoms with their evidence, in rule order."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
 from typing import Any
 
@@ -277,8 +279,9 @@ def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
     min_s = float(rule.get("min_s", 30))
     if rule.get("scope") != "all":
         out = []
+        resumed = _last_advance(series)  # a spin the job progressed after was a wait that ended
         for k, pts in flags.items():
-            start, dur = _run_len(pts, lambda v: v > 0)
+            start, dur = _run_len([p for p in pts if p[0] >= resumed], lambda v: v > 0)
             if start is not None and dur >= min_s:
                 out.append(
                     _sym(rule, first[k], start, f"physics prior {rule['rule']} for {dur:.0f} s")
@@ -301,6 +304,17 @@ def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
     what = f"all {len(flags)} GPUs" if len(flags) > 1 else "the job's only GPU"
     detail = f"physics prior {rule['rule']} on {what} for {last - start:.0f} s, no progress"
     return [_sym(rule, first[k], start, detail, node=None)]
+
+
+def _last_advance(series: list[Series]) -> float:
+    """When a job progress metric (iteration, last progress time) last rose (-inf: never)."""
+    out = -math.inf
+    for s in series:
+        if s.name in PROGRESS_METRICS:
+            for (_, a), (t, b) in itertools.pairwise(s.points):
+                if b > a:
+                    out = max(out, t)
+    return out
 
 
 def _advanced(series: list[Series], since: float) -> bool:

@@ -12,6 +12,7 @@ import pytest
 
 from exporters.logmetrics.parser import LogState
 from exporters.sim import ScenarioError, parse_scenario
+from exporters.sim.gpu import INDEX
 from exporters.sim.logs import LogSink
 from exporters.sim.runner import Simulation
 
@@ -33,8 +34,6 @@ def _sim(**job: float) -> tuple[Simulation, LogSink]:
 
 
 def _gpu(sim: Simulation) -> dict[str, float]:
-    from exporters.sim.gpu import INDEX
-
     g = sim.cluster.nodes["node1"].gpus[0]
     return {k: g.values[INDEX[k]] for k in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")}
 
@@ -80,3 +79,23 @@ def test_a_resume_iteration_past_any_run_is_refused_at_load() -> None:
     with pytest.raises(ScenarioError, match="resume_iter"):
         _sim(resume_iter=10**400, load_s=5.0)
     _sim(resume_iter=10**9, load_s=5.0)[0].step(5.0)
+
+
+@pytest.mark.parametrize("by", ["all", "rank0"])
+def test_a_save_by_rank0_leaves_the_other_ranks_spinning_in_a_barrier(by: str) -> None:
+    job = JOB | {"gpus_per_node": 4, "init_s": 5.0, "checkpoint_every_s": 30.0}
+    job |= {"checkpoint_s": 60.0, "checkpoint_by": by}
+    sc = parse_scenario({"name": "t", "duration_s": 600, "nodes": 1, "jobs": [job]})
+    sink = LogSink()
+    sim = Simulation(sc, sink=sink)
+    while not any("saving checkpoint" in x for log in sink.jobs.values() for x in log):
+        sim.step(5.0)
+    sim.step(10.0)
+    gpus = sim.cluster.nodes["node1"].gpus[:4]  # the job's, rank 0 first
+    util = [g.values[INDEX["DCGM_FI_DEV_GPU_UTIL"]] for g in gpus]
+    power = [g.values[INDEX["DCGM_FI_DEV_POWER_USAGE"]] for g in gpus]
+    assert util[0] == 0
+    if by == "rank0":  # the waiting ranks: busy by util at idle-ish power (a spin)
+        assert all(u == 100 for u in util[1:]) and all(p < 250 for p in power[1:])
+    else:
+        assert all(u == 0 for u in util[1:])

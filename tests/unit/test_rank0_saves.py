@@ -1,0 +1,134 @@
+"""A rank that saves while the others wait for it in a barrier: the waiting GPUs spin at 100 %
+util on low power, the saving one idles, exactly like a collective hung on that rank
+(cupy/cupy#3557: peers blocked in a collective show 100 % util at low temperature). Inside a
+checkpoint save the job's log announced it is a pause, judged by the pause's allowance. Fails
+on the code before: the engine alerted 15 s into the save (physics spin, peer, deviation) and
+the receiver requeued, then stopped, healthy jobs (bench: healthy-rank0-saves)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detector import fields as F
+from detector.baselines import BaselineStore
+from detector.frame import Frame
+from detector.physics import Physics
+from detector.pipeline import Config, Engine
+from detector.progress import Progress
+from detector.synthetic import healthy_frame
+from recovery.attribution.metrics import _prior
+from recovery.evidence import Series
+
+COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
+TRAIN = 100  # samples of healthy training (500 s: fitted) before the save
+
+
+def _save(f: Frame, rows: np.ndarray, gpu: np.ndarray) -> None:
+    """Rank 0 writes (idle, memory held); the others wait for it in a barrier (spin)."""
+    v = f.values
+    writer, waiting = rows[gpu[rows] == 0], rows[gpu[rows] > 0]
+    v[writer, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    v[writer, COL["DCGM_FI_DEV_POWER_USAGE"]] = 135.0
+    v[writer, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0
+    v[waiting, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
+    v[waiting, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
+    v[waiting, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.008
+    for name in ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+        v[rows, COL[name]] = 0.0
+
+
+def _run(pause_s: int, announced: bool, tmp_path, detector: str = "combined") -> list[float]:
+    """A job score of each sample of a `pause_s` save after 500 s of training."""
+    steps = TRAIN + pause_s // 5
+    f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=steps, seed=7)
+    rows = f.instants()
+    f.values[:, COL[F.SINCE_PAUSE]] = 1000.0 + f.time  # the log announces pauses (none yet)
+    for k, r in enumerate(rows[TRAIN:]):
+        _save(f, r, f.gpu)
+        f.values[r, COL[F.STALL_SECONDS]] = 5.0 * (k + 1)
+        if announced:  # `saving checkpoint ...` right after the last progress line
+            f.values[r, COL[F.SINCE_PAUSE]] = 5.0 * k
+    eng = Engine(Config(interval_s=5.0), BaselineStore(tmp_path))
+    out = []
+    for r in rows:
+        res = eng.step(f.take(r), float(f.time[r[0]]), {"100": "trainer"})
+        out.append(float(res.jobs.query("detector == @detector").score.iloc[0]))
+    return out[TRAIN:]
+
+
+def test_an_announced_save_with_waiting_peers_is_a_pause(tmp_path) -> None:
+    assert max(_run(120, announced=True, tmp_path=tmp_path)) < 1.25
+
+
+def test_the_same_signature_unannounced_is_a_hang(tmp_path) -> None:
+    scores = _run(60, announced=False, tmp_path=tmp_path)
+    assert next(i for i, s in enumerate(scores) if s >= 1.25) * 5 <= 30
+
+
+def test_a_save_that_hangs_is_still_caught_by_its_missing_progress(tmp_path) -> None:
+    scores = _run(300, announced=True, tmp_path=tmp_path)
+    first = next(i for i, s in enumerate(scores) if s >= 1.25) * 5
+    assert 180 <= first <= 240  # progress: 1.25 x its 180 s stall allowance, as before
+
+
+def test_the_caps_lift_when_the_pause_outlives_its_allowance(tmp_path) -> None:
+    peer = _run(640, announced=True, tmp_path=tmp_path, detector="peer")
+    assert max(peer[:115]) < 1.0 and max(peer[121:]) >= 1.0  # the priors' 600 s
+
+
+def _one(spin: bool, stall: float, since_pause: float, step: float) -> float:
+    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=3)
+    if spin:
+        _save(f, np.array([0]), np.array([1]))  # one waiting rank
+    f.values[0, COL[F.STALL_SECONDS]] = stall
+    f.values[0, COL[F.SINCE_PAUSE]] = since_pause
+    f.values[0, COL[F.ITER_SECONDS]] = step
+    return float(Physics().score(f)[0])
+
+
+def test_physics_gives_a_spin_inside_a_save_the_pause_allowance() -> None:
+    assert _one(True, stall=65.0, since_pause=60.0, step=0.5) == pytest.approx(60.0 / 600.0)
+    assert _one(True, stall=65.0, since_pause=400.0, step=0.5) == 2.0  # no pause open
+    # before the first iteration a spin is the first collective hung: no allowance
+    assert _one(True, stall=np.nan, since_pause=30.0, step=np.nan) == 2.0
+
+
+def test_attribution_takes_no_symptom_from_a_wait_the_job_progressed_after() -> None:
+    t = [float(x) for x in range(0, 200, 5)]
+    spin = [(x, 100.0) for x in t]
+    sm = [(x, 0.008 if 40 <= x < 120 else 0.96) for x in t]  # waited 80 s, then trained
+    progress = [(x, float(x if x < 40 or x >= 120 else 35)) for x in t]
+    series = [
+        Series("DCGM_FI_DEV_GPU_UTIL", spin, node="node1", gpu="1"),
+        Series("DCGM_FI_PROF_SM_ACTIVE", sm, node="node1", gpu="1"),
+        Series("goodput_job_last_progress_timestamp_seconds", progress),
+    ]
+    rule = {"id": "spin_wait", "kind": "prior", "rule": "spin_wait", "min_s": 30}
+    assert _prior(series, rule) == []
+    hung = [(x, float(min(x, 35))) for x in t]  # no progress after the wait: a hang
+    series[2] = Series("goodput_job_last_progress_timestamp_seconds", hung)
+    assert [s.id for s in _prior(series, rule)] == ["spin_wait"]
+
+
+def test_the_slow_first_steps_after_a_long_pause_settle_from_its_end() -> None:
+    """A save twice the usual length (back to back with an evaluation, say): its first steps
+    run slow after it ended, not 1.5 x the usual pause after it began."""
+    det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
+
+    def at(t: float, stall: float, since: float, step: float) -> float:
+        f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
+        f.values[0, COL[F.STALL_SECONDS]] = stall
+        f.values[0, COL[F.SINCE_PAUSE]] = since
+        f.values[0, COL[F.ITER_SECONDS]] = step
+        return float(det.score(f)[0])
+
+    for k in range(21):  # a 100 s save, seen open every 5 s
+        at(1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.5)
+    assert at(1105.0, stall=0.0, since=105.0, step=0.8) == 0.0  # settling: 100 s + 15 s
+    assert at(1120.0, stall=0.0, since=120.0, step=0.8) >= 1.0  # still slow after it
+    unseen = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
+    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=1105.0)
+    f.values[0, COL[F.STALL_SECONDS]], f.values[0, COL[F.SINCE_PAUSE]] = 0.0, 105.0
+    f.values[0, COL[F.ITER_SECONDS]] = 0.8
+    assert unseen.score(f)[0] >= 1.0  # a pause it never saw: 1.5 x 30 s + 15 s
