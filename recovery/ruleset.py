@@ -70,6 +70,7 @@ class MetricRule(_Rule):
     max_nodes: int | None = Field(default=None, ge=1)
     fb_min: float | str | None = None  # a number, or the name of a generic physics prior
     unless_pause: bool | None = None
+    unless_save: bool | None = None  # kind idle: not inside a save (a pause after progress)
     peers_spin: str | None = None  # an earlier metric rule's symptom
     from_start: bool | None = None  # kind idle: GPUs idle since their first sample
     confirm: str | None = None  # kind idle: a detector score that must reach `min`

@@ -74,13 +74,15 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool]:
 
 
 def _log_symptoms(
-    lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str]
-) -> tuple[list[Sym], list[LogLine], bool]:
-    """Symptoms of the log lines, the lines that show the job progressing, and whether a pause
-    is still open (the last pause line comes after the last progress line)."""
+    lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str], since: float | None = None
+) -> tuple[list[Sym], list[LogLine], bool, bool]:
+    """Symptoms of the log lines, the lines that show the job progressing, whether a pause is
+    still open (the last pause line comes after the last progress line), and whether it is a
+    save (it opened after a progress line of the run that began at `since`)."""
     out: list[Sym] = []
     progress: list[LogLine] = []
     last = {"progress": float("-inf"), "pause": float("-inf")}
+    ran = float("-inf")  # this run's latest progress
     for ln in lines:
         kind = "kernel" if ln.kind == "kernel" else "job"
         hits, progressing, pausing = _hits(ln.text, kind, rules)
@@ -89,6 +91,8 @@ def _log_symptoms(
         for word, flag in (("progress", progressing), ("pause", pausing)):
             if flag and ln.time is not None:
                 last[word] = max(last[word], ln.time)
+        if progressing and ln.time is not None and (since is None or ln.time >= since):
+            ran = max(ran, ln.time)
         for symptom, role, outcome, groups, pattern, action in hits:
             node = ln.node
             g = groups.get("node")
@@ -117,4 +121,5 @@ def _log_symptoms(
                     action=action,
                 )
             )
-    return out, progress, last["pause"] > last["progress"]
+    paused = last["pause"] > last["progress"]
+    return out, progress, paused, paused and ran > float("-inf")

@@ -61,8 +61,12 @@ def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None
     return best_start, best
 
 
-def _metric_symptoms(series: list[Series], rules: Rules, pause_open: bool = False) -> list[Sym]:
-    """Symptoms of the metric rules, in their order (a rule may read an earlier one's)."""
+def _metric_symptoms(
+    series: list[Series], rules: Rules, pause_open: bool = False, saving: bool = False
+) -> list[Sym]:
+    """Symptoms of the metric rules, in their order (a rule may read an earlier one's);
+    `pause_open`: the log's last pause is open, `saving`: one opened after this run's progress
+    (a checkpoint save)."""
     out: list[Sym] = []
     gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
     for rule in rules.metrics:
@@ -132,7 +136,7 @@ def _metric_symptoms(series: list[Series], rules: Rules, pause_open: bool = Fals
                 v > 0 for s in _by_name(series, "goodput_job_iteration") for _, v in s.points
             ):
                 continue  # an iteration was reported (in the window or before it): it started
-            if not (rule.get("unless_pause") and pause_open):
+            if not (rule.get("unless_pause") and pause_open or rule.get("unless_save") and saving):
                 peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
                 scores = _by_name(series, rule.get("confirm") or "")
                 out += _idle(gpu_util, rule, _by_name(series, FB_USED), peers, scores)

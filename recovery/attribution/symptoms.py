@@ -40,13 +40,13 @@ def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> Extract
     # ranks map to the job's own node list from Slurm; without it a rank-only line stays
     # unplaced (the context's nodes are alert nodes too, and would blame the wrong node)
     job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if names.valid_node(n)]
-    syms, lines, pause_open = _log_symptoms(bundle.lines, rules, gpn, job_nodes)
-    syms += _metric_symptoms(bundle.series, rules, pause_open)
+    since, until = run_start(bundle), run_end(bundle)
+    syms, lines, pause_open, saving = _log_symptoms(bundle.lines, rules, gpn, job_nodes, since)
+    syms += _metric_symptoms(bundle.series, rules, pause_open, saving)
     syms += _slurm_symptoms(bundle, ctx, rules)
     # a line or sample from before the current run (an earlier run's XID, a requeue ago), or
     # from after an ended job's end (a later fault on a node it once used), is neither the
     # onset nor the culprit of this run
-    since, until = run_start(bundle), run_end(bundle)
     until = None if until is None else until + END_SLACK_S
     kept = [
         s

@@ -17,8 +17,9 @@ from detector.physics import Physics
 from detector.pipeline import Config, Engine
 from detector.progress import Progress
 from detector.synthetic import healthy_frame
+from recovery import attribution
 from recovery.attribution.metrics import _prior
-from recovery.evidence import Series
+from recovery.evidence import Bundle, Context, LogLine, Report, Series
 
 COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
 TRAIN = 100  # samples of healthy training (500 s: fitted) before the save
@@ -132,3 +133,56 @@ def test_the_slow_first_steps_after_a_long_pause_settle_from_its_end() -> None:
     f.values[0, COL[F.STALL_SECONDS]], f.values[0, COL[F.SINCE_PAUSE]] = 0.0, 105.0
     f.values[0, COL[F.ITER_SECONDS]] = 0.8
     assert unseen.score(f)[0] >= 1.0  # a pause it never saw: 1.5 x 30 s + 15 s
+
+
+def _writer_and_waiters(lines: list[LogLine]) -> dict:
+    """Attribution of a 1-node job whose rank 0 idles, memory held, while ranks 1-3 spin,
+    from 30 s (sample 6) on, for 50 s."""
+    start, n, onset = 1_735_689_600.0, 16, 6
+
+    def s(name: str, gpu: int, before: float, after: float) -> Series:
+        pts = [(start + 5.0 * i, before if i < onset else after) for i in range(n)]
+        return Series(name, pts, node="node1", gpu=str(gpu), job_id="1001")
+
+    series = [s("DCGM_FI_DEV_GPU_UTIL", 0, 100, 0), s("DCGM_FI_PROF_SM_ACTIVE", 0, 0.96, 0.0)]
+    series.append(s("DCGM_FI_DEV_FB_USED", 0, 60_000, 60_000))
+    for g in (1, 2, 3):
+        series += [
+            s("DCGM_FI_DEV_GPU_UTIL", g, 100, 100),
+            s("DCGM_FI_PROF_SM_ACTIVE", g, 0.96, 0.008),
+        ]
+    it = [(start + 5.0 * i, float(min(i, onset))) for i in range(n)]
+    series.append(Series("goodput_job_iteration", it, job_id="1001"))
+    bundle = Bundle(
+        series=series,
+        lines=lines,
+        reports=[Report("prometheus", "ok"), Report("logs", "ok"), Report("slurm", "ok")],
+    )
+    ctx = Context(job_id="1001", nodes=["node1"], start=start, end=start + 5.0 * n)
+    return attribution.attribute(bundle, ctx)
+
+
+MEGATRON = (
+    " iteration      100/  500000 | consumed samples:       61440 | elapsed time per "
+    "iteration (ms): 512.3 | learning rate: 3.000E-04 | lm loss: 2.345678E+00 |"
+)
+T0 = 1_735_689_600.0 + 30.0
+
+
+def test_the_rank_that_writes_an_announced_save_is_not_a_stuck_rank() -> None:
+    """An unrelated alert that opens an incident during a save (or a save that outlasts the
+    stall allowance) must not requeue the job on the writer's idle GPU."""
+    saving = [
+        LogLine("job.log", 1, MEGATRON, time=T0 - 2),
+        LogLine("job.log", 2, "saving checkpoint at iteration     100 to /ckpt", time=T0 - 1),
+    ]
+    doc = _writer_and_waiters(saving)
+    assert not any(s["id"] == "gpu_stuck" for s in doc["symptoms"])
+    assert doc["outcome"] != "workload_hang"
+
+
+def test_the_same_idle_rank_with_no_save_open_is_stuck() -> None:
+    doc = _writer_and_waiters([LogLine("job.log", 1, MEGATRON, time=T0 - 2)])
+    assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == ["node1"]
+    start_up = [LogLine("job.log", 1, "> building GPT model ...", time=T0 - 1)]
+    assert _writer_and_waiters(start_up)["outcome"] == "workload_hang"  # not a save: no progress
