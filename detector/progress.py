@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from detector import fields as F
-from detector.base import nanpercentile, pause_open, robust, z_crit
+from detector.base import pause_open, robust, z_crit
 from detector.frame import Frame, JobRows
 from detector.perjob import PerJob
 from detector.physics import prior_rows
@@ -13,17 +15,28 @@ from detector.physics import prior_rows
 _PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
 
 
+class Seen(NamedTuple):
+    """A job's latest pause as the progress detector saw it open."""
+
+    began: float  # when (the log's pause line)
+    ran: float  # how long it had run when last seen
+    longest: float  # the longest of the job's earlier pauses (NaN: none)
+    step: float  # the job's step time when it began
+
+
 class Progress(PerJob):
     """The job's own progress: stall (time since last progress) and step-time slowdown.
 
     Fit learns the job's median step time, its robust spread (log scale), and the longest
-    progress gap seen while healthy (checkpoints, evals). Stall score = stall / allowance, with
+    progress gap seen while healthy (checkpoints, evals); the longest pause its log announced
+    is learned online from the announcements. Stall score = stall / allowance, with
     allowance = max(`stall_factor` x step, 1.5 x longest healthy gap, `min_stall_s`) (or
-    `unfitted_stall_s` before a baseline exists); slowdown score = robust z of log step time /
-    z_crit(p), 0 after a pause began for 1.5 x the job's usual pause length (p99 fitted;
-    `unknown_pause_s` before one was seen), or the pause as it ran when longer (seen open by
-    this detector), plus max(`after_pause_s`, 30 steps): the first steps after a checkpoint or
-    a restart run slow. Catches hangs that GPU metrics disguise (spin-wait at 100 % util).
+    `unfitted_stall_s` before a baseline exists), inside a pause after the job's first step
+    at least `pause_factor` x the longest pause seen (a save runs long on a busy filesystem);
+    slowdown score = robust z of log step time / z_crit(p), 0 after a pause began for 1.5 x
+    the longest pause seen (`unknown_pause_s` before one was seen), or the pause as it ran
+    when longer, plus max(`after_pause_s`, 30 steps): the first steps after a checkpoint or a
+    restart run slow. Catches hangs that GPU metrics disguise (spin-wait at 100 % util).
 
     >>> import numpy as np
     >>> from detector.synthetic import healthy_frame
@@ -45,6 +58,7 @@ class Progress(PerJob):
         "rel_floor",
         "after_pause_s",
         "unknown_pause_s",
+        "pause_factor",
     )
     state_keys = ("step_", "step_scale_", "gap_", "pause_")
     pause_: np.ndarray
@@ -61,6 +75,7 @@ class Progress(PerJob):
         rel_floor: float = 0.05,
         after_pause_s: float = 10.0,
         unknown_pause_s: float = 30.0,
+        pause_factor: float = 3.0,
     ) -> None:
         self.p = p
         self.stall_factor = stall_factor
@@ -69,27 +84,34 @@ class Progress(PerJob):
         self.rel_floor = rel_floor
         self.after_pause_s = after_pause_s
         self.unknown_pause_s = unknown_pause_s
-        self._pauses: dict[str, tuple[float, float]] = {}  # job -> its latest pause seen open:
-        # (when it began, how long it ran as last seen)
+        self.pause_factor = pause_factor
+        self._pauses: dict[str, Seen] = {}  # job -> its latest pause seen open
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each job's typical step (median and MAD of log step times, at least 3), its
         longest progress gap and its p99 gap inside pauses, all jobs in one pass."""
         it = rows.col(F.ITER_SECONDS)
         stall = rows.col(F.STALL_SECONDS)
-        since = rows.col(F.SINCE_PAUSE)
         with np.errstate(invalid="ignore", divide="ignore"):
             good = np.isfinite(it) & (it > 0)
             med, mad = robust(np.log(np.where(good, it, np.nan)), axis=1)
-            paused = np.isfinite(since) & (since <= stall)  # samples inside a pause
         longest = np.fmax.reduce(stall, axis=1)
-        pause = nanpercentile(np.where(paused, stall, np.nan), 99, axis=1)
+        pause = np.array([self._known_pause(j) for j in rows.jobs], dtype=float)
         return good.sum(axis=1) >= 3, {
             "step_": np.exp(med),
             "step_scale_": np.fmax(mad, self.rel_floor),
             "gap_": np.where(np.isfinite(stall).any(axis=1), longest, 0.0),
             "pause_": np.nan_to_num(pause, nan=0.0),
         }
+
+    def _known_pause(self, job: str) -> float:
+        """The job's longest announced pause as seen by this detector or, failing that, as
+        stored (NaN: none)."""
+        if job in self._pauses:
+            return float(np.fmax(self._pauses[job].longest, self._pauses[job].ran))
+        i = self._positions().get(job)
+        stored = np.nan if i is None or self.pause_ is None else float(self.pause_[i])
+        return stored if stored > 0 else np.nan
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """(stall score, slow score) per row; worked out per job when the frame has the
@@ -99,13 +121,18 @@ class Progress(PerJob):
         stall = frame.col(F.STALL_SECONDS)[sel]
         it = frame.col(F.ITER_SECONDS)[sel]
         since = frame.col(F.SINCE_PAUSE)[sel]
-        ran = self._pause_ran(frame, one, stall, since)
-        allow, slow = self._allow_slow(self._codes(frame)[sel], stall, it, since, ran)
+        codes = self._codes(frame)[sel]
+        ran, usual, before = self._pauses_seen(frame, sel, stall, since, codes, it)
+        allow, slow = self._allow_slow(codes, it, since, ran, usual, before)
+        inside = pause_open(stall, since)
         # a run's start-up that its log announces (a pause open, no step time yet: a fresh
         # job, or a restarted one, whose earlier step time the log parser drops) waits as
         # long as the physics priors' start-up work does: a requeued job loading a checkpoint
-        # for minutes is not a hang (physics judges that window on the GPUs)
-        starting = ~np.isfinite(it) & pause_open(stall, since)
+        # for minutes is not a hang (physics judges that window on the GPUs); a later pause
+        # (a save) `pause_factor` x the longest the job was seen to take
+        starting = ~np.isfinite(it) & inside
+        saving = np.isfinite(it) & inside & np.isfinite(usual)
+        allow[saving] = np.fmax(allow[saving], self.pause_factor * usual[saving])
         if one is not None:  # each row its job's
             job = one[1]
             stall, allow, slow, starting = stall[job], allow[job], slow[job], starting[job]
@@ -114,30 +141,47 @@ class Progress(PerJob):
             allow[starting] = np.fmax(allow[starting], pause_allowance)
         return np.nan_to_num(stall / allow), slow
 
-    def _pause_ran(
+    def _pauses_seen(
         self,
         frame: Frame,
-        one: tuple[np.ndarray, np.ndarray] | None,
+        sel: np.ndarray | slice,
         stall: np.ndarray,
         since: np.ndarray,
-    ) -> np.ndarray:
-        """How long each job's latest pause ran, as seen open in one-instant frames (a service
-        cycle; NaN where it was not seen); a pause open now updates its job's."""
-        out = np.full(len(stall), np.nan)
+        codes: np.ndarray,
+        it: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(how long each job's latest pause ran, the longest of its earlier ones, its step
+        time when the pause began) as seen open by this detector in one-instant frames (a
+        service cycle, which updates them; other frames read them; NaN where not seen: the
+        longest as stored, if any). Learned from the log's own announcements, not from the
+        reservoir's calm rows (the idle GPUs of a save alarm the other detectors, so its rows
+        are never calm)."""
+        ran, usual, before = (np.full(len(stall), np.nan) for _ in range(3))
+        if self.pause_ is not None and (codes >= 0).any():
+            stored = self.pause_[codes[codes >= 0]]
+            usual[codes >= 0] = np.where(stored > 0, stored, np.nan)
         rows = np.flatnonzero(np.isfinite(since))
-        if one is None or not rows.size:
-            return out
-        t = float(frame.time[0])
-        jobs = frame.job[one[0]][rows].tolist()
+        if not rows.size:
+            return ran, usual, before
+        t = frame.time[sel][rows]
+        jobs = frame.job[sel][rows].tolist()
         began = (t - since[rows]).tolist()
-        for k in np.flatnonzero(pause_open(stall[rows], since[rows])).tolist():
-            self._pauses[jobs[k]] = (began[k], float(since[rows[k]]))
-        seen = map(self._pauses.get, jobs)
-        out[rows] = [  # the latest seen, if it is the pause the log dates now
-            np.nan if p is None or abs(p[0] - b) > 1.0 else p[1]
-            for p, b in zip(seen, began, strict=True)
-        ]
-        return out
+        cycle = isinstance(sel, np.ndarray)  # one row per job at one instant (`one_per_job`)
+        for k in np.flatnonzero(pause_open(stall[rows], since[rows]) & cycle).tolist():
+            job, took = jobs[k], float(since[rows[k]])
+            last = self._pauses.get(job)
+            if last is not None and abs(last.began - began[k]) <= 1.0:  # the same pause
+                self._pauses[job] = last._replace(ran=took)
+            else:  # a new one: the last ended
+                longest = np.nan if last is None else np.fmax(last.longest, last.ran)
+                self._pauses[job] = Seen(began[k], took, longest, float(it[rows[k]]))
+        for k, job in enumerate(jobs):
+            seen = self._pauses.get(job)
+            if seen is not None:
+                usual[rows[k]] = np.fmax(usual[rows[k]], seen.longest)
+                if abs(seen.began - began[k]) <= 1.0:  # the pause the log dates now
+                    ran[rows[k]], before[rows[k]] = seen.ran, seen.step
+        return ran, usual, before
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
@@ -147,13 +191,14 @@ class Progress(PerJob):
     def _allow_slow(
         self,
         codes: np.ndarray,
-        stall: np.ndarray,
         it: np.ndarray,
         since: np.ndarray,
         ran: np.ndarray,
+        usual: np.ndarray,
+        before: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(stall allowance, slow score) of rows with these job codes and progress fields;
-        `ran`: how long the latest pause ran (NaN: not seen)."""
+        `ran`, `usual`, `before`: see `_pauses_seen` (NaN: not seen)."""
         allow = np.full(len(codes), self.unfitted_stall_s)
         slow = np.zeros(len(codes))
         known = codes >= 0
@@ -165,12 +210,14 @@ class Progress(PerJob):
             with np.errstate(all="ignore"):
                 z = (np.log(it[known]) - np.log(self.step_[c])) / self.step_scale_[c]
                 # the first iterations after a pause (a save, a restart) run slow: measured
-                # ~18 % for ~10 iterations on an H200; not a straggler. 1.5 x the usual
-                # pause, or the pause as it ran when longer (seen open)
-                usual = np.where(self.pause_[c] > 0, self.pause_[c], self.unknown_pause_s)
-                length = np.fmax(ran[known], 1.5 * usual)
+                # ~18 % for ~10 iterations on an H200; not a straggler. 1.5 x the longest
+                # pause seen, or the pause as it ran when longer; a job already slow when
+                # the pause began does not settle (its alert would clear at every save)
+                pause = np.where(np.isfinite(usual[known]), usual[known], self.unknown_pause_s)
+                length = np.fmax(ran[known], 1.5 * pause)
                 settle = length + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
-                settling = since[known] <= settle
+                was = (np.log(before[known]) - np.log(self.step_[c])) / self.step_scale_[c]
+                settling = (since[known] <= settle) & ~(was >= z_crit(self.p))
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return allow, slow
 

@@ -7,9 +7,14 @@ the receiver requeued, then stopped, healthy jobs (bench: healthy-rank0-saves)."
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 
+import catalogue.priors as P
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.frame import Frame
@@ -186,3 +191,55 @@ def test_the_same_idle_rank_with_no_save_open_is_stuck() -> None:
     assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == ["node1"]
     start_up = [LogLine("job.log", 1, "> building GPT model ...", time=T0 - 1)]
     assert _writer_and_waiters(start_up)["outcome"] == "workload_hang"  # not a save: no progress
+
+
+def test_progress_learns_the_jobs_pauses_from_its_log_and_allows_a_multiple() -> None:
+    """The reservoir never holds a save's rows (its idle GPUs alarm the other detectors), so
+    the longest pause is learned from the log's announcements as they are seen."""
+    det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
+
+    def at(t: float, stall: float, since: float) -> float:
+        f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
+        f.values[0, COL[F.STALL_SECONDS]] = stall
+        f.values[0, COL[F.SINCE_PAUSE]] = since
+        return float(det.score(f)[0])
+
+    assert at(1000.0 + 250, stall=251.0, since=250.0) >= 1.0  # the first save: 180 s allowance
+    for k in range(25):  # a second save, 120 s, seen open every 5 s, then progress
+        at(2000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k)
+    at(2125.0, stall=0.0, since=125.0)
+    assert det._known_pause("100") == pytest.approx(250.0)  # the longest seen
+    assert at(3000.0 + 550, stall=551.0, since=550.0) < 0.75  # 3 x 250 s: not hung yet
+    assert at(3000.0 + 800, stall=801.0, since=800.0) >= 1.0
+    assert at(3000.0 + 800, stall=801.0, since=900.0) >= 1.0  # no pause open: 180 s
+    refit = det.fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=6, start=4000.0))
+    assert float(refit.pause_[0]) == pytest.approx(800.0)  # the longest seen, kept in its fit
+
+
+def test_the_raw_no_progress_condition_holds_off_a_save_as_long_as_the_engine() -> None:
+    doc = yaml.safe_load((Path(__file__).parents[2] / "alertmanager/alerts.yaml").read_text())
+    hung = next(a for a in doc["alerts"] if a["name"] == "GoodputJobHung")
+    expr = next(c["expr"] for c in hung["conditions"] if c.get("signal") == "no_progress")
+    (held,) = re.findall(r"goodput_job_last_pause_timestamp_seconds\)\s*<\s*(\d+)", expr)
+    assert float(held) == P.load().params(P.GENERIC)["pause_allowance_s"]
+
+
+def test_a_job_already_slow_when_a_save_began_stays_flagged_through_it() -> None:
+    """A straggler's slow score does not settle across a save (its alert would clear, and a
+    new incident open after every checkpoint)."""
+    det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
+
+    def at(t: float, stall: float, since: float, step: float) -> float:
+        f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
+        f.values[0, COL[F.STALL_SECONDS]] = stall
+        f.values[0, COL[F.SINCE_PAUSE]] = since
+        f.values[0, COL[F.ITER_SECONDS]] = step
+        return float(det.score(f)[0])
+
+    assert at(995.0, stall=1.0, since=900.0, step=0.8) >= 1.0  # slow before the save
+    for k in range(5):  # a 20 s save
+        at(1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.8)
+    assert at(1025.0, stall=0.0, since=25.0, step=0.8) >= 1.0  # still slow: no settling
+    for k in range(5):  # a healthy job's next save: its first slow steps settle
+        at(2000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.5)
+    assert at(2025.0, stall=0.0, since=25.0, step=0.6) == 0.0
