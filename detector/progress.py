@@ -21,7 +21,7 @@ class Seen(NamedTuple):
     began: float  # when (the log's pause line)
     ran: float  # how long it had run when last seen
     longest: float  # the longest of the job's earlier pauses (NaN: none)
-    step: float  # the job's step time when it began
+    step: float  # the job's step time when it began (NaN: not known)
 
 
 class Progress(PerJob):
@@ -174,7 +174,10 @@ class Progress(PerJob):
                 self._pauses[job] = last._replace(ran=took)
             else:  # a new one: the last ended
                 longest = np.nan if last is None else np.fmax(last.longest, last.ran)
-                self._pauses[job] = Seen(began[k], took, longest, float(it[rows[k]]))
+                # the step time before it: a save's line follows the last progress line; a
+                # start-up milestone dates progress and pause alike (a new run's first step)
+                then = float(it[rows[k]]) if since[rows[k]] < stall[rows[k]] else np.nan
+                self._pauses[job] = Seen(began[k], took, longest, then)
         for k, job in enumerate(jobs):
             seen = self._pauses.get(job)
             if seen is not None:
