@@ -88,8 +88,9 @@ class Progress(PerJob):
         self._pauses: dict[str, Seen] = {}  # job -> its latest pause seen open
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Each job's typical step (median and MAD of log step times, at least 3), its
-        longest progress gap and its p99 gap inside pauses, all jobs in one pass."""
+        """Each job's typical step (median and MAD of log step times, at least 3) and its
+        longest progress gap, all jobs in one pass, and its longest pause seen
+        (`_known_pause`)."""
         it = rows.col(F.ITER_SECONDS)
         stall = rows.col(F.STALL_SECONDS)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -210,8 +211,12 @@ class Progress(PerJob):
             allow[known] = np.fmax(
                 np.fmax(self.stall_factor * self.step_[c], 1.5 * self.gap_[c]), self.min_stall_s
             )
+
+            def z_of(step: np.ndarray) -> np.ndarray:  # robust z of log step time
+                return (np.log(step) - np.log(self.step_[c])) / self.step_scale_[c]
+
             with np.errstate(all="ignore"):
-                z = (np.log(it[known]) - np.log(self.step_[c])) / self.step_scale_[c]
+                z = z_of(it[known])
                 # the first iterations after a pause (a save, a restart) run slow: measured
                 # ~18 % for ~10 iterations on an H200; not a straggler. 1.5 x the longest
                 # pause seen, or the pause as it ran when longer; a job already slow when
@@ -219,7 +224,7 @@ class Progress(PerJob):
                 pause = np.where(np.isfinite(usual[known]), usual[known], self.unknown_pause_s)
                 length = np.fmax(ran[known], 1.5 * pause)
                 settle = length + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
-                was = (np.log(before[known]) - np.log(self.step_[c])) / self.step_scale_[c]
+                was = z_of(before[known])
                 settling = (since[known] <= settle) & ~(was >= z_crit(self.p))
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return allow, slow
