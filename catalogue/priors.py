@@ -41,6 +41,7 @@ class Rule:
     id: str
     score: float
     when: tuple[Clause, ...]
+    wait: bool = False  # a GPU waiting for another rank: a hang only when that rank is stuck
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,10 @@ def _parse(doc: Any) -> Priors:
         score = _number(r.get("score"), f"{where}.score")
         if score <= 0:
             raise PriorsError(f"{where}.score: must be > 0")
-        rules.append(Rule(r["id"], score, tuple(clauses)))
+        wait = r.get("wait", False)
+        if not isinstance(wait, bool):
+            raise PriorsError(f"{where}.wait: want true or false, got {wait!r}")
+        rules.append(Rule(r["id"], score, tuple(clauses), wait))
     return Priors(resolved, tuple(rules))
 
 

@@ -26,9 +26,13 @@ evaluates them. Two rules read the job's log-derived progress as well:
   model's short allowance: a restart that hung where its last start took seconds is caught
   in under a minute, a known slow starter (a silent compile) is left its own time.
 
-`spin_wait` inside a pause after the job's first step (a checkpoint save) is a rank waiting in
-a barrier for the one that saves, not a hung collective: it scores as `never_started` does
-inside a pause (the time since the pause began / `pause_allowance_s`).
+A `wait` rule (`spin_wait`: a rank spinning in a collective) after the job's first step is a
+hang only when the rank it waits for is stuck. Inside a pause (a checkpoint save) it waits for
+the rank that saves: it scores as `never_started` does inside a pause (the time since the pause
+began / `pause_allowance_s`). While the job's log moves (stall under `live_log_s`: a live wait,
+`live_wait`) it waits for a rank that works, rank 0 evaluating and printing its bar: stall /
+`live_log_s`, kept within 0.01..0.99 so that the persistence window holds and a hang, whose log
+stops, counts at the rule's score once its stall passes `live_log_s`.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -41,6 +45,9 @@ once some rule held on every sample of its persistence window, and then at its l
 >>> sm = frame.fields.index("DCGM_FI_PROF_SM_ACTIVE")
 >>> util = frame.fields.index("DCGM_FI_DEV_GPU_UTIL")
 >>> frame.values[0, [util, sm]] = [100.0, 0.008]  # busy by util, one SM spinning
+>>> float(det.score(frame)[0]) < 1.0  # its job's log moved 0.6 s ago: a wait for a live rank
+True
+>>> frame.values[:, frame.fields.index("goodput_job_stall_seconds")] = 30.0  # the log stopped
 >>> float(det.score(frame)[0])
 2.0
 """
@@ -93,15 +100,27 @@ def prior_rows(frame: Frame, key: str, pri: P.Priors | None = None) -> np.ndarra
     return prior_by_model(models, key, pri or P.load())[codes]
 
 
+def _instants(frame: Frame) -> np.ndarray:
+    """Each row's code of (its job, its time): the rows of one job at one instant share it."""
+    if not len(frame):
+        return np.zeros(0, dtype=np.int64)
+    if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): the cached codes
+        return frame.job_codes[0]
+    return pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))[0]
+
+
 def _log2_job_size(frame: Frame) -> np.ndarray:
     """Each row's log2 of the count of its job's GPUs at the same instant (taken per job)."""
-    if not len(frame):
-        return np.zeros(0)
-    if frame.time[0] == frame.time[-1]:  # one instant (the engine's cycle): the cached codes
-        codes, _ = frame.job_codes
-    else:
-        codes, _ = pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))
-    return np.log2(np.maximum(np.bincount(codes), 1).astype(float))[codes]
+    codes = _instants(frame)
+    return np.log2(np.maximum(np.bincount(codes), 1).astype(float))[codes] if len(codes) else codes
+
+
+def _any_of_job(frame: Frame, rows: np.ndarray) -> np.ndarray:
+    """Rows whose job has one of `rows` (a mask) at the same instant."""
+    if not rows.any():
+        return rows
+    codes = _instants(frame)
+    return (np.bincount(codes, weights=rows, minlength=codes.max() + 1) > 0)[codes]
 
 
 class Physics(PerJob):
@@ -240,13 +259,23 @@ class Physics(PerJob):
         np.maximum.at(last, c[before], t[before])
         self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())
 
-    def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...]]:
-        """(n, rules) scores and the rule id of each column."""
+    def live_wait(self, frame: Frame) -> np.ndarray:
+        """Rows of jobs past their first step whose log moved within `live_log_s` while one of
+        their GPUs waits (a `wait` rule holds, no pause open): the ranks wait for one that is
+        alive and working (rank 0 evaluating, its bar printing), not for a stuck one."""
+        return self._rules(frame)[2]
+
+    def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
+        """(n, rules) scores, the rule id of each column and the rows in a live wait; once per
+        frame while it is unchanged (an engine step: the engine reads `live_wait` too)."""
+        return frame.derived(("physics", id(self)), lambda: self._evaluate(frame))
+
+    def _evaluate(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
         pri = self.priors
         ids = tuple(dict.fromkeys(r.id for r in pri.rules)) + JOB_RULES
         out = np.zeros((len(frame), len(ids)), order="F")  # column-major: a fast row max
         if not len(frame):
-            return out, ids
+            return out, ids, np.zeros(0, dtype=bool)
         mcodes, models = frame.model_codes
         table = self._models.get((models, pri), dict)  # key -> value per model, NaN last
         one = len(models) == 1 and bool((mcodes >= 0).all())  # one model: a number will do
@@ -276,6 +305,7 @@ class Physics(PerJob):
             held = (util <= prior("idle_util_max")) & (fb >= prior("fb_held_min_mib"))
         started = self._started(frame, busy)
         self._measure(frame, step, since_pause)
+        waits = np.zeros(len(frame), dtype=bool)  # a `wait` rule holds
         for rule in pri.rules:
             hit = np.ones(len(frame), dtype=bool)
             for c in rule.when:
@@ -289,16 +319,29 @@ class Physics(PerJob):
                 )
             col = ids.index(rule.id)
             out[hit, col] = np.fmax(out[hit, col], rule.score)
+            if rule.wait:
+                waits |= hit
         idle_col, wait_col = len(ids) - 2, len(ids) - 1
         base = np.where(np.isfinite(gap), gap, np.nan_to_num(step))
         allow = np.fmax(prior("idle_stall_floor_s"), prior("idle_stall_factor") * base)
         idle = held & announced & np.isfinite(stall) & ~paused
         out[idle, idle_col] = stall[idle] / allow[idle]
         waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
-        if "spin_wait" in ids:  # inside a pause after iterating (a save), a spin waits for
-            spin = ids.index("spin_wait")  # the rank that saves: the pause's allowance
-            inside = paused & np.isfinite(step) & (out[:, spin] > 0)
-            out[inside, spin] = 0.0
+        # after iterating, a rank waits (a `wait` rule) for the one that saves inside a pause
+        # (scored by the pause's allowance below) or for one whose log moves (a live wait)
+        after = waits & np.isfinite(step)
+        live_s = prior("live_log_s")
+        with np.errstate(invalid="ignore"):
+            live = _any_of_job(frame, after & ~paused & (stall < live_s))
+        inside = after & paused
+        quiet = inside | (live & waits)
+        if quiet.any():
+            waited = dict.fromkeys(r.id for r in pri.rules if r.wait)
+            cols = np.array([ids.index(i) for i in waited])
+            out[np.ix_(np.flatnonzero(quiet), cols)] = 0.0
+            lw = np.flatnonzero(live & waits & ~inside)  # stays over 0: the window holds
+            share = stall[lw] / np.broadcast_to(live_s, len(frame))[lw]
+            out[lw, cols[0]] = np.clip(share, 0.01, 0.99)
             waiting |= inside
         since = np.where(paused, since_pause, age)
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)
@@ -314,12 +357,12 @@ class Physics(PerJob):
             short[mine] = np.fmax(floor, factor * own[known])
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
-        return out, ids
+        return out, ids, live
 
     def score(self, frame: Frame) -> np.ndarray:
-        s, _ = self._rules(frame)
+        s = self._rules(frame)[0]
         return s.max(axis=1) if len(s) else np.zeros(0)
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
-        s, ids = self._rules(frame.take(rows))
+        s, ids, _ = self._rules(frame.take(rows))
         return [f"physics rule {ids[i]} ({s[k, i]:.2f})" for k, i in enumerate(s.argmax(axis=1))]

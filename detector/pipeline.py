@@ -303,20 +303,23 @@ class Engine:
     def _pause(self, frame: Frame, gpu: np.ndarray) -> None:
         """Inside a pause the job's log announced (a checkpoint save or load, start-up work)
         and younger than the model's `pause_allowance_s`, a job's GPUs idle or wait in a
-        barrier for the rank that saves (spinning like a hung collective: cupy/cupy#3557):
-        the baseline and peer detectors (`PAUSE_CAPPED`) are capped below 1.0 there. A pause
-        that outlives its allowance, hardware evidence, a GPU gone missing, progress and the
-        physics rules (which give a pause its own allowance) are judged as ever."""
+        barrier for the rank that saves (spinning like a hung collective: cupy/cupy#3557);
+        in a live wait (`Physics.live_wait`: ranks spin while the job's log moves) they wait
+        for a rank that works, rank 0 evaluating say. There the baseline and peer detectors
+        (`PAUSE_CAPPED`) are capped below 1.0. A pause that outlives its allowance, a wait
+        whose log stops, hardware evidence, a GPU gone missing, progress and the physics rules
+        (which give a pause its own allowance) are judged as ever."""
         cols = [i for i, n in enumerate(self.names) if n in PAUSE_CAPPED]
         if not cols or not len(frame):
             return
+        phys = self.det.get("physics")
+        inside = phys.live_wait(frame) if isinstance(phys, Physics) else np.zeros(len(frame), bool)
         since = frame.col(F.SINCE_PAUSE)
-        if not np.isfinite(since).any():
-            return
-        with np.errstate(invalid="ignore"):
-            inside = pause_open(frame.col(F.STALL_SECONDS), since) & (
-                since < prior_rows(frame, "pause_allowance_s")
-            )
+        if np.isfinite(since).any():
+            with np.errstate(invalid="ignore"):
+                inside = inside | pause_open(frame.col(F.STALL_SECONDS), since) & (
+                    since < prior_rows(frame, "pause_allowance_s")
+                )
         if inside.any():
             at = np.ix_(np.flatnonzero(inside), np.array(cols))
             gpu[at] = np.minimum(gpu[at], 0.99)

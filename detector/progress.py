@@ -22,6 +22,7 @@ class Seen(NamedTuple):
     ran: float  # how long it had run when last seen
     longest: float  # the longest of the job's earlier pauses (NaN: none)
     step: float  # the job's step time when it began (NaN: not known)
+    trained: bool = False  # a step time other than `step` was seen after it: training resumed
 
 
 class Progress(PerJob):
@@ -35,8 +36,9 @@ class Progress(PerJob):
     at least `pause_factor` x the longest pause seen (a save runs long on a busy filesystem);
     slowdown score = robust z of log step time / z_crit(p), 0 after a pause began for 1.5 x
     the longest pause seen (`unknown_pause_s` before one was seen), or the pause as it ran
-    when longer, plus max(`after_pause_s`, 30 steps): the first steps after a checkpoint or a
-    restart run slow. Catches hangs that GPU metrics disguise (spin-wait at 100 % util).
+    when longer (until the step time moves, when a bar closed it), plus max(`after_pause_s`,
+    30 steps): the first steps after a checkpoint or a restart run slow. Catches hangs that
+    GPU metrics disguise (spin-wait at 100 % util).
 
     >>> import numpy as np
     >>> from detector.synthetic import healthy_frame
@@ -168,7 +170,8 @@ class Progress(PerJob):
         jobs = frame.job[sel][rows].tolist()
         began = (t - since[rows]).tolist()
         cycle = isinstance(sel, np.ndarray)  # one row per job at one instant (`one_per_job`)
-        for k in np.flatnonzero(pause_open(stall[rows], since[rows]) & cycle).tolist():
+        opened = pause_open(stall[rows], since[rows])
+        for k in np.flatnonzero(opened & cycle).tolist():
             job, took = jobs[k], float(since[rows[k]])
             last = self._pauses.get(job)
             if last is not None and abs(last.began - began[k]) <= 1.0:  # the same pause
@@ -184,6 +187,13 @@ class Progress(PerJob):
             if seen is not None:
                 usual[rows[k]] = np.fmax(usual[rows[k]], seen.longest)
                 if abs(seen.began - began[k]) <= 1.0:  # the pause the log dates now
+                    if cycle and not opened[k] and not seen.trained:
+                        # closed by a bar with no step line since (an evaluation after the
+                        # save printing its bar): it runs on until the step time moves
+                        took = float(since[rows[k]])
+                        same = it[rows[k]] == seen.step
+                        seen = seen._replace(ran=took) if same else seen._replace(trained=True)
+                        self._pauses[job] = seen
                     ran[rows[k]], before[rows[k]] = seen.ran, seen.step
         return ran, usual, before
 

@@ -45,6 +45,7 @@ class Job:
     eval_s: float = 30.0
     checkpoint_by: str = "all"  # "rank0": rank 0 saves while the others wait in a barrier
     eval_by: str = "all"  # "rank0": rank 0 evaluates while the others wait in a barrier
+    eval_log: str = "none"  # "bar": the evaluation prints a tqdm bar (none: silent, Megatron's)
     global_batch: int = 512
     log_interval: int = 10
     requeue: bool = True
@@ -152,6 +153,9 @@ class Job:
             return
         if self.phase in ("ckpt", "eval"):
             if now < self.phase_end:
+                if self.phase == "eval" and self.eval_log == "bar":
+                    done = self.eval_s - (self.phase_end - now)
+                    sink.job(self.job_id, logs.eval_bar(done, self.eval_s))
                 return
             if self.phase == "ckpt":
                 self.ckpt_iter, self.last_ckpt_t = int(self.iteration), self.phase_end
@@ -163,6 +167,9 @@ class Job:
                     self.job_id,
                     logs.validation(self.phase_end, int(self.iteration), self._loss(rng) + 0.05),
                 )
+                self.phase = "train"
+                if self._begin_phase(now, sink):  # a save due at the same step: no step between
+                    return
         self.phase = "train"
         self._train(now, dt, sink, rng)
 
@@ -214,14 +221,23 @@ class Job:
             )
             self.logged_iter = it
             self.last_progress_t = t
-        if self.train_s >= self.next_ckpt:
+        self._begin_phase(now, sink)
+
+    def _begin_phase(self, now: float, sink: LogSink) -> bool:
+        """Begin an evaluation or a save now when one is due (True); when both are, the
+        evaluation first, the save right after it, as Megatron-LM's training loop and Hugging
+        Face's Trainer (log, evaluate, save) order them on a shared step."""
+        if self.train_s >= self.next_eval:
+            self.next_eval += self.eval_every_s
+            self.phase, self.phase_end = "eval", now + self.eval_s
+        elif self.train_s >= self.next_ckpt:
             self.next_ckpt += self.checkpoint_every_s
             self.phase, self.phase_end = "ckpt", now + self.checkpoint_s
             self.last_pause_t = now
             sink.job(self.job_id, logs.checkpoint_start(now, int(self.iteration), self.name))
-        elif self.train_s >= self.next_eval:
-            self.next_eval += self.eval_every_s
-            self.phase, self.phase_end = "eval", now + self.eval_s
+        else:
+            return False
+        return True
 
     def _loss(self, rng: random.Random) -> float:
         if self.nan:

@@ -122,6 +122,22 @@ def checkpoint_done(t: float, it: int, name: str) -> str:
     )
 
 
+def eval_bar(done_s: float, total_s: float, batches: int = 100) -> str:
+    """One update of an evaluation's tqdm bar (Hugging Face, Lightning and most scripts print
+    one; the log follower reads each \\r-rewritten update as a line)."""
+    n = max(1, min(batches, round(batches * done_s / total_s)))
+    rate = batches / total_s
+    left = (batches - n) / rate
+
+    def mmss(s: float) -> str:
+        return f"{int(s) // 60:02d}:{int(s) % 60:02d}"
+
+    pct = 100 * n // batches
+    bar = ("#" * (pct // 10)).ljust(10)
+    when = f"[{mmss(done_s)}<{mmss(left)}, {rate:.2f}it/s]"
+    return f"Evaluating: {pct:3d}%|{bar}| {n}/{batches} {when}"
+
+
 def validation(t: float, it: int, loss: float) -> list[str]:
     ppl = "nan" if loss != loss else f"{min(2.0 ** (loss * 1.4427), 1e30):.6E}"
     line = f" validation loss at iteration {it} | lm loss value: {loss:.6E} | lm loss PPL: {ppl} | "

@@ -23,6 +23,7 @@ _JOB_FIELDS = (
     "eval_s",
     "checkpoint_by",
     "eval_by",
+    "eval_log",
     "global_batch",
     "log_interval",
     "requeue",

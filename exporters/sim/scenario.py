@@ -48,6 +48,7 @@ class JobSpec(_Strict):
     # who saves (evaluates): every rank, or rank 0 while the others wait for it in a barrier
     checkpoint_by: Literal["all", "rank0"] = "all"
     eval_by: Literal["all", "rank0"] = "all"
+    eval_log: Literal["none", "bar"] = "none"  # an evaluation's log: silent, or a tqdm bar
     global_batch: int = Field(default=512, ge=1)
     log_interval: int = Field(default=10, ge=1)
     requeue: bool = True

@@ -139,7 +139,8 @@ def _metric_symptoms(
             if not (rule.get("unless_pause") and pause_open or rule.get("unless_save") and saving):
                 peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
                 scores = _by_name(series, rule.get("confirm") or "")
-                out += _idle(gpu_util, rule, _by_name(series, FB_USED), peers, scores)
+                fb = _by_name(series, FB_USED)
+                out += _idle(gpu_util, rule, fb, peers, scores, _last_advance(series))
         elif kind == "stall":
             for s in _by_name(series, metric):
                 start, dur = _frozen(s.points)
@@ -186,8 +187,12 @@ def _idle(
     fb: list[Series],
     spinning: set[Any],
     scores: list[Series] | None = None,
+    moved: float = -math.inf,
 ) -> list[Sym]:
-    """GPUs of a running job at ~0 % for min_s after having worked (some or all of them). With
+    """GPUs of a running job at ~0 % for min_s after having worked (some or all of them), not
+    counting a GPU the job's log went on moving min_s into its idle run (`moved`: the last
+    rise of its progress metrics): a rank that stopped while the job lives on works on the host
+    (rank 0 evaluating or logging while its peers wait: pytorch/pytorch#36285). With
     `fb_min`, a GPU whose memory was released (the process is gone) is not idle but ended;
     with `peers_spin` (a spin rule's id), a GPU idle from the start counts when every other GPU
     of the job spins: the rank a collective waits on. `from_start`: only GPUs that never worked
@@ -202,6 +207,7 @@ def _idle(
         if rule.get("confirm") and score.get((s.node, s.gpu), float("-inf")) < rule["min"]:
             continue  # the detector did not score it over its allowance (or is silent)
         worked = next((i for i, (_, v) in enumerate(s.points) if v > 50), None)
+        busy_once = worked is not None and not rule.get("from_start")
         others = {(g.node, g.gpu) for g in util if g is not s}
         if rule.get("from_start"):
             if worked is not None:
@@ -213,8 +219,11 @@ def _idle(
             continue
         start, dur = _run_len(s.points[worked:], lambda v: v <= rule["util_max"])
         # the run must last to the end of the series: a job that ended is not idle
-        if start is not None and dur >= rule["min_s"] and s.points[-1][1] <= rule["util_max"]:
-            idle.append((s, start))
+        if start is None or dur < rule["min_s"] or s.points[-1][1] > rule["util_max"]:
+            continue
+        if busy_once and moved >= start + rule["min_s"]:
+            continue  # it worked, then stopped while the job lives on (a hang stops the log)
+        idle.append((s, start))
     if not util or not idle:
         return []
     if rule.get("scope") == "all":

@@ -27,7 +27,8 @@ def test_plan_varies_job_size_and_covers_every_kind() -> None:
     kinds = {P.scenario_for(r).faults[0].kind for r in fault if r.seed_index == 0}
     assert kinds == set(FAULT_KINDS) - {"healthy"}
     assert {r.job_nodes for r in fault} == {1, 2, 3}
-    assert [r.scenario for r in runs if r.healthy] == ["healthy-long", "healthy-rank0-saves"]
+    healthy = [r.scenario for r in runs if r.healthy]
+    assert healthy == ["healthy-long", "healthy-rank0-evals", "healthy-rank0-saves"]
     quick = P.plan(quick=True)
     assert len(quick) == len(P.QUICK) and {r.seed_index for r in quick} == {0}
     cold = P.plan_cold(seeds=2)

@@ -29,9 +29,12 @@ def _one_gpu(steps: int, model: str = H200, start: float = 0.0) -> Frame:
 
 
 def _spin(f: Frame, rows: np.ndarray, sm: bool = True) -> None:
+    """Hung in a collective: spinning, the job's log still for a minute (with the log moving
+    it would be a wait for a live rank: tests/unit/test_rank0_evals.py)."""
     f.values[rows, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
     f.values[rows, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
     f.values[rows, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.008 if sm else np.nan
+    f.values[np.isin(f.job, f.job[rows]), COL[F.STALL_SECONDS]] = 60.0
 
 
 def test_docstring_examples() -> None:

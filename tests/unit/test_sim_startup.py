@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+import catalogue
 from exporters.logmetrics.parser import LogState
 from exporters.sim import ScenarioError, parse_scenario
 from exporters.sim.gpu import INDEX
@@ -99,3 +100,24 @@ def test_a_save_by_rank0_leaves_the_other_ranks_spinning_in_a_barrier(by: str) -
         assert all(u == 100 for u in util[1:]) and all(p < 250 for p in power[1:])
     else:
         assert all(u == 0 for u in util[1:])
+
+
+def test_an_evaluation_with_a_bar_moves_the_log_and_comes_before_a_save_due_with_it() -> None:
+    """The bar's updates are progress lines to the catalogue (liveness, no step); when an
+    evaluation and a save fall due together the evaluation runs first and the save right
+    after it, as Megatron-LM's loop and Hugging Face's Trainer (log, evaluate, save) do."""
+    job = JOB | {"gpus_per_node": 2, "init_s": 5.0, "checkpoint_every_s": 60.0}
+    job |= {"checkpoint_s": 20.0, "eval_every_s": 60.0, "eval_s": 30.0, "eval_log": "bar"}
+    sc = parse_scenario({"name": "t", "duration_s": 600, "nodes": 1, "jobs": [job]})
+    sink = LogSink()
+    sim = Simulation(sc, sink=sink)
+    for _ in range(40):
+        sim.step(5.0)
+    (log,) = sink.jobs.values()
+    bars = [i for i, x in enumerate(log) if x.startswith("Evaluating:")]
+    saves = [i for i, x in enumerate(log) if "saving checkpoint" in x]
+    assert bars and saves and bars[0] < saves[0]
+    cat = catalogue.default()
+    assert all([m.symptom for m in cat.match_line(log[i], "job")] == ["progress"] for i in bars)
+    last_bar = max(i for i in bars if i < saves[0])
+    assert not any(STEP.search(x) for x in log[last_bar : saves[0]])  # no step between them
