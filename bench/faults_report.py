@@ -28,13 +28,16 @@ NOTES = [
     "The same signature with no save line is a hang (a silent rank-0 save or evaluation is "
     "flagged, not fixed here).",
     "- **A rank that evaluates while the others wait** (healthy-rank0-evals: rank 0 evaluates "
-    "and prints its bar while the other ranks spin in a collective, the main-process "
-    "validation of accelerate and diffusers scripts, huggingface/accelerate#223): a `wait` "
-    "rule of catalogue/priors.yaml (spin_wait) with the job's log moving within live_log_s "
-    "(10 s) is a wait for a live rank, scored below the alert level, and the baseline and peer "
-    "detectors are capped as in a save; a hung collective stops the log, so a spin hang is "
-    "caught as soon as before. Before, 25 false incidents in 24 GPU-hours (none destructive: "
-    "the evaluating rank is busy, so nothing named a stuck one).",
+    "on its GPU while the other ranks spin in a collective, the main-process validation of "
+    "accelerate and diffusers scripts, huggingface/accelerate#223; one job prints a bar, one "
+    "is silent): a `wait` rule of catalogue/priors.yaml (spin_wait) on at least half of a "
+    "job's GPUs while the job's log moved within live_log_s (10 s), or while a GPU of it works (the priors' `working`) for "
+    "under pause_allowance_s of silence, is a wait for a live rank, scored below the alert "
+    "level, and the baseline and peer detectors are capped as in a save; a hung collective "
+    "stops the log and nobody works, so a spin hang is caught as soon as before. Before, 21 "
+    "false incidents in 24 GPU-hours (none destructive: the evaluating rank is busy, so "
+    "nothing named a stuck one). A rank 0 that stops on the host while its peers wait, with a "
+    "silent log, still looks exactly like a hung collective and is flagged.",
     "- **Host straggler on a one-node or one-GPU job**: detected (step time against the job's "
     "own history, 20 s), but the GPU shows no hardware signal (no thermal violation, no "
     "clock-event bits; the receiver gathers no host metrics): a step time alone could be the "

@@ -48,6 +48,7 @@ class Rule:
 class Priors:
     models: dict[str, dict[str, float]]  # resolved: generic merged under each listed model
     rules: tuple[Rule, ...]
+    working: tuple[tuple[Clause, ...], ...] = ()  # alternatives: a GPU doing real work
 
     def params(self, model: str) -> dict[str, float]:
         """The parameters for `model` (dcgm's modelName); the generic set if it is not listed."""
@@ -81,27 +82,38 @@ def _parse(doc: Any) -> Priors:
         where = f"rules.{i}"
         if not isinstance(r, dict) or not isinstance(r.get("id"), str):
             raise PriorsError(f"{where}: want a mapping with an id")
-        clauses = []
-        for j, c in enumerate(r.get("when") or []):
-            if not (isinstance(c, list) and len(c) == 3 and c[1] in OPS):
-                raise PriorsError(f"{where}.when.{j}: want [field, op, value], op in {OPS}")
-            field, op, value = c
-            if isinstance(value, str):
-                if value not in known:
-                    raise PriorsError(f"{where}.when.{j}: no model defines parameter {value!r}")
-            else:
-                value = _number(value, f"{where}.when.{j}")
-            clauses.append(Clause(str(field), op, value))
-        if not clauses:
-            raise PriorsError(f"{where}: a rule needs at least one clause")
+        clauses = _clauses(r.get("when"), f"{where}.when", known)
         score = _number(r.get("score"), f"{where}.score")
         if score <= 0:
             raise PriorsError(f"{where}.score: must be > 0")
         wait = r.get("wait", False)
         if not isinstance(wait, bool):
             raise PriorsError(f"{where}.wait: want true or false, got {wait!r}")
-        rules.append(Rule(r["id"], score, tuple(clauses), wait))
-    return Priors(resolved, tuple(rules))
+        rules.append(Rule(r["id"], score, clauses, wait))
+    working = doc.get("working") or []
+    if not isinstance(working, list):
+        raise PriorsError("working: want a list of alternatives, each a list of clauses")
+    alts = tuple(_clauses(a, f"working.{i}", known) for i, a in enumerate(working))
+    return Priors(resolved, tuple(rules), alts)
+
+
+def _clauses(raw: Any, where: str, known: set[str]) -> tuple[Clause, ...]:
+    """[[field, op, value], ...] (value a number or a parameter some model defines), at least
+    one."""
+    clauses = []
+    for j, c in enumerate(raw if isinstance(raw, list) else []):
+        if not (isinstance(c, list) and len(c) == 3 and c[1] in OPS):
+            raise PriorsError(f"{where}.{j}: want [field, op, value], op in {OPS}")
+        field, op, value = c
+        if isinstance(value, str):
+            if value not in known:
+                raise PriorsError(f"{where}.{j}: no model defines parameter {value!r}")
+        else:
+            value = _number(value, f"{where}.{j}")
+        clauses.append(Clause(str(field), op, value))
+    if not clauses:
+        raise PriorsError(f"{where}: want at least one [field, op, value] clause")
+    return tuple(clauses)
 
 
 @lru_cache(maxsize=4)

@@ -29,16 +29,18 @@ evaluates them. Two rules read the job's log-derived progress as well:
 A `wait` rule (`spin_wait`: a rank spinning in a collective) after the job's first step is a
 hang only when the rank it waits for is stuck. Inside a pause (a checkpoint save) it waits for
 the rank that saves: it scores as `never_started` does inside a pause (the time since the pause
-began / `pause_allowance_s`). While the job's log moves (stall under `live_log_s`: a live wait,
-`live_wait`) it waits for a rank that works, rank 0 evaluating and printing its bar: stall /
-`live_log_s`, kept within 0.01..0.99 so that the persistence window holds and a hang, whose log
-stops, counts at the rule's score once its stall passes `live_log_s`.
+began / `pause_allowance_s`). In a live wait (`live_wait`: at least half of the job's GPUs
+wait) it waits for a rank that shows life: while the job's log moves (stall under `live_log_s`: rank 0 evaluating and printing its
+bar) it scores stall / `live_log_s`, while a GPU of the job works (the priors' `working`: rank 0
+evaluating silently) stall / `pause_allowance_s`, kept within 0.01..0.99 so that the
+persistence window holds and a hang, whose log stops and where nobody works, counts at the
+rule's score at once.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
 
 >>> from detector.synthetic import healthy_frame
->>> frame = healthy_frame(jobs=1, nodes=1, steps=2, seed=1)
+>>> frame = healthy_frame(jobs=1, nodes=1, gpus=1, steps=2, seed=1)
 >>> det = Physics()
 >>> float(det.score(frame).max())
 0.0
@@ -115,12 +117,13 @@ def _log2_job_size(frame: Frame) -> np.ndarray:
     return np.log2(np.maximum(np.bincount(codes), 1).astype(float))[codes] if len(codes) else codes
 
 
-def _any_of_job(frame: Frame, rows: np.ndarray) -> np.ndarray:
-    """Rows whose job has one of `rows` (a mask) at the same instant."""
+def _share_of_job(frame: Frame, rows: np.ndarray) -> np.ndarray:
+    """Each row's share of its job's rows at the same instant that are in `rows` (a mask)."""
     if not rows.any():
-        return rows
+        return np.zeros(len(rows))
     codes = _instants(frame)
-    return (np.bincount(codes, weights=rows, minlength=codes.max() + 1) > 0)[codes]
+    n = np.bincount(codes)
+    return (np.bincount(codes, weights=rows, minlength=len(n)) / np.maximum(n, 1))[codes]
 
 
 class Physics(PerJob):
@@ -260,9 +263,10 @@ class Physics(PerJob):
         self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())
 
     def live_wait(self, frame: Frame) -> np.ndarray:
-        """Rows of jobs past their first step whose log moved within `live_log_s` while one of
-        their GPUs waits (a `wait` rule holds, no pause open): the ranks wait for one that is
-        alive and working (rank 0 evaluating, its bar printing), not for a stuck one."""
+        """Rows of jobs past their first step, no pause open, at least half of whose GPUs wait
+        (a `wait` rule holds) while the job's log moved within `live_log_s` or, for under
+        `pause_allowance_s` of silence, another GPU of it works (`working`): the ranks wait
+        for one that is alive (rank 0 evaluating), not for a stuck one."""
         return self._rules(frame)[2]
 
     def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
@@ -305,18 +309,19 @@ class Physics(PerJob):
             held = (util <= prior("idle_util_max")) & (fb >= prior("fb_held_min_mib"))
         started = self._started(frame, busy)
         self._measure(frame, step, since_pause)
+
+        def holds(clauses: tuple[P.Clause, ...]) -> np.ndarray:
+            hit = np.ones(len(frame), dtype=bool)
+            for c in clauses:
+                if c.field not in frame.fields:
+                    return np.zeros(len(frame), dtype=bool)
+                value = prior(c.value) if isinstance(c.value, str) else c.value
+                hit &= _holds(frame.col(c.field), c.op, value)
+            return hit
+
         waits = np.zeros(len(frame), dtype=bool)  # a `wait` rule holds
         for rule in pri.rules:
-            hit = np.ones(len(frame), dtype=bool)
-            for c in rule.when:
-                if c.field not in frame.fields:
-                    hit[:] = False
-                    break
-                hit &= _holds(
-                    frame.col(c.field),
-                    c.op,
-                    prior(c.value) if isinstance(c.value, str) else c.value,
-                )
+            hit = holds(rule.when)
             col = ids.index(rule.id)
             out[hit, col] = np.fmax(out[hit, col], rule.score)
             if rule.wait:
@@ -328,20 +333,34 @@ class Physics(PerJob):
         out[idle, idle_col] = stall[idle] / allow[idle]
         waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
         # after iterating, a rank waits (a `wait` rule) for the one that saves inside a pause
-        # (scored by the pause's allowance below) or for one whose log moves (a live wait)
-        after = waits & np.isfinite(step)
-        live_s = prior("live_log_s")
-        with np.errstate(invalid="ignore"):
-            live = _any_of_job(frame, after & ~paused & (stall < live_s))
-        inside = after & paused
-        quiet = inside | (live & waits)
-        if quiet.any():
-            waited = dict.fromkeys(r.id for r in pri.rules if r.wait)
-            cols = np.array([ids.index(i) for i in waited])
-            out[np.ix_(np.flatnonzero(quiet), cols)] = 0.0
-            lw = np.flatnonzero(live & waits & ~inside)  # stays over 0: the window holds
-            share = stall[lw] / np.broadcast_to(live_s, len(frame))[lw]
+        # (scored by the pause's allowance below), or in a live wait for one whose log moves
+        # or whose GPU works (`working`: silent work, allowed `pause_allowance_s`)
+        iterated = waits & np.isfinite(step)
+        inside, after = iterated & paused, iterated & ~paused
+        cols = np.array([ids.index(i) for i in dict.fromkeys(r.id for r in pri.rules if r.wait)])
+        live = np.zeros(len(frame), dtype=bool)
+        if after.any():
+            works = np.zeros(len(frame), dtype=bool)
+            for alt in pri.working:
+                works |= holds(alt)
+            live_s = np.broadcast_to(prior("live_log_s"), len(frame))
+            allowance = np.broadcast_to(prior("pause_allowance_s"), len(frame))
+            with np.errstate(invalid="ignore"):
+                moves = stall < live_s
+                worker = _share_of_job(frame, works & np.isfinite(step) & ~paused) > 0
+                # most of the job waits for the rest (rank 0 evaluating while the others
+                # wait); one GPU alone at a spin's power among working peers is not that (a
+                # power-braked straggler, seen where dcgm reports no SM activity)
+                most = _share_of_job(frame, after) >= 0.5
+                live = most & (moves | worker & (stall < allowance))
+            lw = np.flatnonzero(live & after)
+            # a share of its allowance, kept over 0: the persistence window holds, and a wait
+            # that stops being live counts at the rule's score at once
+            share = stall[lw] / np.where(moves[lw], live_s[lw], allowance[lw])
+            out[np.ix_(lw, cols)] = 0.0
             out[lw, cols[0]] = np.clip(share, 0.01, 0.99)
+        if inside.any():
+            out[np.ix_(np.flatnonzero(inside), cols)] = 0.0
             waiting |= inside
         since = np.where(paused, since_pause, age)
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)

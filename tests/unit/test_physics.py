@@ -50,6 +50,9 @@ def test_docstring_examples() -> None:
         (lambda d: d["rules"][0]["when"].append(["X", ">=", "no_such"]), "no_such"),
         (lambda d: d["models"]["generic"].update(busy_util="high"), "busy_util"),
         (lambda d: d["rules"][1].update(score=0), "rules.1.score"),
+        (lambda d: d["rules"][1].update(wait="yes"), "rules.1.wait"),
+        (lambda d: d["working"].append([]), "working.2"),
+        (lambda d: d["working"][0].append(["X", ">=", "no_such"]), "no_such"),
     ],
 )
 def test_bad_priors_are_rejected_with_the_entry(tmp_path, edit, message) -> None:
@@ -284,8 +287,8 @@ def test_a_frame_of_two_models_scores_each_row_by_its_own_model() -> None:
     as the two one-model frames do (a frame of one model takes its priors as numbers)."""
     f = healthy_frame(jobs=2, nodes=1, gpus=8, steps=1, seed=5, start=400.0)
     on_a = f.job == f.job[0]
-    _spin(f, np.flatnonzero(f.gpu % 2 == 0), sm=False)  # half the GPUs of each job spin, seen
-    # through power only: the H200's spin_power_max_w says so, the generic priors have none
+    _spin(f, np.arange(len(f)), sm=False)  # every GPU of each job spins, seen through power
+    # only: the H200's spin_power_max_w says so, the generic priors have none
     f.values[:, COL[F.JOB_AGE]] = 400.0
     model = np.where(on_a, H200, "some new GPU").astype(object)
     mixed = Frame(f.time, f.job, f.node, f.gpu, f.values, model=model)

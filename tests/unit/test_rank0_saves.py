@@ -16,38 +16,33 @@ import yaml
 
 import catalogue.priors as P
 from detector import fields as F
-from detector.baselines import BaselineStore
 from detector.frame import Frame
 from detector.physics import Physics
-from detector.pipeline import Config, Engine
 from detector.progress import Progress
 from detector.synthetic import healthy_frame
-from recovery import attribution
 from recovery.attribution.metrics import _prior
-from recovery.evidence import Bundle, Context, LogLine, Report, Series
-
-COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
-TRAIN = 100  # samples of healthy training (500 s: fitted) before the save
+from recovery.evidence import LogLine, Series
+from tests.unit.rank0_jobs import COL, ONSET, START, TRAIN, attribute, job_scores, spin
 
 
 def _save(f: Frame, rows: np.ndarray, gpu: np.ndarray) -> None:
     """Rank 0 writes (idle, memory held); the others wait for it in a barrier (spin)."""
     v = f.values
-    writer, waiting = rows[gpu[rows] == 0], rows[gpu[rows] > 0]
+    writer = rows[gpu[rows] == 0]
+    spin(f, rows[gpu[rows] > 0])
     v[writer, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
     v[writer, COL["DCGM_FI_DEV_POWER_USAGE"]] = 135.0
-    v[writer, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0
-    v[waiting, COL["DCGM_FI_DEV_GPU_UTIL"]] = 100.0
-    v[waiting, COL["DCGM_FI_DEV_POWER_USAGE"]] = 125.0
-    v[waiting, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.008
-    for name in ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
-        v[rows, COL[name]] = 0.0
+    for name in (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    ):
+        v[writer, COL[name]] = 0.0
 
 
 def _run(pause_s: int, announced: bool, tmp_path, detector: str = "combined") -> list[float]:
     """A job score of each sample of a `pause_s` save after 500 s of training."""
-    steps = TRAIN + pause_s // 5
-    f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=steps, seed=7)
+    f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=TRAIN + pause_s // 5, seed=7)
     rows = f.instants()
     f.values[:, COL[F.SINCE_PAUSE]] = 1000.0 + f.time  # the log announces pauses (none yet)
     for k, r in enumerate(rows[TRAIN:]):
@@ -55,12 +50,7 @@ def _run(pause_s: int, announced: bool, tmp_path, detector: str = "combined") ->
         f.values[r, COL[F.STALL_SECONDS]] = 5.0 * (k + 1)
         if announced:  # `saving checkpoint ...` right after the last progress line
             f.values[r, COL[F.SINCE_PAUSE]] = 5.0 * k
-    eng = Engine(Config(interval_s=5.0), BaselineStore(tmp_path))
-    out = []
-    for r in rows:
-        res = eng.step(f.take(r), float(f.time[r[0]]), {"100": "trainer"})
-        out.append(float(res.jobs.query("detector == @detector").score.iloc[0]))
-    return out[TRAIN:]
+    return job_scores(f, tmp_path, detector)
 
 
 def test_an_announced_save_with_waiting_peers_is_a_pause(tmp_path) -> None:
@@ -144,37 +134,16 @@ def test_the_slow_first_steps_after_a_long_pause_settle_from_its_end() -> None:
 
 
 def _writer_and_waiters(lines: list[LogLine]) -> dict:
-    """Attribution of a 1-node job whose rank 0 idles, memory held, while ranks 1-3 spin,
-    from 30 s (sample 6) on, for 50 s."""
-    start, n, onset = 1_735_689_600.0, 16, 6
-
-    def s(name: str, gpu: int, before: float, after: float) -> Series:
-        pts = [(start + 5.0 * i, before if i < onset else after) for i in range(n)]
-        return Series(name, pts, node="node1", gpu=str(gpu), job_id="1001")
-
-    series = [s("DCGM_FI_DEV_GPU_UTIL", 0, 100, 0), s("DCGM_FI_PROF_SM_ACTIVE", 0, 0.96, 0.0)]
-    series.append(s("DCGM_FI_DEV_FB_USED", 0, 60_000, 60_000))
-    for g in (1, 2, 3):
-        series += [
-            s("DCGM_FI_DEV_GPU_UTIL", g, 100, 100),
-            s("DCGM_FI_PROF_SM_ACTIVE", g, 0.96, 0.008),
-        ]
-    it = [(start + 5.0 * i, float(min(i, onset))) for i in range(n)]
-    series.append(Series("goodput_job_iteration", it, job_id="1001"))
-    bundle = Bundle(
-        series=series,
-        lines=lines,
-        reports=[Report("prometheus", "ok"), Report("logs", "ok"), Report("slurm", "ok")],
-    )
-    ctx = Context(job_id="1001", nodes=["node1"], start=start, end=start + 5.0 * n)
-    return attribution.attribute(bundle, ctx)
+    """Rank 0 idle, ranks 1-3 spinning from 30 s on, for 50 s; no iteration since."""
+    it = [(START + 5.0 * i, float(min(i, ONSET))) for i in range(16)]
+    return attribute(Series("goodput_job_iteration", it, job_id="1001"), lines)
 
 
 MEGATRON = (
     " iteration      100/  500000 | consumed samples:       61440 | elapsed time per "
     "iteration (ms): 512.3 | learning rate: 3.000E-04 | lm loss: 2.345678E+00 |"
 )
-T0 = 1_735_689_600.0 + 30.0
+T0 = START + 30.0
 
 
 def test_the_rank_that_writes_an_announced_save_is_not_a_stuck_rank() -> None:
