@@ -30,11 +30,11 @@ A `wait` rule (`spin_wait`: a rank spinning in a collective) after the job's fir
 hang only when the rank it waits for is stuck. Inside a pause (a checkpoint save) it waits for
 the rank that saves: it scores as `never_started` does inside a pause (the time since the pause
 began / `pause_allowance_s`). In a live wait (`live_wait`: at least half of the job's GPUs
-wait) it waits for a rank that shows life: while the job's log moves (stall under `live_log_s`: rank 0 evaluating and printing its
-bar) it scores stall / `live_log_s`, while a GPU of the job works (the priors' `working`: rank 0
-evaluating silently) stall / `pause_allowance_s`, kept within 0.01..0.99 so that the
-persistence window holds and a hang, whose log stops and where nobody works, counts at the
-rule's score at once.
+wait) it waits for a rank that shows life: while the job's log moves (stall under
+`live_log_s`: rank 0 evaluating and printing its bar) it scores stall / `live_log_s`, while a
+GPU of the job works (the priors' `working`: rank 0 evaluating silently) stall /
+`pause_allowance_s`, kept within 0.01..0.99 so that the persistence window holds and a hang,
+whose log stops and where nobody works, counts at the rule's score at once.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
