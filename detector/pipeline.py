@@ -217,8 +217,8 @@ class Engine:
                 if len(frame)
                 else np.zeros((0, len(self.names)))
             )
+            self._pause(frame, raw)  # before persistence: the window after a pause holds it
             gpu = self._persist(idx, job, raw, now)
-            self._pause(frame, gpu)
             self._phase(frame, job, gpu)
             jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
             base.learn(frame, job, calm, now, self.cycle)
@@ -300,15 +300,17 @@ class Engine:
                 out[:, i] = np.where(out[:, i] > 0, raw[:, i], 0.0)
         return out
 
-    def _pause(self, frame: Frame, gpu: np.ndarray) -> None:
+    def _pause(self, frame: Frame, raw: np.ndarray) -> None:
         """Inside a pause the job's log announced (a checkpoint save or load, start-up work)
         and younger than the model's `pause_allowance_s`, a job's GPUs idle or wait in a
         barrier for the rank that saves (spinning like a hung collective: cupy/cupy#3557);
-        in a live wait (`Physics.live_wait`: ranks spin while the job's log moves) they wait
-        for a rank that works, rank 0 evaluating say. There the baseline and peer detectors
-        (`PAUSE_CAPPED`) are capped below 1.0. A pause that outlives its allowance, a wait
-        whose log stops, hardware evidence, a GPU gone missing, progress and the physics rules
-        (which give a pause its own allowance) are judged as ever."""
+        in a live wait (`Physics.live_wait`: most of the job's ranks spin while its log moves
+        or a GPU of it works) they wait for a rank that works, rank 0 evaluating say. There
+        the baseline and peer detectors' (`PAUSE_CAPPED`) raw scores are capped below 1.0, so
+        that the persistence window holds the cap for its length after the pause (the first
+        samples after it straddle the two). A pause that outlives its allowance, a wait that
+        stops showing life, hardware evidence, a GPU gone missing, progress and the physics
+        rules (which give a pause and a wait their own allowance) are judged as ever."""
         cols = [i for i, n in enumerate(self.names) if n in PAUSE_CAPPED]
         if not cols or not len(frame):
             return
@@ -322,7 +324,7 @@ class Engine:
                 )
         if inside.any():
             at = np.ix_(np.flatnonzero(inside), np.array(cols))
-            gpu[at] = np.minimum(gpu[at], 0.99)
+            raw[at] = np.minimum(raw[at], 0.99)
 
     def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> None:
         """A job-wide move is judged by the job's progress: when `phase_share` of a job's GPUs
