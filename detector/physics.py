@@ -111,17 +111,17 @@ def _instants(frame: Frame) -> np.ndarray:
     return pd.factorize(pd.MultiIndex.from_arrays([frame.job, frame.time]))[0]
 
 
-def _log2_job_size(frame: Frame) -> np.ndarray:
-    """Each row's log2 of the count of its job's GPUs at the same instant (taken per job)."""
-    codes = _instants(frame)
+def _log2_job_size(codes: np.ndarray) -> np.ndarray:
+    """Each row's log2 of the count of its job's GPUs at the same instant (`codes`:
+    `_instants`)."""
     return np.log2(np.maximum(np.bincount(codes), 1).astype(float))[codes] if len(codes) else codes
 
 
-def _share_of_job(frame: Frame, rows: np.ndarray) -> np.ndarray:
-    """Each row's share of its job's rows at the same instant that are in `rows` (a mask)."""
+def _share_of_job(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Each row's share of its job's rows at the same instant (`codes`: `_instants`) that are
+    in `rows` (a mask)."""
     if not rows.any():
         return np.zeros(len(rows))
-    codes = _instants(frame)
     n = np.bincount(codes)
     return (np.bincount(codes, weights=rows, minlength=len(n)) / np.maximum(n, 1))[codes]
 
@@ -308,6 +308,7 @@ class Physics(PerJob):
             busy = util > prior("idle_util_max")
             held = (util <= prior("idle_util_max")) & (fb >= prior("fb_held_min_mib"))
         started = self._started(frame, busy)
+        instants = _instants(frame)  # (job, time) codes: the sizes and shares of jobs below
         self._measure(frame, step, since_pause)
 
         def holds(clauses: tuple[P.Clause, ...]) -> np.ndarray:
@@ -347,11 +348,11 @@ class Physics(PerJob):
             allowance = np.broadcast_to(prior("pause_allowance_s"), len(frame))
             with np.errstate(invalid="ignore"):
                 moves = stall < live_s
-                worker = _share_of_job(frame, works & np.isfinite(step) & ~paused) > 0
+                worker = _share_of_job(instants, works & np.isfinite(step) & ~paused) > 0
                 # most of the job waits for the rest (rank 0 evaluating while the others
                 # wait); one GPU alone at a spin's power among working peers is not that (a
                 # power-braked straggler, seen where dcgm reports no SM activity)
-                most = _share_of_job(frame, after) >= 0.5
+                most = _share_of_job(instants, after) >= 0.5
                 live = most & (moves | worker & (stall < allowance))
             lw = np.flatnonzero(live & after)
             # a share of its allowance, kept over 0: the persistence window holds, and a wait
@@ -363,7 +364,7 @@ class Physics(PerJob):
             out[np.ix_(np.flatnonzero(inside), cols)] = 0.0
             waiting |= inside
         since = np.where(paused, since_pause, age)
-        short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(frame)
+        short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
         seen = np.flatnonzero(waiting & ready)
         if seen.size:  # a start-up seen before: its own time
             jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)

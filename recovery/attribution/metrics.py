@@ -69,6 +69,7 @@ def _metric_symptoms(
     (a checkpoint save)."""
     out: list[Sym] = []
     gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
+    moved = _last_advance(series)  # the job's progress metrics last rose then
     for rule in rules.metrics:
         kind = rule.get("kind")
         metric = rule.get("metric", "")
@@ -130,7 +131,7 @@ def _metric_symptoms(
                         )
                     )
         elif kind == "prior":
-            out += _prior(series, rule)
+            out += _prior(series, rule, moved)
         elif kind == "idle":
             if rule.get("from_start") and any(
                 v > 0 for s in _by_name(series, "goodput_job_iteration") for _, v in s.points
@@ -140,7 +141,7 @@ def _metric_symptoms(
                 peers = {(s.node, s.gpu) for s in out if s.id == rule.get("peers_spin")}
                 scores = _by_name(series, rule.get("confirm") or "")
                 fb = _by_name(series, FB_USED)
-                out += _idle(gpu_util, rule, fb, peers, scores, _last_advance(series))
+                out += _idle(gpu_util, rule, fb, peers, scores, moved)
         elif kind == "stall":
             for s in _by_name(series, metric):
                 start, dur = _frozen(s.points)
@@ -274,10 +275,12 @@ def _tail(points: list[tuple[float, float]]) -> float | None:
     return start
 
 
-def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    """GPUs on which the physics prior `rule` held for min_s (`scope: gpu`, one symptom each);
-    `scope: all`: every GPU of a job on at most `max_nodes` nodes, to the last sample, while
-    the job's progress metrics did not advance (one symptom, no node: nothing localises it)."""
+def _prior(series: list[Series], rule: dict[str, Any], resumed: float) -> list[Sym]:
+    """GPUs on which the physics prior `rule` held for min_s since the job's progress last
+    rose (`resumed`, `_last_advance`: a spin the job progressed after was a wait that ended;
+    `scope: gpu`, one symptom each); `scope: all`: every GPU of a job on at most `max_nodes`
+    nodes, to the last sample, while the job's progress metrics did not advance (one symptom,
+    no node: nothing localises it)."""
     per_gpu: dict[tuple[str | None, str | None], dict[float, dict[str, float]]] = {}
     first: dict[tuple[str | None, str | None], Series] = {}
     for s in series:
@@ -292,7 +295,6 @@ def _prior(series: list[Series], rule: dict[str, Any]) -> list[Sym]:
     min_s = float(rule.get("min_s", 30))
     if rule.get("scope") != "all":
         out = []
-        resumed = _last_advance(series)  # a spin the job progressed after was a wait that ended
         for k, pts in flags.items():
             start, dur = _run_len([p for p in pts if p[0] >= resumed], lambda v: v > 0)
             if start is not None and dur >= min_s:

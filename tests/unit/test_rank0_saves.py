@@ -20,7 +20,7 @@ from detector.frame import Frame
 from detector.physics import Physics
 from detector.progress import Progress
 from detector.synthetic import healthy_frame
-from recovery.attribution.metrics import _prior
+from recovery.attribution.metrics import _last_advance, _prior
 from recovery.evidence import LogLine, Series
 from tests.unit.rank0_jobs import COL, ONSET, START, TRAIN, attribute, job_scores, spin
 
@@ -101,10 +101,10 @@ def test_attribution_takes_no_symptom_from_a_wait_the_job_progressed_after() -> 
         Series("goodput_job_last_progress_timestamp_seconds", progress),
     ]
     rule = {"id": "spin_wait", "kind": "prior", "rule": "spin_wait", "min_s": 30}
-    assert _prior(series, rule) == []
+    assert _prior(series, rule, _last_advance(series)) == []
     hung = [(x, float(min(x, 35))) for x in t]  # no progress after the wait: a hang
     series[2] = Series("goodput_job_last_progress_timestamp_seconds", hung)
-    assert [s.id for s in _prior(series, rule)] == ["spin_wait"]
+    assert [s.id for s in _prior(series, rule, _last_advance(series))] == ["spin_wait"]
 
 
 def _scorer(det: Progress):
