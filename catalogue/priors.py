@@ -2,7 +2,7 @@
 
 >>> p = load()
 >>> p.params("NVIDIA H200")["spin_power_max_w"], p.params("some new GPU")["busy_util"]
-(250.0, 95.0)
+(200.0, 95.0)
 >>> "spin_power_max_w" in p.params("some new GPU")  # the generic fallback knows no wattage
 False
 >>> sorted({r.id for r in p.rules})
@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 _DEFAULT = str(HERE / "priors.yaml")
 OPS = (">=", "<=", ">", "<", "&")
 GENERIC = "generic"
+TEXT = ("source", "also")  # the keys of a model entry that are not parameters
 
 
 class PriorsError(ValueError):
@@ -68,14 +69,23 @@ def _parse(doc: Any) -> Priors:
     if not isinstance(raw, dict) or GENERIC not in raw:
         raise PriorsError("models: want a mapping with a 'generic' entry")
     models: dict[str, dict[str, float]] = {}
+    same: dict[str, str] = {}  # another modelName of the same GPU -> the entry that holds it
     for name, entry in raw.items():
         if not isinstance(entry, dict):
             raise PriorsError(f"models.{name}: want a mapping")
         models[str(name)] = {
-            k: _number(v, f"models.{name}.{k}") for k, v in entry.items() if k != "source"
+            k: _number(v, f"models.{name}.{k}") for k, v in entry.items() if k not in TEXT
         }
+        also = entry.get("also", [])
+        if not isinstance(also, list) or not all(isinstance(a, str) for a in also):
+            raise PriorsError(f"models.{name}.also: want a list of modelName strings")
+        for a in also:
+            if a in raw or a in same:
+                raise PriorsError(f"models.{name}.also: {a!r} is listed twice")
+            same[a] = str(name)
     generic = models[GENERIC]
     resolved = {n: {**generic, **p} for n, p in models.items()}
+    resolved.update({a: resolved[n] for a, n in same.items()})
     known = set().union(*resolved.values())
     rules = []
     for i, r in enumerate(doc.get("rules") or []):

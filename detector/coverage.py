@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from catalogue import priors as P
 from detector import fields as F
 from detector.frame import Frame
 from detector.peer import PeerComparison
@@ -23,6 +24,7 @@ from detector.progress import Progress
 
 HARDWARE_FIELDS = (F.XID_FIELD, *F.COUNTERS)
 BASELINE = ("deviation", "shift", "multivariate")
+SM = "DCGM_FI_PROF_SM_ACTIVE"
 
 
 @dataclass
@@ -53,6 +55,8 @@ class JobSeen:
     peaks: dict[str, Peak] = field(default_factory=dict)
     combined: Peak = field(default_factory=Peak)
     first_fit: float | None = None  # when the job first had a baseline (fitted or loaded)
+    models: set[str] = field(default_factory=set)  # dcgm's modelName of its GPUs
+    sm_active: bool = False  # DCGM_FI_PROF_SM_ACTIVE present (not in dcgm's default counters)
 
 
 class Coverage:
@@ -65,6 +69,7 @@ class Coverage:
         codes, uniq = sub.job_codes
         prog = np.isfinite(sub.col(F.ITER_SECONDS)) | np.isfinite(sub.col(F.STALL_SECONDS))
         hw = np.isfinite(sub.cols(HARDWARE_FIELDS)).any(axis=1)
+        sm = np.isfinite(sub.col(SM))
         for k, job in enumerate(uniq):
             if not job:
                 continue
@@ -79,6 +84,9 @@ class Coverage:
             seen.most_gpus = max(seen.most_gpus, len(rows))
             seen.progress |= bool(prog[rows].any())
             seen.hardware |= bool(hw[rows].any())
+            seen.sm_active |= bool(sm[rows].any())
+            if sub.model is not None:
+                seen.models.update(str(m) for m in sub.model[rows] if m)
             block = res.gpu[rows]
             if len(block):
                 best = block.argmax(axis=0)
@@ -153,6 +161,11 @@ class Coverage:
                 f"progress: no baseline either, so only a stall of {prog.unfitted_stall_s:g} s "
                 "without progress would alarm (no slowdown score)"
             )
+        physics_note = None
+        if "physics" in engine.names and not seen.sm_active:
+            pri = P.load()
+            blind = sorted(m for m in seen.models if "spin_power_max_w" not in pri.params(m))
+            physics_note = _no_spin_wattage(blind) if blind else None
         dets = {
             name: {
                 "ran": why[name] is None,
@@ -172,9 +185,18 @@ class Coverage:
             "gpus": len(seen.gpus),
             "baseline": {"fitted_at": fitted, "loaded": loaded, "status": base},
             "progress_note": note,
+            "physics_note": physics_note,
             "detectors": dets,
             "peak": seen.combined.doc(),
         }
+
+
+def _no_spin_wattage(models: list[str]) -> str:
+    return (
+        f"physics: no spin wattage for {', '.join(models)} in catalogue/priors.yaml and no "
+        "DCGM_FI_PROF_SM_ACTIVE in the input, so a GPU spinning in a hung collective is not "
+        "seen from its first sample (add the model's spin_power_max_w, or the SM field)"
+    )
 
 
 def _raise(peaks: dict[str, Peak], name: str, score: float, t: float, node: str, gpu: int):

@@ -112,10 +112,12 @@ def export_recording(
             if node not in placed or gpu is None or not gpu.isdigit():
                 continue
             fields.add(metric)
-            hpc = labels.get("hpc_job", "")
+            hpc, model = labels.get("hpc_job", ""), labels.get("modelName", "")[:128]
             for t, v in values:
                 row = gpu_rows.setdefault((t, node, gpu), {"job_id": ""})
                 row[metric] = v
+                if model:
+                    row["modelName"] = model
                 if hpc:
                     row["job_id"] = hpc
                 elif not row["job_id"] and t in placed[node]:
@@ -136,11 +138,12 @@ def export_recording(
     cols = sorted(fields)
     with gzip.open(out / "gpu_metrics.csv.gz", "wt", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["timestamp", "node", "gpu", "job_id", *cols])
+        w.writerow(["timestamp", "node", "gpu", "job_id", "modelName", *cols])
         for (t, node, gpu), row in sorted(
             gpu_rows.items(), key=lambda kv: (kv[0][0], kv[0][1], int(kv[0][2]))
         ):
-            w.writerow([f"{t:.3f}", node, gpu, row["job_id"], *(_cell(row.get(c)) for c in cols)])
+            ids = [f"{t:.3f}", node, gpu, row["job_id"], row.get("modelName", "")]
+            w.writerow([*ids, *(_cell(row.get(c)) for c in cols)])
     with gzip.open(out / "job_metrics.csv.gz", "wt", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["timestamp", "job_id", *JOB_METRICS])

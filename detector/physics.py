@@ -31,8 +31,10 @@ hang only when the rank it waits for is stuck. Inside a pause (a checkpoint save
 the rank that saves: it scores as `never_started` does inside a pause (the time since the pause
 began / `pause_allowance_s`). In a live wait (`live_wait`: at least half of the job's GPUs
 wait) it waits for a rank that shows life: while the job's log moves (stall under
-`live_log_s`: rank 0 evaluating and printing its bar) it scores stall / `live_log_s`, while a
-GPU of the job works (the priors' `working`: rank 0 evaluating silently) stall /
+`live_log_s`, or under `idle_stall_factor` x its p99 progress gap (its iteration time before a
+fit) where that is longer: rank 0 evaluating and printing its bar, or ranks spinning in the
+slow collectives of a job that logs every 30 s) it scores stall / that, while a GPU of the job
+works (the priors' `working`: rank 0 evaluating silently) stall /
 `pause_allowance_s`, kept within 0.01..0.99 so that the persistence window holds and a hang,
 whose log stops and where nobody works, counts at the rule's score at once.
 
@@ -344,7 +346,9 @@ class Physics(PerJob):
             works = np.zeros(len(frame), dtype=bool)
             for alt in pri.working:
                 works |= holds(alt)
-            live_s = np.broadcast_to(prior("live_log_s"), len(frame))
+            # the log moves while it is silent for less than live_log_s, or than its own cadence
+            # (a job logging every 30 s whose ranks spin in slow collectives is not hung)
+            live_s = np.fmax(prior("live_log_s"), prior("idle_stall_factor") * base)
             allowance = np.broadcast_to(prior("pause_allowance_s"), len(frame))
             with np.errstate(invalid="ignore"):
                 moves = stall < live_s

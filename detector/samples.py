@@ -3,9 +3,9 @@
 Inputs: CSV (optionally gzipped) or Parquet, wide (one column per metric) or long (a metric
 name and a value column), with column spellings from catalogue/columns.yaml; or a Prometheus
 range-query JSON answer (matrix or vector, or a list of answers). Output: `timestamp` (unix s),
-`node`, `gpu`, `job_id`, then `DCGM_FI_*` columns in dcgm-exporter's units, and the
-`goodput_job_*` series found (per job) on the side. Every problem raises `SampleError` naming
-the file, the column and what would be accepted.
+`node`, `gpu`, `job_id`, `modelName` where the input names the GPU model, then `DCGM_FI_*`
+columns in dcgm-exporter's units, and the `goodput_job_*` series found (per job) on the side.
+Every problem raises `SampleError` naming the file, the column and what would be accepted.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from catalogue.columns import clean, columns
 from detector.frame import FrameError
 
 IDS = ("timestamp", "node", "gpu", "job_id")
+MODEL = "modelName"  # the GPU model, as dcgm labels it: selects the physics priors
 JOB_COLUMNS = frozenset(recording.JOB_METRICS)  # job_metrics.csv.gz columns, per job
 _DIGITS = re.compile(r"(\d+)\s*$")
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
@@ -100,7 +101,7 @@ def normalise(
         is_job = df["name"].astype(str).isin(JOB_COLUMNS)
         if is_job.any() and "timestamp" in df.columns and "job_id" in df.columns:
             long_jobs = _pivot(df[is_job], ["timestamp", "job_id"])
-        df = _pivot(df[~is_job], [k for k in (*IDS, "uuid") if k in df.columns])
+        df = _pivot(df[~is_job], [k for k in (*IDS, "uuid", MODEL) if k in df.columns])
         notes.append(f"long table: one column per metric name ({len(df.columns)} columns)")
     if "timestamp" not in df.columns:
         raise SampleError(
@@ -111,11 +112,13 @@ def normalise(
     out["node"] = _nodes(df, where, node, notes)
     out["gpu"] = _gpus(df, out, where, gpu, notes)
     out["job_id"] = _jobs(df, where, job_id)
+    if MODEL in df.columns:
+        out[MODEL] = df[MODEL].fillna("").astype(str).str.strip().str[:128]
     metrics: dict[str, np.ndarray] = {}
     jobcols: dict[str, np.ndarray] = {}
     ignored = []
     for col in df.columns:
-        if col in IDS or col == "uuid":
+        if col in IDS or col in ("uuid", MODEL):
             continue
         target = c.field(col)
         if col in JOB_COLUMNS:

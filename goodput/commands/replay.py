@@ -97,8 +97,9 @@ def show(summary: dict[str, Any], explain: str | None = None) -> None:
             + (f" at {_t(doc['peak']['time'])}" if doc["peak"]["time"] else "")
         )
         typer.echo(f"baseline: {doc['baseline']['status']}")
-        if doc["progress_note"]:
-            typer.echo(doc["progress_note"])
+        for key in ("progress_note", "physics_note"):
+            if doc[key]:
+                typer.echo(doc[key])
         table = Table("detector", "ran", "why not", "peak", "at", "where", box=None)
         for name, d in doc["detectors"].items():
             p = d["peak"]

@@ -28,6 +28,9 @@ NODES = (f"exp{UID}-a", f"exp{UID}-b")  # a: hpc_job label; b: placed via Slurm'
 OTHER = f"exp{UID}-z"  # not the job's: must not be exported
 
 
+MODEL = "NVIDIA H100 80GB HBM3"
+
+
 class _Target:
     """Collects at scrape time: 4 GPUs per node, the job's node info and progress metrics."""
 
@@ -36,16 +39,13 @@ class _Target:
 
     def collect(self):
         it = int((time.time() - self.t0) * 2)
-        util = GaugeMetricFamily(
-            "DCGM_FI_DEV_GPU_UTIL", "util", labels=["gpu", "Hostname", "hpc_job", "UUID"]
-        )
-        power = GaugeMetricFamily(
-            "DCGM_FI_DEV_POWER_USAGE", "power", labels=["gpu", "Hostname", "hpc_job", "UUID"]
-        )
+        names = ["gpu", "Hostname", "hpc_job", "UUID", "modelName"]
+        util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "util", labels=names)
+        power = GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "power", labels=names)
         for node in (*NODES, OTHER):
             for gpu in range(4):
                 job = JOB if node == NODES[0] else ""
-                labels = [str(gpu), node, job, f"GPU-{node}-{gpu}"]
+                labels = [str(gpu), node, job, f"GPU-{node}-{gpu}", MODEL]
                 util.add_metric(labels, 99.0 - gpu)
                 power.add_metric(labels, 650.0 + 10 * gpu)
         yield util
@@ -135,6 +135,7 @@ def test_export_writes_a_recording_replay_can_read(prometheus_url, target, tmp_p
     assert lag.abs().max() < 10  # unix seconds kept at full precision (max over ranks)
     frame, names, interval = load(out)
     assert set(frame.job) == {JOB} and names == {JOB: "export-test"} and interval == 2.0
+    assert set(frame.models) == {MODEL}  # dcgm's label kept: replay uses the model's priors
 
 
 def test_export_errors_are_clear(prometheus_url, tmp_path):

@@ -53,6 +53,8 @@ def test_docstring_examples() -> None:
         (lambda d: d["rules"][1].update(wait="yes"), "rules.1.wait"),
         (lambda d: d["working"].append([]), "working.2"),
         (lambda d: d["working"][0].append(["X", ">=", "no_such"]), "no_such"),
+        (lambda d: d["models"]["NVIDIA H200"].update(also="H200"), "models.NVIDIA H200.also"),
+        (lambda d: d["models"]["NVIDIA H200"].update(also=["NVIDIA H100 80GB HBM3"]), "twice"),
     ],
 )
 def test_bad_priors_are_rejected_with_the_entry(tmp_path, edit, message) -> None:
@@ -122,6 +124,26 @@ def test_idle_allowance_follows_the_jobs_own_progress_gaps() -> None:
     f = _one_gpu(1)
     _idle(f, np.array([0]), stall=30.0, since_pause=400.0)
     assert det.score(f)[0] < 0.5  # 30 s is normal for this job (2 x p99 gap = 79 s)
+
+
+def test_a_wait_is_live_for_the_jobs_own_log_cadence() -> None:
+    """A healthy job whose ranks spin in slow collectives (full util on low power while
+    progress crawls: baichuan-inc/Baichuan2#354) and that logs every ~40 s waits for a live
+    job while its log is silent for under 2 x its p99 progress gap (or 2 x its iteration time
+    before a fit), not for the fixed live_log_s (10 s); a longer silence is a hang."""
+    train = _one_gpu(60)
+    train.values[:, COL[F.STALL_SECONDS]] = np.linspace(0, 40, 60)  # logs every ~40 s
+    fitted, fresh = Physics().fit(train), Physics()
+    f = _one_gpu(1)
+    _spin(f, np.array([0]), sm=False)  # dcgm's defaults: the spin seen through power
+    at = lambda det, stall: (  # noqa: E731
+        f.values.__setitem__((0, COL[F.STALL_SECONDS]), stall) or float(det.score(f)[0])
+    )
+    assert at(fresh, 30.0) == 2.0  # no cadence known (0.5 s iterations): past 10 s, a hang
+    assert at(fitted, 30.0) < 0.5  # 30 s of silence is this job's normal (79 s allowance)
+    assert at(fitted, 90.0) == 2.0
+    f.values[0, COL[F.ITER_SECONDS]] = 14.0  # before a fit: slow iterations, one line each
+    assert at(fresh, 20.0) < 1.0 and at(fresh, 30.0) == 2.0  # 2 x 14 s
 
 
 def test_one_gpu_spin_from_its_first_sample_alerts_without_baseline(tmp_path) -> None:

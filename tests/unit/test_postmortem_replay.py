@@ -89,6 +89,22 @@ def test_a_blind_run_says_why(tmp_path):
     assert d["hardware"]["why_not"] == "no XID or error-counter field in the input"
 
 
+def test_a_gpu_model_without_spin_wattage_is_named(tmp_path):
+    """With dcgm's default counters (no SM activity) the physics priors see a spin through
+    the model's wattage only: a model catalogue/priors.yaml lacks it for is named."""
+    f = healthy_frame(jobs=1, nodes=1, gpus=2, steps=6, start=T0)
+    notes = {}
+    for model in ("NVIDIA A40", "NVIDIA A100-SXM4-80GB"):
+        df = _table(f).drop(columns=["DCGM_FI_PROF_SM_ACTIVE"]).assign(modelName=model)
+        df.to_csv(tmp_path / "s.csv", index=False)
+        notes[model] = replay(tmp_path / "s.csv", io.StringIO())["jobs"]["100"]["physics_note"]
+    assert notes["NVIDIA A40"].startswith("physics: no spin wattage for NVIDIA A40 in ")
+    assert notes["NVIDIA A100-SXM4-80GB"] is None
+    df = _table(f).assign(modelName="NVIDIA A40")  # SM activity reported: the spin is seen
+    df.to_csv(tmp_path / "s.csv", index=False)
+    assert replay(tmp_path / "s.csv", io.StringIO())["jobs"]["100"]["physics_note"] is None
+
+
 def test_a_seeing_run_has_its_fit_time_and_peaks(tmp_path):
     rec = _recording(tmp_path / "rec", nodes=2, gpus=4, steps=100)
     job = _summary(tmp_path, rec)["jobs"]["100"]
