@@ -58,7 +58,7 @@ class RecordingWriter:
         self._jf = gzip.open(out / "job_metrics.csv.gz", "wt", newline="")
         self._g = csv.writer(self._gf)
         self._j = csv.writer(self._jf)
-        self._g.writerow(["timestamp", "node", "gpu", "job_id", *FIELD_NAMES])
+        self._g.writerow(["timestamp", "node", "gpu", "job_id", "modelName", *FIELD_NAMES])
         self._j.writerow(["timestamp", "job_id", *JOB_COLUMNS])
 
     def sample(self, sim: Simulation) -> None:
@@ -72,7 +72,7 @@ class RecordingWriter:
                     ("" if g.off_bus and i not in OFF_BUS_FIELDS else _num(v))
                     for i, v in enumerate(g.values)
                 ]
-                self._g.writerow([ts, node.name, g.index, g.job_id, *vals])
+                self._g.writerow([ts, node.name, g.index, g.job_id, g.model_name, *vals])
         for job in c.jobs.values():
             if job.state != "RUNNING":
                 continue
