@@ -39,6 +39,16 @@ NOTES = [
     "evaluating rank is busy, so nothing named a stuck one). A rank 0 that stops on the host "
     "while its peers wait, with a silent log, still looks exactly like a hung collective and "
     "is flagged.",
+    "- **A rank that tokenises before the first step while the others wait** "
+    "(healthy-rank0-tokenise: transformers' main_process_first, rank 0 tokenising for minutes "
+    "with its bar, `Running tokenizer on dataset`, while the other ranks wait in a barrier's "
+    "allreduce, spinning; hiyouga/LlamaFactory#2424, 30 minutes): the bar is a `pause` line "
+    "(catalogue pattern data_preprocessing), and before the first step ranks that wait while "
+    "such a line is under live_log_s old and some GPU of the job does not wait are a live wait; "
+    "a hang stops the bar and is caught as before. Before, both healthy jobs were requeued 30 s "
+    "into their start with rank 0's node named as stuck, then stopped (4 destructive false "
+    "incidents). A silent tokenisation still looks like a start-up hung on rank 0 and is "
+    "flagged.",
     "- **Host straggler on a one-node or one-GPU job**: detected (step time against the job's "
     "own history, 20 s), but the GPU shows no hardware signal (no thermal violation, no "
     "clock-event bits; the receiver gathers no host metrics): a step time alone could be the "
@@ -209,7 +219,10 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             "False incidents on the healthy small jobs (healthy-small, and healthy-ckpt-load: "
             "the same jobs resuming from a checkpoint they load for 150 s (1 GPU) and 240 s "
-            "(8 GPUs) before their first step; checkpoints every 5 min, 20 s saves, evaluations): "
+            "(8 GPUs) before their first step; and healthy-rank0-tokenise: rank 0 of a 2-node "
+            "and a 1-node job tokenising the data set for 4 and 10 minutes before the first step, "
+            "printing its bar, while the other ranks spin in a barrier; checkpoints every 5 min, "
+            "20 s saves, evaluations): "
             f"**{cf['false_incidents']}** in {cf['healthy_gpu_hours']:g} healthy "
             f"GPU-hours; destructive: {cf['destructive_false_actions']}.",
             *_misses(cold),

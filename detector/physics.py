@@ -36,7 +36,10 @@ fit) where that is longer: rank 0 evaluating and printing its bar, or ranks spin
 slow collectives of a job that logs every 30 s) it scores stall / that, while a GPU of the job
 works (the priors' `working`: rank 0 evaluating silently) stall /
 `pause_allowance_s`, kept within 0.01..0.99 so that the persistence window holds and a hang,
-whose log stops and where nobody works, counts at the rule's score at once.
+whose log stops and where nobody works, counts at the rule's score at once. Before the first
+step, ranks that wait while another rank does start-up work whose log moves (a `pause` line
+under `live_log_s` old and some GPU of the job not waiting: rank 0 tokenising the data set,
+printing its bar, while the others spin in a barrier) are a live wait too, scored the same way.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -364,6 +367,18 @@ class Physics(PerJob):
             share = stall[lw] / np.where(moves[lw], live_s[lw], allowance[lw])
             out[np.ix_(lw, cols)] = 0.0
             out[lw, cols[0]] = np.clip(share, 0.01, 0.99)
+        # before the first step, ranks that spin while another does start-up work whose log
+        # moves (a `pause` line within live_log_s: rank 0 tokenising the data set with its bar
+        # while the others wait in a barrier, hiyouga/LlamaFactory#2424) wait for a live rank
+        early = waits & ~np.isfinite(step) & paused & ~ready
+        if early.any():
+            fixed = np.broadcast_to(prior("live_log_s"), len(frame))
+            with np.errstate(invalid="ignore"):
+                early &= (since_pause < fixed) & (_share_of_job(instants, waits) < 1.0)
+            ew = np.flatnonzero(early)
+            out[np.ix_(ew, cols)] = 0.0
+            out[ew, cols[0]] = np.clip(since_pause[ew] / fixed[ew], 0.01, 0.99)
+            live |= early
         if inside.any():
             out[np.ix_(np.flatnonzero(inside), cols)] = 0.0
             waiting |= inside

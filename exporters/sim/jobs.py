@@ -46,6 +46,8 @@ class Job:
     checkpoint_by: str = "all"  # "rank0": rank 0 saves while the others wait in a barrier
     eval_by: str = "all"  # "rank0": rank 0 evaluates while the others wait in a barrier
     eval_log: str = "none"  # "bar": the evaluation prints a tqdm bar (none: silent, Megatron's)
+    preprocess_s: float = 0.0  # rank 0 tokenises the data set before the first step ...
+    preprocess_log: str = "bar"  # ... printing a bar (or not) while the others wait for it
     global_batch: int = 512
     log_interval: int = 10
     requeue: bool = True
@@ -70,7 +72,8 @@ class Job:
     logged_iter: int = 0
     phase: str = "init"
     phase_end: float = 0.0
-    startup_s: float = 0.0  # this run's process start to first iteration (init + load)
+    startup_s: float = 0.0  # this run's process start to first iteration (init, load, data)
+    preprocessing: tuple[float, float] = (0.0, 0.0)  # this run's rank-0 tokenisation (from, to)
     train_s: float = 0.0
     next_ckpt: float = 0.0
     next_eval: float = 0.0
@@ -126,13 +129,18 @@ class Job:
         # the start-up lines come once the processes are up, just before the first iteration
         # (a checkpoint load between them); they open a pause, `training ...` ends the start-up
         load = self.load_s if self.ckpt_iter else 0.0
-        self.startup_s = self.init_s + load
+        self.startup_s = self.init_s + load + self.preprocess_s
         up = now + max(0.0, self.init_s - FIRST_STEP_LEAD_S)
         lines = logs.startup(self.nodes, self.gpus_per_node, self.pid)
         if load:
             lines += logs.checkpoint_load(self.ckpt_iter, self.name)
             self.events.append(Event(up, lines, "", pause=True))
             lines, up = [], up + load
+        self.preprocessing = (up, up + self.preprocess_s)
+        if self.preprocess_s:
+            if lines:
+                self.events.append(Event(up, lines, "", pause=True))
+            lines, up = [], up + self.preprocess_s
         ready = logs.training_begins(up)
         self.events.append(Event(up, lines + ready, "", pause=True))
         self._due(now, sink)
@@ -149,7 +157,13 @@ class Job:
             sink.job(self.job_id, f" [{logs._ts(now)}] [after training is done] exiting.")
             self.end(now, "COMPLETED", 0)
             return
-        if now - self.start_t < self.startup_s or self.stall:
+        if self.stall:
+            return
+        if now - self.start_t < self.startup_s:
+            start, end = self.preprocessing
+            if start <= now < end and self.preprocess_log == "bar":
+                sink.job(self.job_id, logs.tokenizer_bar(now - start, end - start))
+                self.last_pause_t = now
             return
         if self.phase in ("ckpt", "eval"):
             if now < self.phase_end:
@@ -255,7 +269,10 @@ class Job:
         if self.stall == "spin":
             return G.SPIN
         if now - self.start_t < self.startup_s:
-            return G.INIT  # process up, NCCL init, model build, a checkpoint load
+            start, end = self.preprocessing
+            if start <= now < end and self.rank_of(node, gpu) > 0:
+                return G.SPIN  # waiting in a barrier for rank 0's tokenisation
+            return G.INIT  # process up, NCCL init, model build, a checkpoint load, tokenising
         if self.phase in ("ckpt", "eval"):
             by = self.checkpoint_by if self.phase == "ckpt" else self.eval_by
             if by == "rank0" and self.rank_of(node, gpu) > 0:

@@ -122,19 +122,29 @@ def checkpoint_done(t: float, it: int, name: str) -> str:
     )
 
 
+def tokenizer_bar(done_s: float, total_s: float, examples: int = 2_000_000) -> str:
+    """One update of the bar transformers' examples print while rank 0 tokenises the data
+    set (`Running tokenizer on dataset`, hiyouga/LlamaFactory#2424)."""
+    n = max(1, min(examples, round(examples * done_s / total_s)))
+    rate = examples / total_s
+    pct = 100 * n // examples
+    bar = ("#" * (pct // 10)).ljust(10)
+    when = f"[{_mmss(done_s)}<{_mmss((examples - n) / rate)}, {rate:.2f} examples/s]"
+    return f"Running tokenizer on dataset: {pct:3d}%|{bar}| {n}/{examples} {when}"
+
+
+def _mmss(s: float) -> str:
+    return f"{int(s) // 60:02d}:{int(s) % 60:02d}"
+
+
 def eval_bar(done_s: float, total_s: float, batches: int = 100) -> str:
     """One update of an evaluation's tqdm bar (Hugging Face, Lightning and most scripts print
     one; the log follower reads each \\r-rewritten update as a line)."""
     n = max(1, min(batches, round(batches * done_s / total_s)))
     rate = batches / total_s
-    left = (batches - n) / rate
-
-    def mmss(s: float) -> str:
-        return f"{int(s) // 60:02d}:{int(s) % 60:02d}"
-
     pct = 100 * n // batches
     bar = ("#" * (pct // 10)).ljust(10)
-    when = f"[{mmss(done_s)}<{mmss(left)}, {rate:.2f}it/s]"
+    when = f"[{_mmss(done_s)}<{_mmss((batches - n) / rate)}, {rate:.2f}it/s]"
     return f"Evaluating: {pct:3d}%|{bar}| {n}/{batches} {when}"
 
 

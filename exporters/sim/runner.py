@@ -24,6 +24,8 @@ _JOB_FIELDS = (
     "checkpoint_by",
     "eval_by",
     "eval_log",
+    "preprocess_s",
+    "preprocess_log",
     "global_batch",
     "log_interval",
     "requeue",

@@ -49,6 +49,10 @@ class JobSpec(_Strict):
     checkpoint_by: Literal["all", "rank0"] = "all"
     eval_by: Literal["all", "rank0"] = "all"
     eval_log: Literal["none", "bar"] = "none"  # an evaluation's log: silent, or a tqdm bar
+    # before the first step rank 0 tokenises the data set (transformers' main_process_first)
+    # while the others wait in a barrier, spinning; its log: a bar, or silent
+    preprocess_s: float = Field(default=0.0, ge=0, le=7200)
+    preprocess_log: Literal["none", "bar"] = "bar"
     global_batch: int = Field(default=512, ge=1)
     log_interval: int = Field(default=10, ge=1)
     requeue: bool = True

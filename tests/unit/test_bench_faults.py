@@ -33,7 +33,11 @@ def test_plan_varies_job_size_and_covers_every_kind() -> None:
     assert len(quick) == len(P.QUICK) and {r.seed_index for r in quick} == {0}
     cold = P.plan_cold(seeds=2)
     assert {r.group for r in cold} == {"cold-start"} and all(r.job_nodes is None for r in cold)
-    assert [r.scenario for r in cold if r.healthy] == ["healthy-ckpt-load", "healthy-small"]
+    assert [r.scenario for r in cold if r.healthy] == [
+        "healthy-ckpt-load",
+        "healthy-rank0-tokenise",
+        "healthy-small",
+    ]
     spec = next(r for r in cold if r.seed_index == 1)
     assert P.scenario_for(spec).seed == spec.seed  # the run's seed, the job as written
 

@@ -146,6 +146,35 @@ def test_a_wait_is_live_for_the_jobs_own_log_cadence() -> None:
     assert at(fresh, 20.0) < 1.0 and at(fresh, 30.0) == 2.0  # 2 x 14 s
 
 
+def test_before_the_first_step_ranks_wait_for_one_whose_start_up_log_moves() -> None:
+    """Rank 0 tokenises the data set inside transformers' main_process_first, printing its
+    bar, while the other ranks wait in a barrier, their GPUs spinning (hiyouga/LlamaFactory#2424:
+    30 minutes): a wait for a live rank while a start-up (`pause`) line is under live_log_s
+    old; a hang once the bar stops, or where every rank spins, or on one GPU."""
+    f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=1, seed=2)
+    f = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
+    v = f.values
+    v[:, COL[F.ITER_SECONDS]] = np.nan  # no step yet
+    v[:, COL[F.STALL_SECONDS]] = 90.0  # the milestone `> initialized distributed` 90 s ago
+    v[0, [COL["DCGM_FI_DEV_GPU_UTIL"], COL["DCGM_FI_DEV_POWER_USAGE"]]] = (0.0, 124.0)
+    v[0, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0  # rank 0 works on the host
+    _spin(f, np.arange(1, 8))
+    v[:, COL[F.STALL_SECONDS]] = 90.0
+    at = lambda since: (  # noqa: E731
+        v.__setitem__((slice(None), COL[F.SINCE_PAUSE]), since) or Physics().score(f)
+    )
+    assert at(1.0).max() < 1.0  # the bar updated a second ago
+    assert (at(30.0)[1:] == 2.0).all()  # the bar stopped: rank 0 is stuck
+    assert (at(90.0)[1:] == 2.0).all()  # the milestone is the latest line: no start-up work
+    _spin(f, np.array([0]))
+    v[:, COL[F.STALL_SECONDS]] = 90.0
+    assert (at(1.0) == 2.0).all()  # every rank spins: nobody they could wait for
+    one = _one_gpu(1)
+    _spin(one, np.array([0]))
+    one.values[0, [COL[F.ITER_SECONDS], COL[F.SINCE_PAUSE]]] = (np.nan, 1.0)
+    assert Physics().score(one)[0] == 2.0
+
+
 def test_one_gpu_spin_from_its_first_sample_alerts_without_baseline(tmp_path) -> None:
     """The engine: a one-GPU job spinning from its start reaches the alert level after the
     persistence window (15 s), with no baseline; a single spinning sample does not."""

@@ -121,3 +121,30 @@ def test_an_evaluation_with_a_bar_moves_the_log_and_comes_before_a_save_due_with
     assert all([m.symptom for m in cat.match_line(log[i], "job")] == ["progress"] for i in bars)
     last_bar = max(i for i in bars if i < saves[0])
     assert not any(STEP.search(x) for x in log[last_bar : saves[0]])  # no step between them
+
+
+@pytest.mark.parametrize("bar", ["bar", "none"])
+def test_rank0_tokenises_before_the_first_step_while_the_others_spin(bar: str) -> None:
+    """transformers' main_process_first: rank 0 tokenises (its GPU idle), printing the
+    tokenizer's bar, a `pause` line to the catalogue (or nothing), while the other ranks wait in
+    a barrier, spinning; the milestone and the first step come after it."""
+    job = JOB | {"gpus_per_node": 4, "init_s": 5.0, "preprocess_s": 60.0, "preprocess_log": bar}
+    sc = parse_scenario({"name": "t", "duration_s": 600, "nodes": 1, "jobs": [job]})
+    sink = LogSink()
+    sim = Simulation(sc, sink=sink)
+    for _ in range(6):  # 30 s: tokenising since 4.5 s
+        sim.step(5.0)
+    (job_id,) = sink.jobs
+    log = sink.jobs[job_id]
+    bars = [x for x in log if x.startswith("Running tokenizer on dataset:")]
+    assert len(bars) == (6 if bar == "bar" else 0) and "training ..." not in log  # every 5 s
+    cat = catalogue.default()
+    patterns = {tuple(m.pattern for m in cat.match_line(x, "job")) for x in bars}
+    assert patterns <= {("data_preprocessing",)}
+    gpus = sim.cluster.nodes["node1"].gpus[:4]
+    util = [g.values[INDEX["DCGM_FI_DEV_GPU_UTIL"]] for g in gpus]
+    assert util == [0, 100, 100, 100]
+    while not any(STEP.search(x) for x in log):
+        sim.step(1.0)
+    assert 65.0 <= sim.cluster.now - sim.cluster.start <= 67.0  # init 5 s + tokenising 60 s
+    assert log.index("training ...") > max((log.index(x) for x in bars), default=-1)
