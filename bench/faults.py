@@ -128,11 +128,11 @@ def benchmark(
     everything = run_all(sim_runs + cold_runs, workers, progress)
     results = [r for r in everything if r["run"]["group"] == "sim"]
     cold_results = [r for r in everything if r["run"]["group"] != "sim"]
-    real_rows = None
+    real_rows = readings = None
     if real and pattern is None:
-        from bench import realsignal
+        from bench import public_readings, realsignal
 
-        real_rows = realsignal.rows()
+        real_rows, readings = realsignal.rows(), public_readings.rows()
     wall = time.perf_counter() - t0
     doc = {
         "meta": {
@@ -158,6 +158,7 @@ def benchmark(
         "summary": summarize(results),
         "cold_start": summarize(cold_results, by="scenario") if cold_results else None,
         "real_signal": real_rows,
+        "public_readings": readings,
         "notes": NOTES if notes is None else notes,
         "runs": results,
         "cold_start_runs": cold_results,

@@ -242,6 +242,22 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             *realsignal.markdown(real),
         ]
+    readings = doc.get("public_readings")
+    if readings:
+        from bench import public_readings
+
+        lines += [
+            "",
+            "## Public-readings rows (tests/data/public/gpu-readings.yaml)",
+            "",
+            "nvidia-smi tables from public bug reports, taken while the job was hung, training "
+            "or absent, each GPU scored by the physics priors as one instant of a job with "
+            "dcgm-exporter's default counters (bench/public_readings.py). Right: a hung, "
+            "spinning GPU at the alert level by spin_wait (its model's wattage), a hung job's "
+            "idle GPU with its memory held by idle_hang, a working or empty GPU at 0.",
+            "",
+            *public_readings.markdown(readings),
+        ]
     if doc.get("notes"):
         lines += ["", "## Why (known causes)", "", *doc["notes"]]
     return "\n".join(lines) + "\n"
