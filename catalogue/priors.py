@@ -81,7 +81,7 @@ def _parse(doc: Any) -> Priors:
             raise PriorsError(f"models.{name}.also: want a list of modelName strings")
         for a in also:
             if a in raw or a in same:
-                raise PriorsError(f"models.{name}.also: {a!r} is listed twice")
+                raise PriorsError(f"models.{name}.also: {a!r} is a model or alias already")
             same[a] = str(name)
     generic = models[GENERIC]
     resolved = {n: {**generic, **p} for n, p in models.items()}

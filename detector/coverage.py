@@ -19,6 +19,7 @@ from catalogue import priors as P
 from detector import fields as F
 from detector.frame import Frame
 from detector.peer import PeerComparison
+from detector.physics import Physics
 from detector.pipeline import Engine, Result
 from detector.progress import Progress
 
@@ -85,8 +86,7 @@ class Coverage:
             seen.progress |= bool(prog[rows].any())
             seen.hardware |= bool(hw[rows].any())
             seen.sm_active |= bool(sm[rows].any())
-            if sub.model is not None:
-                seen.models.update(str(m) for m in sub.model[rows] if m)
+            seen.models.update(sub.models[rows].tolist())  # "": no modelName in the input
             block = res.gpu[rows]
             if len(block):
                 best = block.argmax(axis=0)
@@ -163,7 +163,8 @@ class Coverage:
             )
         physics_note = None
         if "physics" in engine.names and not seen.sm_active:
-            pri = P.load()
+            phys = engine.det["physics"]
+            pri = phys.priors if isinstance(phys, Physics) else P.load()
             blind = sorted(m for m in seen.models if "spin_power_max_w" not in pri.params(m))
             physics_note = _no_spin_wattage(blind) if blind else None
         dets = {
@@ -192,10 +193,12 @@ class Coverage:
 
 
 def _no_spin_wattage(models: list[str]) -> str:
+    named = ", ".join(m or "an unknown model (no modelName in the input)" for m in models)
     return (
-        f"physics: no spin wattage for {', '.join(models)} in catalogue/priors.yaml and no "
+        f"physics: no spin wattage for {named} in catalogue/priors.yaml and no "
         "DCGM_FI_PROF_SM_ACTIVE in the input, so a GPU spinning in a hung collective is not "
-        "seen from its first sample (add the model's spin_power_max_w, or the SM field)"
+        "seen from its first sample (add a modelName column, the model's spin_power_max_w, "
+        "or the SM field)"
     )
 
 

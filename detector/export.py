@@ -184,7 +184,8 @@ def write_recording(
     meta: dict[str, Any],
     logs: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Write a recording from tables: `gpu` (timestamp, node, gpu, job_id, DCGM_FI_*), `jobs`
+    """Write a recording from tables: `gpu` (timestamp, node, gpu, job_id, modelName where
+    known, DCGM_FI_*), `jobs`
     (timestamp, job_id, goodput_job_*) or None, `meta` (format and interval added when
     missing), `logs` relative path under logs/ -> lines. Returns the meta written."""
     import pandas as pd

@@ -32,13 +32,13 @@ the rank that saves: it scores as `never_started` does inside a pause (the time 
 began / `pause_allowance_s`). In a live wait (`live_wait`: at least half of the job's GPUs
 wait) it waits for a rank that shows life: while the job's log moves (stall under
 `live_log_s`, or under `idle_stall_factor` x its p99 progress gap (its iteration time before a
-fit) where that is longer: rank 0 evaluating and printing its bar, or ranks spinning in the
-slow collectives of a job that logs every 30 s) it scores stall / that, while a GPU of the job
-works (the priors' `working`: rank 0 evaluating silently) stall /
+fit) where that is longer, at most `live_log_max_s`: rank 0 evaluating and printing its bar, or
+ranks spinning in the slow collectives of a job that logs every 30 s) it scores stall / that,
+while a GPU of the job works (the priors' `working`: rank 0 evaluating silently) stall /
 `pause_allowance_s`, kept within 0.01..0.99 so that the persistence window holds and a hang,
 whose log stops and where nobody works, counts at the rule's score at once. Before the first
 step, ranks that wait while another rank does start-up work whose log moves (a `pause` line
-under `live_log_s` old and some GPU of the job not waiting: rank 0 tokenising the data set,
+under `live_log_max_s` old and some GPU of the job not waiting: rank 0 tokenising the data set,
 printing its bar, while the others spin in a barrier) are a live wait too, scored the same way.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
@@ -120,6 +120,14 @@ def _log2_job_size(codes: np.ndarray) -> np.ndarray:
     """Each row's log2 of the count of its job's GPUs at the same instant (`codes`:
     `_instants`)."""
     return np.log2(np.maximum(np.bincount(codes), 1).astype(float))[codes] if len(codes) else codes
+
+
+def _as_wait(out: np.ndarray, rows: np.ndarray, cols: np.ndarray, share: np.ndarray) -> None:
+    """Score `rows` as a wait, not as their `wait` rules (`cols`): a share of its allowance
+    kept within 0.01..0.99, so that the persistence window holds and a wait that stops being
+    one counts at the rule's score at once."""
+    out[np.ix_(rows, cols)] = 0.0
+    out[rows, cols[0]] = np.clip(share, 0.01, 0.99)
 
 
 def _share_of_job(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -269,9 +277,11 @@ class Physics(PerJob):
 
     def live_wait(self, frame: Frame) -> np.ndarray:
         """Rows of jobs past their first step, no pause open, at least half of whose GPUs wait
-        (a `wait` rule holds) while the job's log moved within `live_log_s` or, for under
+        (a `wait` rule holds) while the job's log moved within its live window or, for under
         `pause_allowance_s` of silence, another GPU of it works (`working`): the ranks wait
-        for one that is alive (rank 0 evaluating), not for a stuck one."""
+        for one that is alive (rank 0 evaluating), not for a stuck one; and, before the first
+        step, the waiting GPUs of a job whose start-up work moves its log (see the module
+        docstring: the rank doing that work is left to the engine's pause rule)."""
         return self._rules(frame)[2]
 
     def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
@@ -350,8 +360,11 @@ class Physics(PerJob):
             for alt in pri.working:
                 works |= holds(alt)
             # the log moves while it is silent for less than live_log_s, or than its own cadence
-            # (a job logging every 30 s whose ranks spin in slow collectives is not hung)
-            live_s = np.fmax(prior("live_log_s"), prior("idle_stall_factor") * base)
+            # (a job logging every 30 s whose ranks spin in slow collectives is not hung), at
+            # most live_log_max_s (a p99 gap a silent evaluation stretched hides no hang long)
+            live_s = np.clip(
+                prior("idle_stall_factor") * base, prior("live_log_s"), prior("live_log_max_s")
+            )
             allowance = np.broadcast_to(prior("pause_allowance_s"), len(frame))
             with np.errstate(invalid="ignore"):
                 moves = stall < live_s
@@ -362,22 +375,18 @@ class Physics(PerJob):
                 most = _share_of_job(instants, after) >= 0.5
                 live = most & (moves | worker & (stall < allowance))
             lw = np.flatnonzero(live & after)
-            # a share of its allowance, kept over 0: the persistence window holds, and a wait
-            # that stops being live counts at the rule's score at once
-            share = stall[lw] / np.where(moves[lw], live_s[lw], allowance[lw])
-            out[np.ix_(lw, cols)] = 0.0
-            out[lw, cols[0]] = np.clip(share, 0.01, 0.99)
+            _as_wait(out, lw, cols, stall[lw] / np.where(moves[lw], live_s[lw], allowance[lw]))
         # before the first step, ranks that spin while another does start-up work whose log
-        # moves (a `pause` line within live_log_s: rank 0 tokenising the data set with its bar
-        # while the others wait in a barrier, hiyouga/LlamaFactory#2424) wait for a live rank
+        # moves (a `pause` line within live_log_max_s: rank 0 tokenising the data set with its
+        # bar, an update per batch, while the others wait in a barrier,
+        # hiyouga/LlamaFactory#2424) wait for a live rank
         early = waits & ~np.isfinite(step) & paused & ~ready
         if early.any():
-            fixed = np.broadcast_to(prior("live_log_s"), len(frame))
+            window = np.broadcast_to(prior("live_log_max_s"), len(frame))
             with np.errstate(invalid="ignore"):
-                early &= (since_pause < fixed) & (_share_of_job(instants, waits) < 1.0)
+                early &= (since_pause < window) & (_share_of_job(instants, waits) < 1.0)
             ew = np.flatnonzero(early)
-            out[np.ix_(ew, cols)] = 0.0
-            out[ew, cols[0]] = np.clip(since_pause[ew] / fixed[ew], 0.01, 0.99)
+            _as_wait(out, ew, cols, since_pause[ew] / window[ew])
             live |= early
         if inside.any():
             out[np.ix_(np.flatnonzero(inside), cols)] = 0.0

@@ -101,7 +101,10 @@ def normalise(
         is_job = df["name"].astype(str).isin(JOB_COLUMNS)
         if is_job.any() and "timestamp" in df.columns and "job_id" in df.columns:
             long_jobs = _pivot(df[is_job], ["timestamp", "job_id"])
-        df = _pivot(df[~is_job], [k for k in (*IDS, "uuid", MODEL) if k in df.columns])
+        model = _model_of_gpu(df) if MODEL in df.columns else None
+        df = _pivot(df[~is_job], [k for k in (*IDS, "uuid") if k in df.columns])
+        if model is not None:
+            df = df.merge(model, on=list(model.index.names), how="left") if len(model) else df
         notes.append(f"long table: one column per metric name ({len(df.columns)} columns)")
     if "timestamp" not in df.columns:
         raise SampleError(
@@ -112,8 +115,8 @@ def normalise(
     out["node"] = _nodes(df, where, node, notes)
     out["gpu"] = _gpus(df, out, where, gpu, notes)
     out["job_id"] = _jobs(df, where, job_id)
-    if MODEL in df.columns:
-        out[MODEL] = df[MODEL].fillna("").astype(str).str.strip().str[:128]
+    if MODEL in df.columns:  # (a categorical column too: str first, then the blanks)
+        out[MODEL] = df[MODEL].astype(str).where(df[MODEL].notna(), "").str.strip().str[:128]
     metrics: dict[str, np.ndarray] = {}
     jobcols: dict[str, np.ndarray] = {}
     ignored = []
@@ -162,11 +165,19 @@ def normalise(
 
 
 def _pivot(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    wide = df.pivot_table(
-        index=keys, columns="name", values="value", aggfunc="last", dropna=False
-    ).reset_index()
+    """One row per key (a blank or missing key value included, never crossed with the other
+    keys' values), one column per metric name, its last value."""
+    by = df.groupby([*keys, "name"], dropna=False, sort=False)["value"].last()
+    wide = by.unstack("name").reset_index()
     wide.columns = [str(x) for x in wide.columns]
     return wide
+
+
+def _model_of_gpu(df: pd.DataFrame) -> pd.Series:
+    """A long table's GPU model per GPU (its first non-blank `modelName`)."""
+    ids = [k for k in ("node", "gpu", "uuid") if k in df.columns]
+    named = df[df[MODEL].notna() & (df[MODEL].astype(str).str.strip() != "")]
+    return named.groupby(ids, dropna=False)[MODEL].first() if ids else named[MODEL].head(0)
 
 
 def _times(col: pd.Series, where: str, notes: list[str]) -> np.ndarray:

@@ -273,3 +273,28 @@ def test_repeated_samples_keep_the_last_and_say_so():
     got = samples.normalise(df, "dup.csv", job_id="1")
     assert got.gpu.DCGM_FI_DEV_GPU_UTIL.tolist() == [6.0, 7.0]
     assert "1 rows repeat a (time, node, GPU): the last one kept" in got.notes
+
+
+def test_a_long_table_keeps_each_gpus_model_and_every_gpus_metrics():
+    """Two GPUs of different models, one idle (no job) and one sample's label blank: each GPU
+    keeps its model and its own values. Before, the long table's keys were crossed (a blank
+    job or a second model made rows for every combination) and the last, empty copy won."""
+    rows = []
+    for t in (1000.0, 1005.0):
+        for gpu, model, job in ((0, "NVIDIA H200", "7"), (1, "NVIDIA A10G", "")):
+            for name, v in (("DCGM_FI_DEV_GPU_UTIL", 90 + gpu), ("DCGM_FI_DEV_POWER_USAGE", 300)):
+                rows.append(
+                    {"timestamp": t, "node": "n1", "gpu": gpu, "job_id": job,
+                     "modelName": model, "name": name, "value": v}
+                )  # fmt: skip
+    rows[-1]["modelName"] = ""
+    got = samples.normalise(pd.DataFrame(rows), "long.csv").gpu
+    assert len(got) == 4
+    assert got.groupby("gpu").modelName.unique().map(list).to_dict() == {
+        0: ["NVIDIA H200"],
+        1: ["NVIDIA A10G"],
+    }
+    assert got.groupby("gpu").DCGM_FI_DEV_GPU_UTIL.unique().map(list).to_dict() == {
+        0: [90.0],
+        1: [91.0],
+    }

@@ -103,6 +103,9 @@ def test_a_gpu_model_without_spin_wattage_is_named(tmp_path):
     df = _table(f).assign(modelName="NVIDIA A40")  # SM activity reported: the spin is seen
     df.to_csv(tmp_path / "s.csv", index=False)
     assert replay(tmp_path / "s.csv", io.StringIO())["jobs"]["100"]["physics_note"] is None
+    _table(f).drop(columns=["DCGM_FI_PROF_SM_ACTIVE"]).to_csv(tmp_path / "s.csv", index=False)
+    note = replay(tmp_path / "s.csv", io.StringIO())["jobs"]["100"]["physics_note"]
+    assert "an unknown model (no modelName in the input)" in note  # the generic priors
 
 
 def test_a_seeing_run_has_its_fit_time_and_peaks(tmp_path):
