@@ -125,27 +125,27 @@ def checkpoint_done(t: float, it: int, name: str) -> str:
 def tokenizer_bar(done_s: float, total_s: float, examples: int = 2_000_000) -> str:
     """One update of the bar transformers' examples print while rank 0 tokenises the data
     set (`Running tokenizer on dataset`, hiyouga/LlamaFactory#2424)."""
-    n = max(1, min(examples, round(examples * done_s / total_s)))
-    rate = examples / total_s
-    pct = 100 * n // examples
-    bar = ("#" * (pct // 10)).ljust(10)
-    when = f"[{_mmss(done_s)}<{_mmss((examples - n) / rate)}, {rate:.2f} examples/s]"
-    return f"Running tokenizer on dataset: {pct:3d}%|{bar}| {n}/{examples} {when}"
-
-
-def _mmss(s: float) -> str:
-    return f"{int(s) // 60:02d}:{int(s) % 60:02d}"
+    return _bar("Running tokenizer on dataset", done_s, total_s, examples, " examples/s")
 
 
 def eval_bar(done_s: float, total_s: float, batches: int = 100) -> str:
     """One update of an evaluation's tqdm bar (Hugging Face, Lightning and most scripts print
     one; the log follower reads each \\r-rewritten update as a line)."""
-    n = max(1, min(batches, round(batches * done_s / total_s)))
-    rate = batches / total_s
-    pct = 100 * n // batches
+    return _bar("Evaluating", done_s, total_s, batches, "it/s")
+
+
+def _bar(what: str, done_s: float, total_s: float, total: int, unit: str) -> str:
+    """A tqdm bar `done_s` into `total_s` of `total` items: `what: pct%|###| n/total [...]`."""
+    n = max(1, min(total, round(total * done_s / total_s)))
+    rate = total / total_s
+    pct = 100 * n // total
     bar = ("#" * (pct // 10)).ljust(10)
-    when = f"[{_mmss(done_s)}<{_mmss((batches - n) / rate)}, {rate:.2f}it/s]"
-    return f"Evaluating: {pct:3d}%|{bar}| {n}/{batches} {when}"
+    when = f"[{_mmss(done_s)}<{_mmss((total - n) / rate)}, {rate:.2f}{unit}]"
+    return f"{what}: {pct:3d}%|{bar}| {n}/{total} {when}"
+
+
+def _mmss(s: float) -> str:
+    return f"{int(s) // 60:02d}:{int(s) % 60:02d}"
 
 
 def validation(t: float, it: int, loss: float) -> list[str]:
