@@ -96,6 +96,9 @@ def normalise(
                 what = role or f"the metric {long}s"
                 notes.append(f"column {col!r} read as {what}")
     df = df.rename(columns=rename)
+    if "name" in df.columns and "value" not in df.columns and MODEL not in df.columns:
+        df = df.rename(columns={"name": MODEL})  # nvidia-smi --query-gpu=name: the GPU model
+        notes.append(f"column 'name' read as {MODEL} (a wide table: nvidia-smi's GPU name)")
     long_jobs = None
     if "name" in df.columns and "value" in df.columns:  # long -> wide
         is_job = df["name"].astype(str).isin(JOB_COLUMNS)

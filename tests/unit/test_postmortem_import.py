@@ -115,12 +115,13 @@ def test_long_table_with_uuids_and_units(tmp_path):
 def test_nvidia_smi_csv(tmp_path):
     p = tmp_path / "smi.csv"
     p.write_text(
-        "timestamp, index, utilization.gpu [%], power.draw [W], clocks_event_reasons.active\n"
-        "2026/11/29 19:01:37.728, 0, 99 %, 690.12 W, 0x0000000000000001\n"
-        "2026/11/29 19:01:37.728, 1, [N/A], 80.00 W, 0x0000000000000004\n"
+        "timestamp, name, index, utilization.gpu [%], power.draw [W], clocks_event_reasons.active\n"
+        "2026/11/29 19:01:37.728, NVIDIA H200, 0, 99 %, 690.12 W, 0x0000000000000001\n"
+        "2026/11/29 19:01:37.728, NVIDIA H200, 1, [N/A], 80.00 W, 0x0000000000000004\n"
     )
     got = samples.read(p, node="h1")
     df = got.gpu
+    assert df.modelName.tolist() == ["NVIDIA H200"] * 2  # the priors of the GPU's model
     assert df.timestamp.iloc[0] == pytest.approx(1795978897.728)
     assert "timestamps without a zone read as UTC" in got.notes
     assert df.DCGM_FI_DEV_GPU_UTIL.tolist()[0] == 99.0 and pd.isna(df.DCGM_FI_DEV_GPU_UTIL[1])
@@ -298,3 +299,12 @@ def test_a_long_table_keeps_each_gpus_model_and_every_gpus_metrics():
         0: [90.0],
         1: [91.0],
     }
+
+
+def test_name_is_the_gpu_model_in_a_wide_table_and_the_metric_in_a_long_one():
+    long = pd.DataFrame(
+        {"timestamp": [1.7e9] * 2, "node": ["n"] * 2, "gpu": [0, 0],
+         "name": ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE"], "reading": [99, 300]}
+    )  # fmt: skip
+    got = samples.normalise(long, "long.csv").gpu
+    assert got.DCGM_FI_DEV_POWER_USAGE.tolist() == [300.0] and "modelName" not in got
