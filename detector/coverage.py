@@ -197,8 +197,8 @@ def _no_spin_wattage(models: list[str]) -> str:
     return (
         f"physics: no spin wattage for {named} in catalogue/priors.yaml and no "
         "DCGM_FI_PROF_SM_ACTIVE in the input, so a GPU spinning in a hung collective is not "
-        "seen from its first sample (add a modelName column, the model's spin_power_max_w, "
-        "or the SM field)"
+        "seen from its first sample (add a modelName column, the model's spin_power_max_w in "
+        "a catalogue copy named by $GOODPUT_CATALOGUE_DIR, or the SM field)"
     )
 
 
