@@ -109,6 +109,38 @@ def _derived(p: Path, gpu: pd.DataFrame, derive: Derive | None, notes: list[str]
     return join_progress(gpu, pd.DataFrame(rows)) if rows else gpu
 
 
+def on_one_grid(frame: Frame, interval: float | None) -> tuple[Frame, float | None, str | None]:
+    """(frame, sample interval, note): where the GPUs do not share their timestamps (per-node
+    nvidia-smi or NVML logs, whose clocks never line up), every sample moved to the nearest
+    point of one grid from the first sample, a GPU's latest sample at a point kept, so that
+    each instant holds every GPU and the peer and job-wide detectors compare them. The step is
+    `interval`, else the median over GPUs of each GPU's median sample gap. Input already on
+    one grid (recordings, Prometheus answers) comes back as it is."""
+    if len(frame) < 2:
+        return frame, interval, None
+    gpus = pd.factorize(pd.MultiIndex.from_arrays([frame.node, frame.gpu]))[0]
+    order = np.lexsort((frame.time, gpus))
+    t, k = frame.time[order], gpus[order]
+    d = np.diff(t)
+    gaps = d[(k[1:] == k[:-1]) & (d > 0)]
+    step = interval or (float(np.median(gaps)) if len(gaps) else None)
+    times = np.unique(frame.time)
+    if not step or len(times) <= 1.5 * ((times[-1] - times[0]) / step + 1):
+        return frame, step, None
+    snapped = times[0] + np.round((frame.time - times[0]) / step) * step
+    rows = pd.DataFrame(
+        {"t": snapped, "node": frame.node, "gpu": frame.gpu, "at": frame.time}
+    ).sort_values(["t", "node", "gpu", "at"], kind="stable")
+    idx = rows.drop_duplicates(["t", "node", "gpu"], keep="last").index.to_numpy()
+    kept = frame.take(idx)
+    out = Frame(snapped[idx], kept.job, kept.node, kept.gpu, kept.values, kept.fields, kept.model)
+    note = (
+        f"the GPUs' timestamps do not line up ({len(times)} distinct times): samples moved to "
+        f"the nearest point of a {step:g} s grid ({len(frame) - len(idx)} rows merged)"
+    )
+    return out, step, note
+
+
 def steps(
     frame: Frame, names: dict[str, str], engine: Engine
 ) -> Iterator[tuple[Frame, float, Result]]:
@@ -199,14 +231,12 @@ def replay(
     if min_score is not None and not (math.isfinite(min_score) and min_score >= 0):
         raise ValueError(f"min_score must be a number >= 0, not {min_score!r}")
     got = read(src, derive)
-    frame = got.frame
+    frame, step, note = on_one_grid(got.frame, got.interval)
+    if note:
+        got.notes.append(note)
     if cfg is None:
         cfg = Config()
-        if got.interval:
-            cfg.interval_s = got.interval
-        elif len(frame) > 1:
-            diffs = np.diff(np.unique(frame.time))
-            cfg.interval_s = float(np.median(diffs)) if len(diffs) else cfg.interval_s
+        cfg.interval_s = step or cfg.interval_s
     engine = Engine(cfg, store=store)
     cov = Coverage()
     count = 0

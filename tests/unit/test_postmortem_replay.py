@@ -185,3 +185,20 @@ def test_usage_lines_show_no_phantom_subcommand():
         assert r.exit_code == 0 and "COMMAND [ARGS]" not in r.output, r.output
     usage = runner.invoke(app, ["replay", "--help"]).output.split("Usage:")[1].splitlines()[0]
     assert "replay [OPTIONS]" in usage and "RECORDING" in usage
+
+
+def test_gpus_whose_timestamps_do_not_line_up_are_put_on_one_grid(tmp_path):
+    """Per-node logs (nvidia-smi on each host) never share their timestamps: replayed as
+    they are, each instant would hold one node, and the peer and job-wide detectors would
+    never compare the job's GPUs. Moved to one 5 s grid, every instant holds all four."""
+    f = healthy_frame(jobs=1, nodes=2, gpus=2, steps=24, start=T0)
+    df = _table(f)
+    df.loc[df.node == "node2", "timestamp"] += 1.3  # node2's clock samples 1.3 s later
+    df.to_csv(tmp_path / "s.csv", index=False)
+    s = replay(tmp_path / "s.csv", io.StringIO())
+    assert s["instants"] == 24 and s["interval_s"] == 5.0 and s["rows"] == 96
+    assert any("timestamps do not line up (48 distinct times)" in n for n in s["inputs"])
+    assert s["jobs"]["100"]["detectors"]["peer"]["ran"]  # before: "2 GPU(s) at a time"
+    _table(f).to_csv(tmp_path / "a.csv", index=False)  # on one grid: as it is
+    a = replay(tmp_path / "a.csv", io.StringIO())
+    assert a["instants"] == 24 and not any("line up" in n for n in a["inputs"])
