@@ -114,8 +114,8 @@ def on_one_grid(frame: Frame, interval: float | None) -> tuple[Frame, float | No
     nvidia-smi or NVML logs, whose clocks never line up), every sample moved to the nearest
     point of one grid from the first sample, a GPU's latest sample at a point kept, so that
     each instant holds every GPU and the peer and job-wide detectors compare them. The step is
-    `interval`, else the median over GPUs of each GPU's median sample gap. Input already on
-    one grid (recordings, Prometheus answers) comes back as it is."""
+    `interval`, else the median gap between a GPU's consecutive samples. Input already on one
+    grid (recordings, Prometheus answers) comes back as it is."""
     if len(frame) < 2:
         return frame, interval, None
     gpus = pd.factorize(pd.MultiIndex.from_arrays([frame.node, frame.gpu]))[0]
