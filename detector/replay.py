@@ -118,12 +118,7 @@ def on_one_grid(frame: Frame, interval: float | None) -> tuple[Frame, float | No
     grid (recordings, Prometheus answers) comes back as it is."""
     if len(frame) < 2:
         return frame, interval, None
-    gpus = pd.factorize(pd.MultiIndex.from_arrays([frame.node, frame.gpu]))[0]
-    order = np.lexsort((frame.time, gpus))
-    t, k = frame.time[order], gpus[order]
-    d = np.diff(t)
-    gaps = d[(k[1:] == k[:-1]) & (d > 0)]
-    step = interval or (float(np.median(gaps)) if len(gaps) else None)
+    step = interval or samples.gpu_interval(frame.time, frame.node, frame.gpu)
     times = np.unique(frame.time)
     if not step or len(times) <= 1.5 * ((times[-1] - times[0]) / step + 1):
         return frame, step, None

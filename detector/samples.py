@@ -167,6 +167,18 @@ def normalise(
     return Samples(gpu_df, jobs, notes)
 
 
+def gpu_interval(time: np.ndarray, node: np.ndarray, gpu: np.ndarray) -> float | None:
+    """The sampling interval: the median gap between a GPU's consecutive samples (None with
+    no GPU sampled twice). Gaps between distinct times would halve it where the nodes' clocks
+    do not line up (per-node logs)."""
+    keys = pd.factorize(pd.MultiIndex.from_arrays([node, gpu]))[0]
+    order = np.lexsort((time, keys))
+    t, k = np.asarray(time, dtype=float)[order], keys[order]
+    d = np.diff(t)
+    gaps = d[(k[1:] == k[:-1]) & (d > 0)]
+    return float(np.median(gaps)) if len(gaps) else None
+
+
 def _pivot(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """One row per key (a blank or missing key value included, never crossed with the other
     keys' values), one column per metric name, its last value."""

@@ -116,7 +116,7 @@ def command(
         report["warning"] = "no job metrics (no --job-log): replay's progress detector is blind"
     on = gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]
     per_node = gpu_df.groupby("node").gpu.nunique()
-    steps = pd.Series(sorted(set(gpu_df.timestamp))).diff().dropna()
+    step = samples.gpu_interval(gpu_df.timestamp.to_numpy(), gpu_df.node, gpu_df.gpu)
     entry: dict[str, Any] = {
         "job_id": job_id,
         "name": job_name or job.get("name") or job_id,
@@ -131,7 +131,7 @@ def command(
         "seed": None,
         "start": float(gpu_df.timestamp.min()),
         "end": float(gpu_df.timestamp.max()),
-        "interval_s": round(float(steps.median()), 3) if len(steps) else None,
+        "interval_s": round(step, 3) if step else None,
         "nodes": nodes,
         "gpus_per_node": int(per_node.max()),
         "jobs": [entry],

@@ -5,6 +5,7 @@ names the file, the column and what would be accepted, with exit 2 and no traceb
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -308,3 +309,29 @@ def test_name_is_the_gpu_model_in_a_wide_table_and_the_metric_in_a_long_one():
     )  # fmt: skip
     got = samples.normalise(long, "long.csv").gpu
     assert got.DCGM_FI_DEV_POWER_USAGE.tolist() == [300.0] and "modelName" not in got
+
+
+def test_per_node_files_whose_clocks_do_not_line_up_import_and_replay_on_one_grid(tmp_path):
+    """Two nodes' nvidia-smi logs, one sampling 1.3 s after the other every 5 s: the recording's
+    interval is 5 s (before: 1.3 s, the gap between distinct times), and replay holds both
+    nodes' GPUs in every instant."""
+    from detector.replay import replay
+
+    files = []
+    for k, node in enumerate(("a1", "a2")):
+        p = tmp_path / f"{node}.csv"
+        rows = [
+            f"{1795978800 + 5 * i + 1.3 * k:.3f}, {node}, {g}, NVIDIA H200, 99 %, 690 W"
+            for i in range(30)
+            for g in (0, 1)
+        ]
+        head = "timestamp, host, index, name, utilization.gpu [%], power.draw [W]"
+        p.write_text("\n".join([head, *rows]) + "\n")
+        files += ["--metrics", str(p)]
+    r = _import(*files, "--job-id", "5", "--out", str(tmp_path / "rec"))
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "rec" / "meta.json").read_text())
+    assert meta["interval_s"] == 5.0
+    s = replay(tmp_path / "rec", io.StringIO())
+    assert s["instants"] == 30 and s["jobs"]["5"]["gpus"] == 4
+    assert s["jobs"]["5"]["detectors"]["peer"]["ran"]
