@@ -105,7 +105,7 @@ def rows(path: Path = READINGS) -> list[dict[str, Any]]:
             "state": s,
             **{k: v for k, v in a.items() if k != "power_w"},
             "power_w": [min(a["power_w"]), max(a["power_w"])],
-        }  # fmt: skip
+        }
         for (m, s), a in sorted(acc.items())
     ]
 

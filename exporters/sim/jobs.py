@@ -160,8 +160,8 @@ class Job:
         if self.stall:
             return
         if now - self.start_t < self.startup_s:
-            start, end = self.preprocessing
-            if start <= now < end and self.preprocess_log == "bar":
+            if self._tokenising(now) and self.preprocess_log == "bar":
+                start, end = self.preprocessing
                 sink.job(self.job_id, logs.tokenizer_bar(now - start, end - start))
                 self.last_pause_t = now
             return
@@ -186,6 +186,11 @@ class Job:
                     return
         self.phase = "train"
         self._train(now, dt, sink, rng)
+
+    def _tokenising(self, now: float) -> bool:
+        """Rank 0 tokenises the data set now (this run's `preprocessing` window)."""
+        start, end = self.preprocessing
+        return start <= now < end
 
     def _due(self, now: float, sink: LogSink) -> bool:
         """Print the lines due by `now`; True when one of them ended the job."""
@@ -269,8 +274,7 @@ class Job:
         if self.stall == "spin":
             return G.SPIN
         if now - self.start_t < self.startup_s:
-            start, end = self.preprocessing
-            if start <= now < end and self.rank_of(node, gpu) > 0:
+            if self._tokenising(now) and self.rank_of(node, gpu) > 0:
                 return G.SPIN  # waiting in a barrier for rank 0's tokenisation
             return G.INIT  # process up, NCCL init, model build, a checkpoint load, tokenising
         if self.phase in ("ckpt", "eval"):
