@@ -37,9 +37,13 @@ ranks spinning in the slow collectives of a job that logs every 30 s) it scores 
 while a GPU of the job works (the priors' `working`: rank 0 evaluating silently) stall /
 `pause_allowance_s`, kept within 0.01..0.99 so that the persistence window holds and a hang,
 whose log stops and where nobody works, counts at the rule's score at once. Before the first
-step, ranks that wait while another rank does start-up work whose log moves (a `pause` line
-under `live_log_max_s` old and some GPU of the job not waiting: rank 0 tokenising the data set,
-printing its bar, while the others spin in a barrier) are a live wait too, scored the same way.
+step, ranks that wait while some GPU of the job does not wait for a rank alive at start-up:
+while its start-up work moves the log (a `pause` line under `live_log_max_s` old: rank 0
+tokenising the data set, printing its bar) scored since that line / `live_log_max_s`; where
+every GPU not waiting is a main process (its node's first GPU of the job: rank 0 preparing
+alone, silently or past its bar, `if rank == 0: download(); barrier()`), as its start-up's
+`never_started` (since / that allowance). Rank 0 stuck from the start looks the same: it is a
+hang once that allowance is spent; a stuck rank that is no main process is one at once.
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -137,6 +141,17 @@ def _share_of_job(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.zeros(len(rows))
     n = np.bincount(codes)
     return (np.bincount(codes, weights=rows, minlength=len(n)) / np.maximum(n, 1))[codes]
+
+
+def _first_of_node(frame: Frame, codes: np.ndarray) -> np.ndarray:
+    """Rows whose GPU is the lowest-numbered of its job's on its node at the same instant
+    (`codes`: `_instants`): local rank 0, where a job's main process runs."""
+    nodes, uniq = frame.node_codes
+    key = codes.astype(np.int64) * (len(uniq) + 1) + nodes
+    groups, at = np.unique(key, return_inverse=True)
+    low = np.full(len(groups), np.iinfo(np.int64).max)
+    np.minimum.at(low, at, frame.gpu.astype(np.int64))
+    return frame.gpu == low[at]
 
 
 class Physics(PerJob):
@@ -376,24 +391,29 @@ class Physics(PerJob):
                 live = most & (moves | worker & (stall < allowance))
             lw = np.flatnonzero(live & after)
             _as_wait(out, lw, cols, stall[lw] / np.where(moves[lw], live_s[lw], allowance[lw]))
-        # before the first step, ranks that spin while another does start-up work whose log
-        # moves (a `pause` line within live_log_max_s: rank 0 tokenising the data set with its
-        # bar, an update per batch, while the others wait in a barrier,
-        # hiyouga/LlamaFactory#2424) wait for a live rank
-        early = waits & ~np.isfinite(step) & paused & ~ready
-        if early.any():
-            window = np.broadcast_to(prior("live_log_max_s"), len(frame))
-            with np.errstate(invalid="ignore"):
-                early &= (since_pause < window) & (_share_of_job(instants, waits) < 1.0)
-            ew = np.flatnonzero(early)
-            _as_wait(out, ew, cols, since_pause[ew] / window[ew])
-            live |= early
         if inside.any():
             out[np.ix_(np.flatnonzero(inside), cols)] = 0.0
             waiting |= inside
+        # before the first step, ranks that wait while another does not wait for a live rank:
+        # one whose start-up work moves the log (a `pause` line within live_log_max_s: rank 0
+        # tokenising the data set with its bar, an update per batch, while the others wait in
+        # a barrier, hiyouga/LlamaFactory#2424), scored since that line / live_log_max_s; or,
+        # silent, only main processes (each node's first GPU of the job: `main_process_first`,
+        # `if rank == 0: download(); barrier()`), scored as that start-up's never_started
+        pre = waits & ~np.isfinite(step)
+        moving = by_main = np.zeros(len(frame), dtype=bool)
+        if pre.any():
+            window = np.broadcast_to(prior("live_log_max_s"), len(frame))
+            pre &= _share_of_job(instants, ~waits) > 0
+            with np.errstate(invalid="ignore"):
+                moving = pre & paused & ~ready & (since_pause < window)
+            mv = np.flatnonzero(moving)
+            _as_wait(out, mv, cols, since_pause[mv] / window[mv])
+            lone = ~waits & ~_first_of_node(frame, instants)
+            by_main = pre & ~moving & (_share_of_job(instants, lone) == 0)
         since = np.where(paused, since_pause, age)
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
-        seen = np.flatnonzero(waiting & ready)
+        seen = np.flatnonzero((waiting | by_main) & ready)
         if seen.size:  # a start-up seen before: its own time
             jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
             names = frame.job_codes[1][jobs].tolist()
@@ -405,6 +425,12 @@ class Physics(PerJob):
             short[mine] = np.fmax(floor, factor * own[known])
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
+        bm = np.flatnonzero(by_main)
+        share = np.nan_to_num(since[bm], nan=np.inf) / allow[bm]
+        bm, share = bm[share < 1.0], share[share < 1.0]  # past it, the wait is a hang
+        _as_wait(out, bm, cols, share)
+        live |= moving
+        live[bm] = True
         return out, ids, live
 
     def score(self, frame: Frame) -> np.ndarray:

@@ -150,35 +150,75 @@ def test_a_wait_is_live_for_the_jobs_own_log_cadence() -> None:
     assert at(fresh, 20.0) < 1.0 and at(fresh, 30.0) == 2.0  # 2 x 14 s
 
 
-def test_before_the_first_step_ranks_wait_for_one_whose_start_up_log_moves() -> None:
-    """Rank 0 tokenises the data set inside transformers' main_process_first, printing its
-    bar, while the other ranks wait in a barrier, their GPUs spinning (hiyouga/LlamaFactory#2424:
-    30 minutes): a wait for a live rank while a start-up (`pause`) line is under live_log_max_s
-    old; a hang once the bar stops, or where every rank spins, or on one GPU."""
-    f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=1, seed=2)
+def _start_up(nodes: int = 1, gpus: int = 8) -> Frame:
+    """A job before its first step, every GPU spinning in a barrier (the log still)."""
+    f = healthy_frame(jobs=1, nodes=nodes, gpus=gpus, steps=1, seed=2)
     f = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
-    v = f.values
-    v[:, COL[F.ITER_SECONDS]] = np.nan  # no step yet
-    v[:, COL[F.STALL_SECONDS]] = 90.0  # the milestone `> initialized distributed` 90 s ago
-    v[0, [COL["DCGM_FI_DEV_GPU_UTIL"], COL["DCGM_FI_DEV_POWER_USAGE"]]] = (0.0, 124.0)
-    v[0, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0  # rank 0 works on the host
-    _spin(f, np.arange(1, 8))
-    v[:, COL[F.STALL_SECONDS]] = 90.0
-    at = lambda since: (  # noqa: E731
-        v.__setitem__((slice(None), COL[F.SINCE_PAUSE]), since) or Physics().score(f)
-    )
-    assert at(1.0).max() < 1.0  # the bar updated a second ago
-    assert at(30.0).max() < 1.0  # (an update per batch: seconds to tens of seconds)
-    assert (at(70.0)[1:] == 2.0).all()  # the bar stopped a minute ago: rank 0 is stuck
-    v[:, COL[F.STALL_SECONDS]] = 30.0
-    assert (at(30.0)[1:] == 2.0).all()  # the milestone is the latest line: no start-up work
-    _spin(f, np.array([0]))
-    v[:, COL[F.STALL_SECONDS]] = 90.0
-    assert (at(1.0) == 2.0).all()  # every rank spins: nobody they could wait for
+    f.values[:, COL[F.ITER_SECONDS]] = np.nan  # no step yet
+    _spin(f, np.arange(len(f)))
+    return f
+
+
+def _host_work(f: Frame, rows: np.ndarray) -> None:
+    """These ranks work on the host (idle GPU, memory held) while the others wait."""
+    f.values[rows, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    f.values[rows, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
+    f.values[rows, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0
+
+
+def _log(f: Frame, stall: float, since_pause: float) -> np.ndarray:
+    """The scores with the job's latest progress-dating line `stall` s ago and its latest
+    start-up (`pause`) line `since_pause` s ago (the milestone when the two are equal)."""
+    f.values[:, COL[F.STALL_SECONDS]] = stall
+    f.values[:, COL[F.SINCE_PAUSE]] = since_pause
+    return Physics().score(f)
+
+
+def test_before_the_first_step_ranks_wait_for_one_whose_start_up_log_moves() -> None:
+    """Rank 5 works on the host printing a bar while the other ranks wait in a barrier, their
+    GPUs spinning: a wait for a live rank while a start-up (`pause`) line is under
+    live_log_max_s old; a hang once the bar stops, or where every rank spins, or on one GPU."""
+    f = _start_up()
+    _host_work(f, np.array([5]))
+    others = np.arange(8) != 5
+    assert _log(f, 90.0, 1.0).max() < 1.0  # the bar updated a second ago
+    assert _log(f, 90.0, 30.0).max() < 1.0  # (an update per batch: seconds to tens of seconds)
+    assert (_log(f, 90.0, 70.0)[others] == 2.0).all()  # the bar stopped a minute ago: stuck
+    assert (_log(f, 30.0, 30.0)[others] == 2.0).all()  # a milestone is the latest line
+    _spin(f, np.array([5]))
+    assert (_log(f, 90.0, 1.0) == 2.0).all()  # every rank spins: nobody they could wait for
     one = _one_gpu(1)
     _spin(one, np.array([0]))
-    one.values[0, [COL[F.ITER_SECONDS], COL[F.SINCE_PAUSE]]] = (np.nan, 1.0)
-    assert Physics().score(one)[0] == 2.0
+    one.values[0, COL[F.ITER_SECONDS]] = np.nan
+    assert _log(one, np.nan, 1.0)[0] == 2.0
+
+
+def test_before_the_first_step_ranks_wait_for_main_processes_for_the_start_up_allowance() -> None:
+    """Rank 0 prepares alone before the first step, silently or past its last bar update
+    (`if rank == 0: download(); barrier()`; transformers' main_process_first; saving the
+    tokenised set), while the others spin in a barrier: a wait for the start-up's
+    never_started allowance (600 s from open start-up work, 120 s + 20 s per doubling of the
+    GPUs from a milestone, 600 s with no log), then a hang. Before, the spinning ranks were a
+    hang 15 s in: healthy jobs were requeued, then stopped (healthy-rank0-tokenise-silent)."""
+    f = _start_up()
+    _host_work(f, np.array([0]))
+    others = np.arange(8) > 0
+    assert _log(f, 590.0, 70.0).max() < 1.0  # start-up work open: 600 s from its line
+    assert (_log(f, 700.0, 610.0)[others] == 2.0).all()
+    assert _log(f, 170.0, 170.0).max() < 1.0  # after the milestone: 120 + 20 x log2(8) s
+    assert (_log(f, 190.0, 190.0)[others] == 2.0).all()
+    f.values[:, COL[F.JOB_AGE]] = 590.0  # no log yet: the job's age / 600 s
+    assert _log(f, np.nan, np.nan).max() < 1.0
+    f.values[:, COL[F.JOB_AGE]] = 610.0
+    assert (_log(f, np.nan, np.nan)[others] == 2.0).all()
+    _host_work(f, np.array([3]))  # rank 3 idle too: not a main process, a stuck rank
+    assert (_log(f, 170.0, 170.0)[np.arange(8) % 3 > 0] == 2.0).all()
+    two = _start_up(nodes=2, gpus=4)  # local rank 0 of each node (main_process_first(local))
+    _host_work(two, np.flatnonzero(two.gpu == 0))
+    assert _log(two, 170.0, 170.0).max() < 1.0
+    rest = np.flatnonzero(two.gpu > 0)
+    shifted = Frame(two.time, two.job, two.node, two.gpu + 4, two.values, model=two.model)
+    assert (_log(shifted, 190.0, 190.0)[rest] == 2.0).all()  # its lowest GPU, not GPU 0
 
 
 def test_one_gpu_spin_from_its_first_sample_alerts_without_baseline(tmp_path) -> None:
