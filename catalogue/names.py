@@ -22,6 +22,7 @@ NODE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # no leading '.'/'-': '..' ca
 JOB_ID = re.compile(rf"\A(?:{JOB_ID_PATTERN})\Z")
 NODE = re.compile(rf"\A(?:{NODE_PATTERN})\Z")
 
+MODEL_NAME_MAX = 128  # a GPU model label (dcgm's modelName, free text) is cut to this
 MAX_HOSTS = 65536  # most names one hostlist may expand to
 NO_NODES = frozenset({"", "(null)", "None", "None assigned"})  # Slurm's empty node lists
 _GROUP = re.compile(r"(\[[^\[\]]*\])")

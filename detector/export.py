@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from catalogue import promql, recording
+from catalogue import names, promql, recording
 from clients.prometheus import PromClient, PromError
 from detector.frame import JOB_RE, NODE_RE
 
@@ -112,7 +112,8 @@ def export_recording(
             if node not in placed or gpu is None or not gpu.isdigit():
                 continue
             fields.add(metric)
-            hpc, model = labels.get("hpc_job", ""), labels.get("modelName", "")[:128]
+            hpc = labels.get("hpc_job", "")
+            model = labels.get("modelName", "")[: names.MODEL_NAME_MAX]
             for t, v in values:
                 row = gpu_rows.setdefault((t, node, gpu), {"job_id": ""})
                 row[metric] = v

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from catalogue import promql
+from catalogue import names, promql
 from clients.prometheus import Column, PromClient, samples
 from detector import fields as F
 from detector.frame import JOB_RE, NODE_RE, Frame
@@ -225,7 +225,7 @@ def _labels(
     host = np.array([p[0] or p[1] for p in split], dtype=object)
     gpu_s = np.array([p[2] for p in split], dtype=object)
     job = np.array([p[3] for p in split], dtype=object)
-    model = np.array([p[4][:128] for p in split], dtype=object)
+    model = np.array([p[4][: names.MODEL_NAME_MAX] for p in split], dtype=object)
     hcodes, huniq = pd.factorize(host)
     mapped_hosts = np.zeros(len(huniq) + 1, dtype=bool)
     mapped_hosts[hcodes[job != ""]] = True

@@ -119,7 +119,13 @@ def normalise(
     out["gpu"] = _gpus(df, out, where, gpu, notes)
     out["job_id"] = _jobs(df, where, job_id)
     if MODEL in df.columns:  # (a categorical column too: str first, then the blanks)
-        out[MODEL] = df[MODEL].astype(str).where(df[MODEL].notna(), "").str.strip().str[:128]
+        out[MODEL] = (
+            df[MODEL]
+            .astype(str)
+            .where(df[MODEL].notna(), "")
+            .str.strip()
+            .str[: names.MODEL_NAME_MAX]
+        )
     metrics: dict[str, np.ndarray] = {}
     jobcols: dict[str, np.ndarray] = {}
     ignored = []
