@@ -399,7 +399,9 @@ class Physics(PerJob):
         # tokenising the data set with its bar, an update per batch, while the others wait in
         # a barrier, hiyouga/LlamaFactory#2424), scored since that line / live_log_max_s; or,
         # silent, only main processes (each node's first GPU of the job: `main_process_first`,
-        # `if rank == 0: download(); barrier()`), scored as that start-up's never_started
+        # `if rank == 0: download(); barrier()`, mosaicml/llm-foundry#716), scored as that
+        # start-up's never_started; another rank stuck while rank 0 waits (ranks stuck in
+        # their first data fetch, dylanyunlon/Neuron_SP#73) is a hang at once
         pre = waits & ~np.isfinite(step)
         moving = by_main = np.zeros(len(frame), dtype=bool)
         if pre.any():
