@@ -24,7 +24,11 @@ evaluates them. Two rules read the job's log-derived progress as well:
   name: `startup_`, from the latest start-up line to the first iteration, measured online)
   gets max(`startup_floor_s`, `startup_factor` x that) after the milestone instead of the
   model's short allowance: a restart that hung where its last start took seconds is caught
-  in under a minute, a known slow starter (a silent compile) is left its own time.
+  in under a minute, a known slow starter (a silent compile) is left its own time. A run
+  that ended waiting for its first step after a milestone (the job left, or a later
+  milestone came with no step: a requeue as not started) leaves the job's next runs at least
+  `startup_factor` x that wait: a silent compile longer than the allowance costs one requeue,
+  not a second verdict that stops the job.
 
 A `wait` rule (`spin_wait`: a rank spinning in a collective) after the job's first step is a
 hang only when the rank it waits for is stuck. Inside a pause (a checkpoint save) it waits for
@@ -154,6 +158,14 @@ def _first_of_node(frame: Frame, codes: np.ndarray) -> np.ndarray:
     return frame.gpu == low[at]
 
 
+def _keep(kept: dict[str, float], job: str, value: float) -> None:
+    """`kept[job] = value`, the latest last, at most `KEEP_STARTUPS` jobs (the oldest go)."""
+    kept.pop(job, None)
+    kept[job] = value
+    if len(kept) > KEEP_STARTUPS:
+        del kept[next(iter(kept))]
+
+
 class Physics(PerJob):
     """Per-GPU physics rules from `catalogue/priors.yaml` (see the module docstring)."""
 
@@ -170,6 +182,8 @@ class Physics(PerJob):
         self._busy: tuple[np.ndarray, np.ndarray] | None = None  # (jobs, `_busy_rows`)
         self._models: Memo[dict[str, np.ndarray]] = Memo()  # the priors per model (`_rules`)
         self._startup: dict[str, float] = {}  # job -> its start-up as measured (`_measure`)
+        self._waited: dict[str, tuple[float, float]] = {}  # job -> (its milestone, waited since)
+        self._at_least: dict[str, float] = {}  # job -> a milestone waited that long, no step
         self._unstarted: set[str] = set()  # jobs seen before their first iteration
 
     def _started(self, frame: Frame, busy: np.ndarray) -> np.ndarray:
@@ -226,6 +240,9 @@ class Physics(PerJob):
         self._write_back()
         for job in jobs:  # a start-up stays: a requeued job keeps its id (`KEEP_STARTUPS`)
             self._busy_last.pop(job, None)
+            _, waited = self._waited.pop(job, (0.0, 0.0))
+            if job in self._unstarted:
+                self._fold(job, waited)
         self._unstarted -= jobs
 
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:
@@ -279,16 +296,38 @@ class Physics(PerJob):
                 job = str(uniq[c[i]])
                 self._unstarted.discard(job)
                 done[c[i]] = t[i]
+                self._waited.pop(job, None)
                 if stall[i] <= since[i] <= age[i]:  # the line dates this run's start-up
                     took = since[i] - stall[i]  # the longest seen: a cold cache's, say
-                    took = float(np.fmax(took, self._known_startup(job)))
-                    self._startup.pop(job, None)  # the latest measured last in the dict
-                    self._startup[job] = took
-                    if len(self._startup) > KEEP_STARTUPS:
-                        del self._startup[next(iter(self._startup))]
+                    _keep(self._startup, job, float(np.fmax(took, self._known_startup(job))))
         last = np.full(len(uniq) + 1, -np.inf)
         np.maximum.at(last, c[before], t[before])
         self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())
+
+    def _note_waits(
+        self, names: list[str], at: np.ndarray, t: np.ndarray, since: np.ndarray
+    ) -> None:
+        """Each job's wait for its first step since its latest start-up milestone (rows at `t`
+        `since` it, `at` their index in `names`). A later milestone with no step between (the
+        job restarted) or the job's end (`drop_jobs`) ends a wait: the job's start-up takes at
+        least that long, or that run hung."""
+        with np.errstate(invalid="ignore"):
+            mark, waited = np.full(len(names), -np.inf), np.full(len(names), -np.inf)
+            np.maximum.at(mark, at, np.nan_to_num(t - since, nan=-np.inf))
+            np.maximum.at(waited, at, np.nan_to_num(since, nan=-np.inf))
+        for job, m, w in zip(names, mark.tolist(), waited.tolist(), strict=True):
+            if not np.isfinite(w):
+                continue
+            m0, w0 = self._waited.get(job, (m, 0.0))
+            if m > m0 + 1.0:  # a new milestone (the clocks agree within a second)
+                self._fold(job, w0)
+                m0, w0 = m, 0.0
+            self._waited[job] = (max(m0, m), max(w0, w))
+
+    def _fold(self, job: str, waited: float) -> None:
+        """A wait for a first step that ended without one: the job's `_at_least`."""
+        if waited > self._at_least.get(job, 0.0):
+            _keep(self._at_least, job, waited)
 
     def live_wait(self, frame: Frame) -> np.ndarray:
         """Rows of jobs past their first step, no pause open, at least half of whose GPUs wait
@@ -423,8 +462,14 @@ class Physics(PerJob):
             known = np.isfinite(own)
             mine = seen[known]
             floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
-            factor = np.broadcast_to(prior("startup_factor"), len(frame))[mine]
-            short[mine] = np.fmax(floor, factor * own[known])
+            factor = np.broadcast_to(prior("startup_factor"), len(frame))
+            short[mine] = np.fmax(floor, factor[mine] * own[known])
+            # an earlier run that ended waiting this long (requeued as not started) gives the
+            # next `startup_factor` x that: a silent compile longer than the allowance costs
+            # one requeue, not a stop on the same verdict again
+            self._note_waits(names, at, frame.time[seen], since[seen])
+            least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
+            short[seen] = np.fmax(short[seen], factor[seen] * least[at])
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         bm = np.flatnonzero(by_main)

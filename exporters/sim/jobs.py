@@ -48,6 +48,7 @@ class Job:
     eval_log: str = "none"  # "bar": the evaluation prints a tqdm bar (none: silent, Megatron's)
     preprocess_s: float = 0.0  # rank 0 tokenises the data set before the first step ...
     preprocess_log: str = "bar"  # ... printing a bar (or not) while the others wait for it
+    compile_s: float = 0.0  # the first step compiles silently after `training ...` (GPUs idle)
     global_batch: int = 512
     log_interval: int = 10
     requeue: bool = True
@@ -129,7 +130,7 @@ class Job:
         # the start-up lines come once the processes are up, just before the first iteration
         # (a checkpoint load between them); they open a pause, `training ...` ends the start-up
         load = self.load_s if self.ckpt_iter else 0.0
-        self.startup_s = self.init_s + load + self.preprocess_s
+        self.startup_s = self.init_s + load + self.preprocess_s + self.compile_s
         up = now + max(0.0, self.init_s - FIRST_STEP_LEAD_S)
         lines = logs.startup(self.nodes, self.gpus_per_node, self.pid)
         if load:

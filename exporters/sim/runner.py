@@ -26,6 +26,7 @@ _JOB_FIELDS = (
     "eval_log",
     "preprocess_s",
     "preprocess_log",
+    "compile_s",
     "global_batch",
     "log_interval",
     "requeue",

@@ -53,6 +53,9 @@ class JobSpec(_Strict):
     # while the others wait in a barrier, spinning; its log: a bar, or silent
     preprocess_s: float = Field(default=0.0, ge=0, le=7200)
     preprocess_log: Literal["none", "bar"] = "bar"
+    # the first step compiles silently after `training ...` (torch.compile): every GPU idle,
+    # its memory held, nothing logged
+    compile_s: float = Field(default=0.0, ge=0, le=3600)
     global_batch: int = Field(default=512, ge=1)
     log_interval: int = Field(default=10, ge=1)
     requeue: bool = True

@@ -37,6 +37,7 @@ def test_plan_varies_job_size_and_covers_every_kind() -> None:
         "healthy-ckpt-load",
         "healthy-rank0-silent-prep",
         "healthy-rank0-tokenise",
+        "healthy-slow-compile",
         "healthy-small",
     ]
     spec = next(r for r in cold if r.seed_index == 1)

@@ -262,14 +262,15 @@ def test_never_started_is_short_after_a_milestone_and_long_while_start_up_works(
     f = healthy_frame(jobs=1, nodes=1, gpus=8, steps=1, seed=3)
     eight = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
     _never(eight, since_pause=120.0, stall=120.0)  # first batch + NCCL init: 120 / (120 + 60)
-    assert det.score(eight) == pytest.approx(np.full(8, 120.0 / 180.0))
+    # (a fresh detector: this one saw the job wait 240 s, then a later milestone: a restart)
+    assert Physics().score(eight) == pytest.approx(np.full(8, 120.0 / 180.0))
     _never(one, since_pause=120.0, stall=130.0)  # 'loading checkpoint' 10 s after the milestone
     assert det.score(one)[0] == pytest.approx(120.0 / 600.0)
     _never(one, since_pause=120.0)  # start-up lines ('> building model'), no milestone yet
     assert det.score(one)[0] == pytest.approx(120.0 / 600.0)
     other = _one_gpu(1, model="some new GPU")  # an unknown model: the generic 120 s as well
     _never(other, since_pause=60.0, stall=60.0)
-    assert det.score(other)[0] == pytest.approx(0.5)
+    assert Physics().score(other)[0] == pytest.approx(0.5)  # (a new job: no earlier waits)
 
 
 def test_a_real_start_up_log_reads_as_its_measured_milestone() -> None:
@@ -497,3 +498,39 @@ def test_a_requeued_job_keeps_its_start_up_while_it_waits_to_restart() -> None:
     det._startup.update({f"old{i}": 1.0 for i in range(detector.physics.KEEP_STARTUPS)})
     _started_in(det, 4.0, t=1000.0)
     assert len(det._startup) == detector.physics.KEEP_STARTUPS and job in det._startup
+
+
+def test_a_run_requeued_unstarted_leaves_its_restart_three_times_its_wait() -> None:
+    """A healthy job whose first step compiles silently for longer than the model's allowance
+    (120 s on one GPU after `training ...`; public first steps idle 51 s to ~300 s) is taken
+    for a start-up hang and requeued; its restart compiles as long. The run that ended waiting
+    200 s unstarted leaves the restart startup_factor x 200 s: it runs, where it was flagged
+    at the same 120 s again (and the same verdict twice stops a job: stranded). The run ends
+    when the job leaves the running set or when its restart logs a new milestone with no step
+    between. A run that ended sooner (a crash 30 s after the milestone) shortens nothing."""
+    job = str(_one_gpu(1).job[0])
+    kw = {"step": np.nan, "stall": 200.0, "since": 200.0}
+    det = Physics()
+    assert _run(det, 0.0, age=0.0, step=np.nan, stall=np.nan, since=np.nan) == 0.0
+    assert _run(det, 100.0, age=100.0, step=np.nan, stall=100.0, since=100.0) < 1.0
+    assert _run(det, 200.0, age=200.0, **kw) > 1.0  # flagged: requeued, the job leaves
+    det.drop_jobs({job})
+    assert _run(det, 500.0, age=200.0, **kw) == pytest.approx(200.0 / 600.0)
+    assert _run(det, 900.0, age=600.0, step=np.nan, stall=590.0, since=590.0) < 1.0
+    assert _run(det, 920.0, age=620.0, step=np.nan, stall=610.0, since=610.0) > 1.0
+    again = Physics()  # requeued and restarted between two samples: the new run's milestone
+    _run(again, 0.0, age=0.0, step=np.nan, stall=np.nan, since=np.nan)
+    assert _run(again, 200.0, age=200.0, **kw) > 1.0
+    assert _run(again, 260.0, age=260.0, step=np.nan, stall=20.0, since=20.0) < 0.1
+    assert _run(again, 800.0, age=800.0, step=np.nan, stall=560.0, since=560.0) < 1.0
+    assert _run(again, 860.0, age=860.0, step=np.nan, stall=620.0, since=620.0) > 1.0
+    early = Physics()  # ended 30 s after its milestone: the model's allowance still holds
+    _run(early, 0.0, age=0.0, step=np.nan, stall=np.nan, since=np.nan)
+    _run(early, 30.0, age=30.0, step=np.nan, stall=30.0, since=30.0)
+    early.drop_jobs({job})
+    assert _run(early, 500.0, age=100.0, step=np.nan, stall=100.0, since=100.0) < 1.0
+    assert _run(early, 530.0, age=130.0, step=np.nan, stall=130.0, since=130.0) > 1.0
+    started = Physics()  # a run that reached its first step leaves nothing of the kind
+    _started_in(started, 4.0)
+    started.drop_jobs({job})
+    assert not started._at_least

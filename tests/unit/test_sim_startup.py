@@ -148,3 +148,23 @@ def test_rank0_tokenises_before_the_first_step_while_the_others_spin(bar: str) -
         sim.step(1.0)
     assert 65.0 <= sim.cluster.now - sim.cluster.start <= 67.0  # init 5 s + tokenising 60 s
     assert log.index("training ...") > max((log.index(x) for x in bars), default=-1)
+
+
+def test_a_first_step_that_compiles_idles_every_gpu_after_the_milestone() -> None:
+    """torch.compile's first step: `training ...` is logged, then every GPU idles with its
+    memory held for compile_s with nothing in the log, then the steps come."""
+    job = JOB | {"gpus_per_node": 2, "init_s": 5.0, "compile_s": 60.0}
+    sc = parse_scenario({"name": "t", "duration_s": 600, "nodes": 1, "jobs": [job]})
+    sink = LogSink()
+    sim = Simulation(sc, sink=sink)
+    for _ in range(6):  # 30 s
+        sim.step(5.0)
+    (job_id,) = sink.jobs
+    log = sink.jobs[job_id]
+    assert log[-1] == "training ..." and not any(STEP.search(x) for x in log)
+    gpus = sim.cluster.nodes["node1"].gpus[:2]
+    assert [g.values[INDEX["DCGM_FI_DEV_GPU_UTIL"]] for g in gpus] == [0, 0]
+    assert all(g.values[INDEX["DCGM_FI_DEV_FB_USED"]] >= 2048 for g in gpus)
+    while not any(STEP.search(x) for x in log):
+        sim.step(1.0)
+    assert 65.0 <= sim.cluster.now - sim.cluster.start <= 67.0  # init 5 s + compiling 60 s
