@@ -140,6 +140,34 @@ def splice(trace: Trace, kind: str, onset: float, seed: int = 0) -> Trace:
     return Trace(s, lines, trace.runs)
 
 
+def compiling(trace: Trace, compile_s: float) -> Trace:
+    """The job's first step compiling silently for `compile_s` more (torch.compile): from its
+    first iteration on, every sample and line that much later, the gap the GPU's last reading
+    before it (idle, its memory held), repeated at the trace's rate."""
+    first = _first_iteration(trace)
+    s = trace.samples
+    before, after = s[s.t < first], s[s.t >= first]
+    dt = float(np.median(np.diff(s.t.to_numpy())))
+    idle = before.iloc[[-1] * int(compile_s / dt)].assign(
+        t=before.t.iloc[-1] + dt * np.arange(1, int(compile_s / dt) + 1)
+    )
+    return Trace(
+        pd.concat([before, idle, after.assign(t=after.t + compile_s)], ignore_index=True),
+        [(t + compile_s if t >= first else t, x) for t, x in trace.lines],
+        [(a, b + compile_s) for a, b in trace.runs],
+    )
+
+
+def cut(trace: Trace, end: float) -> Trace:
+    """The trace's run ended at `end` (requeued)."""
+    s = trace.samples
+    return Trace(
+        s[s.t < end].reset_index(drop=True),
+        [(t, x) for t, x in trace.lines if t < end],
+        [(trace.runs[0][0], end)],
+    )
+
+
 def shifted(trace: Trace, dt: float) -> Trace:
     """The same trace `dt` seconds later (a later run of the same job)."""
     return Trace(
@@ -205,6 +233,7 @@ def replay(
 
 
 TARGETS_S = {"spin_hang": 30.0, "idle_hang": 45.0, "straggler": 60.0}
+COMPILE_S, REQUEUED_S = 200.0, 180.0  # a silent first-step compile; the requeue after its alert
 
 
 def _first(fired: list[dict[str, Any]], onset: float, run: int = 0) -> dict[str, Any] | None:
@@ -229,18 +258,23 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     for name, traces in healthy:
         with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
             fired, peak = replay(traces, BaselineStore(tmp) if len(traces) > 1 else None)
-        secs = sum(t.runs[-1][1] - t.runs[0][0] for t in traces)
-        out.append(
-            {
-                "row": f"healthy: {name}",
-                "kind": "healthy",
-                "gpu_hours": round(secs / 3600.0, 3),
-                "false_alerts": sorted({a["alertname"] for a in fired}),
-                "false_alert_samples": len(fired),
-                "peak": {k: round(v, 2) for k, v in peak.items()},
-                "met": not fired,
-            }
-        )
+        out.append(_healthy_row(name, traces, fired, peak))
+    # a first step compiling longer than the start-up allowance: the run is taken for one that
+    # never starts and requeued; its restart (same id) compiles as long, and must run
+    slow = compiling(job(trace, 5.0), COMPILE_S)
+    requeued = cut(slow, _first_iteration(long) + REQUEUED_S)
+    restart = shifted(slow, requeued.runs[0][1] - start + 30.0)
+    fired, peak = replay([requeued, restart])
+    name = (
+        f"first step compiling silently {COMPILE_S:g} s, requeued {REQUEUED_S:g} s in as "
+        "not started, then its restart compiling as long (same id)"
+    )
+    out.append(_healthy_row(name, [restart], [a for a in fired if a["run"] == 1], peak))
+    price = _first(fired, requeued.runs[0][0])
+    out[-1]["requeued_run_alert"] = None if price is None else price["alertname"]
+    out[-1]["requeued_run_alert_s"] = (
+        None if price is None else round(price["time"] - _first_iteration(long), 1)
+    )
     cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
     cases += [
         ("spin_hang", "at job start (before its first iteration)", first_iter),
@@ -260,6 +294,21 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
             fired, peak = replay([long, splice(again, kind, onset)], BaselineStore(tmp))
         out.append(_fault_row(kind, when, onset, fired, peak, 1))
     return out
+
+
+def _healthy_row(
+    name: str, traces: list[Trace], fired: list[dict[str, Any]], peak: dict
+) -> dict[str, Any]:
+    secs = sum(t.runs[-1][1] - t.runs[0][0] for t in traces)
+    return {
+        "row": f"healthy: {name}",
+        "kind": "healthy",
+        "gpu_hours": round(secs / 3600.0, 3),
+        "false_alerts": sorted({a["alertname"] for a in fired}),
+        "false_alert_samples": len(fired),
+        "peak": {k: round(v, 2) for k, v in peak.items()},
+        "met": not fired,
+    }
 
 
 def _first_iteration(trace: Trace) -> float:
@@ -292,6 +341,11 @@ def markdown(rows_: list[dict[str, Any]]) -> list[str]:
         peak = ", ".join(f"{k} {v:g}" for k, v in r["peak"].items() if v >= 0.05) or "all < 0.05"
         if r["kind"] == "healthy":
             got = ", ".join(r["false_alerts"]) or "none"
+            if "requeued_run_alert" in r:  # the price: the first run is taken for a hang
+                got += (
+                    f" (the requeued run: {r['requeued_run_alert'] or 'none'} "
+                    f"{r['requeued_run_alert_s']} s into its compile)"
+                )
             lines.append(
                 f"| {r['row']} ({r['gpu_hours']:g} GPU-h) | false alerts: {got} | – | – | "
                 f"0 false | {'yes' if r['met'] else '**no**'} | {peak} |"

@@ -70,7 +70,7 @@ True
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -87,6 +87,7 @@ JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's 
 # start-ups measured are kept this many jobs after the job ended: a requeued job keeps its id
 # and may be out of Slurm's running set (and the engine's) for minutes before it restarts
 KEEP_STARTUPS = 4096
+V = TypeVar("V")
 
 
 _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -158,7 +159,7 @@ def _first_of_node(frame: Frame, codes: np.ndarray) -> np.ndarray:
     return frame.gpu == low[at]
 
 
-def _keep(kept: dict[str, float], job: str, value: float) -> None:
+def _keep(kept: dict[str, V], job: str, value: V) -> None:
     """`kept[job] = value`, the latest last, at most `KEEP_STARTUPS` jobs (the oldest go)."""
     kept.pop(job, None)
     kept[job] = value
@@ -240,9 +241,6 @@ class Physics(PerJob):
         self._write_back()
         for job in jobs:  # a start-up stays: a requeued job keeps its id (`KEEP_STARTUPS`)
             self._busy_last.pop(job, None)
-            _, waited = self._waited.pop(job, (0.0, 0.0))
-            if job in self._unstarted:
-                self._fold(job, waited)
         self._unstarted -= jobs
 
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:
@@ -296,7 +294,8 @@ class Physics(PerJob):
                 job = str(uniq[c[i]])
                 self._unstarted.discard(job)
                 done[c[i]] = t[i]
-                self._waited.pop(job, None)
+                self._waited.pop(job, None)  # it started: its start-up is measured now
+                self._at_least.pop(job, None)
                 if stall[i] <= since[i] <= age[i]:  # the line dates this run's start-up
                     took = since[i] - stall[i]  # the longest seen: a cold cache's, say
                     _keep(self._startup, job, float(np.fmax(took, self._known_startup(job))))
@@ -308,9 +307,11 @@ class Physics(PerJob):
         self, names: list[str], at: np.ndarray, t: np.ndarray, since: np.ndarray
     ) -> None:
         """Each job's wait for its first step since its latest start-up milestone (rows at `t`
-        `since` it, `at` their index in `names`). A later milestone with no step between (the
-        job restarted) or the job's end (`drop_jobs`) ends a wait: the job's start-up takes at
-        least that long, or that run hung."""
+        `since` it, `at` their index in `names`; one instant at a time, as the service and
+        replay score). A later milestone with no step between (a restart: a requeued job keeps
+        its id; kept while the job is out of the running set) ends a wait: the job's start-up
+        takes at least that long, or that run hung. Two milestones of one start-up with an
+        idle wait between count so too (an allowance only ever longer)."""
         with np.errstate(invalid="ignore"):
             mark, waited = np.full(len(names), -np.inf), np.full(len(names), -np.inf)
             np.maximum.at(mark, at, np.nan_to_num(t - since, nan=-np.inf))
@@ -322,7 +323,7 @@ class Physics(PerJob):
             if m > m0 + 1.0:  # a new milestone (the clocks agree within a second)
                 self._fold(job, w0)
                 m0, w0 = m, 0.0
-            self._waited[job] = (max(m0, m), max(w0, w))
+            _keep(self._waited, job, (max(m0, m), max(w0, w)))
 
     def _fold(self, job: str, waited: float) -> None:
         """A wait for a first step that ended without one: the job's `_at_least`."""
@@ -334,8 +335,9 @@ class Physics(PerJob):
         (a `wait` rule holds) while the job's log moved within its live window or, for under
         `pause_allowance_s` of silence, another GPU of it works (`working`): the ranks wait
         for one that is alive (rank 0 evaluating), not for a stuck one; and, before the first
-        step, the waiting GPUs of a job whose start-up work moves its log (see the module
-        docstring: the rank doing that work is left to the engine's pause rule)."""
+        step, the waiting GPUs of a job whose start-up work moves its log or that waits for its
+        main processes within the start-up's allowance (see the module docstring: the rank
+        doing that work is left to the engine's pause rule)."""
         return self._rules(frame)[2]
 
     def _rules(self, frame: Frame) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
@@ -442,7 +444,7 @@ class Physics(PerJob):
         # start-up's never_started; another rank stuck while rank 0 waits (ranks stuck in
         # their first data fetch, dylanyunlon/Neuron_SP#73) is a hang at once
         pre = waits & ~np.isfinite(step)
-        moving = by_main = np.zeros(len(frame), dtype=bool)
+        moving, by_main = np.zeros(len(frame), dtype=bool), np.zeros(len(frame), dtype=bool)
         if pre.any():
             window = np.broadcast_to(prior("live_log_max_s"), len(frame))
             pre &= _share_of_job(instants, ~waits) > 0
@@ -465,11 +467,12 @@ class Physics(PerJob):
             factor = np.broadcast_to(prior("startup_factor"), len(frame))
             short[mine] = np.fmax(floor, factor[mine] * own[known])
             # an earlier run that ended waiting this long (requeued as not started) gives the
-            # next `startup_factor` x that: a silent compile longer than the allowance costs
-            # one requeue, not a stop on the same verdict again
+            # next `startup_factor` x that, at most pause_allowance_s: a silent compile longer
+            # than the allowance costs one requeue, not a stop on the same verdict again
             self._note_waits(names, at, frame.time[seen], since[seen])
             least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
-            short[seen] = np.fmax(short[seen], factor[seen] * least[at])
+            longest = np.broadcast_to(prior("pause_allowance_s"), len(frame))[seen]
+            short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
         allow = np.where(ready, short, prior("pause_allowance_s"))
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         bm = np.flatnonzero(by_main)

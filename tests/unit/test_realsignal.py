@@ -27,9 +27,19 @@ def test_the_trace_loads_as_recorded() -> None:
 
 def test_healthy_real_runs_raise_nothing(rows) -> None:
     healthy = [r for r in rows.values() if r["kind"] == "healthy"]
-    assert len(healthy) == 3  # the recorded runs, a 10-min job, and it restarted by name
+    assert len(healthy) == 4  # the recorded runs, a 10-min job, it restarted, a slow compile
     for r in healthy:
         assert r["false_alerts"] == [], r
+
+
+def test_a_slow_first_step_costs_one_requeue_not_its_restart(rows) -> None:
+    """A first step compiling silently for 200 s (over one GPU's 120 s allowance) is taken for
+    a start-up that never ends (the price), and the run is requeued; its restart compiles as
+    long and raises nothing: the requeued run's wait left it 3x that. Before, the restart was
+    flagged on the same allowance again (and the same verdict twice stops the job)."""
+    (r,) = [r for name, r in rows.items() if "compiling silently" in name]
+    assert r["requeued_run_alert"] == "GoodputJobAnomaly" and r["requeued_run_alert_s"] < 180
+    assert r["false_alerts"] == []  # the restart
 
 
 @pytest.mark.parametrize(
