@@ -70,6 +70,7 @@ True
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -455,25 +456,7 @@ class Physics(PerJob):
             lone = ~waits & ~_first_of_node(frame, instants)
             by_main = pre & ~moving & (_share_of_job(instants, lone) == 0)
         since = np.where(paused, since_pause, age)
-        short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
-        seen = np.flatnonzero((waiting | by_main) & ready)
-        if seen.size:  # a start-up seen before: its own time
-            jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
-            names = frame.job_codes[1][jobs].tolist()
-            own = np.array([self._known_startup(j) for j in names], dtype=float)[at]
-            known = np.isfinite(own)
-            mine = seen[known]
-            floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
-            factor = np.broadcast_to(prior("startup_factor"), len(frame))
-            short[mine] = np.fmax(floor, factor[mine] * own[known])
-            # an earlier run that ended waiting this long (requeued as not started) gives the
-            # next `startup_factor` x that, at most pause_allowance_s: a silent compile longer
-            # than the allowance costs one requeue, not a stop on the same verdict again
-            self._note_waits(names, at, frame.time[seen], since[seen])
-            least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
-            longest = np.broadcast_to(prior("pause_allowance_s"), len(frame))[seen]
-            short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
-        allow = np.where(ready, short, prior("pause_allowance_s"))
+        allow = self._startup_allowance(frame, prior, waiting | by_main, ready, since, instants)
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         bm = np.flatnonzero(by_main)
         share = np.nan_to_num(since[bm], nan=np.inf) / allow[bm]
@@ -482,6 +465,38 @@ class Physics(PerJob):
         live |= moving
         live[bm] = True
         return out, ids, live
+
+    def _startup_allowance(
+        self,
+        frame: Frame,
+        prior: Callable[[str], np.ndarray],
+        rows: np.ndarray,
+        ready: np.ndarray,
+        since: np.ndarray,
+        instants: np.ndarray,
+    ) -> np.ndarray:
+        """never_started's allowance per row (meant for `rows`, the GPUs idle or waiting
+        before the job started): after a milestone (`ready`) the model's short one, or
+        max(`startup_floor_s`, `startup_factor` x the job's own start-up) where it was seen,
+        stretched to `startup_factor` x the wait a run ended in (requeued as not started),
+        at most `pause_allowance_s`, so a silent compile longer than the allowance costs one
+        requeue, not a stop on the same verdict again; else `pause_allowance_s`."""
+        short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
+        seen = np.flatnonzero(rows & ready)
+        if seen.size:
+            jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
+            names = frame.job_codes[1][jobs].tolist()
+            own = np.array([self._known_startup(j) for j in names], dtype=float)[at]
+            known = np.isfinite(own)
+            mine = seen[known]
+            floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
+            factor = np.broadcast_to(prior("startup_factor"), len(frame))
+            short[mine] = np.fmax(floor, factor[mine] * own[known])
+            self._note_waits(names, at, frame.time[seen], since[seen])
+            least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
+            longest = np.broadcast_to(prior("pause_allowance_s"), len(frame))[seen]
+            short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
+        return np.where(ready, short, prior("pause_allowance_s"))
 
     def score(self, frame: Frame) -> np.ndarray:
         s = self._rules(frame)[0]
