@@ -74,7 +74,7 @@ NOTES = [
     "requeueing healthy compiling jobs: it misses the cold-start p95 <= 45 s target. A first "
     "step that compiles silently for longer than that is still taken for a hang "
     "(healthy-slow-compile: 180 s on one GPU, requeued once; 240 s on eight, an `unknown` "
-    "incident 15 s before it started), but a run that ended waiting for its first step leaves "
+    "incident 5 s before it started), but a run that ended waiting for its first step leaves "
     "the job's next runs 3 x that wait, so the restart runs: before, it was flagged on the same "
     "allowance again and stopped as the same root cause twice (a healthy job stranded). A job "
     "whose start-up the detector saw before (an earlier run, or its stored baseline by name) "
