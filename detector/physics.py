@@ -24,11 +24,11 @@ evaluates them. Two rules read the job's log-derived progress as well:
   name: `startup_`, from the latest start-up line to the first iteration, measured online)
   gets max(`startup_floor_s`, `startup_factor` x that) after the milestone instead of the
   model's short allowance: a restart that hung where its last start took seconds is caught
-  in under a minute, a known slow starter (a silent compile) is left its own time. A run
-  that ended waiting for its first step after a milestone (the job left, or a later
-  milestone came with no step: a requeue as not started) leaves the job's next runs at least
-  `startup_factor` x that wait: a silent compile longer than the allowance costs one requeue,
-  not a second verdict that stops the job.
+  in under a minute, a known slow starter (a silent compile) is left its own time. A wait
+  for the first step after a milestone that ended without one (a later milestone came with
+  no step between: the restart of a run requeued as not started) leaves the job's next runs
+  at least `startup_factor` x that wait, at most `pause_allowance_s`: a silent compile longer
+  than the allowance costs one requeue, not a second verdict that stops the job.
 
 A `wait` rule (`spin_wait`: a rank spinning in a collective) after the job's first step is a
 hang only when the rank it waits for is stuck. Inside a pause (a checkpoint save) it waits for
@@ -480,7 +480,8 @@ class Physics(PerJob):
         max(`startup_floor_s`, `startup_factor` x the job's own start-up) where it was seen,
         stretched to `startup_factor` x the wait a run ended in (requeued as not started),
         at most `pause_allowance_s`, so a silent compile longer than the allowance costs one
-        requeue, not a stop on the same verdict again; else `pause_allowance_s`."""
+        requeue, not a stop on the same verdict again; else `pause_allowance_s`. Notes the
+        waits of `rows` on the way (`_note_waits`)."""
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
         seen = np.flatnonzero(rows & ready)
         if seen.size:
