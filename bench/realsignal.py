@@ -148,9 +148,8 @@ def compiling(trace: Trace, compile_s: float) -> Trace:
     s = trace.samples
     before, after = s[s.t < first], s[s.t >= first]
     dt = float(np.median(np.diff(s.t.to_numpy())))
-    idle = before.iloc[[-1] * int(compile_s / dt)].assign(
-        t=before.t.iloc[-1] + dt * np.arange(1, int(compile_s / dt) + 1)
-    )
+    n = int(compile_s / dt)
+    idle = before.iloc[[-1] * n].assign(t=before.t.iloc[-1] + dt * np.arange(1, n + 1))
     return Trace(
         pd.concat([before, idle, after.assign(t=after.t + compile_s)], ignore_index=True),
         [(t + compile_s if t >= first else t, x) for t, x in trace.lines],
@@ -262,7 +261,7 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     # a first step compiling longer than the start-up allowance: the run is taken for one that
     # never starts and requeued; its restart (same id) compiles as long, and must run
     slow = compiling(job(trace, 5.0), COMPILE_S)
-    requeued = cut(slow, _first_iteration(long) + REQUEUED_S)
+    requeued = cut(slow, first_iter + REQUEUED_S)
     restart = shifted(slow, requeued.runs[0][1] - start + 30.0)
     fired, peak = replay([requeued, restart])
     name = (
@@ -273,7 +272,7 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     price = _first(fired, requeued.runs[0][0])
     out[-1]["requeued_run_alert"] = None if price is None else price["alertname"]
     out[-1]["requeued_run_alert_s"] = (
-        None if price is None else round(price["time"] - _first_iteration(long), 1)
+        None if price is None else round(price["time"] - first_iter, 1)
     )
     cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
     cases += [

@@ -322,14 +322,10 @@ class Physics(PerJob):
                 continue
             m0, w0 = self._waited.get(job, (m, 0.0))
             if m > m0 + 1.0:  # a new milestone (the clocks agree within a second)
-                self._fold(job, w0)
+                if w0 > self._at_least.get(job, 0.0):  # that wait ended with no step
+                    _keep(self._at_least, job, w0)
                 m0, w0 = m, 0.0
             _keep(self._waited, job, (max(m0, m), max(w0, w)))
-
-    def _fold(self, job: str, waited: float) -> None:
-        """A wait for a first step that ended without one: the job's `_at_least`."""
-        if waited > self._at_least.get(job, 0.0):
-            _keep(self._at_least, job, waited)
 
     def live_wait(self, frame: Frame) -> np.ndarray:
         """Rows of jobs past their first step, no pause open, at least half of whose GPUs wait
