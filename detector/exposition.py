@@ -2,8 +2,9 @@
 
 Per GPU one series, the combined score (max over detectors), plus the detector that drives it
 only while the GPU is at or over its alert level; per job and per (job, node) the score of every
-detector; per (job, node) the suspect score. Label values reach here validated (job and node
-patterns, integer GPU indexes; detector names are code), so they need no escaping.
+detector; per (job, node) the suspect score; per job its pause allowance. Label values reach
+here validated (job and node patterns, integer GPU indexes; detector names are code), so they
+need no escaping.
 
 Rendering is a join of per-series label prefixes and numbers: the prefixes are built once and
 kept while a family's label columns equal the last cycle's (steady state), the numbers are
@@ -30,6 +31,7 @@ DRIVER = gauge("goodput_gpu_anomaly_driver_score")
 JOB = gauge("goodput_job_anomaly_score")
 NODE = gauge("goodput_node_anomaly_score")
 SUSPECT = gauge("goodput_node_suspect_score")
+PAUSE = gauge("goodput_job_pause_allowance_seconds")
 
 HELP = {
     GPU: "Per-GPU combined anomaly score (max over detectors); 1.0 is the nominal alarm level.",
@@ -38,6 +40,9 @@ HELP = {
     JOB: "Per-job anomaly score per detector (detector=combined is the max).",
     NODE: "Per job and node, each detector's max over the node's GPUs.",
     SUSPECT: "How strongly a node is suspected in a job; 1.0 = threshold.",
+    PAUSE: "How long the job may pause where its log announces a pause (start-up work, a "
+    "save) before it counts as stuck: the GPU model's allowance, or a multiple of the job's "
+    "own longest pause.",
 }
 
 
@@ -123,6 +128,10 @@ class Renderer:
                 jobs["score"],
             )
         )
+        pauses = res.pause_cols
+        if pauses:
+            jid = pauses["job_id"].tolist()
+            parts.append(self._lines(PAUSE, [jid], 'job_id="{}"', pauses["seconds"]))
         parts.append(self._node_detectors(res, on, res.gpu[on]))
         nodes = res.node_cols
         parts.append(

@@ -14,12 +14,14 @@ evaluates them. Two rules read the job's log-derived progress as well:
   log2(the job's GPUs): the first collective's communicator init idles every GPU and grows
   with the world size) before the job's first iteration when the log's latest start-up line
   is a milestone (`training_start`: start-up done, it dates progress and pause alike); long
-  (`pause_allowance_s`) while start-up work is open (a `pause` line after the latest
-  milestone, or before any: checkpoint load, model build, compilation), inside a pause after
-  iterating, or when the log says nothing. A job with no step time whose GPUs were busy
-  since its latest pause or start-up line began (ever, with no log) has started, whatever its
-  log says (a log whose progress lines the catalogue does not know reads as "no first step"):
-  no never_started for it; a restarted job's earlier run does not start the new one.
+  (`pause_allowance`: the model's `pause_allowance_s`, or, given the progress detector that
+  learns the job's pauses, 3 x its longest earlier pause where longer) while start-up work is
+  open (a `pause` line after the latest milestone, or before any: checkpoint load, model
+  build, compilation), inside a pause after iterating, or when the log says nothing. A job
+  with no step time whose GPUs were busy since its latest pause or start-up line began (ever,
+  with no log) has started, whatever its log says (a log whose progress lines the catalogue
+  does not know reads as "no first step"): no never_started for it; a restarted job's earlier
+  run does not start the new one.
   A job whose start-up was seen before (this run's earlier start, or its stored baseline by
   name: `startup_`, from the latest start-up line to the first iteration, measured online)
   gets max(`startup_floor_s`, `startup_factor` x that) after the milestone instead of the
@@ -71,7 +73,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -83,11 +85,15 @@ from detector.frame import Frame, JobRows
 from detector.memo import Memo
 from detector.perjob import PerJob
 
+if TYPE_CHECKING:
+    from detector.progress import Progress
+
 FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
-# start-ups measured are kept this many jobs after the job ended: a requeued job keeps its id
-# and may be out of Slurm's running set (and the engine's) for minutes before it restarts
-KEEP_STARTUPS = 4096
+# what a job's runs showed (its start-ups, its pauses) is kept this many jobs after the job ended:
+# a requeued job keeps its id and may be out of Slurm's running set (and the engine's) for
+# minutes before it restarts
+KEEP_ENDED = 4096
 V = TypeVar("V")
 
 
@@ -160,11 +166,11 @@ def _first_of_node(frame: Frame, codes: np.ndarray) -> np.ndarray:
     return frame.gpu == low[at]
 
 
-def _keep(kept: dict[str, V], job: str, value: V) -> None:
-    """`kept[job] = value`, the latest last, at most `KEEP_STARTUPS` jobs (the oldest go)."""
+def keep_latest(kept: dict[str, V], job: str, value: V) -> None:
+    """`kept[job] = value`, the latest last, at most `KEEP_ENDED` jobs (the oldest go)."""
     kept.pop(job, None)
     kept[job] = value
-    if len(kept) > KEEP_STARTUPS:
+    if len(kept) > KEEP_ENDED:
         del kept[next(iter(kept))]
 
 
@@ -177,9 +183,12 @@ class Physics(PerJob):
     gap_: np.ndarray
     startup_: np.ndarray  # seconds from the latest start-up line to the first iteration
 
-    def __init__(self, path: str | None = None, min_gaps: int = 5) -> None:
+    def __init__(
+        self, path: str | None = None, min_gaps: int = 5, pauses: Progress | None = None
+    ) -> None:
         self.path = path
         self.min_gaps = min_gaps
+        self.pauses = pauses  # the detector that learns each job's pauses from its log
         self._busy_last: dict[str, float] = {}  # job -> the latest time it was seen busy
         self._busy: tuple[np.ndarray, np.ndarray] | None = None  # (jobs, `_busy_rows`)
         self._models: Memo[dict[str, np.ndarray]] = Memo()  # the priors per model (`_rules`)
@@ -240,7 +249,7 @@ class Physics(PerJob):
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         self._write_back()
-        for job in jobs:  # a start-up stays: a requeued job keeps its id (`KEEP_STARTUPS`)
+        for job in jobs:  # a start-up stays: a requeued job keeps its id (`KEEP_ENDED`)
             self._busy_last.pop(job, None)
         self._unstarted -= jobs
 
@@ -250,6 +259,14 @@ class Physics(PerJob):
     @property
     def priors(self) -> P.Priors:
         return P.load(self.path)
+
+    def pause_allowance(self, frame: Frame) -> np.ndarray:
+        """Per row, how long its job may pause where its log announces one: the pause
+        learner's (`pauses`: the GPU model's `pause_allowance_s`, or a multiple of the job's
+        own longest pause where longer) or, alone, the model's."""
+        if self.pauses is not None:
+            return self.pauses.pause_allowance(frame, self.priors)
+        return prior_rows(frame, "pause_allowance_s", self.priors)
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each job's p99 progress gap outside pauses (stall seconds sampled while healthy)."""
@@ -299,7 +316,7 @@ class Physics(PerJob):
                 self._at_least.pop(job, None)
                 if stall[i] <= since[i] <= age[i]:  # the line dates this run's start-up
                     took = since[i] - stall[i]  # the longest seen: a cold cache's, say
-                    _keep(self._startup, job, float(np.fmax(took, self._known_startup(job))))
+                    keep_latest(self._startup, job, float(np.fmax(took, self._known_startup(job))))
         last = np.full(len(uniq) + 1, -np.inf)
         np.maximum.at(last, c[before], t[before])
         self._unstarted.update(uniq[np.flatnonzero(last[:-1] > done[:-1])].tolist())
@@ -323,9 +340,9 @@ class Physics(PerJob):
             m0, w0 = self._waited.get(job, (m, 0.0))
             if m > m0 + 1.0:  # a new milestone (the clocks agree within a second)
                 if w0 > self._at_least.get(job, 0.0):  # that wait ended with no step
-                    _keep(self._at_least, job, w0)
+                    keep_latest(self._at_least, job, w0)
                 m0, w0 = m, 0.0
-            _keep(self._waited, job, (max(m0, m), max(w0, w)))
+            keep_latest(self._waited, job, (max(m0, m), max(w0, w)))
 
     def live_wait(self, frame: Frame) -> np.ndarray:
         """Rows of jobs past their first step, no pause open, at least half of whose GPUs wait
@@ -493,7 +510,7 @@ class Physics(PerJob):
             least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
             longest = np.broadcast_to(prior("pause_allowance_s"), len(frame))[seen]
             short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
-        return np.where(ready, short, prior("pause_allowance_s"))
+        return np.where(ready, short, self.pause_allowance(frame))
 
     def score(self, frame: Frame) -> np.ndarray:
         s = self._rules(frame)[0]

@@ -87,6 +87,7 @@ class Result:
     job_cols: dict[str, np.ndarray]  # job_id, detector, score (detector="combined": the max)
     node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
     missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
+    pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds allowed
 
     @cached_property
     def jobs(self) -> pd.DataFrame:
@@ -107,9 +108,9 @@ def default_detectors(cfg: Config) -> dict[str, Detector]:
         deviation,
         NodeShift(of=deviation),  # reads the deviation's baselines: one fit, one stored state
         PeerComparison().fit(_EMPTY),
-        Progress(),
+        progress := Progress(),  # scores before physics, which reads the pauses it learned
         HardwareEvents(),
-        Physics(),
+        Physics(pauses=progress),
     ]
     if cfg.level:
         dets.append(Level())
@@ -217,13 +218,26 @@ class Engine:
                 if len(frame)
                 else np.zeros((0, len(self.names)))
             )
-            self._pause(frame, raw)  # before persistence: the window after a pause holds it
+            allowance = self._pause_allowance(frame)
+            self._pause(frame, raw, allowance)  # before persistence: the window after it holds
             gpu = self._persist(idx, job, raw, now)
             self._phase(frame, job, gpu)
             jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
             base.learn(frame, job, calm, now, self.cycle)
             base.learn_online(frame, combined)
-        return Result(frame, self.names, gpu, jobs, nodes, missing)
+        named = np.flatnonzero(frame.job_named) if len(frame) else np.zeros(0, np.int64)
+        pauses = {"job_id": juniq[named], "seconds": allowance[frame.job_first[named]]}
+        return Result(frame, self.names, gpu, jobs, nodes, missing, pauses)
+
+    def _pause_allowance(self, frame: Frame) -> np.ndarray:
+        """Per row, how long its job may pause where its log announces one
+        (`Physics.pause_allowance`; without physics, the GPU model's `pause_allowance_s`)."""
+        if not len(frame):
+            return np.zeros(0)
+        phys = self.det.get("physics")
+        if isinstance(phys, Physics):
+            return phys.pause_allowance(frame)
+        return prior_rows(frame, "pause_allowance_s")
 
     def _job_codes(self, juniq: np.ndarray, names: dict[str, str] | None, now: float):
         """The code of each of the frame's jobs (those seen for the first time are added), and
@@ -300,10 +314,12 @@ class Engine:
                 out[:, i] = np.where(out[:, i] > 0, raw[:, i], 0.0)
         return out
 
-    def _pause(self, frame: Frame, raw: np.ndarray) -> None:
+    def _pause(self, frame: Frame, raw: np.ndarray, allowance: np.ndarray) -> None:
         """Inside a pause the job's log announced (a checkpoint save or load, start-up work)
-        and younger than the model's `pause_allowance_s`, a job's GPUs idle or wait in a
-        barrier for the rank that saves (spinning like a hung collective: cupy/cupy#3557);
+        and younger than its `allowance` (`Physics.pause_allowance`: the model's
+        `pause_allowance_s`, or a multiple of the job's own longest pause), a job's GPUs idle
+        or wait in a barrier for the rank that saves (spinning like a hung collective,
+        cupy/cupy#3557);
         in a live wait (`Physics.live_wait`: most of the job's ranks spin while its log moves
         or a GPU of it works) they wait for a rank that works, rank 0 evaluating say. There
         the baseline and peer detectors' (`PAUSE_CAPPED`) raw scores are capped below 1.0, so
@@ -319,9 +335,8 @@ class Engine:
         since = frame.col(F.SINCE_PAUSE)
         if np.isfinite(since).any():
             with np.errstate(invalid="ignore"):
-                inside = inside | pause_open(frame.col(F.STALL_SECONDS), since) & (
-                    since < prior_rows(frame, "pause_allowance_s")
-                )
+                opened = pause_open(frame.col(F.STALL_SECONDS), since)
+                inside = inside | opened & (since < allowance)
         if inside.any():
             at = np.ix_(np.flatnonzero(inside), np.array(cols))
             raw[at] = np.minimum(raw[at], 0.99)

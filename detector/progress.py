@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 
+from catalogue import priors as P
 from detector import fields as F
 from detector.base import pause_open, robust, z_crit
 from detector.frame import Frame, JobRows
 from detector.perjob import PerJob
-from detector.physics import prior_rows
+from detector.physics import keep_latest, prior_rows
+from detector.thresholds import level
 
 _PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
 
@@ -23,6 +26,7 @@ class Seen(NamedTuple):
     longest: float  # the longest of the job's earlier pauses (NaN: none)
     step: float  # the job's step time when it began (NaN: not known)
     trained: bool = False  # a step time other than `step` was seen after it: training resumed
+    saved: bool = False  # an earlier pause of the run began after a step (a save, not start-up)
 
 
 class Progress(PerJob):
@@ -32,8 +36,11 @@ class Progress(PerJob):
     progress gap seen while healthy (checkpoints, evals); the longest pause its log announced
     is learned online from the announcements. Stall score = stall / allowance, with
     allowance = max(`stall_factor` x step, 1.5 x longest healthy gap, `min_stall_s`) (or
-    `unfitted_stall_s` before a baseline exists), inside a pause after the job's first step
-    at least `pause_factor` x the longest pause seen (a save runs long on a busy filesystem);
+    `unfitted_stall_s` before a baseline exists), inside a pause at least `pause_factor` x
+    the longest pause seen before it (a save runs long on a busy filesystem), and inside a
+    run's start-up or its first save long enough that its alert fires only once
+    `pause_allowance` is spent (the GPU model's, or that multiple where longer: pauses are
+    kept across the job's runs);
     slowdown score = robust z of log step time / z_crit(p), 0 after a pause began for 1.5 x
     the longest pause seen (`unknown_pause_s` before one was seen), or the pause as it ran
     when longer (until the step time moves, when a bar closed it), plus max(`after_pause_s`,
@@ -88,6 +95,7 @@ class Progress(PerJob):
         self.unknown_pause_s = unknown_pause_s
         self.pause_factor = pause_factor
         self._pauses: dict[str, Seen] = {}  # job -> its latest pause seen open
+        self._ended: dict[str, float] = {}  # job -> the longest pause of its runs that left
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each job's typical step (median and MAD of log step times, at least 3) and its
@@ -108,13 +116,19 @@ class Progress(PerJob):
         }
 
     def _known_pause(self, job: str) -> float:
-        """The job's longest announced pause as seen by this detector or, failing that, as
-        stored (NaN: none)."""
-        if job in self._pauses:
-            return float(np.fmax(self._pauses[job].longest, self._pauses[job].ran))
+        """The job's longest announced pause that ended, as seen by this detector (its latest
+        only once training resumed after it: a pause still open, refitted mid-way, would
+        stretch its own allowance), in its runs that left, or as stored (NaN: none)."""
+        seen = self._pauses.get(job)
+        mine = (
+            np.nan
+            if seen is None
+            else np.fmax(seen.longest, np.where(seen.trained, seen.ran, np.nan))
+        )
         i = self._positions().get(job)
         stored = np.nan if i is None or self.pause_ is None else float(self.pause_[i])
-        return stored if stored > 0 else np.nan
+        kept = np.fmax(mine, self._ended.get(job, np.nan))
+        return float(np.fmax(kept, stored if stored > 0 else np.nan))
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """(stall score, slow score) per row; worked out per job when the frame has the
@@ -125,23 +139,24 @@ class Progress(PerJob):
         it = frame.col(F.ITER_SECONDS)[sel]
         since = frame.col(F.SINCE_PAUSE)[sel]
         codes = self._codes(frame)[sel]
-        ran, usual, before = self._pauses_seen(frame, sel, stall, since, codes, it)
+        ran, usual, before, saved = self._pauses_seen(frame, sel, stall, since, codes, it)
         allow, slow = self._allow_slow(codes, it, since, ran, usual, before)
         inside = pause_open(stall, since)
-        # a run's start-up that its log announces (a pause open, no step time yet: a fresh
-        # job, or a restarted one, whose earlier step time the log parser drops) waits as
-        # long as the physics priors' start-up work does: a requeued job loading a checkpoint
-        # for minutes is not a hang (physics judges that window on the GPUs); a later pause
-        # (a save) `pause_factor` x the longest the job was seen to take
-        starting = ~np.isfinite(it) & inside
-        saving = np.isfinite(it) & inside & np.isfinite(usual)
+        # a pause the log announced waits as long as the physics rules wait on the GPUs
+        # (`pause_allowance`) when it is a run's start-up (no step time yet: a fresh job, or a
+        # restarted one, whose earlier step time the log parser drops; a requeued job loading
+        # a checkpoint for minutes is not a hang) or the job's first save (a 13B model's took
+        # 5 minutes, epfLLM/Megatron-LLM#69); a later save `pause_factor` x the longest pause
+        # the job was seen to take (one saving in 20 s is stuck long before the model's)
+        saving = np.isfinite(it) & inside & np.isfinite(usual) & saved
         allow[saving] = np.fmax(allow[saving], self.pause_factor * usual[saving])
+        first = inside & ~saving
         if one is not None:  # each row its job's
             job = one[1]
-            stall, allow, slow, starting = stall[job], allow[job], slow[job], starting[job]
-        if starting.any():  # the allowance is the GPU model's
-            pause_allowance = prior_rows(frame, "pause_allowance_s")[starting]
-            allow[starting] = np.fmax(allow[starting], pause_allowance)
+            stall, allow, slow, first = stall[job], allow[job], slow[job], first[job]
+        if first.any():  # its alert (tuned below 1.0) fires once that allowance is spent
+            pause = self.pause_allowance(frame)[first] / level("progress")
+            allow[first] = np.fmax(allow[first], pause)
         return np.nan_to_num(stall / allow), slow
 
     def _pauses_seen(
@@ -152,20 +167,21 @@ class Progress(PerJob):
         since: np.ndarray,
         codes: np.ndarray,
         it: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(how long each job's latest pause ran, the longest of its earlier ones, its step
-        time when the pause began) as seen open by this detector in one-instant frames (a
-        service cycle, which updates them; other frames read them; NaN where not seen: the
-        longest as stored, if any). Learned from the log's own announcements, not from the
-        reservoir's calm rows (the idle GPUs of a save alarm the other detectors, so its rows
-        are never calm)."""
+        time when the pause began, whether a save came before it) as seen open by this
+        detector in one-instant frames (a service cycle, which updates them; other frames read
+        them; NaN where not seen: the longest as stored, if any; no save: not in this run).
+        Learned from the log's own announcements, not from the reservoir's calm rows (the idle
+        GPUs of a save alarm the other detectors, so its rows are never calm)."""
         ran, usual, before = (np.full(len(stall), np.nan) for _ in range(3))
+        saved = np.zeros(len(stall), dtype=bool)
         if self.pause_ is not None and (codes >= 0).any():
             stored = self.pause_[codes[codes >= 0]]
             usual[codes >= 0] = np.where(stored > 0, stored, np.nan)
         rows = np.flatnonzero(np.isfinite(since))
         if not rows.size:
-            return ran, usual, before
+            return ran, usual, before, saved
         t = frame.time[sel][rows]
         jobs = frame.job[sel][rows].tolist()
         began = (t - since[rows]).tolist()
@@ -176,16 +192,21 @@ class Progress(PerJob):
             last = self._pauses.get(job)
             if last is not None and abs(last.began - began[k]) <= 1.0:  # the same pause
                 self._pauses[job] = last._replace(ran=took)
-            else:  # a new one: the last ended
-                longest = np.nan if last is None else np.fmax(last.longest, last.ran)
+            else:  # a new one: the last ended (in this run, or in a run that left)
+                longest = self._ended.get(job, np.nan) if last is None else last.longest
+                longest = np.fmax(longest, np.nan if last is None else last.ran)
                 # the step time before it: a save's line follows the last progress line; a
                 # start-up milestone dates progress and pause alike (a new run's first step)
                 then = float(it[rows[k]]) if since[rows[k]] < stall[rows[k]] else np.nan
-                self._pauses[job] = Seen(began[k], took, longest, then)
+                after = last is not None and (last.saved or bool(np.isfinite(last.step)))
+                self._pauses[job] = Seen(began[k], took, longest, then, saved=after)
+        codes_r, uniq_r = pd.factorize(np.asarray(jobs, dtype=object))
+        usual[rows] = np.fmax(usual[rows], self._earlier(codes_r, uniq_r, np.asarray(began)))
         for k, job in enumerate(jobs):
             seen = self._pauses.get(job)
             if seen is not None:
-                usual[rows[k]] = np.fmax(usual[rows[k]], seen.longest)
+                newer = began[k] > seen.began + 1.0  # the one seen ended
+                saved[rows[k]] |= seen.saved or newer and bool(np.isfinite(seen.step))
                 if abs(seen.began - began[k]) <= 1.0:  # the pause the log dates now
                     if cycle and not opened[k] and not seen.trained:
                         # closed by a bar with no step line since (an evaluation after the
@@ -195,12 +216,48 @@ class Progress(PerJob):
                         seen = seen._replace(ran=took) if same else seen._replace(trained=True)
                         self._pauses[job] = seen
                     ran[rows[k]], before[rows[k]] = seen.ran, seen.step
-        return ran, usual, before
+        return ran, usual, before, saved
+
+    def _earlier(self, codes: np.ndarray, uniq: np.ndarray, began: np.ndarray) -> np.ndarray:
+        """Per row (`codes` into the job ids `uniq`), the longest pause its job was seen to
+        take before the one that began at `began`: earlier in this run, or in runs of the same
+        id that left (NaN: none)."""
+        longest, ran, at = (np.full(len(uniq), np.nan) for _ in range(3))
+        for i, job in enumerate(uniq.tolist()):
+            seen = self._pauses.get(job)
+            if seen is None:
+                longest[i] = self._ended.get(job, np.nan)
+            else:
+                longest[i], ran[i], at[i] = seen.longest, seen.ran, seen.began
+        out = longest[codes]
+        with np.errstate(invalid="ignore"):
+            newer = began > at[codes] + 1.0  # a pause after the one seen open: that one ended
+        out[newer] = np.fmax(out[newer], ran[codes][newer])
+        return out
+
+    def pause_allowance(self, frame: Frame, pri: P.Priors | None = None) -> np.ndarray:
+        """Per row, how long its job may pause where its log announces one (start-up work, a
+        save) before its GPUs idling or waiting count as stuck: the GPU model's
+        `pause_allowance_s`, or `pause_factor` x the longest pause the job was seen to take
+        before this one (in this run, in an earlier run of the same id, in its stored
+        baseline by name) where longer. A job whose saves or checkpoint loads outlast the
+        model's allowance (a 70B checkpoint takes about 10 minutes to write) is flagged once,
+        not at every save or restart."""
+        codes, uniq = frame.job_codes
+        usual = self._earlier(codes, uniq, frame.time - frame.col(F.SINCE_PAUSE))
+        stored = self._codes(frame)
+        if self.pause_ is not None and (stored >= 0).any():
+            kept = self.pause_[stored[stored >= 0]]
+            usual[stored >= 0] = np.fmax(usual[stored >= 0], np.where(kept > 0, kept, np.nan))
+        return np.fmax(prior_rows(frame, "pause_allowance_s", pri), self.pause_factor * usual)
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
-        for job in jobs:
-            self._pauses.pop(job, None)
+        for job in jobs:  # its pauses stay: a requeued job keeps its id (`KEEP_ENDED`)
+            seen = self._pauses.pop(job, None)
+            if seen is not None:
+                longest = np.fmax(np.fmax(seen.longest, seen.ran), self._ended.get(job, np.nan))
+                keep_latest(self._ended, job, float(longest))
 
     def _allow_slow(
         self,

@@ -489,16 +489,16 @@ def test_a_requeued_job_keeps_its_start_up_while_it_waits_to_restart() -> None:
     """A requeue keeps the job's id, and the job leaves Slurm's running set (so the engine
     drops it) until it restarts: the start-up seen in its run before still sets the allowance
     of its restart. Failed before: the drop forgot it (the model's 120 s again). Only the
-    latest KEEP_STARTUPS jobs are kept."""
+    latest KEEP_ENDED jobs are kept."""
     det = Physics()
     _started_in(det, 4.0)
     job = str(_one_gpu(1).job[0])
     det.drop_jobs({job})
     kw = {"age": 900.0, "step": np.nan, "stall": 30.0, "since": 30.0}
     assert _run(det, 900.0, **kw) == pytest.approx(1.5)
-    det._startup.update({f"old{i}": 1.0 for i in range(detector.physics.KEEP_STARTUPS)})
+    det._startup.update({f"old{i}": 1.0 for i in range(detector.physics.KEEP_ENDED)})
     _started_in(det, 4.0, t=1000.0)
-    assert len(det._startup) == detector.physics.KEEP_STARTUPS and job in det._startup
+    assert len(det._startup) == detector.physics.KEEP_ENDED and job in det._startup
 
 
 def test_a_run_requeued_unstarted_leaves_its_restart_three_times_its_wait() -> None:

@@ -1,0 +1,77 @@
+"""Pauses longer than the GPU model's allowance (600 s): checkpoint loads of 15 and 30 minutes
+(Nerogar/OneTrainer#631, modelscope/ms-swift#7058), saves of 10 to 15 minutes
+(epfLLM/Megatron-LLM#69). The first such pause is flagged (nothing yet says how long the
+job's pauses take); its later pauses, in the same run or in its restart after a requeue, are
+allowed `pause_factor` x the longest it was seen to take, by the progress and physics
+detectors, the engine's caps and the raw alert condition alike (one value, exported per job).
+Fails on the code before: the restart's load was flagged at the same 600 s and the receiver
+stopped the job on the same root cause (bench: healthy-long-pauses)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detector import fields as F
+from detector.baselines import BaselineStore
+from detector.exposition import render
+from detector.frame import Frame
+from detector.pipeline import Config, Engine, Result
+from detector.synthetic import healthy_frame
+from detector.thresholds import level
+
+COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
+JOB = "100"
+
+
+def _loading(t: float, since: float, stall: float) -> Frame:
+    """The one-GPU job at `t`: idle with memory held, no step time yet, inside a checkpoint
+    load its log announced `since` s ago (`stall`: s since its last progress line)."""
+    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=3, start=t)
+    v = f.values
+    v[:, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
+    v[:, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
+    v[:, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0
+    v[:, COL[F.ITER_SECONDS]] = np.nan
+    v[:, COL[F.STALL_SECONDS]] = stall
+    v[:, COL[F.SINCE_PAUSE]] = since
+    return f
+
+
+def _load(eng: Engine, t0: float, seconds: float, stall0: float) -> list[Result]:
+    """A load of `seconds` seen every 5 s from `t0`; the engine's result at each sample."""
+    return [
+        eng.step(_loading(t0 + s, s, stall0 + s), t0 + s, {JOB: "trainer"})
+        for s in np.arange(0.0, seconds + 1.0, 5.0)
+    ]
+
+
+def _score(res: Result, detector: str) -> float:
+    return float(res.jobs.query("detector == @detector").score.iloc[0])
+
+
+def test_a_restart_may_load_three_times_as_long_as_the_load_its_requeue_cut(tmp_path) -> None:
+    eng = Engine(Config(interval_s=5.0), BaselineStore(tmp_path))
+    first = _load(eng, 0.0, 780.0, stall0=300.0)
+    assert float(first[0].pause_cols["seconds"][0]) == 600.0  # the model's, nothing seen yet
+    assert _score(first[-1], "physics") >= 1.25  # flagged: the receiver requeues it
+    eng.end_jobs(set())  # requeued: the job leaves Slurm's running set, then restarts
+    again = _load(eng, 2000.0, 900.0, stall0=5.0)  # its log's progress dates from the restart
+    allowed = float(again[-1].pause_cols["seconds"][0])
+    assert allowed == pytest.approx(3 * 780.0)  # 3 x the load the requeue cut
+    assert max(_score(r, "physics") for r in again) < 0.5
+    assert max(_score(r, "progress") for r in again) < level("progress")
+    assert max(_score(r, "combined") for r in again) < 1.0
+    text = render(again[-1], gpu_level=1.25).decode()
+    assert f'goodput_job_pause_allowance_seconds{{job_id="{JOB}"}} 2340.0' in text
+    # still caught when it hangs: past that allowance physics flags it
+    late = eng.step(_loading(4400.0, 2400.0, 2405.0), 4400.0, {JOB: "trainer"})
+    assert _score(late, "physics") >= 1.0
+
+
+def test_without_the_pause_learner_physics_keeps_the_models_allowance() -> None:
+    from detector.physics import Physics
+
+    f = _loading(0.0, 700.0, 1000.0)
+    assert float(Physics().pause_allowance(f)[0]) == 600.0
+    assert float(Physics().score(f)[0]) == pytest.approx(700.0 / 600.0)
