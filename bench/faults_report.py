@@ -22,7 +22,8 @@ NOTES = [
     "- **A rank that saves while the others wait** (healthy-rank0-saves: rank 0 writes the "
     "checkpoint, its GPU idle, while the other ranks wait in a barrier, spinning at 100 % util "
     "on low power like a hung collective, cupy/cupy#3557): inside a save the log announced, "
-    "for the priors' pause_allowance_s (600 s), the baseline and peer detectors are capped "
+    "for the job's pause allowance (the priors' 600 s, or 3x the job's longest earlier pause "
+    "where longer), the baseline and peer detectors are capped "
     "below the alert level and a spin is scored as a wait; before, the same jobs were "
     "requeued, then stopped, 15 s into a save (4 destructive false incidents in an hour). "
     "The same signature with no save line is a hang (a silent rank-0 save is flagged: the "
@@ -82,6 +83,15 @@ NOTES = [
     "reaches its first iteration'). A straggler from a never-seen job's first iteration has no "
     "reference at all (caught when a stored baseline of the same job name exists: the restart "
     "row).",
+    "- **Pauses longer than the pause allowance** (healthy-long-pauses: a 15-minute checkpoint "
+    "load, public loads of 15 and 30 minutes in Nerogar/OneTrainer#631 and "
+    "modelscope/ms-swift#7058; saves of 14 minutes, a 13B model's second save took 15 in "
+    "epfLLM/Megatron-LLM#69): the first is flagged (the load requeued once, the save an "
+    "`unknown` held for a person), since nothing yet says how long the job's pauses take; "
+    "after it the job may pause 3 x its longest pause seen (the restart after the requeue "
+    "included), so its restart loads and its later saves raise nothing. Before, the restart was "
+    "flagged at the same 600 s and stopped as the same root cause (a healthy job stranded), "
+    "and every long save raised an incident.",
     "- **False incidents**: showing <= 0.02 per 1,000 GPU-hours needs ~150,000 healthy "
     "GPU-hours with none (3/N); the 8-hour healthy scenario plus the healthy jobs of the fault "
     "runs give a few hundred, so the upper bound cannot meet the target at this scale whatever "
@@ -236,7 +246,9 @@ def markdown(doc: dict[str, Any]) -> str:
             "healthy-slow-compile: a first step compiling silently for 180 s (1 GPU) and "
             "240 s (8 GPUs) after `training ...`, longer than the allowance; all with "
             "checkpoints every 5 min, "
-            "20 s saves, evaluations): "
+            "20 s saves, evaluations; and healthy-long-pauses: a one-node job loading its "
+            "checkpoint for 15 minutes, another whose saves take 14, both longer than the "
+            "pause allowance): "
             f"**{cf['false_incidents']}** in {cf['healthy_gpu_hours']:g} healthy "
             f"GPU-hours; destructive: {cf['destructive_false_actions']}.",
             *_misses(cold),

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from detector.base import Detector
 from detector.frame import Frame, JobRows
 from detector.memo import Memo
+
+# what a job's runs showed (its start-ups, its pauses) is kept this many jobs after the job ended:
+# a requeued job keeps its id and may be out of Slurm's running set (and the engine's) for
+# minutes before it restarts
+KEEP_ENDED = 4096
+V = TypeVar("V")
+
+
+def keep_latest(kept: dict[str, V], job: str, value: V) -> None:
+    """`kept[job] = value`, the latest last, at most `KEEP_ENDED` jobs (the oldest go)."""
+    kept.pop(job, None)
+    kept[job] = value
+    if len(kept) > KEEP_ENDED:
+        del kept[next(iter(kept))]
 
 
 class PerJob(Detector):

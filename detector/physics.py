@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -83,18 +83,13 @@ from detector import fields as F
 from detector.base import nanpercentile, pause_open
 from detector.frame import Frame, JobRows
 from detector.memo import Memo
-from detector.perjob import PerJob
+from detector.perjob import PerJob, keep_latest
 
 if TYPE_CHECKING:
     from detector.progress import Progress
 
 FB = "DCGM_FI_DEV_FB_USED"
 JOB_RULES = ("idle_hang", "never_started")  # the two rules that read the job's progress
-# what a job's runs showed (its start-ups, its pauses) is kept this many jobs after the job ended:
-# a requeued job keeps its id and may be out of Slurm's running set (and the engine's) for
-# minutes before it restarts
-KEEP_ENDED = 4096
-V = TypeVar("V")
 
 
 _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -164,14 +159,6 @@ def _first_of_node(frame: Frame, codes: np.ndarray) -> np.ndarray:
     low = np.full(len(groups), np.iinfo(np.int64).max)
     np.minimum.at(low, at, frame.gpu.astype(np.int64))
     return frame.gpu == low[at]
-
-
-def keep_latest(kept: dict[str, V], job: str, value: V) -> None:
-    """`kept[job] = value`, the latest last, at most `KEEP_ENDED` jobs (the oldest go)."""
-    kept.pop(job, None)
-    kept[job] = value
-    if len(kept) > KEEP_ENDED:
-        del kept[next(iter(kept))]
 
 
 class Physics(PerJob):

@@ -102,6 +102,16 @@ class Result:
         return pd.DataFrame(self.missing_cols)
 
 
+def _per_job(frame: Frame, allowance: np.ndarray) -> dict[str, np.ndarray]:
+    """Each named job's pause allowance (the max over its rows; none where no row has one, a
+    GPU model without priors, so that the alert condition falls back to the default)."""
+    codes, uniq = frame.job_codes
+    best = np.full(len(uniq), np.nan)
+    np.fmax.at(best, codes, allowance)
+    keep = frame.job_named & np.isfinite(best) if len(uniq) else np.zeros(0, dtype=bool)
+    return {"job_id": uniq[keep], "seconds": best[keep]}
+
+
 def default_detectors(cfg: Config) -> dict[str, Detector]:
     deviation = BaselineDeviation()
     dets: list[Detector] = [
@@ -225,9 +235,7 @@ class Engine:
             jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
             base.learn(frame, job, calm, now, self.cycle)
             base.learn_online(frame, combined)
-        named = np.flatnonzero(frame.job_named) if len(frame) else np.zeros(0, np.int64)
-        pauses = {"job_id": juniq[named], "seconds": allowance[frame.job_first[named]]}
-        return Result(frame, self.names, gpu, jobs, nodes, missing, pauses)
+        return Result(frame, self.names, gpu, jobs, nodes, missing, _per_job(frame, allowance))
 
     def _pause_allowance(self, frame: Frame) -> np.ndarray:
         """Per row, how long its job may pause where its log announces one

@@ -16,6 +16,7 @@ from detector.physics import keep_latest, prior_rows
 from detector.thresholds import level
 
 _PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
+ALLOW = "pause_allowance_s"  # the priors' allowance for a pause, per GPU model
 
 
 class Seen(NamedTuple):
@@ -26,7 +27,8 @@ class Seen(NamedTuple):
     longest: float  # the longest of the job's earlier pauses (NaN: none)
     step: float  # the job's step time when it began (NaN: not known)
     trained: bool = False  # a step time other than `step` was seen after it: training resumed
-    saved: bool = False  # an earlier pause of the run began after a step (a save, not start-up)
+    saved: bool = False  # an earlier pause began after a step (a save, not start-up): of this
+    # run, or of the job's earlier one where a quick requeue kept it in the running set
 
 
 class Progress(PerJob):
@@ -96,6 +98,7 @@ class Progress(PerJob):
         self.pause_factor = pause_factor
         self._pauses: dict[str, Seen] = {}  # job -> its latest pause seen open
         self._ended: dict[str, float] = {}  # job -> the longest pause of its runs that left
+        self._cut: dict[str, float] = {}  # job -> the longest pause a run left inside (requeued)
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each job's typical step (median and MAD of log step times, at least 3) and its
@@ -126,9 +129,16 @@ class Progress(PerJob):
             else np.fmax(seen.longest, np.where(seen.trained, seen.ran, np.nan))
         )
         i = self._positions().get(job)
-        stored = np.nan if i is None or self.pause_ is None else float(self.pause_[i])
-        kept = np.fmax(mine, self._ended.get(job, np.nan))
-        return float(np.fmax(kept, stored if stored > 0 else np.nan))
+        stored = np.nan if i is None else float(self._stored(np.array([i]))[0])
+        return float(np.fmax(np.fmax(mine, self._ended.get(job, np.nan)), stored))
+
+    def _stored(self, codes: np.ndarray) -> np.ndarray:
+        """The longest pause stored in each fitted job's state (`codes` >= 0; NaN: none)."""
+        out = np.full(len(codes), np.nan)
+        if self.pause_ is not None and (codes >= 0).any():
+            kept = self.pause_[codes[codes >= 0]]
+            out[codes >= 0] = np.where(kept > 0, kept, np.nan)
+        return out
 
     def _parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """(stall score, slow score) per row; worked out per job when the frame has the
@@ -174,11 +184,9 @@ class Progress(PerJob):
         them; NaN where not seen: the longest as stored, if any; no save: not in this run).
         Learned from the log's own announcements, not from the reservoir's calm rows (the idle
         GPUs of a save alarm the other detectors, so its rows are never calm)."""
-        ran, usual, before = (np.full(len(stall), np.nan) for _ in range(3))
+        ran, before = np.full(len(stall), np.nan), np.full(len(stall), np.nan)
+        usual = self._stored(codes)
         saved = np.zeros(len(stall), dtype=bool)
-        if self.pause_ is not None and (codes >= 0).any():
-            stored = self.pause_[codes[codes >= 0]]
-            usual[codes >= 0] = np.where(stored > 0, stored, np.nan)
         rows = np.flatnonzero(np.isfinite(since))
         if not rows.size:
             return ran, usual, before, saved
@@ -202,6 +210,7 @@ class Progress(PerJob):
                 self._pauses[job] = Seen(began[k], took, longest, then, saved=after)
         codes_r, uniq_r = pd.factorize(np.asarray(jobs, dtype=object))
         usual[rows] = np.fmax(usual[rows], self._earlier(codes_r, uniq_r, np.asarray(began)))
+        caps: np.ndarray | None = None
         for k, job in enumerate(jobs):
             seen = self._pauses.get(job)
             if seen is not None:
@@ -210,8 +219,12 @@ class Progress(PerJob):
                 if abs(seen.began - began[k]) <= 1.0:  # the pause the log dates now
                     if cycle and not opened[k] and not seen.trained:
                         # closed by a bar with no step line since (an evaluation after the
-                        # save printing its bar): it runs on until the step time moves
-                        took = float(since[rows[k]])
+                        # save printing its bar): it runs on until the step time moves, at
+                        # most the model's pause allowance (a log rounding its step time may
+                        # print the same one for hours of training)
+                        if caps is None:
+                            caps = prior_rows(frame, ALLOW)[sel]
+                        took = float(np.fmin(since[rows[k]], caps[rows[k]]))
                         same = it[rows[k]] == seen.step
                         seen = seen._replace(ran=took) if same else seen._replace(trained=True)
                         self._pauses[job] = seen
@@ -221,14 +234,15 @@ class Progress(PerJob):
     def _earlier(self, codes: np.ndarray, uniq: np.ndarray, began: np.ndarray) -> np.ndarray:
         """Per row (`codes` into the job ids `uniq`), the longest pause its job was seen to
         take before the one that began at `began`: earlier in this run, or in runs of the same
-        id that left (NaN: none)."""
+        id that left, the pause a requeue cut included (NaN: none)."""
         longest, ran, at = (np.full(len(uniq), np.nan) for _ in range(3))
         for i, job in enumerate(uniq.tolist()):
             seen = self._pauses.get(job)
+            cut = self._cut.get(job, np.nan)
             if seen is None:
-                longest[i] = self._ended.get(job, np.nan)
+                longest[i] = np.fmax(self._ended.get(job, np.nan), cut)
             else:
-                longest[i], ran[i], at[i] = seen.longest, seen.ran, seen.began
+                longest[i], ran[i], at[i] = np.fmax(seen.longest, cut), seen.ran, seen.began
         out = longest[codes]
         with np.errstate(invalid="ignore"):
             newer = began > at[codes] + 1.0  # a pause after the one seen open: that one ended
@@ -239,25 +253,31 @@ class Progress(PerJob):
         """Per row, how long its job may pause where its log announces one (start-up work, a
         save) before its GPUs idling or waiting count as stuck: the GPU model's
         `pause_allowance_s`, or `pause_factor` x the longest pause the job was seen to take
-        before this one (in this run, in an earlier run of the same id, in its stored
-        baseline by name) where longer. A job whose saves or checkpoint loads outlast the
-        model's allowance (a 70B checkpoint takes about 10 minutes to write) is flagged once,
-        not at every save or restart."""
-        codes, uniq = frame.job_codes
-        usual = self._earlier(codes, uniq, frame.time - frame.col(F.SINCE_PAUSE))
-        stored = self._codes(frame)
-        if self.pause_ is not None and (stored >= 0).any():
-            kept = self.pause_[stored[stored >= 0]]
-            usual[stored >= 0] = np.fmax(usual[stored >= 0], np.where(kept > 0, kept, np.nan))
-        return np.fmax(prior_rows(frame, "pause_allowance_s", pri), self.pause_factor * usual)
+        before this one (in this run, in an earlier run of the same id, the one a requeue
+        cut included, in its stored baseline by name) where longer. A job whose saves or
+        checkpoint loads outlast the model's allowance (a 70B checkpoint takes about 10
+        minutes to write) is flagged once, not at every save or restart. Read after this
+        detector scored the frame (the engine's order), once per frame while it is unchanged
+        (progress, physics and the engine read it in one step)."""
+
+        def compute() -> np.ndarray:
+            codes, uniq = frame.job_codes
+            usual = self._earlier(codes, uniq, frame.time - frame.col(F.SINCE_PAUSE))
+            usual = np.fmax(usual, self._stored(self._codes(frame)))
+            return np.fmax(prior_rows(frame, ALLOW, pri), self.pause_factor * usual)
+
+        return frame.derived(("pause_allowance", id(self), id(pri)), compute)
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         for job in jobs:  # its pauses stay: a requeued job keeps its id (`KEEP_ENDED`)
             seen = self._pauses.pop(job, None)
-            if seen is not None:
-                longest = np.fmax(np.fmax(seen.longest, seen.ran), self._ended.get(job, np.nan))
-                keep_latest(self._ended, job, float(longest))
+            if seen is None:
+                continue
+            ended = np.fmax(seen.longest, seen.ran if seen.trained else np.nan)
+            keep_latest(self._ended, job, float(np.fmax(ended, self._ended.get(job, np.nan))))
+            if not seen.trained:  # left inside it: for this id's restart, never stored by name
+                keep_latest(self._cut, job, float(np.fmax(seen.ran, self._cut.get(job, np.nan))))
 
     def _allow_slow(
         self,

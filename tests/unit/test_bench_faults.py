@@ -35,6 +35,7 @@ def test_plan_varies_job_size_and_covers_every_kind() -> None:
     assert {r.group for r in cold} == {"cold-start"} and all(r.job_nodes is None for r in cold)
     assert [r.scenario for r in cold if r.healthy] == [
         "healthy-ckpt-load",
+        "healthy-long-pauses",
         "healthy-rank0-silent-prep",
         "healthy-rank0-tokenise",
         "healthy-slow-compile",

@@ -17,6 +17,7 @@ from detector.baselines import BaselineStore
 from detector.exposition import render
 from detector.frame import Frame
 from detector.pipeline import Config, Engine, Result
+from detector.progress import Progress
 from detector.synthetic import healthy_frame
 from detector.thresholds import level
 
@@ -75,3 +76,39 @@ def test_without_the_pause_learner_physics_keeps_the_models_allowance() -> None:
     f = _loading(0.0, 700.0, 1000.0)
     assert float(Physics().pause_allowance(f)[0]) == 600.0
     assert float(Physics().score(f)[0]) == pytest.approx(700.0 / 600.0)
+
+
+def _seen(det: Progress, t: float, stall: float, since: float, step: float = np.nan) -> None:
+    """One cycle of the one-GPU job at `t` with these progress fields, scored by `det`."""
+    f = _loading(t, since, stall)
+    f.values[:, COL[F.ITER_SECONDS]] = step
+    det.score(f)
+
+
+def test_a_pause_a_requeue_cut_counts_for_that_job_id_only_not_by_name() -> None:
+    """The load the requeue cut may have been a real hang: it stretches its own restart's
+    allowance, but is not stored in the job's baseline by name, where every later job of
+    that name would inherit it."""
+    det = Progress()
+    for s in np.arange(0.0, 781.0, 5.0):
+        _seen(det, s, stall=np.nan, since=s)
+    det.drop_jobs({JOB})
+    assert np.isnan(det._known_pause(JOB))  # what a fit would store by name
+    restart = _loading(2000.0, 10.0, np.nan)
+    assert float(det.pause_allowance(restart)[0]) == pytest.approx(3 * 780.0)
+    fresh = Progress()  # the same name's next job, from its stored baseline: nothing
+    assert float(fresh.pause_allowance(restart)[0]) == 600.0
+
+
+def test_a_step_time_the_log_rounds_alike_does_not_stretch_a_save_for_hours() -> None:
+    """A save that a bar closed runs on until the step time moves; a log that prints the same
+    rounded step time after the save (tqdm's `1.20s/it`) left it `ran` growing through hours
+    of training (the next save then had 3x that). At most the model's allowance now."""
+    det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
+    for k in range(5):  # a 20 s save after a step of 0.5 s
+        _seen(det, 1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.5)
+    for k in range(1, 720):  # two hours of training, the same 0.5 s printed
+        _seen(det, 1020.0 + 10 * k, stall=1.0, since=20.0 + 10 * k, step=0.5)
+    assert det._pauses[JOB].ran <= 600.0
+    save = _loading(9000.0, 10.0, 11.0)
+    assert float(det.pause_allowance(save)[0]) <= 3 * 600.0

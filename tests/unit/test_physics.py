@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import catalogue.priors as P
+import detector.perjob
 import detector.physics
 from detector import fields as F
 from detector.baselines import BaselineStore
@@ -496,9 +497,9 @@ def test_a_requeued_job_keeps_its_start_up_while_it_waits_to_restart() -> None:
     det.drop_jobs({job})
     kw = {"age": 900.0, "step": np.nan, "stall": 30.0, "since": 30.0}
     assert _run(det, 900.0, **kw) == pytest.approx(1.5)
-    det._startup.update({f"old{i}": 1.0 for i in range(detector.physics.KEEP_ENDED)})
+    det._startup.update({f"old{i}": 1.0 for i in range(detector.perjob.KEEP_ENDED)})
     _started_in(det, 4.0, t=1000.0)
-    assert len(det._startup) == detector.physics.KEEP_ENDED and job in det._startup
+    assert len(det._startup) == detector.perjob.KEEP_ENDED and job in det._startup
 
 
 def test_a_run_requeued_unstarted_leaves_its_restart_three_times_its_wait() -> None:
