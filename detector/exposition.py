@@ -2,9 +2,9 @@
 
 Per GPU one series, the combined score (max over detectors), plus the detector that drives it
 only while the GPU is at or over its alert level; per job and per (job, node) the score of every
-detector; per (job, node) the suspect score; per job its pause allowance. Label values reach
-here validated (job and node patterns, integer GPU indexes; detector names are code), so they
-need no escaping.
+detector; per (job, node) the suspect score; per job inside a pause its allowance. Label
+values reach here validated (job and node patterns, integer GPU indexes; detector names are
+code), so they need no escaping.
 
 Rendering is a join of per-series label prefixes and numbers: the prefixes are built once and
 kept while a family's label columns equal the last cycle's (steady state), the numbers are

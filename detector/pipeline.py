@@ -87,7 +87,7 @@ class Result:
     job_cols: dict[str, np.ndarray]  # job_id, detector, score (detector="combined": the max)
     node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
     missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
-    pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds allowed
+    pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds (pausing)
 
     @cached_property
     def jobs(self) -> pd.DataFrame:
@@ -103,11 +103,13 @@ class Result:
 
 
 def _per_job(frame: Frame, allowance: np.ndarray) -> dict[str, np.ndarray]:
-    """Each named job's pause allowance (the max over its rows; none where no row has one, a
-    GPU model without priors, so that the alert condition falls back to the default)."""
+    """The pause allowance of each named job inside a pause its log announced (the max over
+    its rows; none where no row has one, a GPU model without priors, so that the alert
+    condition falls back to the default)."""
     codes, uniq = frame.job_codes
     best = np.full(len(uniq), np.nan)
-    np.fmax.at(best, codes, allowance)
+    inside = pause_open(frame.col(F.STALL_SECONDS), frame.col(F.SINCE_PAUSE))
+    np.fmax.at(best, codes[inside], allowance[inside])
     keep = frame.job_named & np.isfinite(best) if len(uniq) else np.zeros(0, dtype=bool)
     return {"job_id": uniq[keep], "seconds": best[keep]}
 

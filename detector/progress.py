@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from catalogue import priors as P
 from detector import fields as F
@@ -17,6 +17,12 @@ from detector.thresholds import level
 
 _PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
 ALLOW = "pause_allowance_s"  # the priors' allowance for a pause, per GPU model
+
+
+def _fmax(a: float, b: float) -> float:
+    """`np.fmax` of two floats (NaN only where both are) without numpy's per-call cost: it
+    runs per job and cycle."""
+    return b if a != a or b > a else a
 
 
 class Seen(NamedTuple):
@@ -208,14 +214,15 @@ class Progress(PerJob):
                 then = float(it[rows[k]]) if since[rows[k]] < stall[rows[k]] else np.nan
                 after = last is not None and (last.saved or bool(np.isfinite(last.step)))
                 self._pauses[job] = Seen(began[k], took, longest, then, saved=after)
-        codes_r, uniq_r = pd.factorize(np.asarray(jobs, dtype=object))
-        usual[rows] = np.fmax(usual[rows], self._earlier(codes_r, uniq_r, np.asarray(began)))
         caps: np.ndarray | None = None
+        earlier = np.empty(len(jobs))
         for k, job in enumerate(jobs):
             seen = self._pauses.get(job)
+            longest, last_ran, last_began = self._record(job, seen)
+            newer = began[k] > last_began + 1.0  # a pause after the one seen open: that one ended
+            earlier[k] = _fmax(longest, last_ran) if newer else longest
             if seen is not None:
-                newer = began[k] > seen.began + 1.0  # the one seen ended
-                saved[rows[k]] |= seen.saved or newer and bool(np.isfinite(seen.step))
+                saved[rows[k]] = seen.saved or newer and math.isfinite(seen.step)
                 if abs(seen.began - began[k]) <= 1.0:  # the pause the log dates now
                     if cycle and not opened[k] and not seen.trained:
                         # closed by a bar with no step line since (an evaluation after the
@@ -229,41 +236,48 @@ class Progress(PerJob):
                         seen = seen._replace(ran=took) if same else seen._replace(trained=True)
                         self._pauses[job] = seen
                     ran[rows[k]], before[rows[k]] = seen.ran, seen.step
+        usual[rows] = np.fmax(usual[rows], earlier)
         return ran, usual, before, saved
+
+    def _record(self, job: str, seen: Seen | None) -> tuple[float, float, float]:
+        """(the longest pause `job` ended before its latest one, `seen`, a pause a requeue
+        cut included; how long that latest one ran; when it began) as this detector saw them
+        (NaN: none)."""
+        cut = self._cut.get(job, np.nan) if self._cut else np.nan
+        if seen is None:
+            return _fmax(self._ended.get(job, np.nan), cut), np.nan, np.nan
+        return _fmax(seen.longest, cut), seen.ran, seen.began
 
     def _earlier(self, codes: np.ndarray, uniq: np.ndarray, began: np.ndarray) -> np.ndarray:
         """Per row (`codes` into the job ids `uniq`), the longest pause its job was seen to
-        take before the one that began at `began`: earlier in this run, or in runs of the same
-        id that left, the pause a requeue cut included (NaN: none)."""
-        longest, ran, at = (np.full(len(uniq), np.nan) for _ in range(3))
-        for i, job in enumerate(uniq.tolist()):
-            seen = self._pauses.get(job)
-            cut = self._cut.get(job, np.nan)
-            if seen is None:
-                longest[i] = np.fmax(self._ended.get(job, np.nan), cut)
-            else:
-                longest[i], ran[i], at[i] = np.fmax(seen.longest, cut), seen.ran, seen.began
-        out = longest[codes]
+        take before the one that began at `began` (`_record`; the latest one too when a later
+        one began; NaN: none), looked up only for the jobs of rows with `began` finite."""
+        table = np.full((len(uniq), 3), np.nan)
+        for c in np.unique(codes[np.isfinite(began)]).tolist():
+            table[c] = self._record(uniq[c], self._pauses.get(uniq[c]))
+        out, ran, at = table[codes, 0], table[codes, 1], table[codes, 2]
         with np.errstate(invalid="ignore"):
-            newer = began > at[codes] + 1.0  # a pause after the one seen open: that one ended
-        out[newer] = np.fmax(out[newer], ran[codes][newer])
+            newer = began > at + 1.0  # a pause after the one seen open: that one ended
+        out[newer] = np.fmax(out[newer], ran[newer])
         return out
 
     def pause_allowance(self, frame: Frame, pri: P.Priors | None = None) -> np.ndarray:
-        """Per row, how long its job may pause where its log announces one (start-up work, a
-        save) before its GPUs idling or waiting count as stuck: the GPU model's
+        """Per row inside a pause its job's log announced (start-up work, a save), how long
+        it may last before the job's GPUs idling or waiting count as stuck: the GPU model's
         `pause_allowance_s`, or `pause_factor` x the longest pause the job was seen to take
         before this one (in this run, in an earlier run of the same id, the one a requeue
         cut included, in its stored baseline by name) where longer. A job whose saves or
         checkpoint loads outlast the model's allowance (a 70B checkpoint takes about 10
-        minutes to write) is flagged once, not at every save or restart. Read after this
-        detector scored the frame (the engine's order), once per frame while it is unchanged
-        (progress, physics and the engine read it in one step)."""
+        minutes to write) is flagged once, not at every save or restart; other rows get the
+        model's. Read after this detector scored the frame (the engine's order), once per
+        frame while it is unchanged (progress, physics and the engine read it in one step)."""
 
         def compute() -> np.ndarray:
             codes, uniq = frame.job_codes
-            usual = self._earlier(codes, uniq, frame.time - frame.col(F.SINCE_PAUSE))
-            usual = np.fmax(usual, self._stored(self._codes(frame)))
+            since = frame.col(F.SINCE_PAUSE)
+            inside = pause_open(frame.col(F.STALL_SECONDS), since)
+            usual = self._earlier(codes, uniq, np.where(inside, frame.time - since, np.nan))
+            usual = np.fmax(usual, np.where(inside, self._stored(self._codes(frame)), np.nan))
             return np.fmax(prior_rows(frame, ALLOW, pri), self.pause_factor * usual)
 
         return frame.derived(("pause_allowance", id(self), id(pri)), compute)
