@@ -11,8 +11,8 @@ from catalogue import priors as P
 from detector import fields as F
 from detector.base import pause_open, robust, z_crit
 from detector.frame import Frame, JobRows
-from detector.perjob import PerJob
-from detector.physics import keep_latest, prior_rows
+from detector.perjob import PerJob, keep_latest
+from detector.physics import prior_rows
 from detector.thresholds import level
 
 _PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
@@ -129,14 +129,10 @@ class Progress(PerJob):
         only once training resumed after it: a pause still open, refitted mid-way, would
         stretch its own allowance), in its runs that left, or as stored (NaN: none)."""
         seen = self._pauses.get(job)
-        mine = (
-            np.nan
-            if seen is None
-            else np.fmax(seen.longest, np.where(seen.trained, seen.ran, np.nan))
-        )
+        mine = np.nan if seen is None else _fmax(seen.longest, seen.ran if seen.trained else np.nan)
         i = self._positions().get(job)
         stored = np.nan if i is None else float(self._stored(np.array([i]))[0])
-        return float(np.fmax(np.fmax(mine, self._ended.get(job, np.nan)), stored))
+        return _fmax(_fmax(mine, self._ended.get(job, np.nan)), stored)
 
     def _stored(self, codes: np.ndarray) -> np.ndarray:
         """The longest pause stored in each fitted job's state (`codes` >= 0; NaN: none)."""
@@ -207,8 +203,9 @@ class Progress(PerJob):
             if last is not None and abs(last.began - began[k]) <= 1.0:  # the same pause
                 self._pauses[job] = last._replace(ran=took)
             else:  # a new one: the last ended (in this run, or in a run that left)
-                longest = self._ended.get(job, np.nan) if last is None else last.longest
-                longest = np.fmax(longest, np.nan if last is None else last.ran)
+                longest = (
+                    self._ended.get(job, np.nan) if last is None else _fmax(last.longest, last.ran)
+                )
                 # the step time before it: a save's line follows the last progress line; a
                 # start-up milestone dates progress and pause alike (a new run's first step)
                 then = float(it[rows[k]]) if since[rows[k]] < stall[rows[k]] else np.nan
