@@ -140,21 +140,36 @@ def splice(trace: Trace, kind: str, onset: float, seed: int = 0) -> Trace:
     return Trace(s, lines, trace.runs)
 
 
-def compiling(trace: Trace, compile_s: float) -> Trace:
-    """The job's first step compiling silently for `compile_s` more (torch.compile): from its
-    first iteration on, every sample and line that much later, the gap the GPU's last reading
-    before it (idle, its memory held), repeated at the trace's rate."""
-    first = _first_iteration(trace)
+def _stretch(trace: Trace, at: float, extra_s: float) -> Trace:
+    """`extra_s` more before `at`: from `at` on, every sample and line that much later, the gap
+    the GPU's last reading before it, repeated at the trace's rate."""
     s = trace.samples
-    before, after = s[s.t < first], s[s.t >= first]
+    before, after = s[s.t < at], s[s.t >= at]
     dt = float(np.median(np.diff(s.t.to_numpy())))
-    n = int(compile_s / dt)
-    idle = before.iloc[[-1] * n].assign(t=before.t.iloc[-1] + dt * np.arange(1, n + 1))
+    n = int(extra_s / dt)
+    same = before.iloc[[-1] * n].assign(t=before.t.iloc[-1] + dt * np.arange(1, n + 1))
     return Trace(
-        pd.concat([before, idle, after.assign(t=after.t + compile_s)], ignore_index=True),
-        [(t + compile_s if t >= first else t, x) for t, x in trace.lines],
-        [(a, b + compile_s) for a, b in trace.runs],
+        pd.concat([before, same, after.assign(t=after.t + extra_s)], ignore_index=True),
+        [(t + extra_s if t >= at else t, x) for t, x in trace.lines],
+        [(a, b + extra_s) for a, b in trace.runs],
     )
+
+
+def compiling(trace: Trace, compile_s: float) -> Trace:
+    """The job's first step compiling silently for `compile_s` more (torch.compile): the GPU's
+    last reading before its first iteration (idle, its memory held) for that long."""
+    return _stretch(trace, _first_iteration(trace), compile_s)
+
+
+def long_saves(trace: Trace, save_s: float, count: int) -> Trace:
+    """The job's first `count` checkpoint saves taking `save_s` each (a large model's): the
+    GPU's last reading before each save's `successfully saved` line (idle, its memory held)
+    until it has."""
+    for k in range(count):
+        began = [t for t, x in trace.lines if x.startswith("saving checkpoint")][k]
+        done = next(t for t, x in trace.lines if t > began and "successfully saved" in x)
+        trace = _stretch(trace, done, save_s - (done - began))
+    return trace
 
 
 def cut(trace: Trace, end: float) -> Trace:
@@ -233,6 +248,7 @@ def replay(
 
 TARGETS_S = {"spin_hang": 30.0, "idle_hang": 45.0, "straggler": 60.0}
 COMPILE_S, REQUEUED_S = 200.0, 180.0  # a silent first-step compile; the requeue after its alert
+SAVE_S = 720.0  # a save as long as a large model's (epfLLM/Megatron-LLM#69: 70B in ~10 minutes)
 
 
 def _first(fired: list[dict[str, Any]], onset: float, run: int = 0) -> dict[str, Any] | None:
@@ -274,6 +290,18 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     out[-1]["requeued_run_alert_s"] = (
         None if price is None else round(price["time"] - first_iter, 1)
     )
+    # saves longer than the pause allowance: the first is flagged once (nothing yet says how
+    # long the job's saves take), the next as long raises nothing (3x the first is allowed)
+    saves = long_saves(job(trace, 5.0), SAVE_S, 2)
+    fired, peak = replay([saves])
+    marks = [t for t, x in saves.lines if x.startswith("saving checkpoint")]
+    name = f"its first two checkpoint saves taking {SAVE_S:g} s each (the GPU idle, memory held)"
+    out.append(_healthy_row(name, [saves], [a for a in fired if a["time"] >= marks[1]], peak))
+    price = _first(fired, marks[0])
+    if price is not None and price["time"] >= marks[1]:
+        price = None  # none in the first save
+    out[-1]["first_save_alert"] = None if price is None else price["alertname"]
+    out[-1]["first_save_alert_s"] = None if price is None else round(price["time"] - marks[0], 1)
     cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
     cases += [
         ("spin_hang", "at job start (before its first iteration)", first_iter),
@@ -344,6 +372,11 @@ def markdown(rows_: list[dict[str, Any]]) -> list[str]:
                 got += (
                     f" (the requeued run: {r['requeued_run_alert'] or 'none'} "
                     f"{r['requeued_run_alert_s']} s into its compile)"
+                )
+            if "first_save_alert" in r:  # the price: the first long save is taken for a hang
+                got += (
+                    f" after its first save (that one: {r['first_save_alert'] or 'none'} "
+                    f"{r['first_save_alert_s']} s into it)"
                 )
             lines.append(
                 f"| {r['row']} ({r['gpu_hours']:g} GPU-h) | false alerts: {got} | – | – | "
