@@ -480,8 +480,8 @@ class Physics(PerJob):
         max(`startup_floor_s`, `startup_factor` x the job's own start-up) where it was seen,
         stretched to `startup_factor` x the wait a run ended in (requeued as not started),
         at most `pause_allowance_s`, so a silent compile longer than the allowance costs one
-        requeue, not a stop on the same verdict again; else `pause_allowance_s`. Notes the
-        waits of `rows` on the way (`_note_waits`)."""
+        requeue, not a stop on the same verdict again; else the job's pause allowance
+        (`pause_allowance`). Notes the waits of `rows` on the way (`_note_waits`)."""
         short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
         seen = np.flatnonzero(rows & ready)
         if seen.size:

@@ -285,10 +285,10 @@ class Progress(PerJob):
             seen = self._pauses.pop(job, None)
             if seen is None:
                 continue
-            ended = np.fmax(seen.longest, seen.ran if seen.trained else np.nan)
-            keep_latest(self._ended, job, float(np.fmax(ended, self._ended.get(job, np.nan))))
+            ended = _fmax(seen.longest, seen.ran if seen.trained else np.nan)
+            keep_latest(self._ended, job, _fmax(ended, self._ended.get(job, np.nan)))
             if not seen.trained:  # left inside it: for this id's restart, never stored by name
-                keep_latest(self._cut, job, float(np.fmax(seen.ran, self._cut.get(job, np.nan))))
+                keep_latest(self._cut, job, _fmax(seen.ran, self._cut.get(job, np.nan)))
 
     def _allow_slow(
         self,
