@@ -256,6 +256,17 @@ def _first(fired: list[dict[str, Any]], onset: float, run: int = 0) -> dict[str,
     return min(after, key=lambda a: a["time"]) if after else None
 
 
+def _price(
+    fired: list[dict[str, Any]], start: float, end: float, ref: float
+) -> tuple[str | None, float | None]:
+    """The first alert of run 0 in [start, end) and its seconds after `ref`: what a healthy
+    row pays where it is taken for a hang once (None, None: nothing)."""
+    hit = _first(fired, start)
+    if hit is None or hit["time"] >= end:
+        return None, None
+    return hit["alertname"], round(hit["time"] - ref, 1)
+
+
 def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     """The real-signal rows: healthy runs (false alerts) and each fault warm, at job start, and
     (straggler, a start-up that never ends) in a restart that has the job's stored baseline."""
@@ -285,11 +296,8 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
         "not started, then its restart compiling as long (same id)"
     )
     out.append(_healthy_row(name, [restart], [a for a in fired if a["run"] == 1], peak))
-    price = _first(fired, requeued.runs[0][0])
-    out[-1]["requeued_run_alert"] = None if price is None else price["alertname"]
-    out[-1]["requeued_run_alert_s"] = (
-        None if price is None else round(price["time"] - first_iter, 1)
-    )
+    price = _price(fired, requeued.runs[0][0], np.inf, first_iter)
+    out[-1]["requeued_run_alert"], out[-1]["requeued_run_alert_s"] = price
     # saves longer than the pause allowance: the first is flagged once (nothing yet says how
     # long the job's saves take), the next as long raises nothing (3x the first is allowed)
     saves = long_saves(job(trace, 5.0), SAVE_S, 2)
@@ -297,11 +305,9 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     marks = [t for t, x in saves.lines if x.startswith("saving checkpoint")]
     name = f"its first two checkpoint saves taking {SAVE_S:g} s each (the GPU idle, memory held)"
     out.append(_healthy_row(name, [saves], [a for a in fired if a["time"] >= marks[1]], peak))
-    price = _first(fired, marks[0])
-    if price is not None and price["time"] >= marks[1]:
-        price = None  # none in the first save
-    out[-1]["first_save_alert"] = None if price is None else price["alertname"]
-    out[-1]["first_save_alert_s"] = None if price is None else round(price["time"] - marks[0], 1)
+    out[-1]["first_save_alert"], out[-1]["first_save_alert_s"] = _price(
+        fired, marks[0], marks[1], marks[0]
+    )
     cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
     cases += [
         ("spin_hang", "at job start (before its first iteration)", first_iter),
