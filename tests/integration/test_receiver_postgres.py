@@ -2,34 +2,39 @@
 
 from __future__ import annotations
 
+import threading
 import time
-import uuid
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import text
 
 from recovery import incidents, worker
 from recovery.app import create_app
 from recovery.settings import Settings
-from recovery.store import make_engine
+from tests.chaos.harness import pg_schema
+
+# the receiver's own loops (the action reconciler, the lease heartbeat), which `on_diagnosis`
+# starts once per engine unless GOODPUT_ACTIONS_THREAD=0; left running they write the dropped
+# schema's tables and deadlock the DROP (CI, stop 37)
+LOOPS = ("goodput-actions", "goodput-leases")
 
 
 @pytest.fixture
-def pg_url(local_stack):
+def pg_url(local_stack, monkeypatch):
+    """A private schema (concurrent users stay apart), the test driving every pass itself: a
+    receiver loop the test leaves running fails it, before the schema is dropped."""
     url = local_stack.get("GOODPUT_TEST_POSTGRES_URL")
     if not url:
         pytest.fail("GOODPUT_TEST_POSTGRES_URL missing from the stack env")
-    # a private schema per test run keeps concurrent users apart
-    schema = f"recv_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(url, create=False)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in url else "?"
-    yield f"{url}{sep}options=-csearch_path%3D{schema}"
-    with admin.begin() as conn:
-        conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-    admin.dispose()
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
+    before = set(threading.enumerate())
+    schema_url, drop = pg_schema(url)
+    yield schema_url
+    left = [t.name for t in threading.enumerate() if t.name in LOOPS and t not in before]
+    try:
+        assert not left, f"receiver loops left running on the test's schema: {left}"
+    finally:
+        drop()
 
 
 def test_webhook_incidents_and_diagnosis_on_postgres(pg_url, tmp_path):
