@@ -8,8 +8,8 @@ onset with the signature measured on the same H200 (`SIGNATURES`, from failures.
 as that fault shapes it (a hang: no more lines; a straggler: every step 124/85 slower). Every
 run goes through the production detector engine (5 s samples, as Prometheus would scrape) and
 the alert conditions of alertmanager/alerts.yaml, in simulated time; it measures detection
-(first firing alert after onset) and false alerts, not attribution or actions (one GPU, no
-scheduler).
+(first firing alert after onset) and false alerts; a detected straggler also gets the
+production attribution's verdict on the same evidence (`verdict`); no actions (no scheduler).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from detector.baselines import BaselineStore
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
 from exporters.logmetrics.parser import LogState
+from recovery.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "real" / "h200-healthy-ckpt"
@@ -246,6 +247,45 @@ def replay(
     return fired, peak
 
 
+def verdict(trace: Trace, end: float) -> dict[str, Any]:
+    """The production attribution's diagnosis of the job at `end`, on the evidence the
+    receiver's Prometheus query would return: every DCGM field and the log-derived progress
+    series, at 5 s, over its default lookback (the trace's first run, as one job)."""
+    from recovery import attribution
+    from recovery.evidence import Bundle, Context, Report, Series
+
+    start = max(trace.runs[0][0], end - Settings.lookback_s)
+    ts = trace.samples.t.to_numpy()
+    fields = [c for c in trace.samples.columns if c.startswith("DCGM_")]
+    pts: dict[str, list[tuple[float, float]]] = {}
+    logs, li = LogState(), 0
+    for now in np.arange(trace.runs[0][0] + INTERVAL_S, end + INTERVAL_S / 2, INTERVAL_S):
+        while li < len(trace.lines) and trace.lines[li][0] <= now:
+            logs.feed_job(JOB, [trace.lines[li][1]], trace.lines[li][0])
+            li += 1
+        i = int(np.searchsorted(ts, now, side="right")) - 1
+        if now < start or i < 0:
+            continue
+        row = trace.samples.iloc[i]
+        for name in fields:
+            pts.setdefault(name, []).append((float(now), float(row[name])))
+        js = logs.jobs.get(JOB)
+        for name, v in (
+            ("goodput_job_iteration", js and js.iteration),
+            ("goodput_job_iteration_seconds", js and js.iteration_seconds),
+        ):
+            if v:
+                pts.setdefault(name, []).append((float(now), float(v)))
+    series = [
+        Series(n, p, node=NODE if n.startswith("DCGM_") else None,
+               gpu=str(GPU) if n.startswith("DCGM_") else None, job_id=JOB)
+        for n, p in pts.items()
+    ]  # fmt: skip
+    ok = [Report(c, "ok") for c in ("prometheus", "logs", "slurm")]
+    ctx = Context(job_id=JOB, nodes=[NODE], start=start, end=end, job_name=NAME)
+    return attribution.attribute(Bundle(series=series, reports=ok), ctx, gpus_per_node=1)
+
+
 TARGETS_S = {"spin_hang": 30.0, "idle_hang": 45.0, "straggler": 60.0}
 COMPILE_S, REQUEUED_S = 200.0, 180.0  # a silent first-step compile; the requeue after its alert
 SAVE_S = 720.0  # a save as long as a large model's (epfLLM/Megatron-LLM#69: 70B in ~10 minutes)
@@ -316,17 +356,39 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
         ("straggler", "from its first iteration, never seen before", first_iter),
     ]
     for kind, when, onset in cases:
-        fired, peak = replay([splice(long, kind, onset)])
+        faulty = splice(long, kind, onset)
+        fired, peak = replay([faulty])
         out.append(_fault_row(kind, when, onset, fired, peak, run=0))
+        _add_verdict(out[-1], faulty, onset)
     restarts = [
         ("straggler", "restart, stored baseline by name", again.runs[0][0]),
         ("idle_hang", "restart that never reaches its first iteration", _first_iteration(again)),
     ]
     for kind, when, onset in restarts:
+        faulty = splice(again, kind, onset)
         with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
-            fired, peak = replay([long, splice(again, kind, onset)], BaselineStore(tmp))
+            fired, peak = replay([long, faulty], BaselineStore(tmp))
         out.append(_fault_row(kind, when, onset, fired, peak, 1))
+        _add_verdict(out[-1], faulty, onset)
     return out
+
+
+def _add_verdict(row: dict[str, Any], trace: Trace, onset: float) -> None:
+    """A detected straggler's diagnosis: the first verdict, on the evidence at 5 s steps after
+    its first alert, that names a node (else the last one), and when."""
+    if row["kind"] != "straggler" or row["latency_s"] is None:
+        return
+    alert = onset + row["latency_s"]
+    for dt in np.arange(INTERVAL_S, Settings.lookahead_s + INTERVAL_S / 2, INTERVAL_S):
+        doc = verdict(trace, alert + dt)
+        if doc["affected_nodes"]:
+            break
+    row["verdict"] = {
+        "outcome": doc["outcome"],
+        "nodes": doc["affected_nodes"],
+        "confidence": doc["confidence"],
+        "after_alert_s": float(dt),
+    }
 
 
 def _healthy_row(
@@ -389,9 +451,16 @@ def markdown(rows_: list[dict[str, Any]]) -> list[str]:
                 f"0 false | {'yes' if r['met'] else '**no**'} | {peak} |"
             )
             continue
+        first = r["first_alert"] or "–"
+        if v := r.get("verdict"):
+            on = f" on {', '.join(v['nodes'])}" if v["nodes"] else ""
+            first += (
+                f"; diagnosed {v['outcome']}{on} ({v['confidence']:g}) on the evidence "
+                f"{v['after_alert_s']:g} s after it"
+            )
         lines.append(
             f"| {r['row']} | {'yes' if r['detected'] else '**no**'} | "
-            f"{'–' if r['latency_s'] is None else r['latency_s']} | {r['first_alert'] or '–'} | "
+            f"{'–' if r['latency_s'] is None else r['latency_s']} | {first} | "
             f"<= {r['target_s']:g} s | {'yes' if r['met'] else '**no**'} | {peak} |"
         )
     return lines

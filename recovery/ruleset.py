@@ -33,6 +33,7 @@ _NEEDS = {  # metric rule kind -> the keys it cannot do without
     "idle": ("util_max", "min_s"),
     "stall": ("metric", "min_s"),
     "slowdown": ("metric", "ratio"),
+    "starved": ("metric", "ratio", "min_s", "busy_share"),
     "peer_low": ("metric", "ratio", "min_s"),
 }
 
@@ -64,7 +65,7 @@ class LogOverride(_Rule):
 class MetricRule(_Rule):
     id: str
     kind: Literal["xid", "increase", "above", "vanished", "prior", "idle", "stall", "slowdown",
-                  "peer_low"]  # fmt: skip
+                  "starved", "peer_low"]  # fmt: skip
     metric: str | None = None
     rule: str | None = None  # kind prior: a rule of catalogue/priors.yaml
     max_nodes: int | None = Field(default=None, ge=1)
@@ -80,6 +81,7 @@ class MetricRule(_Rule):
     min_s: float | None = Field(default=None, ge=0)
     gap_s: float | None = Field(default=None, ge=0)
     ratio: float | None = Field(default=None, gt=0)
+    busy_share: float | None = Field(default=None, gt=0, le=1)  # kind starved
     util_min: float | str | None = None  # a number, or the name of a generic physics prior
     util_max: float | str | None = None
     sm_max: float | str | None = None

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from recovery import attribution
+from recovery import attribution, decide
 from recovery.evidence import Bundle, Context, LogLine, Report, Series
+from recovery.policy import Policy
 
 START = 1_735_689_600.0
 STEP = 5.0
@@ -178,15 +179,71 @@ def test_one_gpu_with_hardware_slowdown_bits_is_a_straggler_on_its_node(
         assert doc["affected_nodes"] == ["node1"]
 
 
-def test_one_gpu_slower_than_its_history_without_hardware_evidence_goes_to_a_person() -> None:
-    """Step time up 60 % with no GPU signal (input pipeline, data, a co-tenant on the host): no
-    node is drained on that; `unknown` holds it for a person with the slowdown as evidence.
-    (Also the verdict before these rules: a guard, not a fix.)"""
-    pts = [(START + STEP * i, 1.2 if i < ONSET else 1.9) for i in range(N)]
-    step = Series("goodput_job_iteration_seconds", pts, job_id="1001")
-    doc = _doc([*_gpu("node1", 0, _phase(100, 80), _phase(0.96, 0.7)), step, _progress(True)])
+def _steps(before: float, after: float) -> list[Series]:
+    """The job's log: iteration time `before` then `after` from the onset, a line every 5 s."""
+    step = [(START + STEP * i, before if i < ONSET else after) for i in range(N)]
+    return [Series("goodput_job_iteration_seconds", step, job_id="1001"), _progress(True)]
+
+
+def test_one_gpu_slower_while_as_busy_goes_to_a_person() -> None:
+    """Step time up 60 % with the GPU about as busy (100 -> 80 % explains less than half of
+    it): more work per step, the job's own (longer sequences, a bigger model): nothing names
+    a node; `unknown` holds it for a person with the slowdown as evidence."""
+    doc = _doc([*_gpu("node1", 0, _phase(100, 80), _phase(0.96, 0.7)), *_steps(1.2, 1.9)])
     assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
     assert any(s["id"] == "slowdown" for s in doc["symptoms"])
+
+
+def test_one_gpu_slower_and_starved_is_a_straggler_a_person_decides() -> None:
+    """Step time up 46 % while the GPU fell from 99 to 62 % busy (the H200 with its host
+    stalling, failures.md): it waits on its host. The node is named, at a confidence under the
+    default policy's drain threshold, so the action holds for a person."""
+    doc = _doc([*_gpu("node1", 0, _phase(99, 62), _phase(0.96, 0.59)), *_steps(0.085, 0.124)])
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
+    assert doc["confidence"] < Policy().min_confidence["drain_and_requeue"]
+    (sym,) = [s for s in doc["symptoms"] if s["id"] == "host_bound"]
+    assert sym["node"] == "node1" and sym["gpu"] == "0" and "99 -> 62 %" in sym["detail"]
+    d = decide.Diagnosis.from_dict({**doc, "incident_id": 1})
+    action = decide.decide(d, decide.History(now=START + STEP * N), Policy(mode="act"))
+    assert action.kind == "hold_for_person" and "low_confidence" in action.reasons
+
+
+def test_one_node_starved_names_the_node_not_a_gpu() -> None:
+    series = [x for g in range(8) for x in _gpu("node1", g, _phase(99, 60), _phase(0.96, 0.6))]
+    doc = _doc([*series, *_steps(1.2, 1.9)])
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
+    assert [s["gpu"] for s in doc["symptoms"] if s["id"] == "host_bound"] == [None]
+
+
+def test_one_gpu_of_eight_busy_as_before_is_no_host_bound() -> None:
+    """Every GPU of the job must have lost its busy time: seven starved and one as busy is
+    not one host (the peer rules judge a job's GPUs against each other)."""
+    series = [x for g in range(7) for x in _gpu("node1", g, _phase(99, 60), _phase(0.96, 0.6))]
+    series += _gpu("node1", 7, _phase(99, 99), _phase(0.96, 0.96))
+    doc = _doc([*series, *_steps(1.2, 1.9)])
+    assert not any(s["id"] == "host_bound" for s in doc["symptoms"])
+
+
+def test_a_two_node_job_is_left_to_the_peer_rules() -> None:
+    series = [x for n in ("node1", "node2") for x in _gpu(n, 0, _phase(99, 60), _phase(0.96, 0.6))]
+    doc = _doc([*series, *_steps(1.2, 1.9)])
+    assert not any(s["id"] == "host_bound" for s in doc["symptoms"])
+
+
+def test_an_evaluation_in_the_window_is_not_read_as_busy() -> None:
+    """The GPU busy evaluating (97 %) for a stretch with no iteration line: the busy share is
+    read only where the job stepped, so the eval does not hide the starved steps."""
+    util = [99.0 if i < ONSET else 62.0 for i in range(N)]
+    util[ONSET + 2 : ONSET + 8] = [97.0] * 6  # an evaluation: no iteration line meanwhile
+    it = [(START + STEP * i, float(i)) for i in range(N) if not ONSET + 2 < i < ONSET + 8]
+    step = [(START + STEP * i, 1.2 if i < ONSET else 1.9) for i in range(N)]
+    series = [
+        *_gpu("node1", 0, util, _phase(0.96, 0.6)),
+        Series("goodput_job_iteration_seconds", step, job_id="1001"),
+        Series("goodput_job_iteration", it, job_id="1001"),
+    ]
+    doc = _doc(series)
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
 
 
 # ------------------------------------------------------------------ the rules file

@@ -77,3 +77,21 @@ def test_a_start_up_that_never_ends_is_caught_within_three_minutes(rows) -> None
     prior missed it in 10 min."""
     r = rows["idle_hang: before its first iteration (start-up never ends)"]
     assert r["detected"] and r["latency_s"] <= 180.0, r
+
+
+def test_real_straggler_is_a_straggler_on_its_node_a_heavier_step_is_not() -> None:
+    """The production attribution on the real H200 trace: with the straggling signature
+    measured on that GPU (util 62 %, steps 124 vs 85 ms) spliced in 7 minutes into a 10-min
+    job, its node is named 45 s after the onset (a person decides: confidence 0.5); with only
+    the steps made as slow and the GPU as recorded (as busy as before: more work per step, the
+    job's own), no node is named."""
+    long = R.job(R.load(), 10.0)
+    onset = long.runs[0][0] + 420.0
+    slow = R.splice(long, "straggler", onset)
+    doc = R.verdict(slow, onset + 45.0)
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == [R.NODE]
+    assert doc["confidence"] == 0.5
+    heavier = R.Trace(long.samples, slow.lines, long.runs)
+    doc = R.verdict(heavier, onset + 45.0)
+    assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
+    assert R.verdict(long, onset + 45.0)["outcome"] == "healthy"
