@@ -33,7 +33,7 @@ _NEEDS = {  # metric rule kind -> the keys it cannot do without
     "idle": ("util_max", "min_s"),
     "stall": ("metric", "min_s"),
     "slowdown": ("metric", "ratio"),
-    "starved": ("metric", "ratio", "min_s", "busy_share"),
+    "starved": ("metric", "ratio", "min_s", "busy_share", "util_min"),
     "peer_low": ("metric", "ratio", "min_s"),
 }
 

@@ -150,7 +150,8 @@ def _metric_symptoms(
         elif kind == "slowdown":
             for s in _by_name(series, metric):
                 if (slowed := _slowed(s, rule)) is not None:
-                    start, early, v = slowed
+                    start, _, early = slowed
+                    v = dict(s.points)[start]
                     out.append(
                         _sym(rule, s, start, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
                     )
@@ -162,9 +163,9 @@ def _metric_symptoms(
 
 
 def _slowed(s: Series, rule: dict[str, Any]) -> tuple[float, float, float] | None:
-    """(start, early median, value at start) of the longest run, lasting `min_s`, of a value
-    at least `ratio` x its median over the series' first third (the job's own history); the
-    first steps after a checkpoint save run ~18 % slow, hence the duration."""
+    """(start, end, early median) of the longest run, lasting `min_s`, of a value at least
+    `ratio` x its median over the series' first third (the job's own history); the first
+    steps after a checkpoint save run ~18 % slow, hence the duration."""
     vals = [v for _, v in s.points if v > 0]
     if len(vals) < 6:
         return None
@@ -175,29 +176,30 @@ def _slowed(s: Series, rule: dict[str, Any]) -> tuple[float, float, float] | Non
     start, dur = _run_len(s.points[len(vals) // 3 :], lambda v: v >= limit)
     if start is None or dur < rule.get("min_s", 0):
         return None
-    return start, early, dict(s.points)[start]
+    return start, start + dur, early
 
 
 def _starved(series: list[Series], util: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    """A job on at most `max_nodes` nodes whose iteration time rose (`_slowed`) while every GPU
-    of it was busy for a smaller share of the time, by at least `busy_share` of the rise: the
-    same work per step spread over a longer one, the GPUs waiting on their host (one H200 with
-    its host stalling: util 62 % vs 99 at 124 ms vs 85 ms a step, failures.md). A step that
-    grew with the GPUs as busy as before is more work per step (the job's own). Busy is read
-    at the samples where the job iterated, where its log says so. Named: the node (and the GPU
-    of a one-GPU job)."""
+    """A job on at most `max_nodes` nodes whose iteration time rose (`_slowed`, still slow at
+    the last point) while every GPU reported for it was busy for a smaller share of the time,
+    by at least `busy_share` of the rise: the same work per step spread over a longer one, the
+    GPUs waiting on their host (one H200 with its host stalling: util 62 % vs 99 at 124 ms vs
+    85 ms a step, failures.md). A step that grew with the GPUs as busy as before is more work
+    per step (the job's own). Busy is read at the samples where the job stepped, where its log
+    says so. Named: the node (and the GPU of a one-GPU job)."""
     nodes = {s.node for s in util}
     if not util or None in nodes or len(nodes) > rule.get("max_nodes", 1):
         return []
     steps = _stepping(series)
     out = []
     for s in _by_name(series, rule["metric"]):
-        if (slowed := _slowed(s, rule)) is None:
-            continue
-        start, early = slowed[0], slowed[1]
+        slowed = _slowed(s, rule)
+        if slowed is None or slowed[1] < s.points[-1][0]:
+            continue  # never slowed, or no longer slow
+        start, _, early = slowed
         late = statistics.median(v for t, v in s.points if t >= start)
         share = 1.0 + rule["busy_share"] * (late / early - 1.0)
-        drops = [_busy_drop(u, start, steps, share) for u in util]
+        drops = [_busy_drop(u, start, steps, share, rule["util_min"]) for u in util]
         if all(drops):
             who = "its GPU waits" if len(util) == 1 else "the GPUs wait"
             detail = (
@@ -206,33 +208,37 @@ def _starved(series: list[Series], util: list[Series], rule: dict[str, Any]) -> 
             )
             out.append(_sym(rule, util[0], start, detail))
             if len(util) > 1:
-                out[-1].gpu = None
+                out[-1].gpu = out[-1].evidence["gpu"] = None
     return out
 
 
 def _busy_drop(
-    u: Series, start: float, steps: list[tuple[float, float]] | None, share: float
+    u: Series, start: float, steps: list[tuple[float, float]] | None, share: float, busy: float
 ) -> str | None:
-    """ "was -> now %" when the GPU, busy before `start`, is at least `share` times less busy
-    since (read where the job was stepping); None when idle before or about as busy."""
+    """The GPU's fall ("was -> now %") when, at least `busy` % before `start`, it is at least
+    `share` times less busy since (read where the job stepped); None when idle before or about
+    as busy."""
     pts = [(t, v) for t, v in u.points if steps is None or any(a <= t < b for a, b in steps)]
     before = [v for t, v in pts if t < start]
     after = [v for t, v in pts if t >= start]
     if len(before) < 3 or len(after) < 3:
         return None
     was, now = statistics.median(before), statistics.median(after)
-    return f"{was:.0f} -> {now:.0f} %" if was >= 50 and was >= now * share else None
+    return f"{was:.0f} -> {now:.0f} %" if busy <= was and now < was and now * share <= was else None
 
 
 def _stepping(series: list[Series]) -> list[tuple[float, float]] | None:
     """Stretches between two rises of the job's iteration counter at most twice its usual
     spacing apart: it was stepping then (an evaluation, a save or a stall between two rises
-    makes a longer gap); None without the counter."""
+    makes a longer gap); None without the counter or with under three rises (every sample
+    counts then)."""
     rises = sorted(
-        t
-        for s in _by_name(series, "goodput_job_iteration")
-        for (_, a), (t, b) in itertools.pairwise(s.points)
-        if b > a
+        {
+            t
+            for s in _by_name(series, "goodput_job_iteration")
+            for (_, a), (t, b) in itertools.pairwise(s.points)
+            if b > a
+        }
     )
     if len(rises) < 3:
         return None

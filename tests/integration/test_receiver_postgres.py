@@ -13,16 +13,19 @@ from recovery.app import create_app
 from recovery.settings import Settings
 from tests.chaos.harness import pg_schema
 
-# the receiver's own loops (the action reconciler, the lease heartbeat), which `on_diagnosis`
-# starts once per engine unless GOODPUT_ACTIONS_THREAD=0; left running they write the dropped
-# schema's tables and deadlock the DROP (CI, stop 37)
-LOOPS = ("goodput-actions", "goodput-leases")
+# the receiver's own loops (the action reconciler and lease heartbeat, which `on_diagnosis`
+# starts once per engine unless GOODPUT_ACTIONS_THREAD=0; the app's worker, watchdog, node
+# checks and pruner); left running they write the schema's tables and deadlock its DROP (CI,
+# stop 37). The group-commit writer is not one: it ends once its queue stays empty.
+LOOPS = ("goodput-actions", "goodput-leases", "goodput-diagnosis", "goodput-watchdog",
+         "goodput-node-checks", "goodput-retention")  # fmt: skip
 
 
 @pytest.fixture
 def pg_url(local_stack, monkeypatch):
     """A private schema (concurrent users stay apart), the test driving every pass itself: a
-    receiver loop the test leaves running fails it, before the schema is dropped."""
+    receiver loop the test leaves running fails it, and its schema is left, not dropped under
+    the loop."""
     url = local_stack.get("GOODPUT_TEST_POSTGRES_URL")
     if not url:
         pytest.fail("GOODPUT_TEST_POSTGRES_URL missing from the stack env")
@@ -31,10 +34,8 @@ def pg_url(local_stack, monkeypatch):
     schema_url, drop = pg_schema(url)
     yield schema_url
     left = [t.name for t in threading.enumerate() if t.name in LOOPS and t not in before]
-    try:
-        assert not left, f"receiver loops left running on the test's schema: {left}"
-    finally:
-        drop()
+    assert not left, f"receiver loops left running on the test's schema ({schema_url}): {left}"
+    drop()
 
 
 def test_webhook_incidents_and_diagnosis_on_postgres(pg_url, tmp_path):

@@ -230,6 +230,35 @@ def test_a_two_node_job_is_left_to_the_peer_rules() -> None:
     assert not any(s["id"] == "host_bound" for s in doc["symptoms"])
 
 
+def test_a_slowdown_that_ended_is_no_host_bound() -> None:
+    """Slow for 35 s, then back to its pace for longer, the GPU 2 points less busy since: no
+    longer a straggler (before the slow run had to last to the end, that dip named the node:
+    the median step since the onset was the old pace, so any dip counted)."""
+    n, onset = 2 * N, 14  # the slow run after the first third (the job's history)
+    step = [(START + STEP * i, 1.5 if onset <= i < onset + 8 else 1.0) for i in range(n)]
+    it = [(START + STEP * i, float(i)) for i in range(n)]
+    series = [
+        *_gpu("node1", 0, [96.0 if i < onset else 94.0 for i in range(n)], [0.9] * n),
+        Series("goodput_job_iteration_seconds", step, job_id="1001"),
+        Series("goodput_job_iteration", it, job_id="1001"),
+    ]
+    doc = _doc(series)
+    assert not any(s["id"] == "host_bound" for s in doc["symptoms"])
+    assert doc["affected_nodes"] == []
+
+
+def test_hardware_evidence_keeps_the_confident_straggler_rule() -> None:
+    """Starved first, thermal violation 30 s later on the same GPU: the hardware rule (0.7,
+    a drain by default) decides, not the host_bound one (0.5) that started earlier."""
+    viol = [0.0 if i < ONSET + 6 else 1e7 for i in range(N)]
+    series = _gpu(
+        "node1", 0, _phase(99, 62), _phase(0.96, 0.59), DCGM_FI_DEV_THERMAL_VIOLATION=viol
+    )
+    doc = _doc([*series, *_steps(0.085, 0.124)])
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
+    assert doc["confidence"] >= 0.7
+
+
 def test_an_evaluation_in_the_window_is_not_read_as_busy() -> None:
     """The GPU busy evaluating (97 %) for a stretch with no iteration line: the busy share is
     read only where the job stepped, so the eval does not hide the starved steps."""
