@@ -211,14 +211,13 @@ class Progress(PerJob):
                 then = float(it[rows[k]]) if since[rows[k]] < stall[rows[k]] else np.nan
                 after = last is not None and (last.saved or bool(np.isfinite(last.step)))
                 self._pauses[job] = Seen(began[k], took, longest, then, saved=after)
+        every, uniq = frame.job_codes
+        usual[rows] = np.fmax(usual[rows], self._earlier(every[sel][rows], uniq, np.array(began)))
         caps: np.ndarray | None = None
-        earlier = np.empty(len(jobs))
         for k, job in enumerate(jobs):
             seen = self._pauses.get(job)
-            longest, last_ran, last_began = self._record(job, seen)
-            newer = began[k] > last_began + 1.0  # a pause after the one seen open: that one ended
-            earlier[k] = _fmax(longest, last_ran) if newer else longest
             if seen is not None:
+                newer = began[k] > seen.began + 1.0  # a pause after the one seen open: it ended
                 saved[rows[k]] = seen.saved or newer and math.isfinite(seen.step)
                 if abs(seen.began - began[k]) <= 1.0:  # the pause the log dates now
                     if cycle and not opened[k] and not seen.trained:
@@ -233,7 +232,6 @@ class Progress(PerJob):
                         seen = seen._replace(ran=took) if same else seen._replace(trained=True)
                         self._pauses[job] = seen
                     ran[rows[k]], before[rows[k]] = seen.ran, seen.step
-        usual[rows] = np.fmax(usual[rows], earlier)
         return ran, usual, before, saved
 
     def _record(self, job: str, seen: Seen | None) -> tuple[float, float, float]:
