@@ -18,6 +18,7 @@ import gzip
 import json
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,20 @@ def shifted(trace: Trace, dt: float) -> Trace:
     )
 
 
+def _instants(trace: Trace, job_id: str, end: float) -> Iterator[tuple[float, pd.Series, Any]]:
+    """Every 5 s from the trace's first run's start to `end`: (the time, the GPU's latest
+    sample, the job's log-metrics state after the lines printed by then)."""
+    logs, li = LogState(), 0
+    ts = trace.samples.t.to_numpy()
+    for now in np.arange(trace.runs[0][0] + INTERVAL_S, end + INTERVAL_S / 2, INTERVAL_S):
+        while li < len(trace.lines) and trace.lines[li][0] <= now:
+            logs.feed_job(job_id, [trace.lines[li][1]], trace.lines[li][0])
+            li += 1
+        i = int(np.searchsorted(ts, now, side="right")) - 1
+        if i >= 0:
+            yield float(now), trace.samples.iloc[i], logs.jobs.get(job_id)
+
+
 def replay(
     traces: list[Trace], store: BaselineStore | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -202,23 +217,9 @@ def replay(
     fired: list[dict[str, Any]] = []
     peak: dict[str, float] = {}
     for k, tr in enumerate(traces):
-        logs = LogState()
-        start, end = tr.runs[0][0], tr.runs[-1][1]
-        ts = tr.samples.t.to_numpy()
-        li = 0
         job_id = f"{JOB}{k}" if store is not None else JOB
-        for now in np.arange(start + INTERVAL_S, end + INTERVAL_S / 2, INTERVAL_S):
-            todo = []
-            while li < len(tr.lines) and tr.lines[li][0] <= now:
-                todo.append(tr.lines[li])
-                li += 1
-            for t, x in todo:
-                logs.feed_job(job_id, [x], t)
-            i = int(np.searchsorted(ts, now, side="right")) - 1
-            if i < 0:
-                continue
-            row = tr.samples.iloc[i].to_dict()
-            js = logs.jobs.get(job_id)
+        for now, sample, js in _instants(tr, job_id, tr.runs[-1][1]):
+            row = sample.to_dict()
             row.update(
                 time=now,
                 node=NODE,
@@ -255,27 +256,19 @@ def verdict(trace: Trace, end: float) -> dict[str, Any]:
     from recovery.evidence import Bundle, Context, Report, Series
 
     start = max(trace.runs[0][0], end - Settings.lookback_s)
-    ts = trace.samples.t.to_numpy()
     fields = [c for c in trace.samples.columns if c.startswith("DCGM_")]
     pts: dict[str, list[tuple[float, float]]] = {}
-    logs, li = LogState(), 0
-    for now in np.arange(trace.runs[0][0] + INTERVAL_S, end + INTERVAL_S / 2, INTERVAL_S):
-        while li < len(trace.lines) and trace.lines[li][0] <= now:
-            logs.feed_job(JOB, [trace.lines[li][1]], trace.lines[li][0])
-            li += 1
-        i = int(np.searchsorted(ts, now, side="right")) - 1
-        if now < start or i < 0:
+    for now, row, js in _instants(trace, JOB, end):
+        if now < start:
             continue
-        row = trace.samples.iloc[i]
         for name in fields:
-            pts.setdefault(name, []).append((float(now), float(row[name])))
-        js = logs.jobs.get(JOB)
+            pts.setdefault(name, []).append((now, float(row[name])))
         for name, v in (
             ("goodput_job_iteration", js and js.iteration),
             ("goodput_job_iteration_seconds", js and js.iteration_seconds),
         ):
             if v:
-                pts.setdefault(name, []).append((float(now), float(v)))
+                pts.setdefault(name, []).append((now, float(v)))
     series = [
         Series(n, p, node=NODE if n.startswith("DCGM_") else None,
                gpu=str(GPU) if n.startswith("DCGM_") else None, job_id=JOB)

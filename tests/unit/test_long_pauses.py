@@ -20,6 +20,7 @@ from detector.pipeline import Config, Engine, Result
 from detector.progress import Progress
 from detector.synthetic import healthy_frame
 from detector.thresholds import level
+from tests.unit.test_physics import _never
 
 COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
 JOB = "100"
@@ -29,13 +30,8 @@ def _loading(t: float, since: float, stall: float) -> Frame:
     """The one-GPU job at `t`: idle with memory held, no step time yet, inside a checkpoint
     load its log announced `since` s ago (`stall`: s since its last progress line)."""
     f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=3, start=t)
-    v = f.values
-    v[:, COL["DCGM_FI_DEV_GPU_UTIL"]] = 0.0
-    v[:, COL["DCGM_FI_DEV_POWER_USAGE"]] = 124.0
-    v[:, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0
-    v[:, COL[F.ITER_SECONDS]] = np.nan
-    v[:, COL[F.STALL_SECONDS]] = stall
-    v[:, COL[F.SINCE_PAUSE]] = since
+    _never(f, since, stall)
+    f.values[:, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.0
     return f
 
 
