@@ -5,15 +5,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := dev,postgres,notebooks,dashboards,nvml
 
-.PHONY: setup tools stack stack-stop demo demo-stop test test-unit test-integration lint clean
+.PHONY: setup lock tools stack stack-stop demo demo-stop test test-unit test-integration lint clean
 
-$(BIN)/goodput: pyproject.toml
+$(BIN)/goodput: pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q -c constraints.txt pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	@touch $@
 
-setup: $(BIN)/goodput  ## Python environment (the stack installs its Debian packages itself)
+setup: $(BIN)/goodput  ## Python environment, pinned by constraints.txt (the stack installs its Debian packages itself)
+
+lock: setup  ## after a deliberate upgrade in .venv: pin what it holds now (then run make test)
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --all --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 tools:  ## Debian packages the tests drive: the stack's (promtool, amtool, Slurm, …) and Chromium
 	bash compose/local/stack.sh install-test-tools
