@@ -28,6 +28,7 @@ import pandas as pd
 
 from bench.inproc import score_frames
 from bench.online_alerts import OnlineAlerts
+from detector import exposition
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.frame import Frame
@@ -207,15 +208,21 @@ def _instants(trace: Trace, job_id: str, end: float) -> Iterator[tuple[float, pd
             yield float(now), trace.samples.iloc[i], logs.jobs.get(job_id)
 
 
-def replay(
-    traces: list[Trace], store: BaselineStore | None = None
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Run the traces one after another as the same job name; firing detection alerts
-    [{time, alertname, ...}] and the peak score per detector."""
+@dataclass
+class Replayed:
+    """What the detector engine and the alert conditions made of a replay."""
+
+    fired: list[dict[str, Any]]  # firing detection alerts: {time, run, alertname, ...}
+    peak: dict[str, float]  # the peak score per detector
+    steps: list[tuple[int, float, float]]  # (run, time, the job's fitted step time) exported
+
+
+def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
+    """Run the traces one after another as the same job name."""
     eng = Engine(Config(interval_s=INTERVAL_S), store)
     alerts = OnlineAlerts(interval_s=INTERVAL_S)
-    fired: list[dict[str, Any]] = []
-    peak: dict[str, float] = {}
+    out = Replayed([], {}, [])
+    fired, peak = out.fired, out.peak
     for k, tr in enumerate(traces):
         job_id = f"{JOB}{k}" if store is not None else JOB
         for now, sample, js in _instants(tr, job_id, tr.runs[-1][1]):
@@ -238,6 +245,7 @@ def replay(
             res = eng.step(frame, now, {job_id: NAME})
             for d, name in enumerate(res.detectors):
                 peak[name] = max(peak.get(name, 0.0), float(res.gpu[:, d].max()))
+            out.steps += [(k, float(now), float(v)) for v in res.step_cols.get("seconds", [])]
             dcgm = pd.DataFrame([{k2: v for k2, v in row.items() if k2 != "time"}])
             dcgm.insert(0, "timestamp", now)
             alerts.add(now, {"dcgm": dcgm, **score_frames(res, now)})
@@ -245,37 +253,47 @@ def replay(
                 if a.get("alertname") in DETECTION:
                     fired.append({"time": float(now), "run": k, **a})
         eng.end_jobs(set())
-    return fired, peak
+    return out
 
 
-def verdict(trace: Trace, end: float) -> dict[str, Any]:
-    """The production attribution's diagnosis of the job at `end`, on the evidence the
-    receiver's Prometheus query would return: every DCGM field and the log-derived progress
-    series, at 5 s, over its default lookback (the trace's first run, as one job)."""
+def verdict(
+    trace: Trace, first: float, now: float, seen: Replayed | None = None, run: int = 0
+) -> dict[str, Any]:
+    """The production attribution's diagnosis at `now` of an incident whose first alert came
+    at `first`, on the evidence the receiver would gather (its window: `lookback_s` before the
+    first alert to `lookahead_s` after it): every DCGM field and the log-derived progress
+    series at 5 s (the trace's first run, as one job) and, from `seen` (the replay of `run`),
+    the alerts fired by then and the job's fitted step time the detector exported."""
     from recovery import attribution
     from recovery.evidence import Bundle, Context, Report, Series
 
-    start = max(trace.runs[0][0], end - Settings.lookback_s)
+    start = max(trace.runs[0][0], first - Settings.lookback_s)
+    end = min(now, first + Settings.lookahead_s)
     fields = [c for c in trace.samples.columns if c.startswith("DCGM_")]
     pts: dict[str, list[tuple[float, float]]] = {}
-    for now, row, js in _instants(trace, JOB, end):
-        if now < start:
+    for t, row, js in _instants(trace, JOB, end):
+        if t < start:
             continue
         for name in fields:
-            pts.setdefault(name, []).append((now, float(row[name])))
+            pts.setdefault(name, []).append((t, float(row[name])))
         for name, v in (
             ("goodput_job_iteration", js and js.iteration),
             ("goodput_job_iteration_seconds", js and js.iteration_seconds),
         ):
             if v:
-                pts.setdefault(name, []).append((now, float(v)))
+                pts.setdefault(name, []).append((t, float(v)))
+    fired = [a for a in seen.fired if a["run"] == run and a["time"] <= end] if seen else []
+    for k, t, v in seen.steps if seen else ():
+        if k == run and start <= t <= end:
+            pts.setdefault(exposition.STEP, []).append((t, v))
     series = [
         Series(n, p, node=NODE if n.startswith("DCGM_") else None,
                gpu=str(GPU) if n.startswith("DCGM_") else None, job_id=JOB)
         for n, p in pts.items()
     ]  # fmt: skip
     ok = [Report(c, "ok") for c in ("prometheus", "logs", "slurm")]
-    ctx = Context(job_id=JOB, nodes=[NODE], start=start, end=end, job_name=NAME)
+    alerts = [{"alertname": a["alertname"], "job_id": JOB, "at": a["time"]} for a in fired]
+    ctx = Context(JOB, [NODE], start, end, job_name=NAME, alerts=alerts)
     return attribution.attribute(Bundle(series=series, reports=ok), ctx, gpus_per_node=1)
 
 
@@ -316,30 +334,31 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     )
     for name, traces in healthy:
         with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
-            fired, peak = replay(traces, BaselineStore(tmp) if len(traces) > 1 else None)
-        out.append(_healthy_row(name, traces, fired, peak))
+            seen = replay(traces, BaselineStore(tmp) if len(traces) > 1 else None)
+        out.append(_healthy_row(name, traces, seen.fired, seen.peak))
     # a first step compiling longer than the start-up allowance: the run is taken for one that
     # never starts and requeued; its restart (same id) compiles as long, and must run
     slow = compiling(job(trace, 5.0), COMPILE_S)
     requeued = cut(slow, first_iter + REQUEUED_S)
     restart = shifted(slow, requeued.runs[0][1] - start + 30.0)
-    fired, peak = replay([requeued, restart])
+    seen = replay([requeued, restart])
     name = (
         f"first step compiling silently {COMPILE_S:g} s, requeued {REQUEUED_S:g} s in as "
         "not started, then its restart compiling as long (same id)"
     )
-    out.append(_healthy_row(name, [restart], [a for a in fired if a["run"] == 1], peak))
-    price = _price(fired, requeued.runs[0][0], np.inf, first_iter)
+    out.append(_healthy_row(name, [restart], [a for a in seen.fired if a["run"] == 1], seen.peak))
+    price = _price(seen.fired, requeued.runs[0][0], np.inf, first_iter)
     out[-1]["requeued_run_alert"], out[-1]["requeued_run_alert_s"] = price
     # saves longer than the pause allowance: the first is flagged once (nothing yet says how
     # long the job's saves take), the next as long raises nothing (3x the first is allowed)
     saves = long_saves(job(trace, 5.0), SAVE_S, 2)
-    fired, peak = replay([saves])
+    seen = replay([saves])
     marks = [t for t, x in saves.lines if x.startswith("saving checkpoint")]
     name = f"its first two checkpoint saves taking {SAVE_S:g} s each (the GPU idle, memory held)"
-    out.append(_healthy_row(name, [saves], [a for a in fired if a["time"] >= marks[1]], peak))
+    later = [a for a in seen.fired if a["time"] >= marks[1]]
+    out.append(_healthy_row(name, [saves], later, seen.peak))
     out[-1]["first_save_alert"], out[-1]["first_save_alert_s"] = _price(
-        fired, marks[0], marks[1], marks[0]
+        seen.fired, marks[0], marks[1], marks[0]
     )
     cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
     cases += [
@@ -350,9 +369,9 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     ]
     for kind, when, onset in cases:
         faulty = splice(long, kind, onset)
-        fired, peak = replay([faulty])
-        out.append(_fault_row(kind, when, onset, fired, peak, run=0))
-        _add_verdict(out[-1], faulty, onset)
+        seen = replay([faulty])
+        out.append(_fault_row(kind, when, onset, seen, run=0))
+        _add_verdict(out[-1], faulty, onset, seen, run=0)
     restarts = [
         ("straggler", "restart, stored baseline by name", again.runs[0][0]),
         ("idle_hang", "restart that never reaches its first iteration", _first_iteration(again)),
@@ -360,20 +379,20 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     for kind, when, onset in restarts:
         faulty = splice(again, kind, onset)
         with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
-            fired, peak = replay([long, faulty], BaselineStore(tmp))
-        out.append(_fault_row(kind, when, onset, fired, peak, 1))
-        _add_verdict(out[-1], faulty, onset)
+            seen = replay([long, faulty], BaselineStore(tmp))
+        out.append(_fault_row(kind, when, onset, seen, run=1))
+        _add_verdict(out[-1], faulty, onset, seen, run=1)
     return out
 
 
-def _add_verdict(row: dict[str, Any], trace: Trace, onset: float) -> None:
+def _add_verdict(row: dict[str, Any], trace: Trace, onset: float, seen: Replayed, run: int) -> None:
     """A detected straggler's diagnosis: the first verdict, on the evidence at 5 s steps after
     its first alert, that names a node (else the last one), and when."""
     if row["kind"] != "straggler" or row["latency_s"] is None:
         return
     alert = onset + row["latency_s"]
     for dt in np.arange(INTERVAL_S, Settings.lookahead_s + INTERVAL_S / 2, INTERVAL_S):
-        doc = verdict(trace, alert + dt)
+        doc = verdict(trace, alert, alert + dt, seen, run)
         if doc["affected_nodes"]:
             break
     row["verdict"] = {
@@ -381,6 +400,7 @@ def _add_verdict(row: dict[str, Any], trace: Trace, onset: float) -> None:
         "nodes": doc["affected_nodes"],
         "confidence": doc["confidence"],
         "after_alert_s": float(dt),
+        "cause": doc["root_cause"],
     }
 
 
@@ -403,10 +423,8 @@ def _first_iteration(trace: Trace) -> float:
     return min(t for t, x in trace.lines if re.search(r"\biteration\s+\d+/", x))
 
 
-def _fault_row(
-    kind: str, when: str, onset: float, fired: list[dict[str, Any]], peak: dict, run: int
-) -> dict[str, Any]:
-    hit = _first(fired, onset, run)
+def _fault_row(kind: str, when: str, onset: float, seen: Replayed, run: int) -> dict[str, Any]:
+    hit = _first(seen.fired, onset, run)
     latency = None if hit is None else round(hit["time"] - onset, 1)
     return {
         "row": f"{kind}: {when}",
@@ -416,7 +434,7 @@ def _fault_row(
         "first_alert": None if hit is None else hit["alertname"],
         "target_s": TARGETS_S[kind],
         "met": latency is not None and latency <= TARGETS_S[kind],
-        "peak": {k: round(v, 2) for k, v in peak.items()},
+        "peak": {k: round(v, 2) for k, v in seen.peak.items()},
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from detector import exposition
 from recovery.evidence import Bundle, Context, Report, Series, SlurmFacts
 from recovery.evidence import prometheus as prom
 from recovery.settings import Settings
@@ -106,6 +107,7 @@ class SimSources:
                 add(of_job("jobm"), m, [])
             add(of_job("node_score"), "goodput_node_suspect_score", ["node"])
             add(of_job("gpu_score"), "goodput_gpu_anomaly_score", ["node", "gpu"])
+            add(of_job("job_step"), exposition.STEP, [])
         elif ctx.nodes and not dcgm.empty:
             for m in prom.DCGM_FIELDS:
                 add(dcgm[dcgm["node"].isin(ctx.nodes)], m, ["node", "gpu"])

@@ -2,9 +2,9 @@
 
 Per GPU one series, the combined score (max over detectors), plus the detector that drives it
 only while the GPU is at or over its alert level; per job and per (job, node) the score of every
-detector; per (job, node) the suspect score; per job inside a pause its allowance. Label
-values reach here validated (job and node patterns, integer GPU indexes; detector names are
-code), so they need no escaping.
+detector; per (job, node) the suspect score; per job inside a pause its allowance, and its
+fitted step time. Label values reach here validated (job and node patterns, integer GPU
+indexes; detector names are code), so they need no escaping.
 
 Rendering is a join of per-series label prefixes and numbers: the prefixes are built once and
 kept while a family's label columns equal the last cycle's (steady state), the numbers are
@@ -32,6 +32,7 @@ JOB = gauge("goodput_job_anomaly_score")
 NODE = gauge("goodput_node_anomaly_score")
 SUSPECT = gauge("goodput_node_suspect_score")
 PAUSE = gauge("goodput_job_pause_allowance_seconds")
+STEP = gauge("goodput_job_baseline_iteration_seconds")
 
 HELP = {
     GPU: "Per-GPU combined anomaly score (max over detectors); 1.0 is the nominal alarm level.",
@@ -43,6 +44,8 @@ HELP = {
     PAUSE: "How long the job may pause where its log announces a pause (start-up work, a "
     "save) before it counts as stuck: the GPU model's allowance, or a multiple of the job's "
     "own longest pause.",
+    STEP: "The job's typical iteration time as the detector learned it (its own calm steps, or "
+    "its stored baseline by name): the reference of its step-time slowdown score.",
 }
 
 
@@ -132,6 +135,9 @@ class Renderer:
         if pauses:
             jid = pauses["job_id"].tolist()
             parts.append(self._lines(PAUSE, [jid], 'job_id="{}"', pauses["seconds"]))
+        if steps := res.step_cols:
+            jid = steps["job_id"].tolist()
+            parts.append(self._lines(STEP, [jid], 'job_id="{}"', steps["seconds"]))
         parts.append(self._node_detectors(res, on, res.gpu[on]))
         nodes = res.node_cols
         parts.append(

@@ -88,6 +88,7 @@ class Result:
     node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
     missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
     pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds (pausing)
+    step_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds (fitted)
 
     @cached_property
     def jobs(self) -> pd.DataFrame:
@@ -237,7 +238,10 @@ class Engine:
             jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
             base.learn(frame, job, calm, now, self.cycle)
             base.learn_online(frame, combined)
-        return Result(frame, self.names, gpu, jobs, nodes, missing, _per_job(frame, allowance))
+        prog = self.det.get("progress")
+        steps = prog.typical_steps(frame) if isinstance(prog, Progress) else {}
+        pauses = _per_job(frame, allowance)
+        return Result(frame, self.names, gpu, jobs, nodes, missing, pauses, steps)
 
     def _pause_allowance(self, frame: Frame) -> np.ndarray:
         """Per row, how long its job may pause where its log announces one

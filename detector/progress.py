@@ -277,6 +277,19 @@ class Progress(PerJob):
 
         return frame.derived(("pause_allowance", id(self), id(pri)), compute)
 
+    def typical_steps(self, frame: Frame) -> dict[str, np.ndarray]:
+        """{job_id, seconds}: each named job of the frame with a fitted step time (its own
+        calm steps, or its stored baseline by name), the reference its slowdown score compares
+        with. Exported for attribution: a restart slow from its first step has no slower part
+        of its own to compare with."""
+        codes, uniq = frame.job_codes
+        step = np.full(len(uniq), np.nan)
+        fitted = self._codes(frame)
+        if self.step_ is not None and (fitted >= 0).any():
+            step[codes[fitted >= 0]] = self.step_[fitted[fitted >= 0]]
+        keep = frame.job_named & np.isfinite(step) if len(uniq) else np.zeros(0, dtype=bool)
+        return {"job_id": uniq[keep], "seconds": step[keep]}
+
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         for job in jobs:  # its pauses stay: a requeued job keeps its id (`KEEP_ENDED`)

@@ -81,6 +81,9 @@ class MetricRule(_Rule):
     min_s: float | None = Field(default=None, ge=0)
     gap_s: float | None = Field(default=None, ge=0)
     ratio: float | None = Field(default=None, gt=0)
+    # kinds slowdown/starved: a series holding the job's usual value (the detector's learned
+    # step time), the reference where the whole window is already slower than it
+    reference: str | None = None
     busy_share: float | None = Field(default=None, gt=0, le=1)  # kind starved
     util_min: float | str | None = None  # a number, or the name of a generic physics prior
     util_max: float | str | None = None

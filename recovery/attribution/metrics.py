@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from typing import Any
+from typing import Any, NamedTuple
 
 from catalogue import priors as physics_priors
 from recovery.attribution.logs import _xid_symptom
@@ -148,13 +148,13 @@ def _metric_symptoms(
                 if dur >= rule["min_s"]:
                     out.append(_sym(rule, s, start, f"no progress for {dur:.0f} s", node=None))
         elif kind == "slowdown":
+            usual = _usual(series, rule)
             for s in _by_name(series, metric):
-                if (slowed := _slowed(s, rule)) is not None:
-                    start, _, early = slowed
-                    v = dict(s.points)[start]
-                    out.append(
-                        _sym(rule, s, start, f"iteration time {v:.3g}s vs {early:.3g}s", node=None)
-                    )
+                if (slowed := _slowed(s, rule, usual)) is not None:
+                    v = dict(s.points)[slowed.start]
+                    whose = " (the job's learned step time)" if slowed.learned else ""
+                    detail = f"iteration time {v:.3g}s vs {slowed.ref:.3g}s{whose}"
+                    out.append(_sym(rule, s, slowed.start, detail, node=None))
         elif kind == "starved":
             out += _starved(series, gpu_util, rule)
         elif kind == "peer_low":
@@ -162,21 +162,41 @@ def _metric_symptoms(
     return out
 
 
-def _slowed(s: Series, rule: dict[str, Any]) -> tuple[float, float, float] | None:
-    """(start, end, early median) of the longest run, lasting `min_s`, of a value at least
-    `ratio` x its median over the series' first third (the job's own history); the first
-    steps after a checkpoint save run ~18 % slow, hence the duration."""
+def _usual(series: list[Series], rule: dict[str, Any]) -> float | None:
+    """The lowest value of the rule's `reference` series in the window (the job's learned step
+    time; a baseline refitted upwards during a long slowdown does not hide it); None without."""
+    vals = [v for s in _by_name(series, rule.get("reference") or "") for _, v in s.points if v > 0]
+    return min(vals) if vals else None
+
+
+class Slowed(NamedTuple):
+    start: float
+    end: float
+    ref: float  # the step time it is slower than
+    learned: bool  # `ref` is the job's learned step time, not its early median
+
+
+def _slowed(s: Series, rule: dict[str, Any], usual: float | None = None) -> Slowed | None:
+    """The longest run, lasting `min_s`, of a value at least `ratio` x the reference: its
+    median over the series' first third (the job's own history), or `usual` (what the job was
+    learned to take) when that first third is already `ratio` slower than it -- a restart slow
+    from its first step -- and then over the whole window; the first steps after a checkpoint
+    save run ~18 % slow, hence the duration."""
     vals = [v for _, v in s.points if v > 0]
     if len(vals) < 6:
         return None
     early = statistics.median(vals[: len(vals) // 3])
+    points = s.points[len(vals) // 3 :]
+    learned = usual is not None and early >= usual * rule["ratio"]
+    if usual is not None and learned:
+        early, points = usual, s.points
     if early <= 0:
         return None
     limit = early * rule["ratio"]
-    start, dur = _run_len(s.points[len(vals) // 3 :], lambda v: v >= limit)
+    start, dur = _run_len(points, lambda v: v >= limit)
     if start is None or dur < rule.get("min_s", 0):
         return None
-    return start, start + dur, early
+    return Slowed(start, start + dur, early, learned)
 
 
 def _starved(series: list[Series], util: list[Series], rule: dict[str, Any]) -> list[Sym]:
@@ -194,9 +214,9 @@ def _starved(series: list[Series], util: list[Series], rule: dict[str, Any]) -> 
     out = []
     for s in _by_name(series, rule["metric"]):
         slowed = _slowed(s, rule)
-        if slowed is None or slowed[1] < s.points[-1][0]:
+        if slowed is None or slowed.end < s.points[-1][0]:
             continue  # never slowed, or no longer slow
-        start, _, early = slowed
+        start, early = slowed.start, slowed.ref
         late = statistics.median(v for t, v in s.points if t >= start)
         share = 1.0 + rule["busy_share"] * (late / early - 1.0)
         drops = [_busy_drop(u, start, steps, share, rule["util_min"]) for u in util]

@@ -37,7 +37,11 @@ JOB_METRICS = (
     "goodput_job_nan_iterations_total",
 )
 PRESENCE = "DCGM_FI_DEV_GPU_UTIL"
-DETECTOR_METRICS = ("goodput_node_suspect_score", "goodput_gpu_anomaly_score")
+DETECTOR_METRICS = (
+    "goodput_node_suspect_score",
+    "goodput_gpu_anomaly_score",
+    "goodput_job_baseline_iteration_seconds",  # the job's learned step time (`slowdown` rule)
+)
 HOSTS = ("Hostname", "hostname")  # dcgm-exporter's host label, old and new spelling
 
 

@@ -194,6 +194,46 @@ def test_one_gpu_slower_while_as_busy_goes_to_a_person() -> None:
     assert any(s["id"] == "slowdown" for s in doc["symptoms"])
 
 
+def _learned(seconds: float) -> Series:
+    """The detector's fitted step time for the job (goodput_job_baseline_iteration_seconds)."""
+    pts = [(START + STEP * i, seconds) for i in range(N)]
+    return Series("goodput_job_baseline_iteration_seconds", pts, job_id="1001")
+
+
+@pytest.mark.parametrize(("learned", "slow"), [(None, False), (0.085, True), (0.124, False)])
+def test_a_restart_slow_from_its_first_step_is_slower_than_its_learned_step(
+    learned: float | None, slow: bool
+) -> None:
+    """A restart stepping at 124 ms from its first step, the GPU as busy throughout: its own
+    window has no faster part, so without the detector's learned step time (85 ms, stored by
+    job name) nothing is slower than before, and the alert's incident said `healthy` (the
+    real-signal row); with it the slowdown is evidence. A learned step as slow as now is the
+    job's pace: no slowdown."""
+    series = [*_gpu("node1", 0, _phase(99, 99), _phase(0.96, 0.96)), *_steps(0.124, 0.124)]
+    doc = _doc(series + ([_learned(learned)] if learned else []))
+    (sym,) = [s for s in doc["symptoms"] if s["id"] == "slowdown"] or [None]
+    assert (sym is not None) is slow
+    if slow:
+        assert "vs 0.085s (the job's learned step time)" in sym["detail"]
+        assert sym["first_seen"] == START  # the whole window is slower than it
+        assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
+
+
+def test_a_learned_step_does_not_change_a_warm_jobs_slowdown() -> None:
+    """The job's own history first: with 7 minutes of it in the window at the learned pace,
+    the slowdown reads as before (the reference is the early median, from the onset)."""
+    base = _doc([*_gpu("node1", 0, _phase(99, 62), _phase(0.96, 0.59)), *_steps(0.085, 0.124)])
+    doc = _doc(
+        [
+            *_gpu("node1", 0, _phase(99, 62), _phase(0.96, 0.59)),
+            *_steps(0.085, 0.124),
+            _learned(0.085),
+        ]
+    )
+    assert doc["outcome"] == base["outcome"] == "straggler"
+    assert doc["symptoms"] == base["symptoms"]
+
+
 def test_one_gpu_slower_and_starved_is_a_straggler_a_person_decides() -> None:
     """Step time up 46 % while the GPU fell from 99 to 62 % busy (the H200 with its host
     stalling, failures.md): it waits on its host. The node is named, at a confidence under the

@@ -88,10 +88,21 @@ def test_real_straggler_is_a_straggler_on_its_node_a_heavier_step_is_not() -> No
     long = R.job(R.load(), 10.0)
     onset = long.runs[0][0] + 420.0
     slow = R.splice(long, "straggler", onset)
-    doc = R.verdict(slow, onset + 45.0)
+    doc = R.verdict(slow, onset + 30.0, onset + 45.0)
     assert doc["outcome"] == "straggler" and doc["affected_nodes"] == [R.NODE]
     assert doc["confidence"] == 0.5
     heavier = R.Trace(long.samples, slow.lines, long.runs)
-    doc = R.verdict(heavier, onset + 45.0)
+    doc = R.verdict(heavier, onset + 30.0, onset + 45.0)
     assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
-    assert R.verdict(long, onset + 45.0)["outcome"] == "healthy"
+    assert R.verdict(long, onset + 30.0, onset + 45.0)["outcome"] == "healthy"
+
+
+def test_a_restart_straggling_from_its_first_step_is_not_called_healthy(rows) -> None:
+    """The straggling signature from the first step of a restart whose baseline is stored by
+    job name: detected from that baseline, and diagnosed on the evidence the receiver gathers
+    -- the alerts that fired and the step time the detector learned (85 ms) beside the run's
+    own 124 ms steps. Before, the harness passed no alerts and the attribution had nothing
+    slower than before in the window: `healthy`, for a job 46 % slower than it was."""
+    r = rows["straggler: restart, stored baseline by name"]
+    assert r["verdict"]["outcome"] == "unknown" and r["verdict"]["nodes"] == []
+    assert "(the job's learned step time)" in r["verdict"]["cause"]

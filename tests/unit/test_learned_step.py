@@ -1,0 +1,48 @@
+"""The job's learned step time, exported per job (`goodput_job_baseline_iteration_seconds`):
+the reference of the progress detector's slowdown score, for the attribution to compare a
+restart that is slow from its first step with (docs/contracts.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detector.baselines import BaselineStore
+from detector.exposition import STEP, render
+from detector.pipeline import Config, Engine, Result
+from detector.synthetic import healthy_frame
+
+JOB, NAME = "100", "trainer"
+
+
+def _run(eng: Engine, t0: float, seconds: float, step_s: float, job: str = JOB) -> list[Result]:
+    """One 1-node job training at `step_s` a step, seen every 5 s from `t0`."""
+    return [
+        eng.step(
+            healthy_frame(
+                jobs=1, nodes=1, steps=1, seed=int(t), start=t, step_s=step_s, first_job=int(job)
+            ),
+            t,
+            {job: NAME},
+        )  # fmt: skip
+        for t in np.arange(t0, t0 + seconds, 5.0)
+    ]
+
+
+def _exported(res: Result) -> dict[str, float]:
+    cols = res.step_cols
+    return dict(zip(cols["job_id"].tolist(), cols["seconds"].tolist(), strict=True))
+
+
+def test_exported_once_fitted_then_carried_to_a_restart_by_name(tmp_path) -> None:
+    eng = Engine(Config(interval_s=5.0), BaselineStore(tmp_path))
+    first = _run(eng, 0.0, 600.0, step_s=0.5)
+    assert _exported(first[0]) == {}  # nothing learned yet: nothing to compare with
+    assert _exported(first[-1])[JOB] == pytest.approx(0.5, rel=0.02)
+    text = render(first[-1], gpu_level=1.25).decode()
+    assert f'{STEP}{{job_id="{JOB}"}} ' in text
+    eng.end_jobs(set())
+    # a new job id with the same name, slower from its first step: its first cycle already
+    # exports what the name's stored baseline learned, not its own pace
+    again = _run(eng, 2000.0, 10.0, step_s=0.73, job="200")
+    assert _exported(again[0])["200"] == pytest.approx(0.5, rel=0.02)
