@@ -465,9 +465,10 @@ def markdown(rows_: list[dict[str, Any]]) -> list[str]:
         first = r["first_alert"] or "–"
         if v := r.get("verdict"):
             on = f" on {', '.join(v['nodes'])}" if v["nodes"] else ""
+            why = v["cause"].partition(": ")[2] if v["outcome"] == "unknown" else ""
             first += (
-                f"; diagnosed {v['outcome']}{on} ({v['confidence']:g}) on the evidence "
-                f"{v['after_alert_s']:g} s after it"
+                f"; diagnosed {v['outcome']}{on} ({v['confidence']:g}{': ' + why if why else ''})"
+                f" on the evidence {v['after_alert_s']:g} s after it"
             )
         lines.append(
             f"| {r['row']} | {'yes' if r['detected'] else '**no**'} | "
