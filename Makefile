@@ -15,9 +15,13 @@ $(BIN)/goodput: pyproject.toml constraints.txt
 
 setup: $(BIN)/goodput  ## Python environment, pinned by constraints.txt (the stack installs its Debian packages itself)
 
-lock: setup  ## after a deliberate upgrade in .venv: pin what it holds now (then run make test)
-	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --all --exclude-editable; } > constraints.txt.new
+lock:  ## upgrade .venv to the newest versions pyproject.toml allows and pin them (then make test)
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade -e '.[$(EXTRAS)]'
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --all --exclude-editable --exclude setuptools; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
+	@touch $(BIN)/goodput
 
 tools:  ## Debian packages the tests drive: the stack's (promtool, amtool, Slurm, …) and Chromium
 	bash compose/local/stack.sh install-test-tools

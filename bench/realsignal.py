@@ -19,7 +19,7 @@ import json
 import re
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -259,16 +259,20 @@ def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
 def verdict(
     trace: Trace, first: float, now: float, seen: Replayed | None = None, run: int = 0
 ) -> dict[str, Any]:
-    """The production attribution's diagnosis at `now` of an incident whose first alert came
-    at `first`, on the evidence the receiver would gather (its window: `lookback_s` before the
-    first alert to `lookahead_s` after it): every DCGM field and the log-derived progress
-    series at 5 s (the trace's first run, as one job) and, from `seen` (the replay of `run`),
-    the alerts fired by then and the job's fitted step time the detector exported."""
+    """The production attribution's diagnosis at `now` of an incident on the job's node whose
+    first alert came at `first`, in the receiver's context (`Context.from_incident`: from
+    `lookback_s` before that alert to `lookahead_s` after it), on the evidence it would
+    gather: every DCGM field and the log-derived progress series at 5 s (the trace's first
+    run, as one job) and, from `seen` (the replay of `run`), the alerts fired by then and
+    the job's fitted step time the detector exported."""
     from recovery import attribution
     from recovery.evidence import Bundle, Context, Report, Series
 
-    start = max(trace.runs[0][0], first - Settings.lookback_s)
-    end = min(now, first + Settings.lookahead_s)
+    fired = [a for a in seen.fired if a["run"] == run and a["time"] <= now] if seen else []
+    alerts = [{"alertname": a["alertname"], "job_id": JOB} for a in fired]
+    incident = {"job_id": JOB, "node": NODE, "first_alert_at": first, "alerts": alerts}
+    ctx = replace(Context.from_incident(incident, Settings(), now), job_name=NAME)
+    start, end = max(trace.runs[0][0], ctx.start), ctx.end
     fields = [c for c in trace.samples.columns if c.startswith("DCGM_")]
     pts: dict[str, list[tuple[float, float]]] = {}
     for t, row, js in _instants(trace, JOB, end):
@@ -282,7 +286,6 @@ def verdict(
         ):
             if v:
                 pts.setdefault(name, []).append((t, float(v)))
-    fired = [a for a in seen.fired if a["run"] == run and a["time"] <= end] if seen else []
     for k, t, v in seen.steps if seen else ():
         if k == run and start <= t <= end:
             pts.setdefault(exposition.STEP, []).append((t, v))
@@ -292,8 +295,6 @@ def verdict(
         for n, p in pts.items()
     ]  # fmt: skip
     ok = [Report(c, "ok") for c in ("prometheus", "logs", "slurm")]
-    alerts = [{"alertname": a["alertname"], "job_id": JOB, "at": a["time"]} for a in fired]
-    ctx = Context(JOB, [NODE], start, end, job_name=NAME, alerts=alerts)
     return attribution.attribute(Bundle(series=series, reports=ok), ctx, gpus_per_node=1)
 
 

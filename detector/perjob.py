@@ -122,17 +122,21 @@ class PerJob(Detector):
         )
 
     def _codes(self, frame: Frame) -> np.ndarray:
-        """Each row's index in `jobs_` (-1: not fitted). The lookup table is kept while the
-        frame's distinct jobs and `jobs_` are the last call's (jobs are only appended to it,
-        hence its length in the key; a drop makes a new list)."""
+        """Each row's index in `jobs_` (-1: not fitted)."""
+        return self._job_index(frame)[frame.job_codes[0]]
+
+    def _job_index(self, frame: Frame) -> np.ndarray:
+        """Each of the frame's distinct jobs' index in `jobs_` (-1: not fitted), then -1 (rows
+        without a job). Kept while the frame's distinct jobs and `jobs_` are the last call's
+        (jobs are only appended to it, hence its length in the key; a drop makes a new list)."""
         self._ensure()
-        codes, uniques = frame.job_codes
+        uniques = frame.job_codes[1]
 
         def table() -> np.ndarray:
             index = self._positions()
             return np.array([index.get(u, -1) for u in uniques.tolist()] + [-1], dtype=np.int64)
 
-        return self._table.get((uniques, self.jobs_, len(self.jobs_)), table)[codes]
+        return self._table.get((uniques, self.jobs_, len(self.jobs_)), table)
 
 
 def to_json(a: Any) -> Any:

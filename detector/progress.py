@@ -282,13 +282,14 @@ class Progress(PerJob):
         calm steps, or its stored baseline by name), the reference its slowdown score compares
         with. Exported for attribution: a restart slow from its first step has no slower part
         of its own to compare with."""
-        codes, uniq = frame.job_codes
-        step = np.full(len(uniq), np.nan)
-        fitted = self._codes(frame)
-        if self.step_ is not None and (fitted >= 0).any():
-            step[codes[fitted >= 0]] = self.step_[fitted[fitted >= 0]]
-        keep = frame.job_named & np.isfinite(step) if len(uniq) else np.zeros(0, dtype=bool)
-        return {"job_id": uniq[keep], "seconds": step[keep]}
+        uniq = frame.job_codes[1]
+        at = self._job_index(frame)[:-1]
+        keep = frame.job_named & (at >= 0) if len(uniq) else np.zeros(0, dtype=bool)
+        if self.step_ is None or not keep.any():
+            return {"job_id": uniq[:0], "seconds": np.zeros(0)}
+        step = self.step_[at[keep]]
+        ok = np.isfinite(step)  # a stored state may hold none
+        return {"job_id": uniq[keep][ok], "seconds": step[ok]}
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)

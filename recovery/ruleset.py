@@ -81,8 +81,8 @@ class MetricRule(_Rule):
     min_s: float | None = Field(default=None, ge=0)
     gap_s: float | None = Field(default=None, ge=0)
     ratio: float | None = Field(default=None, gt=0)
-    # kinds slowdown/starved: a series holding the job's usual value (the detector's learned
-    # step time), the reference where the whole window is already slower than it
+    # kind slowdown: a series holding the job's usual value (the detector's learned step
+    # time), the reference where the window's early part is already `ratio` slower than it
     reference: str | None = None
     busy_share: float | None = Field(default=None, gt=0, le=1)  # kind starved
     util_min: float | str | None = None  # a number, or the name of a generic physics prior
@@ -96,6 +96,8 @@ class MetricRule(_Rule):
         missing = [k for k in _NEEDS[self.kind] if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind {self.kind} needs {missing}")
+        if self.reference is not None and self.kind != "slowdown":
+            raise ValueError(f"kind {self.kind} reads no `reference` (only kind slowdown does)")
         return self
 
 

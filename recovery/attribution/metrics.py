@@ -180,22 +180,23 @@ def _slowed(s: Series, rule: dict[str, Any], usual: float | None = None) -> Slow
     """The longest run, lasting `min_s`, of a value at least `ratio` x the reference: its
     median over the series' first third (the job's own history), or `usual` (what the job was
     learned to take) when that first third is already `ratio` slower than it -- a restart slow
-    from its first step -- and then over the whole window; the first steps after a checkpoint
-    save run ~18 % slow, hence the duration."""
+    from its first step -- and then over the whole window, to its last point; the first steps
+    after a checkpoint save or a restart run ~18 % slow, hence the duration."""
     vals = [v for _, v in s.points if v > 0]
     if len(vals) < 6:
         return None
     early = statistics.median(vals[: len(vals) // 3])
-    points = s.points[len(vals) // 3 :]
-    learned = usual is not None and early >= usual * rule["ratio"]
-    if usual is not None and learned:
-        early, points = usual, s.points
+    points, learned = s.points[len(vals) // 3 :], False
+    if usual is not None and early >= usual * rule["ratio"]:
+        early, points, learned = usual, s.points, True
     if early <= 0:
         return None
     limit = early * rule["ratio"]
     start, dur = _run_len(points, lambda v: v >= limit)
     if start is None or dur < rule.get("min_s", 0):
         return None
+    if learned and start + dur < s.points[-1][0]:
+        return None  # slow first steps that ended (a restart's warm-up), not a slower job
     return Slowed(start, start + dur, early, learned)
 
 

@@ -206,8 +206,8 @@ def test_a_restart_slow_from_its_first_step_is_slower_than_its_learned_step(
 ) -> None:
     """A restart stepping at 124 ms from its first step, the GPU as busy throughout: its own
     window has no faster part, so without the detector's learned step time (85 ms, stored by
-    job name) nothing is slower than before, and the alert's incident said `healthy` (the
-    real-signal row); with it the slowdown is evidence. A learned step as slow as now is the
+    job name) nothing is slower than before (the incident's verdict: `unknown`, no failure
+    signature); with it the slowdown is the evidence. A learned step as slow as now is the
     job's pace: no slowdown."""
     series = [*_gpu("node1", 0, _phase(99, 99), _phase(0.96, 0.96)), *_steps(0.124, 0.124)]
     doc = _doc(series + ([_learned(learned)] if learned else []))
@@ -217,6 +217,30 @@ def test_a_restart_slow_from_its_first_step_is_slower_than_its_learned_step(
         assert "vs 0.085s (the job's learned step time)" in sym["detail"]
         assert sym["first_seen"] == START  # the whole window is slower than it
         assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
+
+
+def test_a_restarts_slow_warm_up_that_ended_is_no_slowdown() -> None:
+    """A restart's first steps slow (compiling, caches cold) for 30 s, then at the learned pace
+    to the end of the window: against the learned step the warm-up is a slow run, but it
+    ended: the job is at its pace (fails without the to-the-end check)."""
+    step = [(START + STEP * i, 0.124 if i < 7 else 0.085) for i in range(N)]
+    series = [
+        *_gpu("node1", 0, _phase(99, 99), _phase(0.96, 0.96)),
+        Series("goodput_job_iteration_seconds", step, job_id="1001"),
+        _progress(True),
+        _learned(0.085),
+    ]
+    assert not any(s["id"] == "slowdown" for s in _doc(series)["symptoms"])
+
+
+def test_the_learned_step_is_its_lowest_in_the_window() -> None:
+    """A baseline refitted upwards during a long slowdown (the detector learns a new normal
+    after a sustained shift no incident confirmed) does not hide what the job took before."""
+    learned = _learned(0.085)
+    learned.points[ONSET:] = [(t, 0.124) for t, _ in learned.points[ONSET:]]
+    series = [*_gpu("node1", 0, _phase(99, 99), _phase(0.96, 0.96)), *_steps(0.124, 0.124)]
+    (sym,) = [s for s in _doc([*series, learned])["symptoms"] if s["id"] == "slowdown"]
+    assert "vs 0.085s (the job's learned step time)" in sym["detail"]
 
 
 def test_a_learned_step_does_not_change_a_warm_jobs_slowdown() -> None:

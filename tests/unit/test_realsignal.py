@@ -101,8 +101,9 @@ def test_a_restart_straggling_from_its_first_step_is_not_called_healthy(rows) ->
     """The straggling signature from the first step of a restart whose baseline is stored by
     job name: detected from that baseline, and diagnosed on the evidence the receiver gathers
     -- the alerts that fired and the step time the detector learned (85 ms) beside the run's
-    own 124 ms steps. Before, the harness passed no alerts and the attribution had nothing
-    slower than before in the window: `healthy`, for a job 46 % slower than it was."""
+    own 124 ms steps: `unknown` (nothing says the host), with that slowdown as its cause.
+    Before, the attribution had nothing slower than before in the window and found no
+    signature at all (the harness, passing no alerts, even said `healthy`)."""
     r = rows["straggler: restart, stored baseline by name"]
     assert r["verdict"]["outcome"] == "unknown" and r["verdict"]["nodes"] == []
     assert "(the job's learned step time)" in r["verdict"]["cause"]

@@ -80,3 +80,28 @@ def test_a_symptom_dropped_from_its_producer_breaks_the_rules_that_name_it(tmp_p
     orphan = r"\(gpu_hardware_fault\): explains \['thermal_throttle'\]"
     with pytest.raises(ruleset.RuleError, match=orphan):
         ruleset.load(base)
+
+
+def test_every_series_a_metric_rule_reads_is_queried_by_the_receiver():
+    """A rule reads only what `recovery.evidence.prometheus.queries` fetches for a job's
+    incident (`node_presence` is its GPU-presence query by node): a series named in a rule
+    but left out of the queries would make the rule silent in production, while unit tests
+    that build the series by hand pass (the learned step time of the `slowdown` rule)."""
+    from recovery.evidence import Context
+    from recovery.evidence import prometheus as prom
+
+    rules, _ = ruleset.load(RULES)
+    asked = " ".join(prom.queries(Context(job_id="7", nodes=["node1"], start=0.0, end=60.0)))
+    for rule in rules["metrics"]:
+        for key in ("metric", "reference", "confirm"):
+            name = rule.get(key)
+            if name and name != "node_presence":
+                assert f"{name}{{" in asked, f"{rule['id']}: {key} {name} is never queried"
+
+
+def test_a_reference_is_read_by_the_slowdown_kind_only(tmp_path):
+    d = _copy(tmp_path)
+    old = "kind: starved, metric: goodput_job_iteration_seconds,"
+    _edit(d / "symptoms.yaml", old, old + " reference: goodput_job_baseline_iteration_seconds,")
+    with pytest.raises(ruleset.RuleError, match="reads no `reference`"):
+        ruleset.load(d)
