@@ -270,7 +270,7 @@ def markdown(doc: dict[str, Any]) -> str:
             "One GPU, NVML at 4 Hz and the job's own log, scored at 5 s through the same engine "
             "and alert conditions; faults spliced in from the signatures measured on the same "
             "GPU model (bench/realsignal.py). Detection only: latency = onset → first detection "
-            "alert (GoodputJobHung, -JobAnomaly, -GPUAnomaly, -JobStraggler).",
+            "alert (GoodputJobHung, -JobSlow, -JobAnomaly, -GPUAnomaly, -JobStraggler).",
             "",
             *realsignal.markdown(real),
         ]

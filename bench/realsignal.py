@@ -40,7 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "real" / "h200-healthy-ckpt"
 NODE, GPU, JOB, NAME, MODEL = "h200", 0, "700001", "real-mlp", "NVIDIA H200"
 INTERVAL_S = 5.0
-DETECTION = ("GoodputJobHung", "GoodputJobAnomaly", "GoodputGPUAnomaly", "GoodputJobStraggler")
+DETECTION = (
+    "GoodputJobHung",
+    "GoodputJobSlow",
+    "GoodputJobAnomaly",
+    "GoodputGPUAnomaly",
+    "GoodputJobStraggler",
+)
 UTIL, POWER, SM = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_SM_ACTIVE"
 TENSOR, DRAM, CLOCK = (
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",

@@ -149,7 +149,7 @@ class Coverage:
                 reason = f"{len(seen.nodes)} node: shift compares the job's nodes (needs 2)"
             if name == "peer" and seen.most_gpus < min_peers:
                 reason = f"{seen.most_gpus} GPU(s) at a time: peer comparison needs {min_peers}"
-            if name == "progress" and not seen.progress:
+            if name in ("progress", "pace") and not seen.progress:
                 reason = "no progress input (no job metrics and no job log)"
             if name == "hardware" and not seen.hardware:
                 reason = "no XID or error-counter field in the input"
@@ -159,7 +159,7 @@ class Coverage:
         if why.get("progress") is None and fitted is None and isinstance(prog, Progress):
             note = (
                 f"progress: no baseline either, so only a stall of {prog.unfitted_stall_s:g} s "
-                "without progress would alarm (no slowdown score)"
+                "without progress would alarm (no pace score)"
             )
         physics_note = None
         if "physics" in engine.names and not seen.sm_active:

@@ -45,7 +45,7 @@ HELP = {
     "save) before it counts as stuck: the GPU model's allowance, or a multiple of the job's "
     "own longest pause.",
     STEP: "The job's typical iteration time as the detector learned it (its own calm steps, or "
-    "its stored baseline by name): the reference of its step-time slowdown score.",
+    "its stored baseline by name): the reference of its pace (step-time slowdown) score.",
 }
 
 

@@ -28,14 +28,14 @@ from detector.level import Level
 from detector.memo import Memo
 from detector.peer import PeerComparison
 from detector.physics import Physics, prior_rows
-from detector.progress import Progress
+from detector.progress import Pace, Progress
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
 PHASED = ("deviation", "multivariate", "level")  # job-wide baseline detectors (see Engine._phase)
 # what a GPU looks like against its baseline or its peers: capped inside an announced pause
 # (Engine._pause), where the rank that saves idles while the others wait for it in a barrier
 PAUSE_CAPPED = (*PHASED, "shift", "peer")
-NO_PERSIST = ("hardware", "progress")  # direct evidence / already integrated over time
+NO_PERSIST = ("hardware", "progress", "pace")  # direct evidence / already integrated over time
 GATED = ("physics",)  # must hold on every sample of the window; counts at its latest value
 ALL: tuple[type[Detector], ...] = (  # the learned and the evidence detectors
     BaselineDeviation,
@@ -122,6 +122,7 @@ def default_detectors(cfg: Config) -> dict[str, Detector]:
         NodeShift(of=deviation),  # reads the deviation's baselines: one fit, one stored state
         PeerComparison().fit(_EMPTY),
         progress := Progress(),  # scores before physics, which reads the pauses it learned
+        Pace(of=progress),  # its slowdown score, apart from the stall: a slower job is no hang
         HardwareEvents(),
         Physics(pauses=progress),
     ]
@@ -357,12 +358,12 @@ class Engine:
 
     def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> None:
         """A job-wide move is judged by the job's progress: when `phase_share` of a job's GPUs
-        reach 1.0 on a baseline detector and the job reports progress scoring below
-        `phase_calm` (its alert level), it is a phase (evaluation, checkpoint, a new data
-        shard), not a fault, and those detectors are capped below 1.0 for the job. A job-wide
-        fault stops or slows progress and alarms there. Never capped: jobs without progress,
-        one node or GPU moving alone (under `phase_share`), and jobs whose GPUs mostly spin
-        (busy at idle power: a collective hang, which no healthy phase looks like)."""
+        reach 1.0 on a baseline detector and the job reports progress, its progress and pace
+        scores below `phase_calm` (their alert level), it is a phase (evaluation, checkpoint,
+        a new data shard), not a fault, and those detectors are capped below 1.0 for the job.
+        A job-wide fault stops or slows progress and alarms there. Never capped: jobs without
+        progress, one node or GPU moving alone (under `phase_share`), and jobs whose GPUs mostly
+        spin (busy at idle power: a collective hang, which no healthy phase looks like)."""
         cols = [i for i, n in enumerate(self.names) if n in PHASED]
         if "progress" not in self.names or not cols or not len(job):
             return
@@ -375,7 +376,8 @@ class Engine:
         share = share / count[:, None]
         seen = np.isfinite(frame.col(F.ITER_SECONDS)) | np.isfinite(frame.col(F.STALL_SECONDS))
         has = np.bincount(jo, weights=seen[on], minlength=n) > 0
-        prog = self._group_max(g[:, [self.names.index("progress")]], jo, n)[:, 0]
+        own = [self.names.index(p) for p in ("progress", "pace") if p in self.names]
+        prog = self._group_max(g[:, own], jo, n).max(axis=1)  # stalled or slower
         calm = has & (prog < self.cfg.phase_calm)
         dev = self.det.get("deviation")
         if isinstance(dev, BaselineDeviation):

@@ -1,15 +1,16 @@
-"""The job's own progress: stalls and step-time slowdowns against its baseline."""
+"""The job's own progress: stalls (`Progress`) and step-time slowdowns (`Pace`) against its
+baseline."""
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from catalogue import priors as P
 from detector import fields as F
-from detector.base import pause_open, robust, z_crit
+from detector.base import Detector, pause_open, robust, z_crit
 from detector.frame import Frame, JobRows
 from detector.perjob import PerJob, keep_latest
 from detector.physics import prior_rows
@@ -339,17 +340,49 @@ class Progress(PerJob):
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return allow, slow
 
+    def parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        """(stall score, slow score) per row, worked out once per unchanged frame: this
+        detector scores the stall, `Pace` the slowdown."""
+        return frame.derived(("progress_parts", id(self)), lambda: self._parts(frame))
+
     def score(self, frame: Frame) -> np.ndarray:
-        stall, slow = self._parts(frame)
-        return np.fmax(stall, slow)
+        return self.parts(frame)[0]
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
-        stall, slow = self._parts(frame.take(rows))
         st = frame.col(F.STALL_SECONDS)[rows]
+        return [f"no progress for {v:.0f} s" for v in st.tolist()]
+
+
+class Pace(Detector):
+    """The job's step time against the one its `Progress` detector learned: the slowdown
+    score described there (robust z of log step time / z_crit(p); 0 while the first steps
+    after a pause or a restart settle). A job that still steps, slower, is a straggler or more
+    work per step, not a hang: scored apart from the stall so that its alert
+    (`GoodputJobSlow`) says so. It keeps no state of its own (the progress detector's fit,
+    one stored state).
+
+    >>> from detector.synthetic import healthy_frame
+    >>> prog = Progress().fit(healthy_frame(jobs=1, nodes=1, steps=60, seed=4))
+    >>> test = healthy_frame(jobs=1, nodes=1, steps=2, seed=5, start=900.0)
+    >>> test.values[:, test.fields.index("goodput_job_iteration_seconds")] *= 1.46
+    >>> bool(Pace(prog).score(test).min() > 1.0 and prog.score(test).max() < 1.0)
+    True
+    """
+
+    name = "pace"
+
+    def __init__(self, of: Progress) -> None:
+        self.of = of
+
+    def fit(self, frame: Frame) -> Detector:
+        return self
+
+    def score(self, frame: Frame) -> np.ndarray:
+        return self.of.parts(frame)[1]
+
+    def set_job_state(self, job: str, state: dict[str, Any]) -> None:
+        """Nothing of its own: the progress detector's state is its."""
+
+    def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         it = frame.col(F.ITER_SECONDS)[rows]
-        return [
-            f"no progress for {st[i]:.0f} s"
-            if stall[i] >= slow[i]
-            else f"step time {it[i]:.3g} s is slower than the job's baseline"
-            for i in range(len(rows))
-        ]
+        return [f"step time {v:.3g} s is slower than the job's baseline" for v in it.tolist()]

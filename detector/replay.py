@@ -163,7 +163,7 @@ def detections(
         return level(kind) if min_score is None else min_score
 
     for r in result.jobs.itertuples():
-        kind = "progress" if r.detector == "progress" else "job"
+        kind = r.detector if r.detector in ("progress", "pace") else "job"
         if r.score >= floor(kind):
             yield {
                 "time": t,

@@ -17,6 +17,7 @@ from alertdsl import spec as A
 ALERT_OF = {
     "job": "GoodputJobAnomaly",  # goodput_job_anomaly_score{detector="combined"}
     "progress": "GoodputJobHung",  # goodput_job_anomaly_score{detector="progress"}
+    "pace": "GoodputJobSlow",  # goodput_job_anomaly_score{detector="pace"}
     "node": "GoodputJobStraggler",  # goodput_node_suspect_score
     "gpu": "GoodputGPUAnomaly",  # goodput_gpu_anomaly_score
 }
@@ -24,13 +25,14 @@ ALERT_OF = {
 
 @lru_cache(maxsize=8)
 def levels(path: str | None = None) -> dict[str, float]:
-    """{"job", "progress", "node", "gpu"} -> threshold from alerts.yaml (cached per path)."""
+    """{"job", "progress", "pace", "node", "gpu"} -> threshold from alerts.yaml (cached per
+    path)."""
     spec = A.load(path)
     return {kind: float(A.threshold(name, spec)) for kind, name in ALERT_OF.items()}
 
 
 def level(kind: str, path: str | None = None) -> float:
-    """The alert-worthy score of `kind` ("job", "progress", "node" or "gpu")."""
+    """The alert-worthy score of `kind` ("job", "progress", "pace", "node" or "gpu")."""
     if kind not in ALERT_OF:
         raise KeyError(f"unknown score kind {kind!r}; want one of {sorted(ALERT_OF)}")
     return levels(path or str(A.configured_path()))[kind]

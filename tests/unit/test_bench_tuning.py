@@ -14,7 +14,13 @@ from detector import tuning_write as W
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-SCORE_ALERTS = ("GoodputJobHung", "GoodputJobStraggler", "GoodputJobAnomaly", "GoodputGPUAnomaly")
+SCORE_ALERTS = (
+    "GoodputJobHung",
+    "GoodputJobSlow",
+    "GoodputJobStraggler",
+    "GoodputJobAnomaly",
+    "GoodputGPUAnomaly",
+)
 
 
 def _slower(tmp_path: Path) -> Path:

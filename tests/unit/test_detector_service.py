@@ -88,7 +88,7 @@ def test_scores_exposed_bounded_and_joined_by_node(tmp_path):
     assert driver[0][1] == gpu[slow]
     nodes = dict(series(text, "goodput_node_anomaly_score"))
     assert nodes['goodput_node_anomaly_score{job_id="100000",node="node1",detector="peer"}'] > 1
-    assert len(nodes) == 6 * 7  # 3 jobs x 2 nodes x 7 detectors
+    assert len(nodes) == 6 * 8  # 3 jobs x 2 nodes x 8 detectors
     assert 'goodput_job_anomaly_score{job_id="100001",detector="combined"}' in text
     suspect = dict(series(text, "goodput_node_suspect_score"))
     assert suspect['goodput_node_suspect_score{job_id="100000",node="node1"}'] > 1.0
@@ -131,7 +131,7 @@ def test_cardinality_per_1000_healthy_gpus(tmp_path):
     assert len(series(text, "goodput_gpu_anomaly_driver_score")) == 0
     per_node = len(series(text, "goodput_node_anomaly_score"))
     per_job = len(series(text, "goodput_job_anomaly_score"))
-    assert per_node == 120 * 7 and per_job == 60 * 8  # 7 detectors (+ combined per job)
+    assert per_node == 120 * 8 and per_job == 60 * 9  # 8 detectors (+ combined per job)
     assert len(series(text, "goodput_node_suspect_score")) == 120
     assert not series(text, "goodput_job_pause_allowance_seconds")  # only while a job pauses
 

@@ -124,14 +124,15 @@ def test_attribution_takes_no_symptom_from_a_wait_the_job_progressed_after() -> 
 
 
 def _scorer(det: Progress):
-    """`at(t, stall, since, step)`: the detector's score of a one-GPU job's sample then."""
+    """`at(t, stall, since, step)`: the higher of the progress (stall) and pace (slowdown)
+    scores of a one-GPU job's sample then."""
 
     def at(t: float, stall: float, since: float, step: float = 0.5) -> float:
         f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
         f.values[0, COL[F.STALL_SECONDS]] = stall
         f.values[0, COL[F.SINCE_PAUSE]] = since
         f.values[0, COL[F.ITER_SECONDS]] = step
-        return float(det.score(f)[0])
+        return float(max(part[0] for part in det.parts(f)))
 
     return at
 

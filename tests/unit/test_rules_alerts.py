@@ -24,7 +24,8 @@ ALL_CASES = yaml.safe_load((AM / "tests" / "cases.yaml").read_text())
 CASES = [c for c in ALL_CASES if "alert" in c]
 BRIEF_NAMES = {
     "GoodputGPUFatalXid", "GoodputGPUDoubleBitECC", "GoodputGPUMissing", "GoodputNodeLost",
-    "GoodputJobHung", "GoodputJobStraggler", "GoodputJobAnomaly", "GoodputGPUAnomaly",
+    "GoodputJobHung", "GoodputJobSlow", "GoodputJobStraggler", "GoodputJobAnomaly",
+    "GoodputGPUAnomaly",
     "GoodputGPUDegradation", "GoodputJobLogFault", "GoodputJobFailed", "GoodputDetectorDown",
     "GoodputExporterDown",
 }  # fmt: skip

@@ -176,6 +176,7 @@ def test_score_alerts_are_the_tunable_ones() -> None:
     names = [a.name for a in T.score_alerts(A.load())]
     assert names == [
         "GoodputJobHung",
+        "GoodputJobSlow",
         "GoodputJobStraggler",
         "GoodputJobAnomaly",
         "GoodputGPUAnomaly",
