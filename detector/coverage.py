@@ -24,7 +24,7 @@ from detector.pipeline import Engine, Result
 from detector.progress import Progress
 
 HARDWARE_FIELDS = (F.XID_FIELD, *F.COUNTERS)
-BASELINE = ("deviation", "shift", "multivariate")
+BASELINE = ("deviation", "shift", "multivariate", "pace")
 SM = "DCGM_FI_PROF_SM_ACTIVE"
 
 

@@ -303,7 +303,7 @@ class Engine:
 
     def _persist(self, idx: np.ndarray, job: np.ndarray, raw: np.ndarray, now: float):
         """Min over the last k cycles (a metric anomaly must persist); a new job on a GPU
-        forgets the old scores. Direct evidence (hardware) and progress are not delayed."""
+        forgets the old scores. Direct evidence (hardware), progress and pace are not delayed."""
         if not len(idx):
             return raw
         rows = idx

@@ -39,7 +39,8 @@ class Seen(NamedTuple):
 
 
 class Progress(PerJob):
-    """The job's own progress: stall (time since last progress) and step-time slowdown.
+    """The job's own progress: its score is the stall (time since last progress); the
+    step-time slowdown it works out beside it is `Pace`'s score.
 
     Fit learns the job's median step time, its robust spread (log scale), and the longest
     progress gap seen while healthy (checkpoints, evals); the longest pause its log announced

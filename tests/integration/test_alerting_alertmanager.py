@@ -108,7 +108,10 @@ def test_routing_inhibition_and_templates(private_am):
     url, posts = private_am
     xid = {"alertname": "GoodputGPUFatalXid", "severity": "critical", "scope": "gpu",
            "node": "node2", "gpu": "3", "job_id": "42", "signal": "dcgm_xid"}  # fmt: skip
-    _post(url, xid)
+    # a slower job pages once: GoodputJobSlow mutes the combined score's GoodputJobAnomaly
+    slow44 = {"alertname": "GoodputJobSlow", "severity": "warning", "scope": "job",
+              "job_id": "44", "detector": "pace"}  # fmt: skip
+    _post(url, xid, slow44)
     time.sleep(0.5)  # the source is known before its targets are dispatched
     hung42 = {"alertname": "GoodputJobHung", "severity": "warning", "scope": "job",
               "job_id": "42", "signal": "progress_score"}  # fmt: skip
@@ -116,13 +119,16 @@ def test_routing_inhibition_and_templates(private_am):
              "job_id": "42", "node": "node1", "pattern": "nccl_watchdog_timeout",
              "signal": "log_pattern"}  # fmt: skip
     hung43 = dict(hung42, job_id="43")
-    _post(url, hung42, log42, hung43)
+    anomaly44 = {"alertname": "GoodputJobAnomaly", "severity": "warning", "scope": "job",
+                 "job_id": "44", "detector": "combined"}  # fmt: skip
+    _post(url, hung42, log42, hung43, anomaly44)
 
     # the recovery webhook: the XID and job 43's alert, bearer token from the file
     def recovery_got():
         got = {(a["labels"]["alertname"], a["labels"].get("job_id")) for a in
                _alerts(posts, "/recovery")}  # fmt: skip
-        return got if {("GoodputGPUFatalXid", "42"), ("GoodputJobHung", "43")} <= got else None
+        want = {("GoodputGPUFatalXid", "42"), ("GoodputJobHung", "43"), ("GoodputJobSlow", "44")}
+        return got if want <= got else None
 
     got = wait_until(recovery_got, 20, what="recovery webhook deliveries")
     assert all(p["auth"] == f"Bearer {TOKEN}" for p in posts if p["path"] == "/recovery")
@@ -131,7 +137,12 @@ def test_routing_inhibition_and_templates(private_am):
     state = requests.get(f"{url}/api/v2/alerts", timeout=5).json()
     inhibited = {(a["labels"]["alertname"], a["labels"]["job_id"]) for a in state
                  if a["status"]["inhibitedBy"]}  # fmt: skip
-    assert inhibited == {("GoodputJobHung", "42"), ("GoodputJobLogFault", "42")}
+    assert inhibited == {
+        ("GoodputJobHung", "42"),
+        ("GoodputJobLogFault", "42"),
+        ("GoodputJobAnomaly", "44"),
+    }
+    assert ("GoodputJobAnomaly", "44") not in got
 
     # on-call (Slack example): only the critical alert, with the diagnosis link (group_wait 10s)
     slack = wait_until(

@@ -1,5 +1,5 @@
 """The job's learned step time, exported per job (`goodput_job_baseline_iteration_seconds`):
-the reference of the progress detector's slowdown score, for the attribution to compare a
+the reference of the pace (step-time slowdown) score, for the attribution to compare a
 restart that is slow from its first step with (docs/contracts.md)."""
 
 from __future__ import annotations
