@@ -112,6 +112,10 @@ def prior_by_model(models: np.ndarray, key: str, pri: P.Priors) -> np.ndarray:
     return np.array(per + [np.nan], dtype=float)
 
 
+# the priors' parameter for how long a pause the log announced may last, per GPU model
+PAUSE_ALLOWANCE = "pause_allowance_s"
+
+
 def prior_rows(frame: Frame, key: str, pri: P.Priors | None = None) -> np.ndarray:
     """Each row's prior `key` for its GPU model (NaN where unset)."""
     codes, models = frame.model_codes
@@ -253,7 +257,7 @@ class Physics(PerJob):
         own longest pause where longer) or, alone, the model's."""
         if self.pauses is not None:
             return self.pauses.pause_allowance(frame, self.priors)
-        return prior_rows(frame, "pause_allowance_s", self.priors)
+        return prior_rows(frame, PAUSE_ALLOWANCE, self.priors)
 
     def _fit_jobs(self, rows: JobRows) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Each job's p99 progress gap outside pauses (stall seconds sampled while healthy)."""
@@ -422,7 +426,7 @@ class Physics(PerJob):
             live_s = np.clip(
                 prior("idle_stall_factor") * base, prior("live_log_s"), prior("live_log_max_s")
             )
-            allowance = np.broadcast_to(prior("pause_allowance_s"), len(frame))
+            allowance = np.broadcast_to(prior(PAUSE_ALLOWANCE), len(frame))
             with np.errstate(invalid="ignore"):
                 moves = stall < live_s
                 worker = _share_of_job(instants, works & np.isfinite(step) & ~paused) > 0
@@ -495,7 +499,7 @@ class Physics(PerJob):
             short[mine] = np.fmax(floor, factor[mine] * own[known])
             self._note_waits(names, at, frame.time[seen], since[seen])
             least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
-            longest = np.broadcast_to(prior("pause_allowance_s"), len(frame))[seen]
+            longest = np.broadcast_to(prior(PAUSE_ALLOWANCE), len(frame))[seen]
             short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
         return np.where(ready, short, self.pause_allowance(frame))
 

@@ -27,7 +27,7 @@ from detector.learning import ONLINE, Baselines
 from detector.level import Level
 from detector.memo import Memo
 from detector.peer import PeerComparison
-from detector.physics import Physics, prior_rows
+from detector.physics import PAUSE_ALLOWANCE, Physics, prior_rows
 from detector.progress import Pace, Progress
 
 LOCALISING = ("peer", "shift", "hardware", "missing")  # GPU scores that point at a node
@@ -252,7 +252,7 @@ class Engine:
         phys = self.det.get("physics")
         if isinstance(phys, Physics):
             return phys.pause_allowance(frame)
-        return prior_rows(frame, "pause_allowance_s")
+        return prior_rows(frame, PAUSE_ALLOWANCE)
 
     def _job_codes(self, juniq: np.ndarray, names: dict[str, str] | None, now: float):
         """The code of each of the frame's jobs (those seen for the first time are added), and

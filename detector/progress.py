@@ -13,11 +13,10 @@ from detector import fields as F
 from detector.base import Detector, pause_open, robust, z_crit
 from detector.frame import Frame, JobRows
 from detector.perjob import PerJob, keep_latest
-from detector.physics import prior_rows
+from detector.physics import PAUSE_ALLOWANCE, prior_rows
 from detector.thresholds import level
 
 _PER_JOB = (F.STALL_SECONDS, F.ITER_SECONDS, F.SINCE_PAUSE)  # one value per job in a cycle
-ALLOW = "pause_allowance_s"  # the priors' allowance for a pause, per GPU model
 
 
 def _fmax(a: float, b: float) -> float:
@@ -228,7 +227,7 @@ class Progress(PerJob):
                         # most the model's pause allowance (a log rounding its step time may
                         # print the same one for hours of training)
                         if caps is None:
-                            caps = prior_rows(frame, ALLOW)[sel]
+                            caps = prior_rows(frame, PAUSE_ALLOWANCE)[sel]
                         took = float(np.fmin(since[rows[k]], caps[rows[k]]))
                         same = it[rows[k]] == seen.step
                         seen = seen._replace(ran=took) if same else seen._replace(trained=True)
@@ -275,7 +274,7 @@ class Progress(PerJob):
             inside = pause_open(frame.col(F.STALL_SECONDS), since)
             usual = self._earlier(codes, uniq, np.where(inside, frame.time - since, np.nan))
             usual = np.fmax(usual, np.where(inside, self._stored(self._codes(frame)), np.nan))
-            return np.fmax(prior_rows(frame, ALLOW, pri), self.pause_factor * usual)
+            return np.fmax(prior_rows(frame, PAUSE_ALLOWANCE, pri), self.pause_factor * usual)
 
         return frame.derived(("pause_allowance", id(self), id(pri)), compute)
 
