@@ -62,11 +62,18 @@ def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None
 
 
 def _metric_symptoms(
-    series: list[Series], rules: Rules, pause_open: bool = False, saving: bool = False
+    series: list[Series],
+    rules: Rules,
+    pause_open: bool = False,
+    saving: bool = False,
+    job_nodes: list[str] | None = None,
 ) -> list[Sym]:
     """Symptoms of the metric rules, in their order (a rule may read an earlier one's);
     `pause_open`: the log's last pause is open, `saving`: one opened after this run's progress
-    (a checkpoint save)."""
+    (a checkpoint save); `job_nodes`: the job's nodes as Slurm lists them (a rule for jobs on
+    at most `max_nodes` nodes counts them too: a node whose DCGM series are missing is still
+    the job's)."""
+    listed = frozenset(job_nodes or ())
     out: list[Sym] = []
     gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
     moved = _last_advance(series)  # the job's progress metrics last rose then
@@ -131,7 +138,7 @@ def _metric_symptoms(
                         )
                     )
         elif kind == "prior":
-            out += _prior(series, rule, moved)
+            out += _prior(series, rule, moved, listed)
         elif kind == "idle":
             if rule.get("from_start") and any(
                 v > 0 for s in _by_name(series, "goodput_job_iteration") for _, v in s.points
@@ -156,7 +163,7 @@ def _metric_symptoms(
                     detail = f"iteration time {v:.3g}s vs {slowed.ref:.3g}s{whose}"
                     out.append(_sym(rule, s, slowed.start, detail, node=None))
         elif kind == "starved":
-            out += _starved(series, gpu_util, rule)
+            out += _starved(series, gpu_util, rule, listed)
         elif kind == "peer_low":
             out += _peer_low(_by_name(series, metric), rule)
     return out
@@ -200,8 +207,11 @@ def _slowed(s: Series, rule: dict[str, Any], usual: float | None = None) -> Slow
     return Slowed(start, start + dur, early, learned)
 
 
-def _starved(series: list[Series], util: list[Series], rule: dict[str, Any]) -> list[Sym]:
-    """A job on at most `max_nodes` nodes whose iteration time rose (`_slowed`, still slow at
+def _starved(
+    series: list[Series], util: list[Series], rule: dict[str, Any], listed: frozenset[str]
+) -> list[Sym]:
+    """A job on at most `max_nodes` nodes (its GPUs' and `listed`, Slurm's) whose iteration
+    time rose (`_slowed`, still slow at
     the last point) while every GPU reported for it was busy for a smaller share of the time,
     by at least `busy_share` of the rise: the same work per step spread over a longer one, the
     GPUs waiting on their host (one H200 with its host stalling: util 62 % vs 99 at 124 ms vs
@@ -209,7 +219,7 @@ def _starved(series: list[Series], util: list[Series], rule: dict[str, Any]) -> 
     per step (the job's own). Busy is read at the samples where the job stepped, where its log
     says so. Named: the node (and the GPU of a one-GPU job)."""
     nodes = {s.node for s in util}
-    if not util or None in nodes or len(nodes) > rule.get("max_nodes", 1):
+    if not util or None in nodes or len(nodes | listed) > rule.get("max_nodes", 1):
         return []
     steps = _stepping(series)
     out = []
@@ -374,11 +384,13 @@ def _tail(points: list[tuple[float, float]]) -> float | None:
     return start
 
 
-def _prior(series: list[Series], rule: dict[str, Any], resumed: float) -> list[Sym]:
+def _prior(
+    series: list[Series], rule: dict[str, Any], resumed: float, listed: frozenset[str] = frozenset()
+) -> list[Sym]:
     """GPUs on which the physics prior `rule` held for min_s since the job's progress last
     rose (`resumed`, `_last_advance`: a spin the job progressed after was a wait that ended;
     `scope: gpu`, one symptom each); `scope: all`: every GPU of a job on at most `max_nodes`
-    nodes, to the last sample, while the job's progress metrics did not advance (one symptom,
+    nodes (those its GPUs report from and `listed`, Slurm's), to the last sample, while the job's progress metrics did not advance (one symptom,
     no node: nothing localises it)."""
     per_gpu: dict[tuple[str | None, str | None], dict[float, dict[str, float]]] = {}
     first: dict[tuple[str | None, str | None], Series] = {}
@@ -401,7 +413,7 @@ def _prior(series: list[Series], rule: dict[str, Any], resumed: float) -> list[S
                     _sym(rule, first[k], start, f"physics prior {rule['rule']} for {dur:.0f} s")
                 )
         return out
-    nodes = {k[0] for k in flags}
+    nodes = {k[0] for k in flags} | listed  # Slurm's list: a node may report no DCGM series
     if not flags or len(nodes) > int(rule.get("max_nodes", 1)):
         return []
     last = max(pts[-1][0] for pts in flags.values() if pts)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from recovery import attribution, decide
-from recovery.evidence import Bundle, Context, LogLine, Report, Series
+from recovery.evidence import Bundle, Context, LogLine, Report, Series, SlurmFacts
 from recovery.policy import Policy
 
 START = 1_735_689_600.0
@@ -40,10 +40,14 @@ def _progress(advancing: bool) -> Series:
     return Series("goodput_job_iteration", pts, job_id="1001")
 
 
-def _doc(series: list[Series], lines: list[LogLine] | None = None) -> dict:
+def _doc(
+    series: list[Series], lines: list[LogLine] | None = None, nodes: list[str] | None = None
+) -> dict:
+    """The diagnosis; `nodes`: the job's node list as Slurm gives it (none: Slurm said none)."""
     bundle = Bundle(
         series=series,
         lines=lines or [],
+        slurm=SlurmFacts(job={"job_id": "1001", "nodes": nodes} if nodes else {}),
         reports=[Report("prometheus", "ok"), Report("logs", "ok"), Report("slurm", "ok")],
     )
     ctx = Context(job_id="1001", nodes=["node1"], start=START, end=START + STEP * N)
@@ -286,6 +290,19 @@ def test_one_gpu_of_eight_busy_as_before_is_no_host_bound() -> None:
     series += _gpu("node1", 7, _phase(99, 99), _phase(0.96, 0.96))
     doc = _doc([*series, *_steps(1.2, 1.9)])
     assert not any(s["id"] == "host_bound" for s in doc["symptoms"])
+
+
+@pytest.mark.parametrize(("nodes", "named"), [(["node1"], True), (["node1", "node2"], False)])
+def test_a_node_without_dcgm_series_still_counts_as_the_jobs(nodes: list[str], named: bool) -> None:
+    """Slurm lists the job's nodes: a two-node job whose node2 reports no DCGM series (its
+    exporter down) is not a one-node job, and is neither host-bound nor a one-node spin on the
+    GPUs node1 shows (before, the node count came from the GPU series alone)."""
+    starved = _doc([*_gpu("node1", 0, _phase(99, 62), _phase(0.96, 0.59)), *_steps(0.085, 0.124)],
+                   nodes=nodes)  # fmt: skip
+    assert any(s["id"] == "host_bound" for s in starved["symptoms"]) is named
+    spinning = [x for g in range(8) for x in _gpu("node1", g, _phase(100, 100), _phase(0.96, 0.01))]
+    spin = _doc([*spinning, _progress(False)], nodes=nodes)
+    assert any(s["id"] == "job_spin" for s in spin["symptoms"]) is named
 
 
 def test_a_two_node_job_is_left_to_the_peer_rules() -> None:
