@@ -390,8 +390,8 @@ def _prior(
     """GPUs on which the physics prior `rule` held for min_s since the job's progress last
     rose (`resumed`, `_last_advance`: a spin the job progressed after was a wait that ended;
     `scope: gpu`, one symptom each); `scope: all`: every GPU of a job on at most `max_nodes`
-    nodes (those its GPUs report from and `listed`, Slurm's), to the last sample, while the job's progress metrics did not advance (one symptom,
-    no node: nothing localises it)."""
+    nodes (those its GPUs report from and `listed`, Slurm's), to the last sample, while the
+    job's progress metrics did not advance (one symptom, no node: nothing localises it)."""
     per_gpu: dict[tuple[str | None, str | None], dict[float, dict[str, float]]] = {}
     first: dict[tuple[str | None, str | None], Series] = {}
     for s in series:
