@@ -59,9 +59,10 @@ def _wait(url: str, timeout: float = 60) -> None:
     raise SystemExit(f"{url} did not come up in {timeout}s")
 
 
-def _q(expr: str) -> list[dict]:
+def _q(expr: str, want: str = "vector") -> list[dict]:
+    """An instant query's result list (`want`: "matrix" for a range selector)."""
     with PromClient(f"http://127.0.0.1:{PROM_PORT}", timeout=30) as prom:
-        return prom.raw(expr)
+        return prom.raw(expr, want=want)
 
 
 def _prom_query_time() -> tuple[float, float]:
@@ -194,7 +195,7 @@ def run_size(nodes: int, shards: int, seconds: float) -> dict:
         window = int(seconds + 2 * INTERVAL)
         durs = [
             float(v)
-            for s in _q(f'scrape_duration_seconds{{job="dcgm"}}[{window}s]')
+            for s in _q(f'scrape_duration_seconds{{job="dcgm"}}[{window}s]', want="matrix")
             for _, v in s["values"]
         ]
         up = _q('sum(up{job="dcgm"})')
