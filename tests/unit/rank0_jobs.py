@@ -4,12 +4,16 @@ engine and the attribution see it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from detector import fields as F
 from detector.baselines import BaselineStore
 from detector.frame import Frame
 from detector.pipeline import Config, Engine
+from detector.progress import Progress
+from detector.synthetic import healthy_frame
 from recovery import attribution
 from recovery.evidence import Bundle, Context, LogLine, Report, Series
 
@@ -61,3 +65,17 @@ def attribute(progress: Series, lines: list[LogLine], n: int = 16) -> dict:
     )
     ctx = Context(job_id="1001", nodes=["node1"], start=START, end=START + 5.0 * n)
     return attribution.attribute(bundle, ctx)
+
+
+def progress_scorer(det: Progress) -> Callable[..., float]:
+    """`at(t, stall, since, step)`: the higher of the progress (stall) and pace (slowdown)
+    scores of a one-GPU job's sample then."""
+
+    def at(t: float, stall: float, since: float, step: float = 0.5) -> float:
+        f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
+        f.values[0, COL[F.STALL_SECONDS]] = stall
+        f.values[0, COL[F.SINCE_PAUSE]] = since
+        f.values[0, COL[F.ITER_SECONDS]] = step
+        return float(max(part[0] for part in det.parts(f)))
+
+    return at

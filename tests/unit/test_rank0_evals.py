@@ -17,7 +17,7 @@ from detector.physics import Physics
 from detector.progress import Progress
 from detector.synthetic import healthy_frame
 from recovery.evidence import Series
-from tests.unit.rank0_jobs import COL, START, TRAIN, attribute, job_scores, spin
+from tests.unit.rank0_jobs import COL, START, TRAIN, attribute, job_scores, progress_scorer, spin
 
 RANK0 = {  # util, power, SM active
     "works": (97.0, 520.0, 0.85),  # evaluating: busy, less power than training
@@ -106,15 +106,7 @@ def test_the_engine_reads_a_live_wait_for_every_gpu_of_the_job() -> None:
 def test_settling_after_a_save_waits_for_the_first_step_after_a_live_evaluation() -> None:
     """A save, then at once an evaluation printing its bar: the bar closes the pause, but the
     job trains again (and runs its first slow steps) only after the evaluation."""
-    det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
-
-    def at(t: float, stall: float, since: float, step: float) -> float:
-        f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
-        f.values[0, COL[F.STALL_SECONDS]] = stall
-        f.values[0, COL[F.SINCE_PAUSE]] = since
-        f.values[0, COL[F.ITER_SECONDS]] = step
-        return float(max(part[0] for part in det.parts(f)))  # stall or slowdown (pace)
-
+    at = progress_scorer(Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4)))
     for k in range(6):  # a 30 s save, open
         at(1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.5)
     for k in range(6, 19):  # 60 s of evaluation: its bar moves the log, no step line

@@ -23,7 +23,16 @@ from detector.synthetic import healthy_frame
 from detector.thresholds import level
 from recovery.attribution.metrics import _last_advance, _prior
 from recovery.evidence import LogLine, Series
-from tests.unit.rank0_jobs import COL, ONSET, START, TRAIN, attribute, job_scores, spin
+from tests.unit.rank0_jobs import (
+    COL,
+    ONSET,
+    START,
+    TRAIN,
+    attribute,
+    job_scores,
+    progress_scorer,
+    spin,
+)
 
 
 def _save(f: Frame, rows: np.ndarray, gpu: np.ndarray) -> None:
@@ -76,7 +85,7 @@ def test_a_later_save_that_hangs_is_caught_by_the_jobs_own_save_length() -> None
     """Once the job showed what its saves take (20 s), a save stuck for minutes is caught by
     progress at its stall allowance (max(180 s, 3 x 20 s)), long before the model's 600 s."""
     det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
-    at = _scorer(det)
+    at = progress_scorer(det)
     for k in range(5):  # a 20 s save, seen open every 5 s, then progress
         at(1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k)
     at(1025.0, stall=0.0, since=25.0)
@@ -123,30 +132,18 @@ def test_attribution_takes_no_symptom_from_a_wait_the_job_progressed_after() -> 
     assert [s.id for s in _prior(series, rule, _last_advance(series))] == ["spin_wait"]
 
 
-def _scorer(det: Progress):
-    """`at(t, stall, since, step)`: the higher of the progress (stall) and pace (slowdown)
-    scores of a one-GPU job's sample then."""
-
-    def at(t: float, stall: float, since: float, step: float = 0.5) -> float:
-        f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=1, seed=5, start=t)
-        f.values[0, COL[F.STALL_SECONDS]] = stall
-        f.values[0, COL[F.SINCE_PAUSE]] = since
-        f.values[0, COL[F.ITER_SECONDS]] = step
-        return float(max(part[0] for part in det.parts(f)))
-
-    return at
-
-
 def test_the_slow_first_steps_after_a_long_pause_settle_from_its_end() -> None:
     """A save twice the usual length (back to back with an evaluation, say): its first steps
     run slow after it ended, not 1.5 x the usual pause after it began."""
     det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
-    at = _scorer(det)
+    at = progress_scorer(det)
     for k in range(21):  # a 100 s save, seen open every 5 s
         at(1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.5)
     assert at(1105.0, stall=0.0, since=105.0, step=0.8) == 0.0  # settling: 100 s + 15 s
     assert at(1120.0, stall=0.0, since=120.0, step=0.8) >= 1.0  # still slow after it
-    unseen = _scorer(Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4)))
+    unseen = progress_scorer(
+        Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
+    )
     assert unseen(1105.0, stall=0.0, since=105.0, step=0.8) >= 1.0  # never seen: 1.5 x 30 + 15 s
 
 
@@ -186,7 +183,7 @@ def test_progress_learns_the_jobs_pauses_from_its_log_and_allows_a_multiple() ->
     """The reservoir never holds a save's rows (its idle GPUs alarm the other detectors), so
     the longest pause is learned from the log's announcements as they are seen."""
     det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
-    at = _scorer(det)
+    at = progress_scorer(det)
     assert at(1000.0 + 250, stall=251.0, since=250.0) < 0.75  # a first save: the model's 600 s
     for k in range(25):  # a second save, 120 s, seen open every 5 s, then progress
         at(2000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k)
@@ -219,7 +216,7 @@ def test_a_job_already_slow_when_a_save_began_stays_flagged_through_it() -> None
     """A straggler's slow score does not settle across a save (its alert would clear, and a
     new incident open after every checkpoint)."""
     det = Progress().fit(healthy_frame(jobs=1, nodes=1, gpus=1, steps=120, seed=4))
-    at = _scorer(det)
+    at = progress_scorer(det)
     assert at(995.0, stall=1.0, since=900.0, step=0.8) >= 1.0  # slow before the save
     for k in range(5):  # a 20 s save
         at(1000.0 + 5 * k, stall=5.0 * k + 1, since=5.0 * k, step=0.8)
