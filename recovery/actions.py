@@ -4,8 +4,9 @@ A final diagnosis reaches the outbox (`recovery.outbox`) in the same transaction
 it; `on_diagnosis` then plans it (`recovery.executor.plan`, deciding with `recovery.planning`)
 and, by mode, executes it or queues it for a person (`recovery.approvals`), telling on-call
 where one is needed (`recovery.notifier`). The outbox row's id is the idempotency key (one
-action per incident, `-N` when re-planned). `recovery.reconciler` (at start-up in a background
-thread, then every few seconds) finishes what a dead process or a down scheduler left.
+action per incident, `-N` when re-planned). `recovery.reconciler`, which the receiver starts
+(`recovery.app`: at start-up, then every few seconds in a background thread), finishes what a
+dead process or a down scheduler left; planning here starts no thread.
 Settings: `recovery.action_config`.
 """
 
@@ -17,7 +18,6 @@ from sqlalchemy import Engine
 
 from recovery import outbox
 from recovery.executor import plan
-from recovery.reconciler import start
 
 
 def on_diagnosis(
@@ -28,7 +28,6 @@ def on_diagnosis(
 
     Idempotent per incident. Never raises for bad input: it is audited and None returned.
     """
-    start(engine, settings)
     action_id = outbox.write(engine, outbox.enqueue, incident, diagnosis)
     if action_id is None:
         return outbox.incident_action(

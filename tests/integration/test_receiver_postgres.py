@@ -13,10 +13,10 @@ from recovery.app import create_app
 from recovery.settings import Settings
 from tests.chaos.harness import pg_schema
 
-# the receiver's own loops (the action reconciler and lease heartbeat, which `on_diagnosis`
-# starts once per engine unless GOODPUT_ACTIONS_THREAD=0; the app's worker, watchdog, node
-# checks and pruner); left running they write the schema's tables and deadlock its DROP (CI,
-# stop 37). The group-commit writer is not one: it ends once its queue stays empty.
+# the receiver's own loops (the action reconciler and lease heartbeat, which the app starts
+# once per engine unless GOODPUT_ACTIONS_THREAD=0; its worker, watchdog, node checks and
+# pruner); left running they write the schema's tables and deadlock its DROP (CI, stop 37).
+# The group-commit writer is not one: it ends once its queue stays empty.
 LOOPS = ("goodput-actions", "goodput-leases", "goodput-diagnosis", "goodput-watchdog",
          "goodput-node-checks", "goodput-retention")  # fmt: skip
 

@@ -99,6 +99,19 @@ def test_act_drains_and_requeues_excluding_the_node(world):
     assert acc["time_to_detect_s"] == pytest.approx(5, abs=1)
 
 
+def test_planning_starts_no_background_loop(world, monkeypatch):
+    """The receiver app starts the reconciler and lease loops; planning one diagnosis (a CLI, a
+    test, a second engine) must not spawn them as a side effect, where nothing would stop them."""
+    import threading
+
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "1")
+    world.submit("42", node="node2")
+    before = {t.name for t in threading.enumerate()}
+    actions.on_diagnosis(world.engine, world.settings("monitor"), *diag(9))
+    started = {t.name for t in threading.enumerate()} - before
+    assert not started & {"goodput-actions", "goodput-leases"}, started
+
+
 def test_monitor_changes_nothing(world):
     world.submit("42", node="node2")
     a = actions.on_diagnosis(world.engine, world.settings("monitor"), *diag(2))
