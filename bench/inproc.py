@@ -55,7 +55,7 @@ def _exporter_state(state: str, reason: str) -> str:
 
 def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
     """An engine `Result` as the score sources the alert conditions read (one combined series
-    per GPU, as the service exposes it), and the jobs' fitted step times."""
+    per GPU, as the service exposes it), and what the detectors learned of each job."""
     f = res.frame
     on, combined, _ = exposition.gpu_combined(res)
     gpu = pd.DataFrame(
@@ -71,10 +71,13 @@ def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
     jobs.insert(0, "timestamp", now)
     nodes = res.nodes.rename(columns={"score": "goodput_node_suspect_score"})
     nodes.insert(0, "timestamp", now)
-    steps = pd.DataFrame(res.step_cols or {"job_id": [], "seconds": []})
-    steps = steps.rename(columns={"seconds": exposition.STEP})
-    steps.insert(0, "timestamp", now)
-    return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes, "job_step": steps}
+    learned = [
+        pd.DataFrame(cols).rename(columns={"value": exposition.LEARNED[key]}).set_index("job_id")
+        for key, cols in res.learned.items()
+    ]
+    per_job = pd.concat(learned, axis=1).reset_index() if learned else pd.DataFrame()
+    per_job.insert(0, "timestamp", now)
+    return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes, "job_learned": per_job}
 
 
 class Harness:

@@ -220,7 +220,8 @@ class Replayed:
 
     fired: list[dict[str, Any]]  # firing detection alerts: {time, run, alertname, ...}
     peak: dict[str, float]  # the peak score per detector
-    steps: list[tuple[int, float, float]]  # (run, time, the job's fitted step time) exported
+    learned: list[tuple[int, float, str, float]]  # (run, time, gauge, value): what the
+    # detector exported of the job (exposition.LEARNED: its fitted step time, busy utilisation)
 
 
 def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
@@ -251,7 +252,11 @@ def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
             res = eng.step(frame, now, {job_id: NAME})
             for d, name in enumerate(res.detectors):
                 peak[name] = max(peak.get(name, 0.0), float(res.gpu[:, d].max()))
-            out.steps += [(k, float(now), float(v)) for v in res.step_cols.get("seconds", [])]
+            out.learned += [
+                (k, float(now), exposition.LEARNED[key], float(v))
+                for key, cols in res.learned.items()
+                for v in cols["value"]
+            ]
             dcgm = pd.DataFrame([{k2: v for k2, v in row.items() if k2 != "time"}])
             dcgm.insert(0, "timestamp", now)
             alerts.add(now, {"dcgm": dcgm, **score_frames(res, now)})
@@ -270,7 +275,7 @@ def verdict(
     `lookback_s` before that alert to `lookahead_s` after it), on the evidence it would
     gather: every DCGM field and the log-derived progress series at 5 s (the trace's first
     run, as one job) and, from `seen` (the replay of `run`), the alerts fired by then and
-    the job's fitted step time the detector exported."""
+    what the detector exported of the job (its fitted step time and busy utilisation)."""
     from recovery import attribution
     from recovery.evidence import Bundle, Context, Report, Series
 
@@ -292,9 +297,9 @@ def verdict(
         ):
             if v:
                 pts.setdefault(name, []).append((t, float(v)))
-    for k, t, v in seen.steps if seen else ():
+    for k, t, name, v in seen.learned if seen else ():
         if k == run and start <= t <= end:
-            pts.setdefault(exposition.STEP, []).append((t, v))
+            pts.setdefault(name, []).append((t, v))
     series = [
         Series(n, p, node=NODE if n.startswith("DCGM_") else None,
                gpu=str(GPU) if n.startswith("DCGM_") else None, job_id=JOB)

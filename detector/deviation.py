@@ -24,6 +24,7 @@ from detector.memo import Memo
 from detector.perjob import PerJob
 
 _POWER = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+_UTIL = F.GAUGE_NAMES.index(F.UTIL)
 
 
 class BaselineDeviation(PerJob):
@@ -138,6 +139,15 @@ class BaselineDeviation(PerJob):
             ref = self._modes()[0][_POWER, 0::2][codes]  # each job's busy median power
             out[known] = (util >= self.busy_util) & (power < power_share * ref)
         return out
+
+    def typical_busy(self, frame: Frame) -> dict[str, np.ndarray]:
+        """{job_id, value}: each named job's learned GPU utilisation (%) while busy (its busy
+        mode's median: its own calm rows, or its stored baseline by name). Exported for
+        attribution: a restart that waits on its host from its first step has no busier part
+        of its own to compare with."""
+        self._ensure()
+        busy = None if self.busy_med_ is None else self.busy_med_[:, _UTIL]
+        return self.per_named_job(frame, busy)
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         sub = frame.take(rows)

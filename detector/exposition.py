@@ -33,6 +33,8 @@ NODE = gauge("goodput_node_anomaly_score")
 SUSPECT = gauge("goodput_node_suspect_score")
 PAUSE = gauge("goodput_job_pause_allowance_seconds")
 STEP = gauge("goodput_job_baseline_iteration_seconds")
+BUSY = gauge("goodput_job_baseline_gpu_utilization_percent")
+LEARNED = {"iteration_seconds": STEP, "gpu_utilization_percent": BUSY}  # `Result.learned`
 
 HELP = {
     GPU: "Per-GPU combined anomaly score (max over detectors); 1.0 is the nominal alarm level.",
@@ -46,6 +48,8 @@ HELP = {
     "own longest pause.",
     STEP: "The job's typical iteration time as the detector learned it (its own calm steps, or "
     "its stored baseline by name): the reference of its pace (step-time slowdown) score.",
+    BUSY: "The job's typical GPU utilisation (%) while busy as the detector learned it (its own "
+    "calm samples, or its stored baseline by name).",
 }
 
 
@@ -135,9 +139,9 @@ class Renderer:
         if pauses:
             jid = pauses["job_id"].tolist()
             parts.append(self._lines(PAUSE, [jid], 'job_id="{}"', pauses["seconds"]))
-        if steps := res.step_cols:
-            jid = steps["job_id"].tolist()
-            parts.append(self._lines(STEP, [jid], 'job_id="{}"', steps["seconds"]))
+        for key, per_job in res.learned.items():
+            jid = per_job["job_id"].tolist()
+            parts.append(self._lines(LEARNED[key], [jid], 'job_id="{}"', per_job["value"]))
         parts.append(self._node_detectors(res, on, res.gpu[on]))
         nodes = res.node_cols
         parts.append(

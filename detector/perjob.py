@@ -121,6 +121,18 @@ class PerJob(Detector):
             (self.jobs_, len(self.jobs_)), lambda: {j: i for i, j in enumerate(self.jobs_)}
         )
 
+    def per_named_job(self, frame: Frame, values: np.ndarray | None) -> dict[str, np.ndarray]:
+        """{job_id, value}: `values` (one per fitted job, NaN for none) of each named job of
+        the frame that has one, for export."""
+        uniq = frame.job_codes[1]
+        at = self._job_index(frame)[:-1]
+        keep = frame.job_named & (at >= 0) if len(uniq) else np.zeros(0, dtype=bool)
+        if values is None or not keep.any():
+            return {"job_id": uniq[:0], "value": np.zeros(0)}
+        got = values[at[keep]]
+        ok = np.isfinite(got)  # a stored state may hold none
+        return {"job_id": uniq[keep][ok], "value": got[ok]}
+
     def _codes(self, frame: Frame) -> np.ndarray:
         """Each row's index in `jobs_` (-1: not fitted)."""
         return self._job_index(frame)[frame.job_codes[0]]

@@ -88,7 +88,9 @@ class Result:
     node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
     missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
     pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds (pausing)
-    step_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds (fitted)
+    # what the detectors learned of each job, by name ("iteration_seconds",
+    # "gpu_utilization_percent"): job_id, value (exported as goodput_job_baseline_<name>)
+    learned: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @cached_property
     def jobs(self) -> pd.DataFrame:
@@ -239,10 +241,18 @@ class Engine:
             jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
             base.learn(frame, job, calm, now, self.cycle)
             base.learn_online(frame, combined)
-        prog = self.det.get("progress")
-        steps = prog.typical_steps(frame) if isinstance(prog, Progress) else {}
         pauses = _per_job(frame, allowance)
-        return Result(frame, self.names, gpu, jobs, nodes, missing, pauses, steps)
+        return Result(frame, self.names, gpu, jobs, nodes, missing, pauses, self._learned(frame))
+
+    def _learned(self, frame: Frame) -> dict[str, dict[str, np.ndarray]]:
+        """Each job's learned step time and busy GPU utilisation, for the attribution to
+        compare a restart with (`Result.learned`)."""
+        out = {}
+        if isinstance(prog := self.det.get("progress"), Progress):
+            out["iteration_seconds"] = prog.typical_steps(frame)
+        if isinstance(dev := self.det.get("deviation"), BaselineDeviation):
+            out["gpu_utilization_percent"] = dev.typical_busy(frame)
+        return out
 
     def _pause_allowance(self, frame: Frame) -> np.ndarray:
         """Per row, how long its job may pause where its log announces one

@@ -279,18 +279,11 @@ class Progress(PerJob):
         return frame.derived(("pause_allowance", id(self), id(pri)), compute)
 
     def typical_steps(self, frame: Frame) -> dict[str, np.ndarray]:
-        """{job_id, seconds}: each named job of the frame with a fitted step time (its own
-        calm steps, or its stored baseline by name), the reference its slowdown score compares
-        with. Exported for attribution: a restart slow from its first step has no slower part
-        of its own to compare with."""
-        uniq = frame.job_codes[1]
-        at = self._job_index(frame)[:-1]
-        keep = frame.job_named & (at >= 0) if len(uniq) else np.zeros(0, dtype=bool)
-        if self.step_ is None or not keep.any():
-            return {"job_id": uniq[:0], "seconds": np.zeros(0)}
-        step = self.step_[at[keep]]
-        ok = np.isfinite(step)  # a stored state may hold none
-        return {"job_id": uniq[keep][ok], "seconds": step[ok]}
+        """{job_id, value}: each named job's fitted step time in seconds (its own calm steps,
+        or its stored baseline by name), the reference its slowdown score compares with.
+        Exported for attribution: a restart slow from its first step has no faster part of
+        its own to compare with."""
+        return self.per_named_job(frame, self.step_)
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)

@@ -81,9 +81,11 @@ class MetricRule(_Rule):
     min_s: float | None = Field(default=None, ge=0)
     gap_s: float | None = Field(default=None, ge=0)
     ratio: float | None = Field(default=None, gt=0)
-    # kind slowdown: a series holding the job's usual value (the detector's learned step
-    # time), the reference where the window's early part is already `ratio` slower than it
+    # kinds slowdown and starved: a series holding the job's usual value (the detector's
+    # learned step time), the reference where the window's early part is already `ratio`
+    # slower than it; kind starved: `busy_reference`, the job's usual busy utilisation then
     reference: str | None = None
+    busy_reference: str | None = None
     busy_share: float | None = Field(default=None, gt=0, le=1)  # kind starved
     util_min: float | str | None = None  # a number, or the name of a generic physics prior
     util_max: float | str | None = None
@@ -96,8 +98,10 @@ class MetricRule(_Rule):
         missing = [k for k in _NEEDS[self.kind] if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind {self.kind} needs {missing}")
-        if self.reference is not None and self.kind != "slowdown":
-            raise ValueError(f"kind {self.kind} reads no `reference` (only kind slowdown does)")
+        if self.reference is not None and self.kind not in ("slowdown", "starved"):
+            raise ValueError(f"kind {self.kind} reads no `reference` (kinds slowdown, starved do)")
+        if self.busy_reference is not None and self.kind != "starved":
+            raise ValueError(f"kind {self.kind} reads no `busy_reference` (kind starved does)")
         return self
 
 

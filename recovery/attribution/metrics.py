@@ -211,31 +211,36 @@ def _starved(
     series: list[Series], util: list[Series], rule: dict[str, Any], listed: frozenset[str]
 ) -> list[Sym]:
     """A job on at most `max_nodes` nodes (its GPUs' and `listed`, Slurm's) whose iteration
-    time rose (`_slowed`, still slow at
-    the last point) while every GPU reported for it was busy for a smaller share of the time,
-    by at least `busy_share` of the rise: the same work per step spread over a longer one, the
-    GPUs waiting on their host (one H200 with its host stalling: util 62 % vs 99 at 124 ms vs
-    85 ms a step, failures.md). A step that grew with the GPUs as busy as before is more work
-    per step (the job's own). Busy is read at the samples where the job stepped, where its log
-    says so. Named: the node (and the GPU of a one-GPU job)."""
+    time rose (`_slowed`, still slow at the last point) while every GPU reported for it was
+    busy for a smaller share of the time, by at least `busy_share` of the rise: the same work
+    per step spread over a longer one, the GPUs waiting on their host (one H200 with its host
+    stalling: util 62 % vs 99 at 124 ms vs 85 ms a step, failures.md). A step that grew with
+    the GPUs as busy as before is more work per step (the job's own). Busy is read at the
+    samples where the job stepped, where its log says so; a restart slow from its first step
+    is compared with the job's learned step time and busy utilisation (`reference`,
+    `busy_reference`: the highest in the window, a baseline refitted down during the slowdown
+    does not hide it). Named: the node (and the GPU of a one-GPU job)."""
     nodes = {s.node for s in util}
     if not util or None in nodes or len(nodes | listed) > rule.get("max_nodes", 1):
         return []
     steps = _stepping(series)
+    learned = [v for s in _by_name(series, rule.get("busy_reference") or "") for _, v in s.points]
     out = []
     for s in _by_name(series, rule["metric"]):
-        slowed = _slowed(s, rule)
+        slowed = _slowed(s, rule, _usual(series, rule))
         if slowed is None or slowed.end < s.points[-1][0]:
             continue  # never slowed, or no longer slow
         start, early = slowed.start, slowed.ref
         late = statistics.median(v for t, v in s.points if t >= start)
         share = 1.0 + rule["busy_share"] * (late / early - 1.0)
-        drops = [_busy_drop(u, start, steps, share, rule["util_min"]) for u in util]
+        was = max(learned) if slowed.learned and learned else None
+        drops = [_busy_drop(u, start, steps, share, rule["util_min"], was) for u in util]
         if all(drops):
             who = "its GPU waits" if len(util) == 1 else "the GPUs wait"
+            whose = " (the job's learned step time and utilisation)" if was is not None else ""
             detail = (
                 f"iteration time {late:.3g}s vs {early:.3g}s while GPU utilisation fell "
-                f"({', '.join(str(d) for d in drops[:8])}): {who} on the host"
+                f"({', '.join(str(d) for d in drops[:8])}){whose}: {who} on the host"
             )
             out.append(_sym(rule, util[0], start, detail))
             if len(util) > 1:
@@ -244,17 +249,23 @@ def _starved(
 
 
 def _busy_drop(
-    u: Series, start: float, steps: list[tuple[float, float]] | None, share: float, busy: float
+    u: Series,
+    start: float,
+    steps: list[tuple[float, float]] | None,
+    share: float,
+    busy: float,
+    was: float | None = None,
 ) -> str | None:
-    """The GPU's fall ("was -> now %") when, at least `busy` % before `start`, it is at least
-    `share` times less busy since (read where the job stepped); None when idle before or about
-    as busy."""
+    """The GPU's fall ("was -> now %") when, at least `busy` % before `start` (or `was`, what
+    the job was learned to use), it is at least `share` times less busy since (read where the
+    job stepped); None when idle before or about as busy."""
     pts = [(t, v) for t, v in u.points if steps is None or any(a <= t < b for a, b in steps)]
     before = [v for t, v in pts if t < start]
     after = [v for t, v in pts if t >= start]
-    if len(before) < 3 or len(after) < 3:
+    if len(after) < 3 or (was is None and len(before) < 3):
         return None
-    was, now = statistics.median(before), statistics.median(after)
+    was = statistics.median(before) if was is None else was
+    now = statistics.median(after)
     return f"{was:.0f} -> {now:.0f} %" if busy <= was and now < was and now * share <= was else None
 
 

@@ -41,6 +41,7 @@ DETECTOR_METRICS = (
     "goodput_node_suspect_score",
     "goodput_gpu_anomaly_score",
     "goodput_job_baseline_iteration_seconds",  # the job's learned step time (`slowdown` rule)
+    "goodput_job_baseline_gpu_utilization_percent",  # and busy utilisation (`host_bound`)
 )
 HOSTS = ("Hostname", "hostname")  # dcgm-exporter's host label, old and new spelling
 

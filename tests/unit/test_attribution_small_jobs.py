@@ -276,6 +276,39 @@ def test_one_gpu_slower_and_starved_is_a_straggler_a_person_decides() -> None:
     assert action.kind == "hold_for_person" and "low_confidence" in action.reasons
 
 
+def _learned_busy(percent: float, refit: float | None = None) -> Series:
+    """The detector's learned busy utilisation of the job (goodput_job_baseline_gpu_utilization
+    _percent); `refit`: what it was refitted to from the onset."""
+    pts = [(START + STEP * i, refit if refit and i >= ONSET else percent) for i in range(N)]
+    return Series("goodput_job_baseline_gpu_utilization_percent", pts, job_id="1001")
+
+
+@pytest.mark.parametrize(
+    ("busy", "named"),
+    [(None, False), (_learned_busy(99), True), (_learned_busy(99, refit=62), True),
+     (_learned_busy(70), False)],
+    ids=["no learned busy", "learned 99 %", "refitted down to 62 %", "learned 70 %"],
+)  # fmt: skip
+def test_a_restart_starved_from_its_first_step_is_a_straggler_on_its_node(
+    busy: Series | None, named: bool
+) -> None:
+    """The real-signal restart: 124 ms a step and 62 % busy from its first step, where the job
+    was learned at 85 ms and 99 % (its baseline stored by name). Its own window has no busier
+    part, so only what the detector learned shows that its GPU waits on the host: the node
+    is named as when the job had its own history (a refit down during the slowdown does not
+    hide it). Without the learned utilisation, or learned about as busy, the step grew with the
+    GPU as busy as the job is used to: no host_bound (the slowdown alone, `unknown`)."""
+    series = [*_gpu("node1", 0, _phase(62, 62), _phase(0.59, 0.59)), *_steps(0.124, 0.124)]
+    doc = _doc([*series, _learned(0.085), *([busy] if busy else [])])
+    starved = [s for s in doc["symptoms"] if s["id"] == "host_bound"]
+    assert bool(starved) is named
+    if named:
+        assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
+        assert "99 -> 62 %" in starved[0]["detail"] and "learned" in starved[0]["detail"]
+    else:
+        assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
+
+
 def test_one_node_starved_names_the_node_not_a_gpu() -> None:
     series = [x for g in range(8) for x in _gpu("node1", g, _phase(99, 60), _phase(0.96, 0.6))]
     doc = _doc([*series, *_steps(1.2, 1.9)])

@@ -1,14 +1,16 @@
-"""The job's learned step time, exported per job (`goodput_job_baseline_iteration_seconds`):
-the reference of the pace (step-time slowdown) score, for the attribution to compare a
-restart that is slow from its first step with (docs/contracts.md)."""
+"""What the detector learned of a job, exported per job: its step time
+(`goodput_job_baseline_iteration_seconds`, the reference of the pace score) and its busy GPU
+utilisation (`goodput_job_baseline_gpu_utilization_percent`), for the attribution to compare
+a restart that is slow from its first step with (docs/contracts.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.exposition import STEP, render
+from detector.exposition import BUSY, STEP, render
 from detector.pipeline import Config, Engine, Result
 from detector.synthetic import healthy_frame
 
@@ -29,9 +31,9 @@ def _run(eng: Engine, t0: float, seconds: float, step_s: float, job: str = JOB) 
     ]
 
 
-def _exported(res: Result) -> dict[str, float]:
-    cols = res.step_cols
-    return dict(zip(cols["job_id"].tolist(), cols["seconds"].tolist(), strict=True))
+def _exported(res: Result, key: str = "iteration_seconds") -> dict[str, float]:
+    cols = res.learned[key]
+    return dict(zip(cols["job_id"].tolist(), cols["value"].tolist(), strict=True))
 
 
 def test_exported_once_fitted_then_carried_to_a_restart_by_name(tmp_path) -> None:
@@ -39,10 +41,14 @@ def test_exported_once_fitted_then_carried_to_a_restart_by_name(tmp_path) -> Non
     first = _run(eng, 0.0, 600.0, step_s=0.5)
     assert _exported(first[0]) == {}  # nothing learned yet: nothing to compare with
     assert _exported(first[-1])[JOB] == pytest.approx(0.5, rel=0.02)
+    util = np.concatenate([r.frame.col(F.UTIL) for r in first])
+    busy = _exported(first[-1], "gpu_utilization_percent")[JOB]
+    assert busy == pytest.approx(np.median(util[util >= 50]), abs=1.0)
     text = render(first[-1], gpu_level=1.25).decode()
-    assert f'{STEP}{{job_id="{JOB}"}} ' in text
+    assert f'{STEP}{{job_id="{JOB}"}} ' in text and f'{BUSY}{{job_id="{JOB}"}} ' in text
     eng.end_jobs(set())
     # a new job id with the same name, slower from its first step: its first cycle already
     # exports what the name's stored baseline learned, not its own pace
     again = _run(eng, 2000.0, 10.0, step_s=0.73, job="200")
     assert _exported(again[0])["200"] == pytest.approx(0.5, rel=0.02)
+    assert _exported(again[0], "gpu_utilization_percent")["200"] == pytest.approx(busy)

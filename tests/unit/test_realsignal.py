@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench import realsignal as R
+from detector.baselines import BaselineStore
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -97,13 +98,29 @@ def test_real_straggler_is_a_straggler_on_its_node_a_heavier_step_is_not() -> No
     assert R.verdict(long, onset + 30.0, onset + 45.0)["outcome"] == "healthy"
 
 
-def test_a_restart_straggling_from_its_first_step_is_not_called_healthy(rows) -> None:
+def test_a_restart_straggling_from_its_first_step_is_a_straggler_on_its_node(rows) -> None:
     """The straggling signature from the first step of a restart whose baseline is stored by
     job name: detected from that baseline, and diagnosed on the evidence the receiver gathers
-    -- the alerts that fired and the step time the detector learned (85 ms) beside the run's
-    own 124 ms steps: `unknown` (nothing says the host), with that slowdown as its cause.
-    Before, the attribution had nothing slower than before in the window and found no
-    signature at all (the harness, passing no alerts, even said `healthy`)."""
+    -- the alerts that fired and what the detector learned of the job (85 ms a step at 99 %
+    busy) beside the run's own 124 ms at ~60 %: its GPU waits on its host, the node named as
+    for the warm straggler (a person decides: 0.5). Before the learned utilisation was
+    exported, `unknown` with no node; before the learned step time, no signature at all."""
     r = rows["straggler: restart, stored baseline by name"]
-    assert r["verdict"]["outcome"] == "unknown" and r["verdict"]["nodes"] == []
-    assert "(the job's learned step time)" in r["verdict"]["cause"]
+    assert r["verdict"]["outcome"] == "straggler" and r["verdict"]["nodes"] == [R.NODE]
+    assert r["verdict"]["confidence"] == 0.5
+    assert "(the job's learned step time and utilisation)" in r["verdict"]["cause"]
+
+
+def test_a_restart_heavier_from_its_first_step_is_not_its_host(tmp_path) -> None:
+    """The same restart with only its steps as slow and its GPU as busy as recorded (more
+    work per step, the job's own): the slowdown against the learned step time, no node."""
+    trace = R.load()
+    long = R.job(trace, 10.0)
+    again = R.shifted(R.job(trace, 5.0), long.runs[-1][1] - trace.runs[0][0] + 30.0)
+    slow = R.splice(again, "straggler", again.runs[0][0])
+    heavier = R.Trace(again.samples, slow.lines, again.runs)
+    seen = R.replay([long, heavier], BaselineStore(tmp_path))
+    first = min(a["time"] for a in seen.fired if a["run"] == 1)
+    doc = R.verdict(heavier, first, first + 30.0, seen, run=1)
+    assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
+    assert "(the job's learned step time)" in doc["root_cause"]

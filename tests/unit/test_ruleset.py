@@ -93,15 +93,21 @@ def test_every_series_a_metric_rule_reads_is_queried_by_the_receiver():
     rules, _ = ruleset.load(RULES)
     asked = " ".join(prom.queries(Context(job_id="7", nodes=["node1"], start=0.0, end=60.0)))
     for rule in rules["metrics"]:
-        for key in ("metric", "reference", "confirm"):
+        for key in ("metric", "reference", "busy_reference", "confirm"):
             name = rule.get(key)
             if name and name != "node_presence":
                 assert f"{name}{{" in asked, f"{rule['id']}: {key} {name} is never queried"
 
 
-def test_a_reference_is_read_by_the_slowdown_kind_only(tmp_path):
+def test_a_reference_is_read_by_the_kinds_that_compare_with_one_only(tmp_path):
     d = _copy(tmp_path)
-    old = "kind: starved, metric: goodput_job_iteration_seconds,"
+    old = "kind: stall, metric: goodput_job_last_progress_timestamp_seconds,"
     _edit(d / "symptoms.yaml", old, old + " reference: goodput_job_baseline_iteration_seconds,")
     with pytest.raises(ruleset.RuleError, match="reads no `reference`"):
+        ruleset.load(d)
+    (tmp_path / "busy").mkdir()
+    d = _copy(tmp_path / "busy")
+    old = "kind: slowdown, metric: goodput_job_iteration_seconds,"
+    _edit(d / "symptoms.yaml", old, old + " busy_reference: DCGM_FI_DEV_GPU_UTIL,")
+    with pytest.raises(ruleset.RuleError, match="reads no `busy_reference`"):
         ruleset.load(d)
