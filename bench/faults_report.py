@@ -66,6 +66,9 @@ NOTES = [
     "default policy (drain at 0.7) a person decides, the node named (hold_for_person, the "
     "action the truth's drain_and_requeue counts as wrong). Before, `unknown` with no node. A "
     "step that grew with the GPUs as busy is the job's own (more work per step): `unknown`. "
+    "A restart slow from its first step has no busier part of its own: it is compared with "
+    "the step time and busy utilisation the detector learned of the job and exports "
+    "(real-signal row 'restart, stored baseline by name': 125 ms at 59 % vs 85 ms at 99 %). "
     "With a hardware signal (thermal-straggler-1gpu) it is `straggler` on the node at 0.7. "
     "Two- and three-node jobs are diagnosed `straggler` on the right node by their peers.",
     "- **A job that never reaches its first iteration** (never-started rows, real-signal row "
