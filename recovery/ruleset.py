@@ -35,6 +35,7 @@ _NEEDS = {  # metric rule kind -> the keys it cannot do without
     "slowdown": ("metric", "ratio"),
     "starved": ("metric", "ratio", "min_s", "busy_share", "util_min"),
     "peer_low": ("metric", "ratio", "min_s"),
+    "overrun": ("stalls",),
 }
 
 
@@ -65,7 +66,7 @@ class LogOverride(_Rule):
 class MetricRule(_Rule):
     id: str
     kind: Literal["xid", "increase", "above", "vanished", "prior", "idle", "stall", "slowdown",
-                  "starved", "peer_low"]  # fmt: skip
+                  "starved", "peer_low", "overrun"]  # fmt: skip
     metric: str | None = None
     rule: str | None = None  # kind prior: a rule of catalogue/priors.yaml
     max_nodes: int | None = Field(default=None, ge=1)
@@ -73,6 +74,7 @@ class MetricRule(_Rule):
     unless_pause: bool | None = None
     unless_save: bool | None = None  # kind idle: not inside a save (a pause after progress)
     peers_spin: str | None = None  # an earlier metric rule's symptom
+    stalls: list[str] | None = None  # kind overrun: earlier metric rules' symptoms
     from_start: bool | None = None  # kind idle: GPUs idle since their first sample
     confirm: str | None = None  # kind idle: a detector score that must reach `min`
     role: Role | None = None
@@ -186,9 +188,13 @@ def _cross_check(rules: dict[str, list[dict[str, Any]]], where_of: dict[int, str
     produced |= {p.symptom for p in patterns.values() if p.role != "info"}
     produced |= {r["id"] for r in rules["metrics"]} | {r["id"] for r in rules["slurm"]}
     for i, r in enumerate(rules["metrics"]):  # a rule reads only symptoms of rules before it
-        ref = r.get("peers_spin")
-        if ref is not None and ref not in {m["id"] for m in rules["metrics"][:i]}:
-            raise RuleError(f"{where_of[id(r)]}: peers_spin {ref!r} names no metric rule before it")
+        before = {m["id"] for m in rules["metrics"][:i]}
+        for key, refs in (("peers_spin", [r.get("peers_spin")]), ("stalls", r.get("stalls", []))):
+            for ref in refs:
+                if ref is not None and ref not in before:
+                    raise RuleError(
+                        f"{where_of[id(r)]}: {key} {ref!r} names no metric rule before it"
+                    )
     for key in _MODELS:
         for r in rules[key]:
             where = where_of[id(r)]

@@ -9,7 +9,7 @@ from typing import Any
 
 import catalogue
 from recovery import validate
-from recovery.attribution.model import PROGRESS, Rules, Sym
+from recovery.attribution.model import MILESTONE, PROGRESS, Rules, Sym
 from recovery.evidence import LogLine
 
 _XID_KIND = {
@@ -50,16 +50,18 @@ def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
 Hit = tuple[str, str, str, dict[str, Any], str, str]
 
 
-def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool]:
+def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool, bool]:
     """Catalogue matches of one line as symptoms (XIDs classified, overrides applied), whether
-    the line shows progress, and whether it opens a pause (checkpoint save/load, start-up)."""
+    the line shows progress, whether it opens a pause (checkpoint save/load, start-up), and
+    whether it is a start-up milestone (the start-up work before it is done)."""
     overrides = {r["pattern"]: r for r in rules.log}
     hits: list[Hit] = []
-    progress = pause = False
+    progress = pause = milestone = False
     for m in catalogue.match_line(text, source):
         if m.role == "info":
             progress = progress or m.symptom in PROGRESS
             pause = pause or m.symptom == "pause"
+            milestone = milestone or m.symptom == MILESTONE
             continue
         symptom, role, outcome, action = m.symptom, m.role, m.outcome, m.action
         if symptom == "xid" and "xid" in m.groups:
@@ -70,27 +72,44 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool]:
         ov = overrides.get(m.pattern, {})
         role, outcome = ov.get("role", role), ov.get("outcome", outcome)
         hits.append((symptom, role, outcome, m.groups, m.pattern, action))
-    return hits, progress, pause
+    return hits, progress, pause, milestone
+
+
+def line_evidence(ln: LogLine, node: str | None) -> dict[str, Any]:
+    """One log line as an evidence entry."""
+    return {
+        "source": "log",
+        "query_or_path": ln.path,
+        "line": ln.line,
+        "time": ln.time,
+        "node": node,
+        "gpu": None,
+        "excerpt": ln.text.strip()[:300],
+    }
 
 
 def _log_symptoms(
     lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str], since: float | None = None
-) -> tuple[list[Sym], list[LogLine], bool, bool]:
-    """Symptoms of the log lines, the lines that show the job progressing, whether a pause is
-    still open (the last pause line comes after the last progress line), and whether it is a
-    save (it opened after a progress line of the run that began at `since`)."""
+) -> tuple[list[Sym], list[LogLine], LogLine | None, bool]:
+    """Symptoms of the log lines, the lines that show the job progressing, the pause still
+    open (the last pause line, when it comes after the last progress line and the last
+    start-up milestone), and whether it is a save (it opened after a progress line of the run
+    that began at `since`)."""
     out: list[Sym] = []
     progress: list[LogLine] = []
-    last = {"progress": float("-inf"), "pause": float("-inf")}
+    last = {"progress": float("-inf"), "pause": float("-inf"), "milestone": float("-inf")}
+    pause: LogLine | None = None  # the latest pause line
     ran = float("-inf")  # this run's latest progress
     for ln in lines:
         kind = "kernel" if ln.kind == "kernel" else "job"
-        hits, progressing, pausing = _hits(ln.text, kind, rules)
+        hits, progressing, pausing, milestone = _hits(ln.text, kind, rules)
         if progressing:
             progress.append(ln)
-        for word, flag in (("progress", progressing), ("pause", pausing)):
-            if flag and ln.time is not None:
-                last[word] = max(last[word], ln.time)
+        marks = (("progress", progressing), ("pause", pausing), ("milestone", milestone))
+        for word, flag in marks:
+            if flag and ln.time is not None and ln.time >= last[word]:
+                last[word] = ln.time
+                pause = ln if word == "pause" else pause
         if progressing and ln.time is not None and (since is None or ln.time >= since):
             ran = max(ran, ln.time)
         for symptom, role, outcome, groups, pattern, action in hits:
@@ -109,17 +128,9 @@ def _log_symptoms(
                     node=node,
                     detail=f"{pattern}: {ln.text.strip()[:200]}",
                     outcome=outcome,
-                    evidence={
-                        "source": "log",
-                        "query_or_path": ln.path,
-                        "line": ln.line,
-                        "time": ln.time,
-                        "node": node,
-                        "gpu": None,
-                        "excerpt": ln.text.strip()[:300],
-                    },
+                    evidence=line_evidence(ln, node),
                     action=action,
                 )
             )
-    paused = last["pause"] > last["progress"]
-    return out, progress, paused, paused and ran > float("-inf")
+    open_pause = pause if last["pause"] > max(last["progress"], last["milestone"]) else None
+    return out, progress, open_pause, open_pause is not None and ran > float("-inf")

@@ -10,9 +10,9 @@ import statistics
 from typing import Any, NamedTuple
 
 from catalogue import priors as physics_priors
-from recovery.attribution.logs import _xid_symptom
+from recovery.attribution.logs import _xid_symptom, line_evidence
 from recovery.attribution.model import FB_USED, PROGRESS_METRICS, Rules, Sym
-from recovery.evidence import Series
+from recovery.evidence import LogLine, Series
 
 
 def _ev(s: Series, t: float | None, excerpt: str) -> dict[str, Any]:
@@ -64,15 +64,16 @@ def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None
 def _metric_symptoms(
     series: list[Series],
     rules: Rules,
-    pause_open: bool = False,
+    pause: LogLine | None = None,
     saving: bool = False,
     job_nodes: list[str] | None = None,
 ) -> list[Sym]:
     """Symptoms of the metric rules, in their order (a rule may read an earlier one's);
-    `pause_open`: the log's last pause is open, `saving`: one opened after this run's progress
-    (a checkpoint save); `job_nodes`: the job's nodes as Slurm lists them (a rule for jobs on
-    at most `max_nodes` nodes counts them too: a node whose DCGM series are missing is still
-    the job's)."""
+    `pause`: the log's last pause line when that pause is still open, `saving`: it opened
+    after this run's progress (a checkpoint save); `job_nodes`: the job's nodes as Slurm lists
+    them (a rule for jobs on at most `max_nodes` nodes counts them too: a node whose DCGM
+    series are missing is still the job's)."""
+    pause_open = pause is not None
     listed = frozenset(job_nodes or ())
     out: list[Sym] = []
     gpu_util = _by_name(series, "DCGM_FI_DEV_GPU_UTIL")
@@ -166,7 +167,33 @@ def _metric_symptoms(
             out += _starved(series, gpu_util, rule, listed)
         elif kind == "peer_low":
             out += _peer_low(_by_name(series, metric), rule)
+        elif kind == "overrun" and pause is not None:
+            out += _overrun(pause, [s for s in out if s.id in rule["stalls"]], rule)
     return out
+
+
+def _overrun(pause: LogLine, stalls: list[Sym], rule: dict[str, Any]) -> list[Sym]:
+    """The job stalled (`stalls`: symptoms of earlier rules) while the pause its log announced
+    last (a checkpoint save or load, start-up work) is still open, past what the detector
+    allows a pause: slow or stuck storage, or work that takes longer than ever seen. One
+    symptom at the pause line: a restart would redo that work."""
+    if not stalls:
+        return []
+    seen = ", ".join(sorted({s.id for s in stalls}))
+    detail = f"stalled ({seen}) inside the pause its log opened: {pause.text.strip()[:160]}"
+    return [
+        Sym(
+            id=rule["id"],
+            role=rule.get("role", "initiating"),
+            time=pause.time,
+            source="log",
+            node=None,
+            gpu=None,
+            detail=detail,
+            outcome=rule.get("outcome", ""),
+            evidence=line_evidence(pause, pause.node),
+        )
+    ]
 
 
 def _usual(series: list[Series], rule: dict[str, Any]) -> float | None:

@@ -17,6 +17,7 @@ from recovery.ruleset import RuleError as RuleError  # re-exported: a rules file
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
+MILESTONE = "job_start"  # catalogue info symptom: start-up done (the work before it ended)
 PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
 RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
 # metric-rule thresholds that may name a physics prior (catalogue/priors.yaml) instead of a number
