@@ -55,7 +55,8 @@ def _exporter_state(state: str, reason: str) -> str:
 
 def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
     """An engine `Result` as the score sources the alert conditions read (one combined series
-    per GPU, as the service exposes it), and what the detectors learned of each job."""
+    per GPU, as the service exposes it), and the per-job series it exports (what the detectors
+    learned of each job, its pause allowance)."""
     f = res.frame
     on, combined, _ = exposition.gpu_combined(res)
     gpu = pd.DataFrame(
@@ -71,13 +72,16 @@ def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
     jobs.insert(0, "timestamp", now)
     nodes = res.nodes.rename(columns={"score": "goodput_node_suspect_score"})
     nodes.insert(0, "timestamp", now)
-    learned = [
+    per_job = [
         pd.DataFrame(cols).rename(columns={"value": exposition.LEARNED[key]}).set_index("job_id")
         for key, cols in res.learned.items()
     ]
-    per_job = pd.concat(learned, axis=1).reset_index() if learned else pd.DataFrame()
-    per_job.insert(0, "timestamp", now)
-    return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes, "job_learned": per_job}
+    if res.pause_cols:
+        pause = pd.DataFrame(res.pause_cols).rename(columns={"seconds": exposition.PAUSE})
+        per_job.append(pause.set_index("job_id"))
+    job = pd.concat(per_job, axis=1).reset_index() if per_job else pd.DataFrame()
+    job.insert(0, "timestamp", now)
+    return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes, "job_exported": job}
 
 
 class Harness:

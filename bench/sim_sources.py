@@ -107,8 +107,8 @@ class SimSources:
                 add(of_job("jobm"), m, [])
             add(of_job("node_score"), "goodput_node_suspect_score", ["node"])
             add(of_job("gpu_score"), "goodput_gpu_anomaly_score", ["node", "gpu"])
-            for metric in exposition.LEARNED.values():
-                add(of_job("job_learned"), metric, [])
+            for metric in (*exposition.LEARNED.values(), exposition.PAUSE):
+                add(of_job("job_exported"), metric, [])
         elif ctx.nodes and not dcgm.empty:
             for m in prom.DCGM_FIELDS:
                 add(dcgm[dcgm["node"].isin(ctx.nodes)], m, ["node", "gpu"])

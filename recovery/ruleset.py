@@ -35,7 +35,7 @@ _NEEDS = {  # metric rule kind -> the keys it cannot do without
     "slowdown": ("metric", "ratio"),
     "starved": ("metric", "ratio", "min_s", "busy_share", "util_min"),
     "peer_low": ("metric", "ratio", "min_s"),
-    "overrun": ("stalls",),
+    "overrun": ("stalls", "pauses", "min_s"),
 }
 
 
@@ -75,6 +75,7 @@ class MetricRule(_Rule):
     unless_save: bool | None = None  # kind idle: not inside a save (a pause after progress)
     peers_spin: str | None = None  # an earlier metric rule's symptom
     stalls: list[str] | None = None  # kind overrun: earlier metric rules' symptoms
+    pauses: list[str] | None = None  # kind overrun: the catalogue pause patterns it is about
     from_start: bool | None = None  # kind idle: GPUs idle since their first sample
     confirm: str | None = None  # kind idle: a detector score that must reach `min`
     role: Role | None = None
@@ -100,8 +101,10 @@ class MetricRule(_Rule):
         missing = [k for k in _NEEDS[self.kind] if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind {self.kind} needs {missing}")
-        if self.reference is not None and self.kind not in ("slowdown", "starved"):
-            raise ValueError(f"kind {self.kind} reads no `reference` (kinds slowdown, starved do)")
+        if self.reference is not None and self.kind not in ("slowdown", "starved", "overrun"):
+            raise ValueError(
+                f"kind {self.kind} reads no `reference` (kinds slowdown, starved, overrun do)"
+            )
         if self.busy_reference is not None and self.kind != "starved":
             raise ValueError(f"kind {self.kind} reads no `busy_reference` (kind starved does)")
         return self
@@ -200,6 +203,11 @@ def _cross_check(rules: dict[str, list[dict[str, Any]]], where_of: dict[int, str
             where = where_of[id(r)]
             if r.get("outcome") and r["outcome"] not in outcomes:
                 raise RuleError(f"{where}: unknown outcome {r['outcome']!r}")
+            pauses = {
+                p for p in r.get("pauses", ()) if getattr(patterns.get(p), "symptom", "") != "pause"
+            }
+            if pauses:
+                raise RuleError(f"{where}: pauses {sorted(pauses)}: no catalogue pause pattern")
             if key == "log" and r["pattern"] not in patterns:
                 raise RuleError(
                     f"{where}: unknown catalogue pattern {r['pattern']!r} "

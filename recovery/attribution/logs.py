@@ -9,7 +9,7 @@ from typing import Any
 
 import catalogue
 from recovery import validate
-from recovery.attribution.model import MILESTONE, PROGRESS, Rules, Sym
+from recovery.attribution.model import MILESTONE, PROGRESS, Pause, Rules, Sym
 from recovery.evidence import LogLine
 
 _XID_KIND = {
@@ -50,17 +50,18 @@ def _rank_node(rank: Any, job_nodes: list[str], gpn: int) -> str | None:
 Hit = tuple[str, str, str, dict[str, Any], str, str]
 
 
-def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, bool, bool]:
+def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, str, bool]:
     """Catalogue matches of one line as symptoms (XIDs classified, overrides applied), whether
-    the line shows progress, whether it opens a pause (checkpoint save/load, start-up), and
-    whether it is a start-up milestone (the start-up work before it is done)."""
+    the line shows progress, the pattern of the pause it opens ("": none; a checkpoint save or
+    load, start-up work), and whether it is a start-up milestone (the work before it is done)."""
     overrides = {r["pattern"]: r for r in rules.log}
     hits: list[Hit] = []
-    progress = pause = milestone = False
+    progress = milestone = False
+    pause = ""
     for m in catalogue.match_line(text, source):
         if m.role == "info":
             progress = progress or m.symptom in PROGRESS
-            pause = pause or m.symptom == "pause"
+            pause = pause or (m.pattern if m.symptom == "pause" else "")
             milestone = milestone or m.symptom == MILESTONE
             continue
         symptom, role, outcome, action = m.symptom, m.role, m.outcome, m.action
@@ -90,7 +91,7 @@ def line_evidence(ln: LogLine, node: str | None) -> dict[str, Any]:
 
 def _log_symptoms(
     lines: list[LogLine], rules: Rules, gpn: int, job_nodes: list[str], since: float | None = None
-) -> tuple[list[Sym], list[LogLine], LogLine | None, bool]:
+) -> tuple[list[Sym], list[LogLine], Pause | None, bool]:
     """Symptoms of the log lines, the lines that show the job progressing, the pause still
     open (the last pause line, when it comes after the last progress line and the last
     start-up milestone), and whether it is a save (it opened after a progress line of the run
@@ -98,18 +99,18 @@ def _log_symptoms(
     out: list[Sym] = []
     progress: list[LogLine] = []
     last = {"progress": float("-inf"), "pause": float("-inf"), "milestone": float("-inf")}
-    pause: LogLine | None = None  # the latest pause line
+    pause: Pause | None = None  # the latest pause line
     ran = float("-inf")  # this run's latest progress
     for ln in lines:
         kind = "kernel" if ln.kind == "kernel" else "job"
         hits, progressing, pausing, milestone = _hits(ln.text, kind, rules)
         if progressing:
             progress.append(ln)
-        marks = (("progress", progressing), ("pause", pausing), ("milestone", milestone))
+        marks = (("progress", progressing), ("pause", bool(pausing)), ("milestone", milestone))
         for word, flag in marks:
             if flag and ln.time is not None and ln.time >= last[word]:
                 last[word] = ln.time
-                pause = ln if word == "pause" else pause
+                pause = Pause(ln, pausing) if word == "pause" else pause
         if progressing and ln.time is not None and (since is None or ln.time >= since):
             ran = max(ran, ln.time)
         for symptom, role, outcome, groups, pattern, action in hits:

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 
 from catalogue import priors as physics_priors
 from recovery.attribution.logs import _xid_symptom, line_evidence
-from recovery.attribution.model import FB_USED, PROGRESS_METRICS, Rules, Sym
-from recovery.evidence import LogLine, Series
+from recovery.attribution.model import FB_USED, PROGRESS_METRICS, Pause, Rules, Sym
+from recovery.evidence import Series
 
 
 def _ev(s: Series, t: float | None, excerpt: str) -> dict[str, Any]:
@@ -64,12 +64,12 @@ def _run_len(points: list[tuple[float, float]], pred: Any) -> tuple[float | None
 def _metric_symptoms(
     series: list[Series],
     rules: Rules,
-    pause: LogLine | None = None,
+    pause: Pause | None = None,
     saving: bool = False,
     job_nodes: list[str] | None = None,
 ) -> list[Sym]:
     """Symptoms of the metric rules, in their order (a rule may read an earlier one's);
-    `pause`: the log's last pause line when that pause is still open, `saving`: it opened
+    `pause`: the pause the log opened last, while still open, `saving`: it opened
     after this run's progress (a checkpoint save); `job_nodes`: the job's nodes as Slurm lists
     them (a rule for jobs on at most `max_nodes` nodes counts them too: a node whose DCGM
     series are missing is still the job's)."""
@@ -168,30 +168,46 @@ def _metric_symptoms(
         elif kind == "peer_low":
             out += _peer_low(_by_name(series, metric), rule)
         elif kind == "overrun" and pause is not None:
-            out += _overrun(pause, [s for s in out if s.id in rule["stalls"]], rule)
+            stalls = [s for s in out if s.id in rule["stalls"]]
+            out += _overrun(pause, stalls, moved, series, rule)
     return out
 
 
-def _overrun(pause: LogLine, stalls: list[Sym], rule: dict[str, Any]) -> list[Sym]:
-    """The job stalled (`stalls`: symptoms of earlier rules) while the pause its log announced
-    last (a checkpoint save or load, start-up work) is still open, past what the detector
-    allows a pause: slow or stuck storage, or work that takes longer than ever seen. One
-    symptom at the pause line: a restart would redo that work."""
-    if not stalls:
+def _overrun(pause: Pause, stalls: list[Sym], moved: float, series: list[Series],
+             rule: dict[str, Any]) -> list[Sym]:  # fmt: skip
+    """The job stalled (`stalls`: symptoms of earlier rules) inside the pause its log opened
+    last, of a kind in `pauses` (a checkpoint save or load), with no progress since that line
+    (in the log or the job's progress metrics), past its allowance: the highest value of the
+    `reference` series (the detector's pause allowance for the job) or `min_s` without it.
+    Slow or stuck storage, or a load or save longer than the job was ever seen to take; a
+    restart would redo it. Dated when the allowance ran out (a fault before then comes first),
+    with the pause line as evidence; none while the evidence ends before then."""
+    line = pause.line
+    if not stalls or pause.pattern not in rule["pauses"] or line.time is None:
         return []
+    if moved > line.time:
+        return []  # the job's progress metrics rose after the line: that pause ended
+    allowed = [v for s in _by_name(series, rule.get("reference") or "") for _, v in s.points]
+    allowed = [v for v in allowed if math.isfinite(v) and v > 0]
+    at = line.time + (max(allowed) if allowed else rule["min_s"])
+    if at > max((s.points[-1][0] for s in series if s.points), default=-math.inf):
+        return []  # the evidence ends before the allowance ran out
     seen = ", ".join(sorted({s.id for s in stalls}))
-    detail = f"stalled ({seen}) inside the pause its log opened: {pause.text.strip()[:160]}"
+    detail = (
+        f"stalled ({seen}) {at - line.time:.0f} s into the pause its log opened, past its "
+        f"allowance: {line.text.strip()[:160]}"
+    )
     return [
         Sym(
             id=rule["id"],
             role=rule.get("role", "initiating"),
-            time=pause.time,
+            time=at,
             source="log",
             node=None,
             gpu=None,
             detail=detail,
             outcome=rule.get("outcome", ""),
-            evidence=line_evidence(pause, pause.node),
+            evidence=line_evidence(line, line.node),
         )
     ]
 
@@ -244,23 +260,26 @@ def _starved(
     stalling: util 62 % vs 99 at 124 ms vs 85 ms a step, failures.md). A step that grew with
     the GPUs as busy as before is more work per step (the job's own). Busy is read at the
     samples where the job stepped, where its log says so; a restart slow from its first step
-    is compared with the job's learned step time and busy utilisation (`reference`,
-    `busy_reference`: the highest in the window, a baseline refitted down during the slowdown
-    does not hide it). Named: the node (and the GPU of a one-GPU job)."""
+    is compared with the job's learned step time and busy utilisation (`reference`, the lowest
+    in the window, and `busy_reference`, the highest: a baseline refitted during the slowdown
+    does not hide it), when both were learned. Named: the node (and the GPU of a one-GPU
+    job)."""
     nodes = {s.node for s in util}
     if not util or None in nodes or len(nodes | listed) > rule.get("max_nodes", 1):
         return []
     steps = _stepping(series)
-    learned = [v for s in _by_name(series, rule.get("busy_reference") or "") for _, v in s.points]
+    busy = _by_name(series, rule.get("busy_reference") or "")
+    learned = [v for s in busy for _, v in s.points if math.isfinite(v) and v > 0]
+    usual = _usual(series, rule) if learned else None  # both learned, or the window alone
     out = []
     for s in _by_name(series, rule["metric"]):
-        slowed = _slowed(s, rule, _usual(series, rule))
+        slowed = _slowed(s, rule, usual)
         if slowed is None or slowed.end < s.points[-1][0]:
             continue  # never slowed, or no longer slow
         start, early = slowed.start, slowed.ref
         late = statistics.median(v for t, v in s.points if t >= start)
         share = 1.0 + rule["busy_share"] * (late / early - 1.0)
-        was = max(learned) if slowed.learned and learned else None
+        was = max(learned) if slowed.learned else None
         drops = [_busy_drop(u, start, steps, share, rule["util_min"], was) for u in util]
         if all(drops):
             who = "its GPU waits" if len(util) == 1 else "the GPUs wait"

@@ -8,16 +8,26 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from catalogue import priors as physics_priors
 from recovery import ruleset
+from recovery.evidence import LogLine
 from recovery.ruleset import RuleError as RuleError  # re-exported: a rules file is malformed
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
 MILESTONE = "job_start"  # catalogue info symptom: start-up done (the work before it ended)
+
+
+class Pause(NamedTuple):
+    """The pause a job's log opened last, while still open: its line and catalogue pattern."""
+
+    line: LogLine
+    pattern: str
+
+
 PROGRESS_METRICS = ("goodput_job_last_progress_timestamp_seconds", "goodput_job_iteration")
 RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
 # metric-rule thresholds that may name a physics prior (catalogue/priors.yaml) instead of a number

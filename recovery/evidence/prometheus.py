@@ -42,6 +42,7 @@ DETECTOR_METRICS = (
     "goodput_gpu_anomaly_score",
     "goodput_job_baseline_iteration_seconds",  # the job's learned step time (`slowdown` rule)
     "goodput_job_baseline_gpu_utilization_percent",  # and busy utilisation (`host_bound`)
+    "goodput_job_pause_allowance_seconds",  # how long its open pause may last (`pause_overrun`)
 )
 HOSTS = ("Hostname", "hostname")  # dcgm-exporter's host label, old and new spelling
 

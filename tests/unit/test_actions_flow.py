@@ -106,10 +106,10 @@ def test_planning_starts_no_background_loop(world, monkeypatch):
 
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "1")
     world.submit("42", node="node2")
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())
     actions.on_diagnosis(world.engine, world.settings("monitor"), *diag(9))
-    started = {t.name for t in threading.enumerate()} - before
-    assert not started & {"goodput-actions", "goodput-leases"}, started
+    started = [t.name for t in set(threading.enumerate()) - before]
+    assert not {"goodput-actions", "goodput-leases"} & set(started), started
 
 
 def test_monitor_changes_nothing(world):

@@ -309,6 +309,18 @@ def test_a_restart_starved_from_its_first_step_is_a_straggler_on_its_node(
         assert doc["outcome"] == "unknown" and doc["affected_nodes"] == []
 
 
+@pytest.mark.parametrize("busy", [None, 99.0], ids=["no learned busy", "learned busy"])
+def test_a_warm_job_starved_is_named_whatever_was_learned(busy: float | None) -> None:
+    """A job with its own faster history in the window (85 ms at 99 %, then 124 ms at 62 %)
+    whose learned step is already much faster (60 ms): without a learned busy utilisation its
+    own history is the reference, as before either was exported (the learned step alone
+    left host_bound nothing to compare the GPU's busy time with)."""
+    series = [*_gpu("node1", 0, _phase(99, 62), _phase(0.96, 0.59)), *_steps(0.085, 0.124)]
+    series += [_learned(0.06), *([_learned_busy(busy)] if busy else [])]
+    doc = _doc(series)
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
+
+
 def test_one_node_starved_names_the_node_not_a_gpu() -> None:
     series = [x for g in range(8) for x in _gpu("node1", g, _phase(99, 60), _phase(0.96, 0.6))]
     doc = _doc([*series, *_steps(1.2, 1.9)])
