@@ -52,3 +52,15 @@ def test_exported_once_fitted_then_carried_to_a_restart_by_name(tmp_path) -> Non
     again = _run(eng, 2000.0, 10.0, step_s=0.73, job="200")
     assert _exported(again[0])["200"] == pytest.approx(0.5, rel=0.02)
     assert _exported(again[0], "gpu_utilization_percent")["200"] == pytest.approx(busy)
+
+
+def test_a_fresh_engines_cycle_with_no_samples_exports_nothing() -> None:
+    """The service's first cycles before any GPU reports (an empty frame: nothing scored, so
+    no detector state touched yet): nothing learned to export, and no error (the service's
+    cycles failed with AttributeError 'step_' on the real stack before)."""
+    empty = healthy_frame(jobs=1, nodes=1, steps=1).take(np.zeros(0, dtype=np.int64))
+    res = Engine(Config(interval_s=5.0)).step(empty, 0.0, {})
+    assert {k: len(v["job_id"]) for k, v in res.learned.items()} == {
+        "iteration_seconds": 0,
+        "gpu_utilization_percent": 0,
+    }
