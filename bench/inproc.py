@@ -73,12 +73,9 @@ def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
     nodes = res.nodes.rename(columns={"score": "goodput_node_suspect_score"})
     nodes.insert(0, "timestamp", now)
     per_job = [
-        pd.DataFrame(cols).rename(columns={"value": exposition.LEARNED[key]}).set_index("job_id")
-        for key, cols in res.learned.items()
+        pd.DataFrame(cols).rename(columns={"value": name}).set_index("job_id")
+        for name, cols in exposition.job_series(res).items()
     ]
-    if res.pause_cols:
-        pause = pd.DataFrame(res.pause_cols).rename(columns={"seconds": exposition.PAUSE})
-        per_job.append(pause.set_index("job_id"))
     job = pd.concat(per_job, axis=1).reset_index() if per_job else pd.DataFrame()
     job.insert(0, "timestamp", now)
     return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes, "job_exported": job}

@@ -220,8 +220,8 @@ class Replayed:
 
     fired: list[dict[str, Any]]  # firing detection alerts: {time, run, alertname, ...}
     peak: dict[str, float]  # the peak score per detector
-    learned: list[tuple[int, float, str, float]]  # (run, time, gauge, value): what the
-    # detector exported of the job (exposition.LEARNED: its fitted step time, busy utilisation)
+    exported: list[tuple[int, float, str, float]]  # (run, time, gauge, value): the per-job
+    # series the detector exported (exposition.job_series: pause allowance, what it learned)
 
 
 def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
@@ -252,9 +252,9 @@ def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
             res = eng.step(frame, now, {job_id: NAME})
             for d, name in enumerate(res.detectors):
                 peak[name] = max(peak.get(name, 0.0), float(res.gpu[:, d].max()))
-            out.learned += [
-                (k, float(now), exposition.LEARNED[key], float(v))
-                for key, cols in res.learned.items()
+            out.exported += [
+                (k, float(now), name, float(v))
+                for name, cols in exposition.job_series(res).items()
                 for v in cols["value"]
             ]
             dcgm = pd.DataFrame([{k2: v for k2, v in row.items() if k2 != "time"}])
@@ -275,7 +275,7 @@ def verdict(
     `lookback_s` before that alert to `lookahead_s` after it), on the evidence it would
     gather: every DCGM field and the log-derived progress series at 5 s (the trace's first
     run, as one job) and, from `seen` (the replay of `run`), the alerts fired by then and
-    what the detector exported of the job (its fitted step time and busy utilisation)."""
+    the per-job series the detector exported (its pause allowance, what it learned)."""
     from recovery import attribution
     from recovery.evidence import Bundle, Context, Report, Series
 
@@ -297,7 +297,7 @@ def verdict(
         ):
             if v:
                 pts.setdefault(name, []).append((t, float(v)))
-    for k, t, name, v in seen.learned if seen else ():
+    for k, t, name, v in seen.exported if seen else ():
         if k == run and start <= t <= end:
             pts.setdefault(name, []).append((t, v))
     series = [

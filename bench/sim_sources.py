@@ -107,7 +107,7 @@ class SimSources:
                 add(of_job("jobm"), m, [])
             add(of_job("node_score"), "goodput_node_suspect_score", ["node"])
             add(of_job("gpu_score"), "goodput_gpu_anomaly_score", ["node", "gpu"])
-            for metric in (*exposition.LEARNED.values(), exposition.PAUSE):
+            for metric in (exposition.PAUSE, *exposition.LEARNED.values()):
                 add(of_job("job_exported"), metric, [])
         elif ctx.nodes and not dcgm.empty:
             for m in prom.DCGM_FIELDS:

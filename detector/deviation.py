@@ -145,9 +145,7 @@ class BaselineDeviation(PerJob):
         mode's median: its own calm rows, or its stored baseline by name). Exported for
         attribution: a restart that waits on its host from its first step has no busier part
         of its own to compare with."""
-        self._ensure()
-        busy = None if self.busy_med_ is None else self.busy_med_[:, _UTIL]
-        return self.per_named_job(frame, busy)
+        return self.per_named_job(frame, "busy_med_", _UTIL)
 
     def explain(self, frame: Frame, rows: np.ndarray) -> list[str]:
         sub = frame.take(rows)

@@ -53,6 +53,15 @@ HELP = {
 }
 
 
+def job_series(res: Result) -> dict[str, dict[str, np.ndarray]]:
+    """The per-job gauges of a cycle by family name, {job_id, value} each: the pause
+    allowance of the jobs inside a pause, then what the detectors learned of each job."""
+    out = {}
+    if res.pause_cols:
+        out[PAUSE] = {"job_id": res.pause_cols["job_id"], "value": res.pause_cols["seconds"]}
+    return out | {LEARNED[key]: cols for key, cols in res.learned.items()}
+
+
 def family(name: str, help_text: str, kind: str = "gauge") -> str:
     """The HELP/TYPE header of one family."""
     return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
@@ -135,13 +144,9 @@ class Renderer:
                 jobs["score"],
             )
         )
-        pauses = res.pause_cols
-        if pauses:
-            jid = pauses["job_id"].tolist()
-            parts.append(self._lines(PAUSE, [jid], 'job_id="{}"', pauses["seconds"]))
-        for key, per_job in res.learned.items():
+        for name, per_job in job_series(res).items():
             jid = per_job["job_id"].tolist()
-            parts.append(self._lines(LEARNED[key], [jid], 'job_id="{}"', per_job["value"]))
+            parts.append(self._lines(name, [jid], 'job_id="{}"', per_job["value"]))
         parts.append(self._node_detectors(res, on, res.gpu[on]))
         nodes = res.node_cols
         parts.append(

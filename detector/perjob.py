@@ -121,12 +121,17 @@ class PerJob(Detector):
             (self.jobs_, len(self.jobs_)), lambda: {j: i for i, j in enumerate(self.jobs_)}
         )
 
-    def per_named_job(self, frame: Frame, values: np.ndarray | None) -> dict[str, np.ndarray]:
-        """{job_id, value}: `values` (one per fitted job, NaN for none) of each named job of
-        the frame that has one, for export."""
+    def per_named_job(
+        self, frame: Frame, key: str, column: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """{job_id, value}: the state array `key` (its `column`, where it has one per field)
+        of each named job of the frame that has a value there (NaN: none), for export."""
         uniq = frame.job_codes[1]
-        at = self._job_index(frame)[:-1]
+        at = self._job_index(frame)[:-1]  # (initialises the state of a detector never fitted)
         keep = frame.job_named & (at >= 0) if len(uniq) else np.zeros(0, dtype=bool)
+        values = getattr(self, key)
+        if values is not None and column is not None:
+            values = values[:, column]
         if values is None or not keep.any():
             return {"job_id": uniq[:0], "value": np.zeros(0)}
         got = values[at[keep]]

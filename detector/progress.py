@@ -283,8 +283,7 @@ class Progress(PerJob):
         or its stored baseline by name), the reference its slowdown score compares with.
         Exported for attribution: a restart slow from its first step has no faster part of
         its own to compare with."""
-        self._ensure()
-        return self.per_named_job(frame, self.step_)
+        return self.per_named_job(frame, "step_")
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
