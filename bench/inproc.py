@@ -7,7 +7,8 @@ alert conditions of alertmanager/alerts.yaml are evaluated (bench.online_alerts)
 it is the receiver itself (`bench.receiver`: `recovery.app.create_app`, in process through a
 TestClient, on a simulated `recovery.clock.ManualClock`): the changes of the firing set are
 posted to its webhook as Alertmanager would post them (version 4 JSON; a new alert `firing` with its
-startsAt, an alert whose condition stopped `resolved`); then one pass of the production diagnosis
+startsAt, an alert whose condition stopped `resolved`; an alert alertmanager.yml's inhibit rules
+mute is held back while muted, `bench.inhibition`); then one pass of the production diagnosis
 worker (`recovery.worker.run_once`: settle, attribution, recheck, outbox) and of the action
 executor (`recovery.reconciler.reconcile`) runs at the simulated time. Evidence comes from the
 simulation through `Settings.sources` (`bench.sim_sources`); actions go through

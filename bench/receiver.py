@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.inhibition import Inhibition
 from recovery import reconciler, worker
 from recovery.clock import ManualClock
 from recovery.evidence import Sources
@@ -148,6 +149,8 @@ class Receiver:
         self.store = self.app.state.engine
         self.http = TestClient(self.app)
         self._active: dict[str, tuple[dict[str, str], float]] = {}  # fingerprint -> (labels, start)
+        self._since: dict[str, float] = {}  # fingerprint -> since when it fires (muted or not)
+        self.inhibition = Inhibition.load()
         self._views: dict[int, Incident] = {}
         self.incidents: list[Incident] = []
         self.posted = 0  # alerts posted (firing and resolved)
@@ -169,17 +172,21 @@ class Receiver:
 
     def deliver(self, now: float, firing: list[dict[str, Any]]) -> int:
         """Post what changed in the firing set, as Alertmanager's webhook would (every
-        group_interval, 5 s = one step): new alerts firing, ended ones resolved."""
+        group_interval, 5 s = one step): new alerts firing, ended ones resolved. An alert
+        Alertmanager's inhibit rules mute is not posted while muted (posted once it is not,
+        with its first firing time); one already posted is resolved when it ends."""
         current = {}
         for raw in firing:
             labels = _labels(raw)
             key = json.dumps(sorted(labels.items()))
             current[hashlib.sha256(key.encode()).hexdigest()[:16]] = labels
+        self._since = {fp: self._since.get(fp, now) for fp in current}
+        muted = dict(zip(current, self.inhibition.muted(list(current.values())), strict=True))
         out = []
         for fp, labels in current.items():
-            if fp not in self._active:
-                self._active[fp] = (labels, now)
-                out.append(self._alert(fp, labels, now, "firing"))
+            if fp not in self._active and not muted[fp]:
+                self._active[fp] = (labels, self._since[fp])
+                out.append(self._alert(fp, labels, self._since[fp], "firing"))
         for fp in [fp for fp in self._active if fp not in current]:
             labels, start = self._active.pop(fp)
             out.append(self._alert(fp, labels, start, "resolved", now))

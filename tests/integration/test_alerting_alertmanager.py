@@ -1,7 +1,8 @@
 """alertmanager/alertmanager.yml in a real Alertmanager (a private instance on a free port, so the
 shared stack is untouched): the recovery webhook gets every Goodput alert with the bearer token
 from the file, critical ones also reach on-call (Slack example) with the diagnosis link from the
-templates, and a node's hardware alert inhibits the job-level alerts of the same job only."""
+templates, and a node's hardware alert inhibits the job-level alerts of the same job only (as
+the fault benchmark's model of inhibition, bench.inhibition, says)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 import requests
 import yaml
 
+from bench.inhibition import Inhibition
 from tests.conftest import wait_until
 
 AM_DIR = Path(__file__).resolve().parents[2] / "alertmanager"
@@ -143,6 +145,11 @@ def test_routing_inhibition_and_templates(private_am):
         ("GoodputJobAnomaly", "44"),
     }
     assert ("GoodputJobAnomaly", "44") not in got
+    # the fault benchmark's model of inhibition answers the same on the same alerts
+    posted = [xid, slow44, hung42, log42, hung43, anomaly44]
+    modelled = {(a["alertname"], a["job_id"]) for a, m in
+                zip(posted, Inhibition.load().muted(posted), strict=True) if m}  # fmt: skip
+    assert modelled == inhibited
 
     # on-call (Slack example): only the critical alert, with the diagnosis link (group_wait 10s)
     slack = wait_until(
