@@ -85,6 +85,7 @@ def test_a_stall_inside_an_announced_pause_goes_to_a_person(lines: list[str], tr
     (sym,) = _overrun(doc)
     assert sym["role"] == "initiating" and lines[-1].strip() in sym["detail"]
     assert sym["first_seen"] == START - 4 + ALLOWANCE  # the line's time + its allowance
+    assert doc["root_cause"].startswith(f"workload hang: {sym['detail'][:40]}")  # not the stall
     assert doc["confidence"] < Policy().min_confidence["requeue"]
     action = _action(doc)
     assert action.kind == "hold_for_person" and "low_confidence" in action.reasons
