@@ -10,10 +10,8 @@ there), and healthy (normal-noise) data exceeds it with probability about `p`; p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,7 +20,6 @@ from scipy.stats import norm
 from detector import fields as F
 from detector.frame import Frame, Groups, by_size
 
-FORMAT = "goodput-detector/1"
 FLOORS = np.array([f.floor for f in F.GAUGES])  # each gauge's scale floor (its own unit)
 MAD_TO_SIGMA = 1.4826
 
@@ -225,8 +222,8 @@ class Detector:
     """Base: `fit(frame) -> self`, `score(frame) -> (n,) scores >= 0`, 1.0 = nominal alarm level.
 
     The constructor stores parameters only; `fit` learns per job (keyed by the frame's job
-    column) and sets attributes ending in `_`; scoring never mutates. `save`/`load` round-trip
-    the parameters and fitted state as JSON.
+    column) and sets attributes ending in `_`; scoring never mutates. `job_state`/`set_job_state`
+    carry one job's fitted state as JSON data (the baseline store keeps it by job name).
     """
 
     name: ClassVar[str] = "base"
@@ -255,31 +252,6 @@ class Detector:
 
     def drop_jobs(self, jobs: set[str]) -> None:
         """Forget the fitted state of `jobs` (ended; their baselines live on in the store)."""
-
-    # --- persistence ---------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "detector": self.name,
-            "params": {p: getattr(self, p) for p in self.params},
-            "jobs": {j: self.job_state(j) for j in self.jobs()},
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Detector:
-        if data.get("format") != FORMAT or data.get("detector") != cls.name:
-            raise ValueError(f"not a saved {cls.name} detector: {str(data)[:80]}")
-        det = cls(**data.get("params", {}))
-        for job, state in data.get("jobs", {}).items():
-            det.set_job_state(job, state)
-        return det
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
-
-    @classmethod
-    def load(cls, path: str | Path) -> Detector:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.params)

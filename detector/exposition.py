@@ -58,7 +58,7 @@ def job_series(res: Result) -> dict[str, dict[str, np.ndarray]]:
     allowance of the jobs inside a pause, then what the detectors learned of each job."""
     out = {}
     if res.pause_cols:
-        out[PAUSE] = {"job_id": res.pause_cols["job_id"], "value": res.pause_cols["seconds"]}
+        out[PAUSE] = res.pause_cols
     return out | {LEARNED[key]: cols for key, cols in res.learned.items()}
 
 

@@ -10,7 +10,6 @@ from detector import fields as F
 from detector.base import Detector
 from detector.frame import Frame
 from detector.memo import Memo
-from detector.perjob import from_json, to_json
 
 _XID_TABLE = np.zeros(1024)
 for _x, _s in F.XID_SCORES.items():
@@ -161,29 +160,3 @@ class HardwareEvents(Detector):
                 value = sub.col(_COUNTERS[a])[i]
                 out.append(f"{_COUNTERS[a]} rose to {value:g}")
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        self._ensure()
-        d = super().to_dict()
-        names = {v: k for k, v in self.nodes_.items()}
-        d["gpus"] = {
-            f"{names[int(k) // 1024]}/{int(k) % 1024}": to_json(b)
-            for k, b in zip(self.keys_, self.base_, strict=True)
-        }
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Detector:
-        det = super().from_dict(data)
-        assert isinstance(det, HardwareEvents)
-        det._ensure()
-        gpus = data.get("gpus", {})
-        if gpus:
-            node = np.array([str(k).rsplit("/", 1)[0] for k in gpus], dtype=object)
-            gpu = np.array([int(str(k).rsplit("/", 1)[1]) for k in gpus], dtype=np.int64)
-            rows = np.array([from_json(list(v)) for v in gpus.values()], dtype=float)
-            n = len(gpus)
-            values = np.full((n, len(F.ALL_FIELDS)), np.nan)
-            values[:, [F.ALL_FIELDS.index(c) for c in _COUNTERS]] = rows
-            det.fit(Frame(np.zeros(n), np.full(n, "", dtype=object), node, gpu, values))
-        return det

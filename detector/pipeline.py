@@ -87,7 +87,9 @@ class Result:
     job_cols: dict[str, np.ndarray]  # job_id, detector, score (detector="combined": the max)
     node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
     missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
-    pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, seconds (pausing)
+    pause_cols: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # job_id, value (s), pausing
     # what the detectors learned of each job, by name ("iteration_seconds",
     # "gpu_utilization_percent"): job_id, value (exported as goodput_job_baseline_<name>)
     learned: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -114,7 +116,7 @@ def _per_job(frame: Frame, allowance: np.ndarray) -> dict[str, np.ndarray]:
     inside = pause_open(frame.col(F.STALL_SECONDS), frame.col(F.SINCE_PAUSE))
     np.fmax.at(best, codes[inside], allowance[inside])
     keep = frame.job_named & np.isfinite(best) if len(uniq) else np.zeros(0, dtype=bool)
-    return {"job_id": uniq[keep], "seconds": best[keep]}
+    return {"job_id": uniq[keep], "value": best[keep]}
 
 
 def default_detectors(cfg: Config) -> dict[str, Detector]:

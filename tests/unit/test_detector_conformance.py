@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 import warnings
 
 import numpy as np
@@ -34,7 +35,7 @@ def _faulty():
 
 
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.name)
-def test_conformance(cls, tmp_path):
+def test_conformance(cls):
     det = cls()
     assert repr(det).startswith(cls.__name__)
     assert det.fit(TRAIN) is det
@@ -48,9 +49,12 @@ def test_conformance(cls, tmp_path):
     assert det.score(faulty)[row] > max(s[row], 1.0)
     # determinism: a second detector fitted the same way scores identically
     np.testing.assert_array_equal(cls().fit(TRAIN).score(faulty), det.score(faulty))
-    # save/load gives identical scores
-    det.save(tmp_path / "d.json")
-    again = cls.load(tmp_path / "d.json")
+    # its per-job states through JSON (the baseline store's path) into a fresh detector give
+    # identical scores
+    again = cls()
+    for job in det.jobs():
+        if (state := det.job_state(job)) is not None:
+            again.set_job_state(job, json.loads(json.dumps(state)))
     np.testing.assert_allclose(again.score(faulty), det.score(faulty), rtol=0, atol=1e-12)
     # empty frames and unknown jobs score (zeros), never raise
     assert det.score(TEST.take(np.array([], dtype=int))).shape == (0,)
@@ -73,12 +77,6 @@ def test_docstring_examples(module):
     assert result.attempted >= len(mine) * 3
     if module is not detector.base:
         assert mine, f"{module.__name__} holds no detector of ALL"
-
-
-def test_load_rejects_other_files(tmp_path):
-    (tmp_path / "x.json").write_text('{"format": "nope"}')
-    with pytest.raises(ValueError, match="not a saved"):
-        ALL[0].load(tmp_path / "x.json")
 
 
 def test_z_crit_calibration():

@@ -50,11 +50,11 @@ def _score(res: Result, detector: str) -> float:
 def test_a_restart_may_load_three_times_as_long_as_the_load_its_requeue_cut(tmp_path) -> None:
     eng = Engine(Config(interval_s=5.0), BaselineStore(tmp_path))
     first = _load(eng, 0.0, 780.0, stall0=300.0)
-    assert float(first[0].pause_cols["seconds"][0]) == 600.0  # the model's, nothing seen yet
+    assert float(first[0].pause_cols["value"][0]) == 600.0  # the model's, nothing seen yet
     assert _score(first[-1], "physics") >= 1.25  # flagged: the receiver requeues it
     eng.end_jobs(set())  # requeued: the job leaves Slurm's running set, then restarts
     again = _load(eng, 2000.0, 900.0, stall0=5.0)  # its log's progress dates from the restart
-    allowed = float(again[-1].pause_cols["seconds"][0])
+    allowed = float(again[-1].pause_cols["value"][0])
     assert allowed == pytest.approx(3 * 780.0)  # 3 x the load the requeue cut
     assert max(_score(r, "physics") for r in again) < 0.5
     assert max(_score(r, "progress") for r in again) < level("progress")

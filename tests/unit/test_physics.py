@@ -5,6 +5,7 @@ job spinning from its start scored 0 until a baseline was fitted (300 s)."""
 from __future__ import annotations
 
 import doctest
+import json
 
 import numpy as np
 import pytest
@@ -66,14 +67,16 @@ def test_bad_priors_are_rejected_with_the_entry(tmp_path, edit, message) -> None
         P.load(tmp_path / "priors.yaml")
 
 
-def test_healthy_scores_zero_and_round_trips(tmp_path) -> None:
+def test_healthy_scores_zero_and_round_trips() -> None:
     train = healthy_frame(jobs=2, nodes=2, steps=40, seed=11)
     det = Physics()
     assert det.fit(train) is det
     test = healthy_frame(jobs=2, nodes=2, steps=3, seed=12, start=1000.0)
     assert (det.score(test) == 0).all()
-    det.save(tmp_path / "p.json")
-    again = Physics.load(tmp_path / "p.json")
+    again = Physics()
+    for job in det.jobs():
+        if (state := det.job_state(job)) is not None:
+            again.set_job_state(job, json.loads(json.dumps(state)))
     np.testing.assert_array_equal(again.score(test), det.score(test))
     assert det.score(test.take(np.array([], dtype=int))).shape == (0,)
 
