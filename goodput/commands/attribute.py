@@ -44,6 +44,9 @@ def command(
             raise fail(f"{p}: no such file")
     if recording is not None and not recording.is_dir():
         raise fail(f"--recording {recording}: not a directory")
+    held = ("meta.json", "logs", *rec.GPU_FILES, *rec.JOB_FILES)
+    if recording is not None and not any((recording / name).exists() for name in held):
+        raise fail(f"--recording {recording}: not a recording (none of {', '.join(held)})")
     if gpus_per_node is not None and not 1 <= gpus_per_node <= 1024:
         raise fail("--gpus-per-node must be between 1 and 1024")
     try:
@@ -59,7 +62,9 @@ def command(
         else:
             why = "given with --job-id" if job_id else "none given: the logs are read as is"
             if job_id is None and job_log is not None and job_log.name.startswith("slurm-"):
-                job_id = job_log.name.removeprefix("slurm-").removesuffix(".out")
+                job_id = (
+                    job_log.name.removeprefix("slurm-").removesuffix(".gz").removesuffix(".out")
+                )
                 why = f"from the job log's name ({job_log.name})"
             ctx = Context(job_id=job_id, nodes=[], start=0.0, end=time.time())
             bundle = Bundle()

@@ -4,12 +4,14 @@ Files live at `<log_dir>/jobs/slurm-<job_id>.out` and `<log_dir>/kernel/<node>.l
 are built only from validated ids. Each line gets a time: its own timestamp when it carries
 one (`catalogue/logtime.py`: ISO, `dmesg -T`, journald, syslog, PyTorch/glog, ...; a monotonic
 `dmesg` stamp is placed by the file's mtime, when its last line was written), else the previous
-line's. Only the tail of a big file is read. Loki streams follow `catalogue/logstreams.py`.
+line's. Only the tail of a big file is read; a gzipped one (a rotated log) is decompressed.
+Loki streams follow `catalogue/logstreams.py`.
 """
 
 from __future__ import annotations
 
 import calendar
+import gzip
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +23,7 @@ from recovery.evidence import Bundle, Context, LogLine, Report
 from recovery.settings import Settings
 
 MAX_BYTES = 32 << 20  # read at most the last 32 MiB of a file
+GZIP_MAGIC = b"\x1f\x8b"
 MAX_LINES = 500_000
 SLACK_S = 120.0
 
@@ -44,6 +47,27 @@ def _times(lines: list[str], ref: float, mtime: float) -> list[float | None]:
     return out
 
 
+def _tail(path: Path) -> tuple[bytes, bool]:
+    """The file's last MAX_BYTES, decompressed where it is gzip (a rotated log, by its magic
+    bytes, whatever its name), and whether anything before them was left out."""
+    with path.open("rb") as f:
+        if f.read(2) != GZIP_MAGIC:
+            skip = max(0, f.seek(0, 2) - MAX_BYTES)
+            f.seek(skip)
+            return f.read(), skip > 0
+    data, cut = bytearray(), False
+    try:
+        with gzip.open(path, "rb") as g:
+            while chunk := g.read(1 << 20):
+                data += chunk
+                if len(data) > MAX_BYTES:
+                    del data[: len(data) - MAX_BYTES]
+                    cut = True
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: not a readable gzip file ({exc})") from exc
+    return bytes(data), cut
+
+
 def read_lines(
     path: Path,
     kind: str,
@@ -53,12 +77,8 @@ def read_lines(
     end: float | None = None,
 ) -> list[LogLine]:
     """Lines of one log file with their times, kept when inside [start-slack, end+slack]."""
-    st = path.stat()
-    size, mtime = st.st_size, st.st_mtime
-    with path.open("rb") as f:
-        skip = max(0, size - MAX_BYTES)
-        f.seek(skip)
-        data = f.read()
+    mtime = path.stat().st_mtime
+    data, skip = _tail(path)
     text = data.decode("utf-8", "replace")
     first_line = 1
     if skip:

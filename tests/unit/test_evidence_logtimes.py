@@ -10,6 +10,8 @@ import calendar
 import os
 import time
 
+import pytest
+
 from recovery.evidence.logs import read_lines
 
 T = calendar.timegm(time.strptime("2024-08-30 11:43:09", "%Y-%m-%d %H:%M:%S"))
@@ -39,3 +41,23 @@ def test_a_date_in_a_path_does_not_move_a_line_out_of_the_window(tmp_path):
     log.write_text(f"[{start}] saving\n  saved /ckpt/run-2023-01-01T00:00:00/iter_0000100\n")
     got = read_lines(log, "job", start=T - 60, end=T + 60)
     assert [ln.time for ln in got] == [T, T]
+
+
+def test_a_gzipped_log_is_read_as_its_text_whatever_its_name(tmp_path):
+    """A rotated log (`.gz`, or gzip under any name) reads as the plain one; a damaged one is
+    a clear error, not lines of compressed bytes (which matched nothing: `unknown`, silently)."""
+    import gzip
+
+    text = "[2025-01-01 00:00:01] torch.OutOfMemoryError: CUDA out of memory.\n"
+    plain = tmp_path / "slurm-7.out"
+    plain.write_text(text)
+    for name in ("slurm-7.out.gz", "slurm-8.out"):
+        (tmp_path / name).write_bytes(gzip.compress(text.encode()))
+        got = read_lines(tmp_path / name, "job")
+        assert [(ln.text, ln.time) for ln in got] == [
+            (ln.text, ln.time) for ln in read_lines(plain, "job")
+        ]
+    broken = tmp_path / "slurm-9.out.gz"
+    broken.write_bytes(gzip.compress(text.encode())[:20])
+    with pytest.raises(ValueError, match="not a readable gzip file"):
+        read_lines(broken, "job")

@@ -104,6 +104,23 @@ def test_files_alone_take_the_job_from_the_log_name(tmp_path):
     assert json.loads(r.stdout)["job_id"] == "77"
 
 
+def test_a_gzipped_job_log_is_read(tmp_path):
+    """A rotated `.gz` job log gives the verdict its text gives (it was read as raw bytes:
+    `unknown`, "logs: ok")."""
+    import gzip
+
+    log = tmp_path / "slurm-77.out.gz"
+    log.write_bytes(
+        gzip.compress(b"[2025-01-01 00:00:01] torch.OutOfMemoryError: CUDA out of memory.\n")
+    )
+    r = _attr("--job-log", log)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["outcome"] == "workload_oom" and "job: 77 " in r.stderr
+    log.write_bytes(log.read_bytes()[:12])
+    r = _attr("--job-log", log)
+    assert r.exit_code == 2 and "not a readable gzip file" in r.output
+
+
 def test_choose_job_never_reads_truth(tmp_path):
     d = _two_jobs(tmp_path / "rec", truth=True)
     try:
