@@ -124,9 +124,11 @@ class Verification:
     problem: str = ""
 
 
+_FIELDS = ("seq", "ts", "type", "job_id", "incident_id", "action_id", "actor", "payload")
+
+
 def _canonical(row: dict[str, Any]) -> str:
-    keys = ("seq", "ts", "type", "job_id", "incident_id", "action_id", "actor", "payload")
-    return json.dumps({k: row[k] for k in keys}, sort_keys=True, separators=(",", ":"))
+    return json.dumps({k: row[k] for k in _FIELDS}, sort_keys=True, separators=(",", ":"))
 
 
 def _hash(prev: str, row: dict[str, Any]) -> str:
@@ -266,12 +268,19 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def verify_lines(lines: Iterable[str]) -> Verification:
-    """Check an export file's chain on its own (from its first row's seq and prev_hash)."""
+    """Check an export file's chain on its own (from its first row's seq and prev_hash);
+    ValueError naming the line when one is not an exported event."""
     rows = []
-    for text in lines:
+    for n, text in enumerate(lines, 1):
         if text.strip():
-            row = json.loads(text)
-            row["payload"] = json.dumps(row["payload"], sort_keys=True, separators=(",", ":"))
+            try:
+                row = json.loads(text)
+                row["payload"] = json.dumps(row["payload"], sort_keys=True, separators=(",", ":"))
+                missing = {*_FIELDS, "prev_hash", "hash"} - set(row)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ValueError(f"line {n} is not an exported audit event ({exc})") from None
+            if missing:
+                raise ValueError(f"line {n} is not an exported audit event (no {sorted(missing)})")
             rows.append(row)
     if not rows:
         return Verification(True, 0)

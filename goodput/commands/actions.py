@@ -9,19 +9,12 @@ import os
 
 import typer
 
+from goodput.commands.receiver_db import DB, open_db
+
 app = typer.Typer(
     help="Recovery actions: approvals, the pause switch, node resume.", no_args_is_help=True
 )
-DB = typer.Option(None, "--db", help="database URL (default: $GOODPUT_RECEIVER_DB_URL)")
 WHO = typer.Option(None, "--who", help="who decides (default: the current user)")
-
-
-def _ctx(db: str | None):
-    from recovery.settings import Settings
-    from recovery.store import make_engine
-
-    settings = Settings.from_env()
-    return make_engine(db or settings.db_url), settings
 
 
 def _who(who: str | None) -> str:
@@ -38,13 +31,15 @@ def list_(
     """Actions, newest first."""
     from recovery import action_config, outbox
 
-    engine, _ = _ctx(db)
+    engine, _ = open_db(db)
     rows = outbox.list_actions(engine, state=state, job_id=job_id)
     if as_json:
         typer.echo(json.dumps(rows, default=str, indent=1))
         return
     if action_config.is_paused(engine):
         typer.echo("PAUSED: no action executes until `goodput actions resume`")
+    if not rows:
+        typer.echo("no actions" + (" matching the filter" if state or job_id else ""))
     for r in rows:
         a = r["body"].get("action", {})
         typer.echo(
@@ -59,7 +54,7 @@ def approve(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> 
     """Approve a pending action and execute it now."""
     from recovery import approvals
 
-    engine, settings = _ctx(db)
+    engine, settings = open_db(db)
     try:
         r = approvals.approve(engine, settings, action_id, _who(who), comment)
     except approvals.ActionError as exc:
@@ -74,7 +69,7 @@ def reject(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> N
     """Reject a pending action."""
     from recovery import approvals
 
-    engine, _ = _ctx(db)
+    engine, _ = open_db(db)
     try:
         approvals.reject(engine, action_id, _who(who), comment)
     except approvals.ActionError as exc:
@@ -88,7 +83,7 @@ def pause(who: str = WHO, reason: str = "", db: str = DB) -> None:
     """Stop every action at once (plans are still made and audited)."""
     from recovery import action_config
 
-    action_config.set_paused(_ctx(db)[0], True, _who(who), reason)
+    action_config.set_paused(open_db(db)[0], True, _who(who), reason)
     typer.echo("paused")
 
 
@@ -97,7 +92,7 @@ def resume(who: str = WHO, reason: str = "", db: str = DB) -> None:
     """Lift the pause switch."""
     from recovery import action_config
 
-    action_config.set_paused(_ctx(db)[0], False, _who(who), reason)
+    action_config.set_paused(open_db(db)[0], False, _who(who), reason)
     typer.echo("resumed")
 
 
@@ -106,7 +101,7 @@ def resume_node(node: str, who: str = WHO, comment: str = "", db: str = DB) -> N
     """Return a node Goodput drained to service (never one a person drained)."""
     from recovery import approvals
 
-    engine, settings = _ctx(db)
+    engine, settings = open_db(db)
     try:
         r = approvals.resume_node(engine, settings, node, _who(who), comment)
     except ValueError as exc:

@@ -8,16 +8,9 @@ from pathlib import Path
 
 import typer
 
+from goodput.commands.receiver_db import DB, open_db
+
 app = typer.Typer(help="The recovery audit log.", no_args_is_help=True)
-DB = typer.Option(None, "--db", help="database URL (default: $GOODPUT_RECEIVER_DB_URL)")
-
-
-def _engine(db: str | None):
-    from recovery.settings import Settings
-    from recovery.store import make_engine
-
-    engine = make_engine(db or Settings.from_env().db_url)
-    return engine
 
 
 @app.command("verify")
@@ -29,12 +22,16 @@ def verify(
     from recovery import audit
 
     if file is not None:
-        with file.open() as fh:
-            v = audit.verify_lines(fh)
+        try:
+            with file.open() as fh:
+                v = audit.verify_lines(fh)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            typer.echo(f"error: {file}: {getattr(exc, 'strerror', None) or exc}", err=True)
+            raise typer.Exit(2) from None
     else:
-        v = audit.verify(_engine(db))
+        v = audit.verify(open_db(db)[0])
     if v.ok:
-        typer.echo(f"ok: {v.rows} events, chain intact")
+        typer.echo(f"ok: {v.rows} events, chain intact" if v.rows else "ok: no events to check")
         return
     typer.echo(f"TAMPERED: event seq {v.first_bad_seq}: {v.problem}", err=True)
     raise typer.Exit(1)
@@ -52,7 +49,7 @@ def export(
     to stdout is not recorded (a pipe or a terminal is no durable copy)."""
     from recovery import audit
 
-    engine = _engine(db)
+    engine = open_db(db)[0]
     if output == "-":
         summary = audit.export(engine, sys.stdout)
         if summary is not None:
@@ -81,5 +78,5 @@ def prune(db: str = DB) -> None:
     from recovery import retention
     from recovery.settings import Settings
 
-    deleted = retention.apply(_engine(db), retention.rules_for(Settings.from_env()))
+    deleted = retention.apply(open_db(db)[0], retention.rules_for(Settings.from_env()))
     typer.echo(f"pruned {deleted['payloads']} webhook bodies, {deleted['audit']} audit events")

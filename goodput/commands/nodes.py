@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from goodput.commands.actions import DB, _ctx
+from goodput.commands.receiver_db import DB, open_db
 
 app = typer.Typer(help="Node history and return-to-service checks.", no_args_is_help=True)
 
@@ -22,7 +22,7 @@ def history(as_json: bool = typer.Option(False, "--json"), db: str = DB) -> None
     from recovery import node_history
     from recovery.policy import load_policy
 
-    engine, _ = _ctx(db)
+    engine, _ = open_db(db)
     rows = node_history.summary(engine, load_policy())
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
@@ -44,13 +44,18 @@ def checks(
     db: str = DB,
 ) -> None:
     """The latest return-to-service checks, newest first, with their output."""
-    from recovery import node_checks
+    from recovery import node_checks, validate
 
-    engine, _ = _ctx(db)
+    if node is not None and not validate.NODE.fullmatch(node):
+        typer.echo(f"error: {node!r} is not a node name", err=True)
+        raise typer.Exit(2)
+    engine, _ = open_db(db)
     rows = node_checks.rows(engine, node)
     if as_json:
         typer.echo(json.dumps(rows, indent=1, default=str))
         return
+    if not rows:
+        typer.echo(f"no return-to-service checks{f' of {node}' if node else ''}")
     for r in rows:
         typer.echo(
             f"#{r['id']} {r['node']} {r['level']} {r['state']} (mode {r['mode']}, exit "
