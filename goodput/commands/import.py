@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,8 @@ def command(
         raise fail(str(exc)) from None
     jobs = pd.DataFrame(job_rows) if job_rows else (pd.concat(extra) if extra else None)
     if jobs is None:
-        report["warning"] = "no job metrics (no --job-log): replay's progress detector is blind"
+        why = "no progress lines in --job-log" if job_log is not None else "no --job-log"
+        report["warning"] = f"no job metrics ({why}): replay's progress detector is blind"
     on = gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]
     per_node = gpu_df.groupby("node").gpu.nunique()
     step = samples.gpu_interval(gpu_df.timestamp.to_numpy(), gpu_df.node, gpu_df.gpu)
@@ -136,7 +138,10 @@ def command(
         "gpus_per_node": int(per_node.max()),
         "jobs": [entry],
     }
-    write_recording(out, gpu_df, jobs, meta, logs)
+    try:
+        write_recording(out, gpu_df, jobs, meta, logs)
+    except OSError as exc:
+        raise fail(f"--out {out}: {exc.strerror or exc}") from None
     report["recording"] = {k: meta[k] for k in ("nodes", "gpus_per_node", "interval_s", "jobs")}
     if as_json:
         typer.echo(json.dumps(report, indent=1))
@@ -170,7 +175,7 @@ def _fields(job: dict[str, Any]) -> str:
 
 def _boot(text: str, importer: Any) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         t, kind = importer.line_time(text, time.time())
         if t is None or kind != "iso":
@@ -178,6 +183,9 @@ def _boot(text: str, importer: Any) -> float:
                 f"--boot-time {text!r}: want unix seconds or ISO 8601"
             ) from None
         return float(t)
+    if not math.isfinite(value) or value < 0:
+        raise importer.ImportFailure(f"--boot-time {text!r}: want unix seconds >= 0 or ISO 8601")
+    return value
 
 
 def _kernel_spec(spec: str, nodes: list[str], importer: Any) -> tuple[str, Path]:
