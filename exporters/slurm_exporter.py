@@ -3,8 +3,10 @@
 Every refresh runs exactly three commands, whatever the number of jobs (argv lists, each with
 a timeout): `squeue --json` (pending, running and recently ended jobs: slurmctld keeps them
 `MinJobAge` seconds), `sinfo --json` (nodes), and `sacct` (jobs that ended within
-`sacct_window_s`, for those squeue has already forgotten). A background thread refreshes every
-`interval` seconds; a scrape only reads the last snapshot, so a slow Slurm never slows a scrape.
+`sacct_window_s`, for those squeue has already forgotten; none that ended before `since`, where
+given: the demo's fresh receiver is not told of an earlier hour's failures). A background thread
+refreshes every `interval` seconds; a scrape only reads the last snapshot, so a slow Slurm never
+slows a scrape.
 
 Slurm slow or down: `goodput_slurm_up 0`, `goodput_slurm_scrape_errors_total{command}` rises,
 and the last good values stay exposed (their age is
@@ -203,10 +205,12 @@ class SlurmCollector(Collector):
         timeout: float = 10.0,
         sacct_window_s: int = 3600,
         clock: Callable[[], float] = time.time,
+        since: float | None = None,
     ) -> None:
         self.runner = runner
         self.timeout = timeout
         self.sacct_window_s = sacct_window_s
+        self.since = since  # ask sacct for no job that ended before this (unix s)
         self.clock = clock
         self.snapshot = Snapshot()
         self.up: int = 0
@@ -216,12 +220,15 @@ class SlurmCollector(Collector):
         self._lock = threading.Lock()
 
     def commands(self) -> dict[str, list[str]]:
+        start = f"now-{int(self.sacct_window_s)}seconds"
+        if self.since is not None and self.since > self.clock() - self.sacct_window_s:
+            start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.since))
         return {
             "squeue": ["squeue", "--all", "--json"],
             "sinfo": ["sinfo", "--json"],
             "sacct": [
                 "sacct", "-X", "-n", "-P", "--noconvert",
-                "-S", f"now-{int(self.sacct_window_s)}seconds", "-E", "now",
+                "-S", start, "-E", "now",
                 "-s", ENDED_STATES,
                 "-o", "JobID,JobName,Partition,State,ExitCode,NodeList,AllocTRES",
             ],
@@ -356,11 +363,12 @@ def serve(
     timeout: float = 10.0,
     sacct_window_s: int = 3600,
     stop: threading.Event | None = None,
+    since: float | None = None,
 ) -> None:
     """Expose /metrics on host:port and refresh from Slurm until `stop` is set."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    collector = SlurmCollector(timeout=timeout, sacct_window_s=sacct_window_s)
+    collector = SlurmCollector(timeout=timeout, sacct_window_s=sacct_window_s, since=since)
     registry = CollectorRegistry()
     registry.register(collector)
     server, _thread = start_http_server(port, addr=host, registry=registry)

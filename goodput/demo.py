@@ -69,15 +69,18 @@ def goodput_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "goodput.cli", *args]
 
 
-def start_services(db_url: str) -> None:
-    """Start the simulator (real-Slurm mode), exporters, detector and receiver in act mode."""
+def start_services(db_url: str, since: float) -> None:
+    """Start the simulator (real-Slurm mode), exporters, detector and receiver in act mode; the
+    Slurm exporter reports no job that ended before `since` (the receiver's database is new)."""
     env = {"GOODPUT_SIM_URL": SIM_URL}
     stack.start_service("sim", goodput_argv("sim", "serve", "--scheduler", "slurm"), SIM_URL, env)
     stack.start_service(
         "log-exporter", goodput_argv("exporter", "logs"), "http://127.0.0.1:19411/metrics"
     )
     stack.start_service(
-        "slurm-exporter", goodput_argv("exporter", "slurm"), "http://127.0.0.1:19410/metrics"
+        "slurm-exporter",
+        goodput_argv("exporter", "slurm", "--since", f"{since:.0f}"),
+        "http://127.0.0.1:19410/metrics",
     )
     stack.start_service(
         "detector",
@@ -97,6 +100,11 @@ def start_services(db_url: str) -> None:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
     )
+
+
+def demo_db() -> Path:
+    """The demo receiver's own SQLite database (each demo starts it afresh)."""
+    return stack.state_dir() / "demo" / "goodput.db"
 
 
 def stop_services() -> None:
@@ -266,14 +274,14 @@ def run(
     slurm.cancel_demo_jobs()
     for node in slurm.resume_drained():
         say(f"returned {node} (drained by an earlier demo) to service")
-    db = state / "demo" / "goodput.db"
+    db = demo_db()
     db.parent.mkdir(parents=True, exist_ok=True)
     if fresh:
         stop_services()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         archive_logs(Path(env["GOODPUT_LOG_DIR"]), state / "logs" / "archive")
-    start_services(f"sqlite:///{db}")
+    start_services(f"sqlite:///{db}", time.time())
     for name, url in (
         ("simulator", f"{SIM_URL}/api/v1/cluster"),
         ("receiver", f"{RECEIVER_URL}/healthz"),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import requests
 import typer
@@ -39,6 +41,15 @@ def summary(results: list[loop.Outcome]) -> Table:
             r.result,
         )
     return table
+
+
+def _cli() -> str:
+    """How to call this CLI from the current directory (`.venv/bin/goodput` in a checkout)."""
+    exe = Path(sys.executable).parent / "goodput"
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
 
 
 @app.callback()
@@ -86,13 +97,16 @@ def demo(ctx: typer.Context) -> None:
     handled = sum(
         r.action == r.fault.expect_action and r.action_state == "executed" for r in results
     )
+    cli, db = _cli(), f"--db sqlite:///{loop.demo_db()}"
     console.print(
         f"{handled}/{len(loop.FAULTS)} faults detected, diagnosed and handled as expected.\n"
         "Explore: Recovery Console http://127.0.0.1:19430/console (log in with the token in "
         f"{stack.stack_env().get('GOODPUT_RECEIVER_TOKEN_FILE')}), Prometheus "
-        "http://127.0.0.1:19090/alerts, Alertmanager http://127.0.0.1:19093, `goodput stack "
-        "status`, `goodput actions list`, `goodput audit verify`. Stop: `make demo-stop`; "
-        "`goodput demo stop --keep-stack` leaves the stack running."
+        "http://127.0.0.1:19090/alerts, Alertmanager http://127.0.0.1:19093, "
+        f"`{cli} stack status`, `{cli} actions list {db}`, `{cli} audit verify {db}`, "
+        f"`{cli} nodes history {db}`. Stop: `make demo-stop`; "
+        f"`{cli} demo stop --keep-stack` leaves the stack running.",
+        soft_wrap=True,
     )
     if handled < len(loop.FAULTS):
         raise typer.Exit(1)

@@ -76,11 +76,14 @@ def slurm(
     interval: float = typer.Option(5.0, help="seconds between Slurm refreshes"),
     timeout: float = typer.Option(10.0, help="timeout of each Slurm command"),
     sacct_window: int = typer.Option(3600, help="seconds of ended jobs to ask sacct for"),
+    since: float | None = typer.Option(
+        None, help="unix s: ask sacct for no job that ended before this", min=0
+    ),
 ) -> None:
     """Expose Slurm job and node state (squeue/sinfo --json, sacct)."""
     from exporters.slurm_exporter import serve
 
-    serve(port, host, interval, timeout, sacct_window, _stop_event())
+    serve(port, host, interval, timeout, sacct_window, _stop_event(), since)
 
 
 @app.command("nvml")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -222,3 +223,16 @@ def test_hostlists_and_sacct_lines():
         expand_hostlist("node[a-b]")
     assert parse_sacct("garbage\n1|x|y\n") == {}
     assert parse_squeue(json.dumps({"jobs": [{"job_id": "1;rm", "job_state": "RUNNING"}]})) == {}
+
+
+def test_sacct_asks_for_nothing_that_ended_before_since():
+    """`--since` (the demo's fresh receiver): sacct starts there while it is inside the window,
+    in the local time sacct reads; the window's own start once `since` is older."""
+    now = 1_800_000_000.0
+    col = SlurmCollector(sacct_window_s=3600, clock=lambda: now, since=now - 600)
+    argv = col.commands()["sacct"]
+    start = argv[argv.index("-S") + 1]
+    assert start == time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 600))
+    col.since = now - 7200
+    argv = col.commands()["sacct"]
+    assert argv[argv.index("-S") + 1] == "now-3600seconds"
