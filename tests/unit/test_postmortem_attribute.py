@@ -93,6 +93,9 @@ def test_no_evidence_at_all_is_a_usage_error(tmp_path):
     assert r.exit_code == 2 and "no such file" in r.output
     r = _attr("--recording", tmp_path / "rec", "--gpus-per-node", "0")
     assert r.exit_code == 2
+    (tmp_path / "empty").mkdir()  # a directory that holds no recording: not `unknown`, exit 0
+    r = _attr("--recording", tmp_path / "empty")
+    assert r.exit_code == 2 and "not a recording (none of meta.json, logs," in r.output
 
 
 def test_files_alone_take_the_job_from_the_log_name(tmp_path):
