@@ -154,6 +154,8 @@ def load_scenario(path: str | Path) -> Scenario:
         data = yaml.safe_load(p.read_text())
     except OSError as err:
         raise ScenarioError(f"{p}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{p}: not a text file (a scenario is YAML)") from None
     except yaml.YAMLError as err:
         raise ScenarioError(f"{p}: not valid YAML: {err}") from None
     return parse_scenario(data, str(p))

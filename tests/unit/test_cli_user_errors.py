@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -71,3 +72,37 @@ def test_a_path_the_command_cannot_write_is_one_line_not_a_traceback(tmp_path) -
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"error: {out}.partial: No such file or directory\n"
+
+
+def _bad_files(d) -> dict[str, str]:
+    (d / "a-directory").mkdir()
+    (d / "empty").write_text("")
+    (d / "binary.csv.gz").write_bytes(bytes(range(256)) * 8)  # not gzip, not text
+    return {k: str(d / k) for k in ("missing", "a-directory", "empty", "binary.csv.gz")}
+
+
+H200 = str(Path(__file__).resolve().parents[1] / "data" / "h200-ckpt" / "metrics.csv")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "{bad}"],
+        ["attribute", "--recording", "{bad}"],
+        ["attribute", "--job-log", "{bad}"],
+        ["attribute", "--kernel-log", "{bad}"],
+        ["import", "--metrics", "{bad}", "--node", "n1", "--job-id", "5", "--out", "{out}"],
+        ["import", "--metrics", H200, "--slurm", "{bad}", "--node", "n1", "--out", "{out}"],
+        ["sim", "record", "{bad}", "--out", "{out}"],
+        ["audit", "verify", "--file", "{bad}"],
+    ],
+    ids=lambda a: " ".join(a[:3]),
+)
+def test_a_bad_input_file_never_raises_out_of_a_command(tmp_path, argv) -> None:
+    """Each file a missing path, a directory, an empty file, binary bytes: an answer or a
+    one-line error, never an exception out of the command (a traceback)."""
+    for kind, bad in _bad_files(tmp_path).items():
+        out = tmp_path / f"out-{kind}"
+        r = runner.invoke(cli, [a.format(bad=bad, out=out) for a in argv])
+        assert r.exception is None or isinstance(r.exception, SystemExit), (kind, r.exception)
+        assert "Traceback" not in r.output, (kind, r.output[-500:])
