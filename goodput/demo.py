@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from rich.markup import escape
 
 from clients.prometheus import PromClient
 from goodput import stack
@@ -209,8 +210,9 @@ def follow(
     out.culprits = list(diag.get("affected_nodes") or [])
     out.diagnosed = float(diag.get("diagnosed_at") or time.time())
     say(
-        f"  diagnosis: [bold]{out.outcome}[/] on {out.culprits or 'no node'} "
-        f"(confidence {diag.get('confidence', 0):.2f}): {diag.get('root_cause', '')[:110]}"
+        f"  diagnosis: [bold]{out.outcome}[/] on {', '.join(out.culprits) or 'no node'} "
+        f"(confidence {diag.get('confidence', 0):.2f}): "
+        + escape(diag.get("root_cause", "")[:110])  # log text: `[rank3]:` is no markup
     )
     final = ("executed", "failed", "rejected", "skipped", "no_action", "planned_only", "expired")
     action = wait(
@@ -248,7 +250,7 @@ def back_to_service(out: Outcome, node: str, slurm: Slurm, say: Callable[[str], 
     if not failed:
         say(f"  [yellow]{node}: no health check verdict within 60 s[/]")
         return
-    say(f"  {node}: health check [bold]failed[/] → stays drained ({failed})")
+    say(f"  {node}: health check [bold]failed[/] → stays drained ({escape(failed)})")
     requests.post(f"{SIM_URL}/api/v1/nodes/{node}/repair", timeout=10).raise_for_status()
     say(f"  {node}: a technician replaces GPU {out.fault.gpu} (simulator: repair)")
     if wait(lambda: slurm.reason(node) == "", 90):
