@@ -18,6 +18,9 @@ def record_cmd(
     """Run a scenario accelerated in-process and write a recording."""
     from exporters.sim import ScenarioError, record
 
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        typer.echo(f"error: --out {out}: exists and is not an empty directory", err=True)
+        raise typer.Exit(2)
     try:
         rec = record(scenario, out, seed)
     except ScenarioError as err:

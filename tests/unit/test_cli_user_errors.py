@@ -106,3 +106,15 @@ def test_a_bad_input_file_never_raises_out_of_a_command(tmp_path, argv) -> None:
         r = runner.invoke(cli, [a.format(bad=bad, out=out) for a in argv])
         assert r.exception is None or isinstance(r.exception, SystemExit), (kind, r.exception)
         assert "Traceback" not in r.output, (kind, r.output[-500:])
+
+
+def test_sim_record_refuses_a_directory_that_holds_something(tmp_path) -> None:
+    """Its log sink appends: recorded into an old recording, the old run's log lines (its
+    faults) would have joined the new one's."""
+    out = tmp_path / "rec"
+    (out / "logs" / "jobs").mkdir(parents=True)
+    (out / "logs" / "jobs" / "slurm-1001.out").write_text("an earlier run's line\n")
+    scenario = str(Path(__file__).resolve().parents[2] / "scenarios" / "healthy-short.yaml")
+    r = runner.invoke(cli, ["sim", "record", scenario, "--out", str(out)])
+    assert r.exit_code == 2 and "exists and is not an empty directory" in r.output
+    assert (out / "logs" / "jobs" / "slurm-1001.out").read_text() == "an earlier run's line\n"
