@@ -8,7 +8,14 @@ import typer
 
 from goodput import stack
 
-app = typer.Typer(help="Goodput keeps GPU training jobs running.", no_args_is_help=True)
+# plain help (click's: paragraphs reflowed, no boxes, no <bool> metavars); a crash's traceback
+# without the frames' local variables (a token or a database URL with its password may be one)
+app = typer.Typer(
+    help="Goodput keeps GPU training jobs running.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_show_locals=False,
+)
 stack_app = typer.Typer(help="The local stack: Prometheus, Alertmanager, Slurm (real daemons).")
 app.add_typer(stack_app, name="stack")
 

@@ -18,7 +18,11 @@ import typer
 
 from recovery import slurm_hooks
 
-app = typer.Typer(help="Slurm Prolog/Epilog hooks and node holds (local files only).")
+app = typer.Typer(
+    help="Slurm Prolog/Epilog hooks and node holds (local files only).",
+    rich_markup_mode=None,  # as goodput.cli's
+    pretty_exceptions_show_locals=False,
+)
 
 HOLD_DIR = typer.Option(
     None, "--hold-dir", envvar="GOODPUT_HOLD_DIR", help="where Goodput's node holds live"

@@ -5,6 +5,7 @@ printed a traceback)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,24 @@ def test_sim_record_refuses_a_directory_that_holds_something(tmp_path) -> None:
     r = runner.invoke(cli, ["sim", "record", scenario, "--out", str(out)])
     assert r.exit_code == 2 and "exists and is not an empty directory" in r.output
     assert (out / "logs" / "jobs" / "slurm-1001.out").read_text() == "an earlier run's line\n"
+
+
+def test_a_crash_shows_no_local_variables(tmp_path) -> None:
+    """A crash's traceback shows no frame's local variables: a token or a database URL with
+    its password may be one (goodput.cli pins pretty_exceptions_show_locals=False, which
+    older Typer releases defaulted to True)."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os\n"
+        "from goodput.cli import app\n"
+        "@app.command('boom')\n"
+        "def boom():\n"
+        "    token = os.environ['TEST_SECRET']\n"
+        "    raise RuntimeError(len(token))\n"
+        "app()\n"
+    )
+    env = {**os.environ, "TEST_SECRET": "not-to-be-printed"}
+    r = subprocess.run([sys.executable, str(script), "boom"], capture_output=True, text=True,
+                       env=env)  # fmt: skip
+    assert r.returncode == 1 and "RuntimeError" in r.stderr
+    assert "not-to-be-printed" not in r.stderr + r.stdout
