@@ -87,9 +87,7 @@ class Result:
     job_cols: dict[str, np.ndarray]  # job_id, detector, score (detector="combined": the max)
     node_cols: dict[str, np.ndarray]  # job_id, node, score (suspect score)
     missing_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, node, gpu, since
-    pause_cols: dict[str, np.ndarray] = field(
-        default_factory=dict
-    )  # job_id, value (s), pausing
+    pause_cols: dict[str, np.ndarray] = field(default_factory=dict)  # job_id, value (s), pausing
     # what the detectors learned of each job, by name ("iteration_seconds",
     # "gpu_utilization_percent"): job_id, value (exported as goodput_job_baseline_<name>)
     learned: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
