@@ -19,9 +19,11 @@ router = APIRouter(prefix="/api/v1", tags=["actions"])
 
 
 class Verdict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    who: validate.Text = Field(min_length=1, max_length=128)
-    comment: validate.Text = Field(default="", max_length=1000)
+    """Who decides (a name the audit trail can show as is) and why."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    who: validate.Person = Field(max_length=128)
+    comment: validate.Note = Field(default="", max_length=1000)
 
 
 def _ctx(request: Request) -> tuple[Any, Any]:
@@ -43,6 +45,8 @@ def list_actions(
 ) -> dict[str, Any]:
     """Actions, newest first (expired approvals are marked first)."""
     engine, _ = _ctx(request)
+    if state is not None and state not in outbox.STATES:
+        raise HTTPException(422, f"unknown state {state!r}: one of {', '.join(outbox.STATES)}")
     return {
         "actions": outbox.list_actions(engine, state=state, job_id=_job(job_id), limit=limit),
         "paused": action_config.is_paused(engine),
@@ -115,6 +119,10 @@ def audit_query(
 ) -> dict[str, Any]:
     """Audit events, oldest first, filtered; pass `next_cursor` back as `cursor`."""
     engine, _ = _ctx(request)
+    if type is not None and type not in audit.TYPES:
+        raise HTTPException(422, f"unknown event type {type!r}: one of {', '.join(audit.TYPES)}")
+    if incident_id is not None and validate.db_int(incident_id) is None:
+        raise HTTPException(422, f"incident_id must be a number, not {incident_id[:40]!r}")
     events, nxt = audit.query(
         engine,
         job_id=_job(job_id),

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recovery import incidents, retention, validate
+from recovery.edge import Edge
 from recovery.group_commit import GroupCommit
 from recovery.metrics import ReceiverMetrics
 from recovery.settings import Settings, read_secret
@@ -288,11 +289,14 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
         version="1",
         description="Alertmanager webhook (v4), incidents and diagnoses.",
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI: unauthenticated, and blank on an air-gapped cluster (a CDN)
+        redoc_url=None,
     )
     app.state.engine = engine
     app.state.settings = settings
     app.state.registry = registry
     app.state.metrics = metrics
+    app.add_middleware(Edge, own_limit=("/api/v1/alerts",))  # reads its own, larger limit
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:

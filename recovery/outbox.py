@@ -88,6 +88,7 @@ DRAIN_STATES = ("executed", *RESERVING)
 # A later diagnosis of the same incident is planned again only when the earlier plan did
 # nothing in the scheduler and the verdict (outcome or culprit nodes) changed.
 REPLANNABLE = ("no_action", "planned_only", "skipped")
+STATES = (*OPEN_STATES, "executed", "failed", "rejected", "expired", *REPLANNABLE)  # every one
 MAX_PLANS_PER_INCIDENT = 5
 
 

@@ -104,6 +104,30 @@ def db_int(value: str) -> int | None:
 
 
 Text = Annotated[str, AfterValidator(text)]
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@- ")
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def person(value: object) -> str:
+    """A person's name for the audit trail (who approved, paused, resumed): 1..64 letters,
+    digits, spaces or . _ @ -, trimmed (no control or direction characters, no markup)."""
+    name = text(value, "name").strip()
+    if not 1 <= len(name) <= 64 or any(c not in _NAME_OK for c in name):
+        raise ValueError("name: 1 to 64 letters, digits, spaces or . _ @ -")
+    return name
+
+
+def note(value: object) -> str:
+    """Free text a person wrote (a comment, a reason): no control character but tab and
+    newline (a NUL no database stores)."""
+    found = CONTROL.search(text(value, "comment"))
+    if found:
+        raise ValueError(f"comment: control character at position {found.start()}")
+    return str(value)
+
+
+Person = Annotated[str, AfterValidator(person)]
+Note = Annotated[str, AfterValidator(note)]
 
 
 def _check(pattern: re.Pattern[str], kind: str, value: object, limit: int = 64) -> str:

@@ -31,6 +31,9 @@ def list_(
     """Actions, newest first."""
     from recovery import action_config, outbox
 
+    if state is not None and state not in outbox.STATES:
+        typer.echo(f"error: unknown state {state!r}: one of {', '.join(outbox.STATES)}", err=True)
+        raise typer.Exit(2)
     engine, _ = open_db(db)
     rows = outbox.list_actions(engine, state=state, job_id=job_id)
     if as_json:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from recovery import validate
 from recovery.console import actions_port
 from recovery.console.page import (
     can_read,
@@ -59,6 +60,8 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
         return checked
     who, form = checked
     reason = " ".join(form.get("reason", "").split())[:500]
+    if validate.CONTROL.search(reason):
+        return error(request, 400, "the reason holds a control character")
     if verdict == "reject" and not reason:
         return error(request, 400, "a rejection needs a reason")
     try:
@@ -82,6 +85,8 @@ async def pause_switch(request: Request) -> Response:
         return checked
     who, form = checked
     reason = " ".join(form.get("reason", "").split())[:500]
+    if validate.CONTROL.search(reason):
+        return error(request, 400, "the reason holds a control character")
     if form.get("paused") not in ("on", "off") or not reason:
         return error(request, 400, "say on or off, and give a reason")
     try:

@@ -102,6 +102,8 @@ async def read_form(request: Request) -> dict[str, str] | None:
         form = await request.form(max_files=0, max_fields=20)
     except Exception:  # noqa: BLE001 - malformed bodies are the client's error
         return None
+    if len(set(form.keys())) < len(form.multi_items()):
+        return None  # a field given twice (paused=on&paused=off): which one was meant?
     return {k: v for k, v in form.items() if isinstance(v, str)}
 
 

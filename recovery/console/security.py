@@ -22,12 +22,12 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
+from recovery import validate
 from recovery.settings import Settings, read_secret
 
 SESSION_COOKIE = "goodput_session"
 CSRF_COOKIE = "goodput_csrf"
 SESSION_TTL_S = 12 * 3600
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@- ")
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,8 @@ def open_read(settings: Settings) -> bool:
 
 
 def clean_name(name: str) -> str:
-    """A person's name for the audit trail: 1..64 plain characters."""
-    name = name.strip()
-    if not 1 <= len(name) <= 64 or any(c not in _NAME_OK for c in name):
-        raise ValueError("name: 1 to 64 letters, digits, spaces or . _ @ -")
-    return name
+    """A person's name for the audit trail: 1..64 plain characters (`validate.person`)."""
+    return validate.person(name)
 
 
 def check_credentials(
@@ -177,7 +174,12 @@ def csrf_problem(request: Request, form_token: Any) -> str | None:
 
 
 def safe_next(value: str | None) -> str:
-    """A redirect target inside the console only."""
-    if value and value.startswith("/console") and "//" not in value and "\\" not in value:
+    """A redirect target inside the console only: `/console` or a path under it, with no
+    `..` segment, no `//`, no backslash and no control character."""
+    value = value or ""
+    path = value.split("?", 1)[0]
+    inside = path == "/console" or path.startswith("/console/")
+    plain = "//" not in path and "\\" not in value and all(32 <= ord(c) != 127 for c in value)
+    if inside and plain and ".." not in path.split("/"):
         return value
     return "/console/incidents"

@@ -78,3 +78,31 @@ def test_webhook_incidents_and_diagnosis_on_postgres(pg_url, tmp_path):
     for k in range(1, s.recheck_max + 1):
         assert worker.run_once(engine, s, now=t0 + k * (s.recheck_s + 1)) == [inc]
     assert incidents.incident(engine, inc)["diagnosis_state"] == "done"
+
+
+def test_no_input_answers_5xx_on_postgres(pg_url, tmp_path):
+    """PostgreSQL stores no NUL in text: a `%00` in a filter or an id, or a NUL in a decision's
+    name or comment, answered 500 (psycopg DataError) where SQLite answered 200; a NUL in an
+    alert's label is kept (the payload is JSON text)."""
+    s = Settings(db_url=pg_url, require_auth=False, slurm_enabled=False, settle_s=3600,
+                 log_dir=str(tmp_path), prometheus_url=None)  # fmt: skip
+    app = create_app(s, start_worker=False)
+    gets = ["/api/v1/actions/a%00b", "/api/v1/actions?state=a%00b", "/api/v1/audit?type=a%00b",
+            "/api/v1/audit?incident_id=a%00b", "/api/v1/audit?job_id=%00",
+            "/api/v1/incidents?job_id=%00", "/console/incidents?outcome=%00"]  # fmt: skip
+    posts = [("/api/v1/actions/pause", {"who": "a\u0000b"}),
+             ("/api/v1/actions/resume", {"who": "ops", "comment": "a\u0000b"}),
+             ("/api/v1/actions/x%00/approve", {"who": "ops"}),
+             ("/api/v1/nodes/node1/resume", {"who": "a\u0000"})]  # fmt: skip
+    alert = {"status": "firing", "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "abc0",
+             "labels": {"alertname": "GoodputJobHung", "job_id": "77", "rack": "r\u00001"},
+             "annotations": {"summary": "a\u0000b"}}  # fmt: skip
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for url in gets:
+            assert c.get(url).status_code == 400, url
+        for url, body in posts:
+            r = c.post(url, json=body)
+            assert r.status_code in (400, 404, 422), (url, r.status_code, r.text)
+        r = c.post("/api/v1/alerts", json={"version": "4", "status": "firing", "alerts": [alert]})
+        assert r.status_code == 200, r.text
+        assert c.get("/api/v1/incidents?job_id=77").json()["total"] == 1

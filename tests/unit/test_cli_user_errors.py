@@ -43,6 +43,8 @@ def test_empty_answers_say_so(tmp_path) -> None:
     db = f"sqlite:///{tmp_path / 'r.db'}"
     make_engine(db)  # the receiver's, created by it
     assert runner.invoke(cli, ["actions", "list", "--db", db]).output.strip() == "no actions"
+    r = runner.invoke(cli, ["actions", "list", "--state", "pending", "--db", db])
+    assert r.exit_code == 2 and "unknown state 'pending': one of" in r.output
     r = runner.invoke(cli, ["nodes", "checks", "node1", "--db", db])
     assert r.exit_code == 0 and r.output.strip() == "no return-to-service checks of node1"
     r = runner.invoke(cli, ["nodes", "checks", "bad node!", "--db", db])

@@ -375,7 +375,7 @@ def test_odd_data_never_breaks_a_page(env):
         f"/console/incidents?node={long_name}",
         "/console/incidents?node=bad;node",
         "/console/incidents?job=../../etc",
-        "/console/incidents?outcome=%00&state=x",
+        "/console/incidents?outcome=zzz&state=x",
         "/console/incidents?fragment=rows",
         f"/console/incidents/{a}",
         f"/console/incidents/{b}",
@@ -390,6 +390,8 @@ def test_odd_data_never_breaks_a_page(env):
         r = client.get(p, headers=h)
         assert r.status_code in (200, 404), (p, r.status_code, r.text[:300])
         assert HOSTILE not in r.text, p
+    nul = client.get("/console/incidents?outcome=%00&state=x", headers=h)
+    assert nul.status_code == 400  # no store keeps a NUL: refused at the edge (recovery.edge)
     listing = client.get("/console/incidents", headers=h).text
     assert "page 1 of 7" in listing and listing.count('<tr class="state-') == 50
     by_node = client.get("/console/incidents?node=node3", headers=h).text
