@@ -81,6 +81,14 @@ def decide(engine: Any, settings: Any, action_id: str, verdict: str, who: str, r
     return f"now {state}" if state else "done"
 
 
+def resume_node(engine: Engine, settings: Any, node: str, who: str, reason: str) -> str:
+    """Return a node Goodput drained to service (an audited action, executed now); a
+    one-line result. `approvals.UnknownNode` for a node the scheduler does not know."""
+    out = approvals.resume_node(engine, settings, node, who, reason)
+    state, error = out.get("state"), out.get("error")
+    return f"now {state}" + (f" ({error})" if error else "") if state else "done"
+
+
 def set_paused(engine: Engine, paused: bool, who: str, reason: str) -> None:
     action_config.set_paused(engine, paused, who, reason)
 

@@ -1,4 +1,5 @@
-"""What a person decides in the console: approve or reject planned actions, the pause switch."""
+"""What a person decides in the console: approve or reject planned actions, the pause switch,
+return a node Goodput drained to service."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from recovery import validate
+from recovery import approvals, validate
 from recovery.console import actions_port
 from recovery.console.page import (
     can_read,
@@ -96,3 +97,28 @@ async def pause_switch(request: Request) -> Response:
     except LookupError as exc:
         return error(request, 409, str(exc))
     return secure(RedirectResponse("/console/policy", 303))
+
+
+@router.post("/nodes/{node}/resume")
+async def resume_node(request: Request, node: str) -> Response:
+    """Return a node Goodput drained (its repair done) to service: audited with who and why."""
+    settings = settings_of(request)
+    if not validate.NODE.fullmatch(node):
+        return error(request, 404, "no such node")
+    checked = await mutation(request, settings, "return nodes to service")
+    if isinstance(checked, Response):
+        return checked
+    who, form = checked
+    reason = " ".join(form.get("reason", "").split())[:500]
+    if not reason or validate.CONTROL.search(reason):
+        return error(request, 400, "say why the node may return (its repair), in plain text")
+    try:
+        message = await run_in_threadpool(
+            actions_port.resume_node, engine_of(request), settings, node, who.actor, reason
+        )
+    except approvals.UnknownNode as exc:
+        return error(request, 404, str(exc))
+    except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry
+        return error(request, 409, f"resume refused: {type(exc).__name__}: {exc}"[:500])
+    done = f"resume {node}: {message}"
+    return secure(RedirectResponse("/console/policy?" + urlencode({"done": done}), 303))

@@ -87,6 +87,7 @@ def policy_page(request: Request) -> Response:
         drains=drains,
         paused=actions_port.paused(engine),
         drain_kinds=DRAINS,
+        notice=request.query_params.get("done", "")[:200],
         policy_yaml=yaml.safe_dump(pol.model_dump(mode="json"), sort_keys=False) if pol else "",
     )
 

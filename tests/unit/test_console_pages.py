@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from typing import Any
@@ -438,3 +439,34 @@ def test_svg_plot_escapes_and_handles_flat_series():
     assert out.startswith("<svg") and HOSTILE not in out and "onset" in out
     assert plot.svg({"series": []}) == ""
     assert plot.series_from_diagnosis({"plot": {"series": "nope"}}) is None
+
+
+def test_a_node_goodput_drained_returns_to_service_from_the_policy_page(env):
+    """The console had no way back for a drained node (the API and the CLI only): the policy
+    page lists the nodes Goodput drained, and a logged-in person returns one, audited."""
+    client, app, st, _ = env
+    st["nodes"]["node2"].update(state="DRAINED", reason="goodput: failed quick 3 times: RMA")
+    st["nodes"]["node3"].update(state="DRAINED", reason="maintenance by Bob")  # a person's
+    page = client.get("/console/policy", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    drained = page.split('id="drained"')[1].split("</section>")[0]
+    assert "node2" in drained and "node3" not in drained
+    assert 'action="/console/nodes/node2/resume"' in drained
+    login(client)
+    csrf = client.cookies.get(security.CSRF_COOKIE)
+    r = client.post("/console/nodes/node2/resume", data={"csrf_token": csrf, "reason": ""},
+                    headers=ORIGIN, follow_redirects=False)  # fmt: skip
+    assert r.status_code == 400 and st["nodes"]["node2"]["state"] == "DRAINED"
+    r = client.post("/console/nodes/node2/resume",
+                    data={"csrf_token": csrf, "reason": "GPU 3 replaced"},
+                    headers=ORIGIN, follow_redirects=False)  # fmt: skip
+    assert r.status_code == 303 and r.headers["location"].startswith("/console/policy?done=")
+    assert st["nodes"]["node2"]["state"] == "IDLE"
+    events = audit.query(app.state.engine, type_="executed")[0]
+    assert any(e["actor"] == "Alice Ops (console)" for e in audit.query(app.state.engine)[0])
+    assert events and "node2" in json.dumps(events[-1]["payload"])
+    r = client.post("/console/nodes/node9/resume", data={"csrf_token": csrf, "reason": "x"},
+                    headers=ORIGIN, follow_redirects=False)  # fmt: skip
+    assert r.status_code == 404  # unknown to the scheduler
+    r = client.post("/console/nodes/node2/resume", data={"reason": "x"}, headers=ORIGIN,
+                    follow_redirects=False)  # fmt: skip
+    assert r.status_code == 403  # no CSRF token
