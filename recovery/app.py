@@ -299,7 +299,11 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     app.add_middleware(Edge, own_limit=("/api/v1/alerts",))  # reads its own, larger limit
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> Any:
+        if req.url.path.startswith("/console/") and exc.status_code == 404:
+            from recovery.console.page import error as console_error
+
+            return console_error(req, 404, "no such page")  # a person's browser: the page
         resp = _error(exc.status_code, str(exc.detail))
         for k, v in (exc.headers or {}).items():
             resp.headers[k] = v

@@ -124,3 +124,11 @@ def test_the_edge_passes_what_it_does_not_refuse(env) -> None:  # noqa: F811
     client, *_ = env
     assert login(client).status_code == 303
     assert isinstance(client, TestClient)
+
+
+def test_an_unknown_console_page_is_the_consoles_404_page(env) -> None:  # noqa: F811
+    client, *_ = env
+    r = client.get("/console/no-such-page", headers=AUTH)
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    assert "no such page" in r.text
+    assert client.get("/api/v1/no-such-route", headers=AUTH).json()["error"] == "Not Found"
