@@ -325,6 +325,17 @@ def test_incident_detail_explains_and_links_to_prometheus(env):
     assert text.count('class="culprit"') >= 1 and '<svg class="plot"' in text
     assert "drain_and_requeue" in text and "approve or reject" in text
     assert "initiating" in text and "cascade" in text
+    assert "Next for a person:</strong> Open a repair (RMA) for the GPU named below" in text
+
+
+def test_every_outcome_says_what_a_person_does_next() -> None:
+    """On call, an incident held for a person said "a person should look" and no more."""
+    from catalogue import outcomes
+    from recovery.console.templating import words
+
+    said = words()["outcomes"]
+    for outcome in [*outcomes(), "healthy"]:
+        assert {"headline", "meaning", "next"} <= set(said[outcome]), outcome
 
 
 HOSTILE = '<script>alert("x")</script>'
