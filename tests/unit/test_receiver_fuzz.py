@@ -51,6 +51,7 @@ id_like = (
     | st.sampled_from(
         ["1", "inc-1", "inc-2", "node1", "gpu-node-01.rack.a", "²", "١٢", "0x1f", "1e400", "nan"]
         + ["..", "%2F", "approve", "reject", "console.css", "../app.py", " 1", "-0"]
+        + ["\x00", "a\x00b", "x" * 65, "pending_approval", "paused"]  # PostgreSQL: no NUL
     )
 )
 json_values = st.recursive(
