@@ -57,10 +57,13 @@ def command(
     if not out.parent.is_dir():
         raise fail(f"--out {out}: directory {out.parent} does not exist")
     store = BaselineStore(state_dir) if state_dir is not None else None
+    partial = out.with_name(out.name + ".partial")  # a failed replay leaves --out as it was
     try:
-        with open(out, "w") as fh:
+        with open(partial, "w") as fh:
             summary = replay(recording, fh, min_score=min_score, store=store, derive=_derive)
+        partial.replace(out)
     except (FrameError, ImportFailure, OSError, ValueError) as exc:
+        partial.unlink(missing_ok=True)
         raise fail(str(exc)) from None
     summary["out"] = str(out)
     if explain is not None and explain not in summary["jobs"]:

@@ -90,7 +90,7 @@ H200 = str(Path(__file__).resolve().parents[1] / "data" / "h200-ckpt" / "metrics
 @pytest.mark.parametrize(
     "argv",
     [
-        ["replay", "{bad}"],
+        ["replay", "{bad}", "--out", "{out}.jsonl"],
         ["attribute", "--recording", "{bad}"],
         ["attribute", "--job-log", "{bad}"],
         ["attribute", "--kernel-log", "{bad}"],
@@ -109,6 +109,8 @@ def test_a_bad_input_file_never_raises_out_of_a_command(tmp_path, argv) -> None:
         r = runner.invoke(cli, [a.format(bad=bad, out=out) for a in argv])
         assert r.exception is None or isinstance(r.exception, SystemExit), (kind, r.exception)
         assert "Traceback" not in r.output, (kind, r.output[-500:])
+        if r.exit_code:  # a refused input leaves nothing behind
+            assert not list(tmp_path.glob(f"out-{kind}*")), kind
 
 
 def test_sim_record_refuses_a_directory_that_holds_something(tmp_path) -> None:
