@@ -4,7 +4,7 @@ Files live at `<log_dir>/jobs/slurm-<job_id>.out` and `<log_dir>/kernel/<node>.l
 are built only from validated ids. Each line gets a time: its own timestamp when it carries
 one (`catalogue/logtime.py`: ISO, `dmesg -T`, journald, syslog, PyTorch/glog, ...; a monotonic
 `dmesg` stamp is placed by the file's mtime, when its last line was written), else the previous
-line's. Only the tail of a big file is read; a gzipped one (a rotated log) is decompressed.
+line's. Only the tail of a big file is read; a `.gz` one (a rotated log) is decompressed.
 Loki streams follow `catalogue/logstreams.py`.
 """
 
@@ -48,13 +48,16 @@ def _times(lines: list[str], ref: float, mtime: float) -> list[float | None]:
 
 
 def _tail(path: Path) -> tuple[bytes, bool]:
-    """The file's last MAX_BYTES, decompressed where it is gzip (a rotated log, by its magic
-    bytes, whatever its name), and whether anything before them was left out."""
+    """The file's last MAX_BYTES, decompressed where its name ends in `.gz` (a rotated log
+    given to `goodput attribute`; the receiver reads `.out` and `.log` files only, whose
+    bytes a job controls), and whether anything before them was left out."""
     with path.open("rb") as f:
-        if f.read(2) != GZIP_MAGIC:
+        if path.suffix != ".gz":
             skip = max(0, f.seek(0, 2) - MAX_BYTES)
             f.seek(skip)
             return f.read(), skip > 0
+        if f.read(2) != GZIP_MAGIC:
+            raise ValueError(f"{path}: named .gz but not gzip")
     data, cut = bytearray(), False
     try:
         with gzip.open(path, "rb") as g:
@@ -131,7 +134,11 @@ def collect_dir(ctx: Context, log_dir: Path, connector: str = "logs") -> Bundle:
         if kind == "kernel" and run_start is not None:
             # a node's older kernel lines belong to earlier jobs or runs, not this incident
             start = max(start, run_start - SLACK_S)
-        got = read_lines(path, kind, node, ctx.job_id, start, ctx.end)
+        try:
+            got = read_lines(path, kind, node, ctx.job_id, start, ctx.end)
+        except (OSError, ValueError) as exc:  # one unreadable file costs only its own lines
+            missing.append(f"{path.name} ({type(exc).__name__})")
+            continue
         if kind == "job":
             run_start = next((ln.time for ln in got if ln.time is not None), None)
         lines += got

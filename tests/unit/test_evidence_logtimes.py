@@ -43,21 +43,48 @@ def test_a_date_in_a_path_does_not_move_a_line_out_of_the_window(tmp_path):
     assert [ln.time for ln in got] == [T, T]
 
 
-def test_a_gzipped_log_is_read_as_its_text_whatever_its_name(tmp_path):
-    """A rotated log (`.gz`, or gzip under any name) reads as the plain one; a damaged one is
-    a clear error, not lines of compressed bytes (which matched nothing: `unknown`, silently)."""
+def test_a_gzipped_log_is_read_as_its_text(tmp_path):
+    """A rotated log (`.gz`) reads as the plain one; a damaged one is a clear error, not lines
+    of compressed bytes (which matched nothing: `unknown`, silently). A file not named .gz is
+    read as it is whatever its first bytes (a job writes its own output)."""
     import gzip
 
     text = "[2025-01-01 00:00:01] torch.OutOfMemoryError: CUDA out of memory.\n"
     plain = tmp_path / "slurm-7.out"
     plain.write_text(text)
-    for name in ("slurm-7.out.gz", "slurm-8.out"):
-        (tmp_path / name).write_bytes(gzip.compress(text.encode()))
-        got = read_lines(tmp_path / name, "job")
-        assert [(ln.text, ln.time) for ln in got] == [
-            (ln.text, ln.time) for ln in read_lines(plain, "job")
-        ]
+    (tmp_path / "slurm-7.out.gz").write_bytes(gzip.compress(text.encode()))
+    got = read_lines(tmp_path / "slurm-7.out.gz", "job")
+    assert [(ln.text, ln.time) for ln in got] == [
+        (ln.text, ln.time) for ln in read_lines(plain, "job")
+    ]
+    (tmp_path / "slurm-8.out").write_bytes(b"\x1f\x8b" + text.encode())
+    assert len(read_lines(tmp_path / "slurm-8.out", "job")) == 1  # read as is
     broken = tmp_path / "slurm-9.out.gz"
     broken.write_bytes(gzip.compress(text.encode())[:20])
     with pytest.raises(ValueError, match="not a readable gzip file"):
         read_lines(broken, "job")
+
+
+def test_an_unreadable_job_log_costs_only_its_own_lines(tmp_path, monkeypatch):
+    """One file that cannot be read (an I/O error, a log rotated to a bad .gz) no longer makes
+    the whole log connector an error: the node's kernel log (its XID) is still evidence."""
+    from recovery.evidence import Context
+    from recovery.evidence import logs as L
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "kernel").mkdir()
+    (tmp_path / "jobs" / "slurm-7.out").write_text("step 1\n")
+    (tmp_path / "kernel" / "node1.log").write_text(
+        "2024-08-30T11:43:09Z node1 kernel: NVRM: Xid (PCI:0000:cb:00): 79, pid=1\n"
+    )
+    real = L.read_lines
+
+    def flaky(path, *args, **kwargs):
+        if path.name.endswith(".out"):
+            raise OSError(5, "Input/output error", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(L, "read_lines", flaky)
+    bundle = L.collect_dir(Context(job_id="7", nodes=["node1"], start=T - 60, end=T + 60), tmp_path)
+    assert [ln.kind for ln in bundle.lines] == ["kernel"]
+    assert "slurm-7.out (OSError)" in bundle.reports[0].reason
