@@ -22,7 +22,7 @@ class Verdict(BaseModel):
     """Who decides (a name the audit trail can show as is) and why."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    who: validate.Person = Field(max_length=128)
+    who: validate.Person
     comment: validate.Note = Field(default="", max_length=1000)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -104,26 +105,39 @@ def db_int(value: str) -> int | None:
 
 
 Text = Annotated[str, AfterValidator(text)]
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@- ")
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+_NAME_PUNCT = set(" ._@-+'()")
+_HIDDEN = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format (RTL overrides), breaks
+
+
+def _hidden(c: str) -> bool:
+    return unicodedata.category(c) in _HIDDEN
 
 
 def person(value: object) -> str:
-    """A person's name for the audit trail (who approved, paused, resumed): 1..64 letters,
-    digits, spaces or . _ @ -, trimmed (no control or direction characters, no markup)."""
+    """A person's (or a bot's) name for the audit trail (who approved, paused, resumed):
+    1..64 letters, digits, spaces or . _ @ - + ' ( ), trimmed; no control, format or
+    direction character (a newline or a right-to-left override would make the trail lie)."""
     name = text(value, "name").strip()
-    if not 1 <= len(name) <= 64 or any(c not in _NAME_OK for c in name):
-        raise ValueError("name: 1 to 64 letters, digits, spaces or . _ @ -")
+    ok = all(c.isalnum() or c in _NAME_PUNCT for c in name) and not any(map(_hidden, name))
+    if not 1 <= len(name) <= 64 or not ok:
+        raise ValueError("name: 1 to 64 letters, digits, spaces or . _ @ - + ' ( )")
     return name
 
 
 def note(value: object) -> str:
-    """Free text a person wrote (a comment, a reason): no control character but tab and
-    newline (a NUL no database stores)."""
-    found = CONTROL.search(text(value, "comment"))
-    if found:
-        raise ValueError(f"comment: control character at position {found.start()}")
-    return str(value)
+    """Free text a person wrote (a comment, a reason): no control, format or direction
+    character but tab, newline and carriage return (a NUL no database stores)."""
+    s = text(value, "comment")
+    bad = next((i for i, c in enumerate(s) if c not in "\t\n\r" and _hidden(c)), None)
+    if bad is not None:
+        raise ValueError(f"comment: control or format character at position {bad}")
+    return s
+
+
+def reason(value: object, limit: int = 500) -> str:
+    """A form's one-line reason: whitespace runs as one space, at most `limit` characters,
+    then `note`'s rule."""
+    return note(" ".join(text(value, "reason").split())[:limit])
 
 
 Person = Annotated[str, AfterValidator(person)]

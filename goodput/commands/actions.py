@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+from collections.abc import Callable
 
 import typer
 
@@ -18,7 +19,25 @@ WHO = typer.Option(None, "--who", help="who decides (default: the current user)"
 
 
 def _who(who: str | None) -> str:
-    return who or os.environ.get("USER") or getpass.getuser()
+    """--who (default: the login name) as the API takes it (`validate.person`), or exit 2."""
+    from recovery.validate import person
+
+    return _checked(person, who or os.environ.get("USER") or getpass.getuser())
+
+
+def _note(text: str) -> str:
+    """A comment or reason as the API takes it (`validate.note`), or exit 2."""
+    from recovery.validate import note
+
+    return _checked(note, text)
+
+
+def _checked(rule: Callable[[object], str], value: str) -> str:
+    try:
+        return rule(value)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("list")
@@ -59,7 +78,7 @@ def approve(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> 
 
     engine, settings = open_db(db)
     try:
-        r = approvals.approve(engine, settings, action_id, _who(who), comment)
+        r = approvals.approve(engine, settings, action_id, _who(who), _note(comment))
     except approvals.ActionError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -74,7 +93,7 @@ def reject(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> N
 
     engine, _ = open_db(db)
     try:
-        approvals.reject(engine, action_id, _who(who), comment)
+        approvals.reject(engine, action_id, _who(who), _note(comment))
     except approvals.ActionError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -86,7 +105,7 @@ def pause(who: str = WHO, reason: str = "", db: str = DB) -> None:
     """Stop every action at once (plans are still made and audited)."""
     from recovery import action_config
 
-    action_config.set_paused(open_db(db)[0], True, _who(who), reason)
+    action_config.set_paused(open_db(db)[0], True, _who(who), _note(reason))
     typer.echo("paused")
 
 
@@ -95,7 +114,7 @@ def resume(who: str = WHO, reason: str = "", db: str = DB) -> None:
     """Lift the pause switch."""
     from recovery import action_config
 
-    action_config.set_paused(open_db(db)[0], False, _who(who), reason)
+    action_config.set_paused(open_db(db)[0], False, _who(who), _note(reason))
     typer.echo("resumed")
 
 
@@ -106,7 +125,7 @@ def resume_node(node: str, who: str = WHO, comment: str = "", db: str = DB) -> N
 
     engine, settings = open_db(db)
     try:
-        r = approvals.resume_node(engine, settings, node, _who(who), comment)
+        r = approvals.resume_node(engine, settings, node, _who(who), _note(comment))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

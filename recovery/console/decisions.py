@@ -60,9 +60,10 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
     if isinstance(checked, Response):
         return checked
     who, form = checked
-    reason = " ".join(form.get("reason", "").split())[:500]
-    if validate.CONTROL.search(reason):
-        return error(request, 400, "the reason holds a control character")
+    try:
+        reason = validate.reason(form.get("reason", ""))
+    except ValueError as exc:
+        return error(request, 400, str(exc))
     if verdict == "reject" and not reason:
         return error(request, 400, "a rejection needs a reason")
     try:
@@ -85,9 +86,10 @@ async def pause_switch(request: Request) -> Response:
     if isinstance(checked, Response):
         return checked
     who, form = checked
-    reason = " ".join(form.get("reason", "").split())[:500]
-    if validate.CONTROL.search(reason):
-        return error(request, 400, "the reason holds a control character")
+    try:
+        reason = validate.reason(form.get("reason", ""))
+    except ValueError as exc:
+        return error(request, 400, str(exc))
     if form.get("paused") not in ("on", "off") or not reason:
         return error(request, 400, "say on or off, and give a reason")
     try:
@@ -109,9 +111,12 @@ async def resume_node(request: Request, node: str) -> Response:
     if isinstance(checked, Response):
         return checked
     who, form = checked
-    reason = " ".join(form.get("reason", "").split())[:500]
-    if not reason or validate.CONTROL.search(reason):
-        return error(request, 400, "say why the node may return (its repair), in plain text")
+    try:
+        reason = validate.reason(form.get("reason", ""))
+    except ValueError as exc:
+        return error(request, 400, str(exc))
+    if not reason:
+        return error(request, 400, "say why the node may return (what was repaired)")
     try:
         message = await run_in_threadpool(
             actions_port.resume_node, engine_of(request), settings, node, who.actor, reason

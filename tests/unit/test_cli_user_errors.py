@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
+from recovery import action_config
 from recovery.store import make_engine
 
 runner = CliRunner()
@@ -49,6 +50,22 @@ def test_empty_answers_say_so(tmp_path) -> None:
     assert r.exit_code == 0 and r.output.strip() == "no return-to-service checks of node1"
     r = runner.invoke(cli, ["nodes", "checks", "bad node!", "--db", db])
     assert r.exit_code == 2 and "is not a node name" in r.output
+
+
+def test_the_cli_takes_names_and_reasons_as_the_api_does(tmp_path) -> None:
+    """`actions pause --who/--reason` wrote newlines and direction overrides into the audit
+    trail (and a NUL was a DataError traceback on PostgreSQL): the API's rules, exit 2."""
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    engine = make_engine(db)
+    for argv in (["--who", "ops\nroot"], ["--who", "ops", "--reason", "a\u202eb"],
+                 ["--who", "ops", "--reason", "a\x00b"]):  # fmt: skip
+        r = runner.invoke(cli, ["actions", "pause", *argv, "--db", db])
+        assert r.exit_code == 2 and r.output.startswith("error: "), r.output
+    assert not action_config.is_paused(engine)
+    r = runner.invoke(
+        cli, ["actions", "pause", "--who", "José", "--reason", "disk swap", "--db", db]
+    )
+    assert r.exit_code == 0 and action_config.is_paused(engine)
 
 
 def test_audit_verify_file_names_what_is_wrong(tmp_path) -> None:
