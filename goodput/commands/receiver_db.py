@@ -1,7 +1,8 @@
 """The receiver's database as the CLI opens it: the URL given (`--db`) or the receiver's own
-(`$GOODPUT_RECEIVER_DB_URL`, else its default). It must already exist: a mistyped path or URL
-is an error, not an empty database created and answered from (a `pause` written there would
-not pause the receiver)."""
+(`$GOODPUT_RECEIVER_DB_URL`, else its default). It must be one: an existing database a receiver
+migrated to this version's schema. A mistyped path or URL, an empty or foreign database, or one
+at another schema is an error, never created, migrated or answered from (a `pause` written
+there would not pause the receiver)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def open_db(db: str | None) -> tuple[Engine, Settings]:
-    """The engine of an existing receiver database (migrated to this version) and the
-    settings it was named by; a clear error and exit 2 when there is none."""
+    """The engine of an existing receiver database at this version's schema and the settings
+    it was named by; a clear error and exit 2 otherwise."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+    from recovery import schema
     from recovery.settings import Settings
     from recovery.store import make_engine, normalize_url
 
@@ -48,8 +50,17 @@ def open_db(db: str | None) -> tuple[Engine, Settings]:
             f"no receiver database at {parsed.database or '(none)'}: give the receiver's with "
             "--db or $GOODPUT_RECEIVER_DB_URL"
         )
+    where = parsed.render_as_string(hide_password=True)
     try:
-        return make_engine(url), settings
+        engine = make_engine(url, create=False)
+        have, head = schema.current(engine), schema.head()
     except SQLAlchemyError as exc:
-        where = parsed.render_as_string(hide_password=True)
         raise _fail(f"cannot open {where}: {str(exc).splitlines()[0]}") from None
+    if have is None:  # an empty file, another program's database, the wrong PostgreSQL one
+        raise _fail(f"{where} holds no receiver database (never migrated by a receiver)")
+    if have != head:
+        raise _fail(
+            f"{where} is at schema {have}, this goodput at {head}: run the receiver of this "
+            "version, or `goodput receiver db upgrade`"
+        )
+    return engine, settings

@@ -40,6 +40,16 @@ def test_a_missing_database_is_an_error_and_is_not_created(tmp_path, argv) -> No
     assert r.exit_code == 2 and "is not a database URL" in r.output
 
 
+def test_an_empty_or_foreign_database_is_not_migrated_into_one(tmp_path) -> None:
+    """An existing file that no receiver migrated (empty, another program's): an error, and
+    the file left as it was (the CLI migrated it and wrote there)."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    r = runner.invoke(cli, ["actions", "pause", "--who", "ops", "--db", f"sqlite:///{empty}"])
+    assert r.exit_code == 2 and "holds no receiver database" in r.output
+    assert empty.read_bytes() == b""
+
+
 def test_empty_answers_say_so(tmp_path) -> None:
     db = f"sqlite:///{tmp_path / 'r.db'}"
     make_engine(db)  # the receiver's, created by it
