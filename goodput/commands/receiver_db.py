@@ -45,12 +45,17 @@ def open_db(db: str | None) -> tuple[Engine, Settings]:
         parsed = make_url(normalize_url(url))
     except ArgumentError:
         raise _fail(f"{url!r} is not a database URL (sqlite:///PATH or postgresql://...)") from None
-    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
-        raise _fail(
-            f"no receiver database at {parsed.database or '(none)'}: give the receiver's with "
-            "--db or $GOODPUT_RECEIVER_DB_URL"
-        )
     where = parsed.render_as_string(hide_password=True)
+    if parsed.get_backend_name() == "sqlite":
+        path = Path(parsed.database or "")
+        if not path.is_file():
+            raise _fail(
+                f"no receiver database at {parsed.database or '(none)'}: give the receiver's "
+                "with --db or $GOODPUT_RECEIVER_DB_URL"
+            )
+        with path.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":  # opening it would write one there
+                raise _fail(f"{where} holds no receiver database (not an SQLite file)")
     try:
         engine = make_engine(url, create=False)
         have, head = schema.current(engine), schema.head()

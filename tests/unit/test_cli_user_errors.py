@@ -6,6 +6,7 @@ printed a traceback)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,14 @@ def test_an_empty_or_foreign_database_is_not_migrated_into_one(tmp_path) -> None
     r = runner.invoke(cli, ["actions", "pause", "--who", "ops", "--db", f"sqlite:///{empty}"])
     assert r.exit_code == 2 and "holds no receiver database" in r.output
     assert empty.read_bytes() == b""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (x TEXT)")
+    r = runner.invoke(cli, ["actions", "pause", "--who", "ops", "--db", f"sqlite:///{other}"])
+    assert r.exit_code == 2 and "never migrated by a receiver" in r.output
+    with sqlite3.connect(other) as conn:
+        tables = {t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert tables == {"notes"}
 
 
 def test_empty_answers_say_so(tmp_path) -> None:
