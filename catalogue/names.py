@@ -119,6 +119,23 @@ __all__ = [
 ]
 
 
+def slurm_int(raw: object) -> int | None:
+    """An integer field of Slurm's JSON: plain (22.05) or `{"set": true, "number": N}`
+    (23.02 and later); None when unset, infinite or not an integer."""
+    if isinstance(raw, dict):
+        if raw.get("set") is False or raw.get("infinite"):
+            return None
+        raw = raw.get("number")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+def slurm_states(raw: object) -> list[str]:
+    """A state field of Slurm's JSON, lower case: `"RUNNING"` (22.05, 23.02) or
+    `["RUNNING", "COMPLETING"]` (23.11 and later: the base state, then its flags)."""
+    items = raw if isinstance(raw, list) else [raw] if raw else []
+    return [str(s).lower() for s in items if s]
+
+
 def slurm_time(value: object) -> float | None:
     """Slurm's `2026-11-29T20:41:12` (the controller's local time, like this host's) → unix
     seconds; `Unknown`, `None` or junk → None."""

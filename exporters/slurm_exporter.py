@@ -41,6 +41,7 @@ NODE = names.NODE
 JOB_ID = names.JOB_ID
 HOLDING_STATES = {"running", "completing", "suspended", "configuring", "stopped"}
 ENDED_STATES = "CA,CD,F,NF,OOM,TO,PR,BF,DL,RQ"
+NO_VAL = 4294967294  # Slurm's "no value" of a 32-bit field (an array's not-yet-split task)
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -74,8 +75,15 @@ def expand_hostlist(expr: str) -> list[str]:
         raise SlurmError(str(exc)) from None
 
 
-def _exit_code(status: int | None) -> int | None:
-    """Slurm's raw wait status -> exit code (128 + signal when a signal ended the job)."""
+def _exit_code(raw: object) -> int | None:
+    """squeue's exit code -> the process' (128 + signal when a signal ended it): 22.05 gives
+    the raw wait status; 23.02 the same as `{"set", "number"}`; 23.11 and later
+    `{"return_code": {...}, "signal": {"id": {...}}}`."""
+    if isinstance(raw, dict) and ("return_code" in raw or "signal" in raw):
+        signal = raw.get("signal")
+        sig = names.slurm_int(signal.get("id")) if isinstance(signal, dict) else None
+        return 128 + sig if sig else names.slurm_int(raw.get("return_code"))
+    status = names.slurm_int(raw)
     if status is None:
         return None
     if status & 0x7F:
@@ -114,29 +122,38 @@ class Snapshot:
     nodes: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
 
 
-def parse_squeue(text: str) -> dict[str, Job]:
+def parse_squeue(text: str, ended_before: float | None = None) -> dict[str, Job]:
+    """`squeue --all --json` of Slurm 22.05 to 24.x (numbers plain or `{"set", "number"}`,
+    states a string or a list); jobs that ended before `ended_before` are left out."""
     jobs: dict[str, Job] = {}
     for j in _json(text, "squeue").get("jobs", []):
         job_id = str(j.get("job_id", ""))
-        if j.get("array_job_id") and j.get("array_task_id") is not None:
-            job_id = f"{j['array_job_id']}_{j['array_task_id']}"
+        array_job, task_id = (
+            names.slurm_int(j.get("array_job_id")),
+            names.slurm_int(j.get("array_task_id")),
+        )
+        if array_job and task_id is not None and task_id != NO_VAL:
+            job_id = f"{array_job}_{task_id}"
         if not JOB_ID.match(job_id):
+            continue
+        state = (names.slurm_states(j.get("job_state")) or ["unknown"])[0]
+        end = names.slurm_int(j.get("end_time"))
+        if ended_before is not None and _ended(state) and end and end < ended_before:
             continue
         nodes = [n for n in expand_hostlist(j.get("nodes") or "") if NODE.match(n)]
         gpus = _gpus(j.get("tres_alloc_str", ""))
         if gpus is None:
             per_node = _gpus(j.get("tres_per_node", ""))
             per_job = _gpus(j.get("tres_per_job", ""))
-            count = int(j.get("node_count") or 1)
+            count = names.slurm_int(j.get("node_count")) or 1
             gpus = per_job if per_job is not None else (per_node * count if per_node else None)
-        state = str(j.get("job_state", "unknown")).lower()
         jobs[job_id] = Job(
             job_id=job_id,
             name=str(j.get("name", ""))[:128],
             partition=str(j.get("partition", "")),
             state=state,
             nodes=nodes,
-            restarts=int(j.get("restart_cnt") or 0),
+            restarts=names.slurm_int(j.get("restart_cnt")) or 0,
             exit_code=_exit_code(j.get("exit_code")) if _ended(state) else None,
             gpus=gpus,
         )
@@ -170,19 +187,35 @@ def parse_sacct(text: str) -> dict[str, Job]:
     return jobs
 
 
+def _node_state(states: list[str]) -> str:
+    """`idle`, `idle+drain`, `down+not_responding`: the base state, then its flags sorted."""
+    return "+".join([states[0] if states else "unknown", *sorted(states[1:])])
+
+
 def parse_sinfo(text: str) -> dict[str, tuple[str, str, tuple[str, ...]]]:
-    """node -> (state, reason, partitions)."""
+    """node -> (state, reason, partitions), from `sinfo --json` of Slurm 22.05 (`nodes`: one
+    entry a node, its flags apart) or 23.02 and later (`sinfo`: one entry per partition and
+    state, naming its nodes; the flags in the state list)."""
+    doc = _json(text, "sinfo")
     nodes: dict[str, tuple[str, str, tuple[str, ...]]] = {}
-    for n in _json(text, "sinfo").get("nodes", []):
+    for n in doc.get("nodes", []):
         name = str(n.get("name", ""))
         if not NODE.match(name):
             continue
-        state = "+".join(
-            [str(n.get("state", "unknown")).lower()]
-            + sorted(str(f).lower() for f in n.get("state_flags") or [])
-        )
+        states = names.slurm_states(n.get("state")) or ["unknown"]
+        states += [str(f).lower() for f in n.get("state_flags") or []]
         reason = str(n.get("reason") or "")[:200]
-        nodes[name] = (state, reason, tuple(str(p) for p in n.get("partitions") or []))
+        parts = tuple(str(p) for p in n.get("partitions") or [])
+        nodes[name] = (_node_state(states), reason, parts)
+    for entry in doc.get("sinfo", []):
+        states = names.slurm_states((entry.get("node") or {}).get("state")) or ["unknown"]
+        why = entry.get("reason")
+        reason = str((why.get("description") if isinstance(why, dict) else why) or "")[:200]
+        part = str((entry.get("partition") or {}).get("name") or "")
+        for listed in (entry.get("nodes") or {}).get("nodes") or []:
+            for name in expand_hostlist(str(listed)):
+                known = nodes.get(name, ("", "", ()))[2]
+                nodes[name] = (_node_state(states), reason, (*known, part) if part else known)
     return nodes
 
 
@@ -245,7 +278,8 @@ class SlurmCollector(Collector):
                 log.warning("%s", exc)
                 results[name] = None
         try:
-            jobs = parse_squeue(results["squeue"]) if results["squeue"] is not None else None
+            text = results["squeue"]
+            jobs = parse_squeue(text, ended_before=self.since) if text is not None else None
         except SlurmError as exc:
             log.warning("%s", exc)
             jobs, results["squeue"] = None, None

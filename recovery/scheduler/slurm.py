@@ -59,15 +59,6 @@ def _exit_code(raw: object) -> int | None:
     return None
 
 
-def _number(raw: object) -> int | None:
-    """An integer field: plain (22.05) or `{"set": true, "number": N}` (23.02 and later)."""
-    if isinstance(raw, dict):
-        if raw.get("set") is False or raw.get("infinite"):
-            return None
-        raw = raw.get("number")
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-
-
 HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")  # Slurm's WAIT_HELD_USER / WAIT_HELD
 
 
@@ -77,7 +68,7 @@ def held(job: dict[str, object]) -> bool:
     states = job.get("job_state")
     flags = {str(f).upper() for f in (states if isinstance(states, list) else [states])}
     return (
-        _number(job.get("priority")) == 0
+        names.slurm_int(job.get("priority")) == 0
         or job.get("hold") is True
         or "REQUEUE_HOLD" in flags
         or str(job.get("state_reason") or "") in HELD_REASONS
@@ -90,9 +81,7 @@ def _ended_at(state: str, end: int | None) -> float | None:
 
 
 def _first(raw: object) -> str:
-    if isinstance(raw, list):
-        return str(raw[0]) if raw else ""
-    return str(raw or "")
+    return (names.slurm_states(raw) or [""])[0].upper()
 
 
 class SlurmScheduler(Scheduler):
@@ -167,17 +156,17 @@ class SlurmScheduler(Scheduler):
                 name=str(j.get("name") or ""),
                 state=_first(j.get("job_state")).upper(),
                 nodes=expand_hostlist(j.get("nodes")),
-                restarts=_number(j.get("restart_cnt")) or 0,
+                restarts=names.slurm_int(j.get("restart_cnt")) or 0,
                 exit_code=_exit_code(j.get("exit_code")),
                 comment=str(j.get("comment") or ""),
                 excluded=expand_hostlist(j.get("excluded_nodes")),
                 held=held(j),
                 reason=reason,
                 partition=str(j.get("partition") or "") or None,
-                start_time=float(start) if (start := _number(j.get("start_time"))) else None,
+                start_time=float(t) if (t := names.slurm_int(j.get("start_time"))) else None,
                 gpus=int(gres.group(1)) if gres else 0,
-                end_time=_ended_at(_first(j.get("job_state")), _number(j.get("end_time"))),
-                node_count=_number(j.get("node_count")) or 0,
+                end_time=_ended_at(_first(j.get("job_state")), names.slurm_int(j.get("end_time"))),
+                node_count=names.slurm_int(j.get("node_count")) or 0,
             )
         return self._sacct_state(job_id)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,7 @@ from exporters.slurm_exporter import (
     SlurmError,
     expand_hostlist,
     parse_sacct,
+    parse_sinfo,
     parse_squeue,
     run_command,
 )
@@ -236,3 +238,37 @@ def test_sacct_asks_for_nothing_that_ended_before_since():
     col.since = now - 7200
     argv = col.commands()["sacct"]
     assert argv[argv.index("-S") + 1] == "now-3600seconds"
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def test_squeue_of_slurm_23_02_and_23_11():
+    """Newer Slurm prints numbers as {"set", "number"} and (23.11) states as lists: the
+    exporter read 23.02's array ids as text (every job left out: `{'set': True, ...}_{...}` is
+    no job id) and its exit codes as integers (a TypeError: the exporter down for good)."""
+    jobs = parse_squeue((FIXTURES / "squeue-23.02-shape.json").read_text())
+    assert set(jobs) == {"52173000_1470", "52175550"}
+    failed, running = jobs["52173000_1470"], jobs["52175550"]
+    assert (failed.state, failed.exit_code, failed.gpus) == ("failed", 1, 8)
+    assert running.state == "running" and running.exit_code is None
+    assert running.restarts == 1 and running.gpus == 16  # 8 per node on 2 nodes
+    assert running.nodes == ["gpu-node-01", "gpu-node-02"]
+    jobs = parse_squeue((FIXTURES / "squeue-23.11-shape.json").read_text())
+    assert (jobs["801"].state, jobs["801"].exit_code) == ("timeout", 128 + 15)
+    assert (jobs["802"].state, jobs["802"].restarts, jobs["802"].gpus) == ("running", 2, 8)
+
+
+def test_squeue_leaves_out_what_ended_before_since():
+    text = (FIXTURES / "squeue-23.02-shape.json").read_text()
+    assert set(parse_squeue(text, ended_before=1694675491 + 1)) == {"52175550"}  # still running
+    assert len(parse_squeue(text, ended_before=1694675491)) == 2
+
+
+def test_sinfo_of_slurm_23_02():
+    """23.02 moved sinfo's nodes into `sinfo` entries (one per partition and state): the
+    exporter found no node at all."""
+    nodes = parse_sinfo((FIXTURES / "sinfo-23.02-shape.json").read_text())
+    assert nodes["gpu-node-01"] == ("mixed", "", ("gpu",))
+    assert nodes["gpu-node-07"] == ("idle+drain", "goodput: XID 79 on GPU 3", ("gpu", "debug"))
+    assert nodes["gpu-node-09"][0] == "down+not_responding"
