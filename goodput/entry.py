@@ -1,6 +1,7 @@
 """The `goodput` console script. `goodput slurm ...` runs at every job start on every node, so it
 imports only its own module; everything else loads the whole command (`goodput.cli`). A file or
-directory a command cannot read or write is one line on stderr and exit 2, not a traceback."""
+directory a one-off command cannot read or write is one line on stderr and exit 2, not a
+traceback (a service keeps its traceback for its log)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,15 @@ def main() -> None:
 
             app()
     except OSError as exc:
-        if exc.filename is None:  # not about a path the user named: the whole traceback
+        if exc.filename is None or _service(sys.argv[1:]):  # a service's log keeps it whole
             raise
         sys.stderr.write(f"error: {exc.filename}: {exc.strerror or exc}\n")
         sys.exit(2)
+
+
+def _service(args: list[str]) -> bool:
+    """A long-running service (`receiver serve`, `exporter logs`, ...), not a one-off command."""
+    return bool(args) and (args[0] == "exporter" or args[1:2] == ["serve"])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ class Edge:
         if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
             await _refuse(400, "a NUL byte in the URL", scope, receive, send)
             return
-        if scope["method"] in _NO_BODY or scope["path"] in self.own_limit:
+        route = scope["path"].rstrip("/")  # under a proxy prefix or with a trailing slash too
+        if scope["method"] in _NO_BODY or route.endswith(self.own_limit):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", ())).get(b"content-length", b"")

@@ -18,7 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from fastapi import Request
 
@@ -177,7 +177,7 @@ def safe_next(value: str | None) -> str:
     """A redirect target inside the console only: `/console` or a path under it, with no
     `..` segment, no `//`, no backslash and no control character."""
     value = value or ""
-    path = value.split("?", 1)[0]
+    path = unquote(value.split("?", 1)[0])  # %2e%2e is `..` to a browser
     inside = path == "/console" or path.startswith("/console/")
     plain = "//" not in path and "\\" not in value and all(32 <= ord(c) != 127 for c in value)
     if inside and plain and ".." not in path.split("/"):

@@ -180,3 +180,12 @@ def test_a_crash_shows_no_local_variables(tmp_path) -> None:
                        env=env)  # fmt: skip
     assert r.returncode == 1 and "RuntimeError" in r.stderr
     assert "not-to-be-printed" not in r.stderr + r.stdout
+
+
+def test_a_service_keeps_its_traceback() -> None:
+    """The one-line OSError is for one-off commands; a service's log keeps the traceback."""
+    from goodput.entry import _service
+
+    assert _service(["receiver", "serve"]) and _service(["exporter", "logs"])
+    assert _service(["detector", "serve", "--port", "1"]) and _service(["sim", "serve"])
+    assert not _service(["audit", "export", "-o", "x"]) and not _service([])

@@ -122,6 +122,7 @@ def test_a_console_field_given_twice_changes_nothing(env) -> None:  # noqa: F811
     ("target", "kept"),
     [("/console", True), ("/console/incidents/5?x=1", True), ("/consoleevil", False),
      ("/console/../api/v1/policy", False), ("/console//evil.example", False),
+     ("/console/%2e%2e/api/v1/policy", False), ("/console/%2F%2Fevil", False),
      ("/console/a\\b", False), ("/console/x\r\nSet-Cookie: a=b", False), (None, False)],
 )  # fmt: skip
 def test_a_login_returns_inside_the_console_only(target, kept) -> None:
