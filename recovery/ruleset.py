@@ -134,6 +134,7 @@ class OutcomeRule(_Rule):
     explains: list[str] = []
     unless: list[str] = []
     any_role: bool = False
+    headline: str | None = None  # a symptom of `symptoms` whose text heads the root cause
 
 
 class RulesFile(_Rule):
@@ -213,6 +214,8 @@ def _cross_check(rules: dict[str, list[dict[str, Any]]], where_of: dict[int, str
                     f"{where}: unknown catalogue pattern {r['pattern']!r} "
                     "(signatures live in catalogue/patterns.yaml)"
                 )
+            if r.get("headline") and r["headline"] not in r.get("symptoms", ()):
+                raise RuleError(f"{where}: headline {r['headline']!r} is none of its symptoms")
             for field in ("symptoms", "explains", "unless"):
                 orphans = sorted(set(r.get(field, ())) - produced)
                 if orphans:

@@ -56,6 +56,9 @@ def export(
             typer.echo("stdout export not recorded: use -o FILE to allow pruning", err=True)
         return
     path = Path(output)
+    if not path.parent.is_dir():
+        typer.echo(f"error: -o {output}: no directory {path.parent}", err=True)
+        raise typer.Exit(2)
     tmp = path.with_name(path.name + ".partial")
     with tmp.open("w") as fh:
         summary = audit.export(engine, fh)

@@ -182,7 +182,7 @@ def _boot(text: str, importer: Any) -> float:
             raise importer.ImportFailure(
                 f"--boot-time {text!r}: want unix seconds or ISO 8601"
             ) from None
-        return float(t)
+        value = float(t)
     if not math.isfinite(value) or value < 0:
         raise importer.ImportFailure(f"--boot-time {text!r}: want unix seconds >= 0 or ISO 8601")
     return value

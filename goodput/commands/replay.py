@@ -57,14 +57,20 @@ def command(
     if not out.parent.is_dir():
         raise fail(f"--out {out}: directory {out.parent} does not exist")
     store = BaselineStore(state_dir) if state_dir is not None else None
-    partial = out.with_name(out.name + ".partial")  # a failed replay leaves --out as it was
+    # a failed replay leaves --out as it was: written beside it, renamed at the end (a pipe
+    # or a device, /dev/stdout, is written directly)
+    direct = out.exists() and not out.is_file()
+    target = out if direct else out.with_name(out.name + ".partial")
     try:
-        with open(partial, "w") as fh:
+        with open(target, "w") as fh:
             summary = replay(recording, fh, min_score=min_score, store=store, derive=_derive)
-        partial.replace(out)
+        if not direct:
+            target.replace(out)
     except (FrameError, ImportFailure, OSError, ValueError) as exc:
-        partial.unlink(missing_ok=True)
         raise fail(str(exc)) from None
+    finally:
+        if not direct:
+            target.unlink(missing_ok=True)
     summary["out"] = str(out)
     if explain is not None and explain not in summary["jobs"]:
         raise fail(f"--explain {explain}: no such job; jobs: {sorted(summary['jobs']) or 'none'}")

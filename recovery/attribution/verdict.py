@@ -45,9 +45,10 @@ def attribute(
         1 for o, t in cands if o != outcome and t <= min(_key(s) for s in trig) + rules.tolerance_s
     )
     conf, basis = _confidence(rule, trig, bundle, competing)
-    # the headline names the rule's own symptom (a stall past a pause's allowance, not the
-    # stall seen first) where one triggered; the onset stays the earliest trigger's
-    first = min([s for s in trig if s.id in rule.get("symptoms", ())] or trig, key=_key)
+    # the earliest trigger heads the root cause, or the rule's `headline` symptom where it
+    # names one that triggered (a stall past a pause's allowance, not the stall seen first);
+    # the onset stays the earliest trigger's
+    first = min([s for s in trig if s.id == rule.get("headline")] or trig, key=_key)
     onset_times = [s.time for s in trig if s.time is not None]
     where = f" on {', '.join(culprit)}" if culprit else ""
     root = f"{outcome.replace('_', ' ')}{where}: {first.detail[:160]}"

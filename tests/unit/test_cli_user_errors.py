@@ -106,11 +106,16 @@ def test_a_path_the_command_cannot_write_is_one_line_not_a_traceback(tmp_path) -
     db = f"sqlite:///{tmp_path / 'r.db'}"
     make_engine(db)
     out = tmp_path / "missing-dir" / "audit.jsonl"
+    argv = ["slurm", "hold", "node1", "--hold-dir", str(tmp_path / "a-file")]
+    (tmp_path / "a-file").write_text("")
+    r = subprocess.run([sys.executable, "-c", "from goodput.entry import main; main()", *argv],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path / 'a-file'}"), r.stderr
     argv = ["audit", "export", "--db", db, "-o", str(out)]
     code = "from goodput.entry import main; main()"
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
-    assert r.stderr == f"error: {out}.partial: No such file or directory\n"
+    assert r.stderr == f"error: -o {out}: no directory {out.parent}\n"
 
 
 def _bad_files(d) -> dict[str, str]:

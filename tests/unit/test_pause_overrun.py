@@ -161,3 +161,10 @@ def test_overrun_rules_are_checked(tmp_path) -> None:
     path.write_text(text.replace("pauses: [checkpoint_start]", "pauses: [training_start]"))
     with pytest.raises(ruleset.RuleError, match=r"pauses \['training_start'\]: no catalogue"):
         ruleset.load(tmp_path)
+    path.write_text(text)
+    outcomes = tmp_path / "outcomes.yaml"
+    outcomes.write_text(
+        outcomes.read_text().replace("headline: pause_overrun", "headline: progress_stall")
+    )
+    with pytest.raises(ruleset.RuleError, match="headline 'progress_stall' is none of its"):
+        ruleset.load(tmp_path)
