@@ -94,4 +94,9 @@ class Inhibition:
 
     def muted(self, firing: Sequence[Mapping[str, str]]) -> list[bool]:
         """For each firing alert (its labels), whether Alertmanager mutes it."""
-        return [any(r.mutes(a, firing) for r in self.rules) for a in firing]
+        return [self.mutes(a, firing) for a in firing]
+
+    def mutes(self, alert: Mapping[str, str], firing: Sequence[Mapping[str, str]]) -> bool:
+        """Whether the `firing` alerts mute `alert` (firing or resolved: a muted alert's
+        notifications, its resolve among them, are held back)."""
+        return any(r.mutes(alert, firing) for r in self.rules)

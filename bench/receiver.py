@@ -172,9 +172,9 @@ class Receiver:
 
     def deliver(self, now: float, firing: list[dict[str, Any]]) -> int:
         """Post what changed in the firing set, as Alertmanager's webhook would (every
-        group_interval, 5 s = one step): new alerts firing, ended ones resolved. An alert
-        Alertmanager's inhibit rules mute is not posted while muted (posted once it is not,
-        with its first firing time); one already posted is resolved when it ends."""
+        group_interval, 5 s = one step): new alerts firing, ended ones resolved. What
+        Alertmanager's inhibit rules mute is not posted while muted: a new alert (posted once
+        it is not, with its first firing time) and an ended one's resolve."""
         current = {}
         for raw in firing:
             labels = _labels(raw)
@@ -187,8 +187,12 @@ class Receiver:
             if fp not in self._active and not muted[fp]:
                 self._active[fp] = (labels, self._since[fp])
                 out.append(self._alert(fp, labels, self._since[fp], "firing"))
+        firing = list(current.values())
         for fp in [fp for fp in self._active if fp not in current]:
-            labels, start = self._active.pop(fp)
+            labels, start = self._active[fp]
+            if self.inhibition.mutes(labels, firing):
+                continue  # Alertmanager mutes its resolve too, until the source ends
+            del self._active[fp]
             out.append(self._alert(fp, labels, start, "resolved", now))
         for i in range(0, len(out), 1000):  # the receiver's MAX_ALERTS per payload
             batch = out[i : i + 1000]

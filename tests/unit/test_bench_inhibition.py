@@ -78,3 +78,13 @@ def test_the_benchs_receiver_holds_a_muted_alert_back_until_it_is_not(tmp_path) 
         assert starts["GoodputJobAnomaly"] == starts["GoodputJobHung"]  # it fired since 1000
     finally:
         rx.close()
+
+
+def test_a_muted_alerts_resolve_waits_for_its_source_to_end(tmp_path) -> None:
+    rx = Receiver(tmp_path, ManualClock(1000.0), _Nothing(), tmp_path, _Nothing())  # type: ignore[arg-type]
+    try:
+        assert rx.deliver(1000.0, [HUNG]) == 1
+        assert rx.deliver(1005.0, [XID]) == 1  # the XID; Hung's resolve muted under it
+        assert rx.deliver(1010.0, []) == 2  # the XID ended: both resolves go out
+    finally:
+        rx.close()
