@@ -4,6 +4,7 @@ return a node Goodput drained to service."""
 from __future__ import annotations
 
 import time
+from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -24,6 +25,21 @@ from recovery.console.page import (
 )
 
 router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+async def _decision(
+    request: Request, settings: Any, what: str
+) -> tuple[Any, dict[str, str], str] | Response:
+    """A person's decision: who (logged in, CSRF and Origin checked), their form, and its
+    one-line reason (`validate.reason`); the error page otherwise."""
+    checked = await mutation(request, settings, what)
+    if isinstance(checked, Response):
+        return checked
+    who, form = checked
+    try:
+        return who, form, validate.reason(form.get("reason", ""))
+    except ValueError as exc:
+        return error(request, 400, str(exc))
 
 
 @router.get("/approvals")
@@ -56,14 +72,10 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
         or not all(c.isalnum() or c in "-_:." for c in action_id)
     ):
         return error(request, 404, "no such action")
-    checked = await mutation(request, settings, "decide actions")
+    checked = await _decision(request, settings, "decide actions")
     if isinstance(checked, Response):
         return checked
-    who, form = checked
-    try:
-        reason = validate.reason(form.get("reason", ""))
-    except ValueError as exc:
-        return error(request, 400, str(exc))
+    who, form, reason = checked
     if verdict == "reject" and not reason:
         return error(request, 400, "a rejection needs a reason")
     try:
@@ -82,14 +94,10 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
 async def pause_switch(request: Request) -> Response:
     """Flip the global pause switch (audited by `recovery.actions`)."""
     settings = settings_of(request)
-    checked = await mutation(request, settings, "pause actions")
+    checked = await _decision(request, settings, "pause actions")
     if isinstance(checked, Response):
         return checked
-    who, form = checked
-    try:
-        reason = validate.reason(form.get("reason", ""))
-    except ValueError as exc:
-        return error(request, 400, str(exc))
+    who, form, reason = checked
     if form.get("paused") not in ("on", "off") or not reason:
         return error(request, 400, "say on or off, and give a reason")
     try:
@@ -107,14 +115,10 @@ async def resume_node(request: Request, node: str) -> Response:
     settings = settings_of(request)
     if not validate.NODE.fullmatch(node):
         return error(request, 404, "no such node")
-    checked = await mutation(request, settings, "return nodes to service")
+    checked = await _decision(request, settings, "return nodes to service")
     if isinstance(checked, Response):
         return checked
-    who, form = checked
-    try:
-        reason = validate.reason(form.get("reason", ""))
-    except ValueError as exc:
-        return error(request, 400, str(exc))
+    who, form, reason = checked
     if not reason:
         return error(request, 400, "say why the node may return (what was repaired)")
     try:

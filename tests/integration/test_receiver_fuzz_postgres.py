@@ -7,19 +7,13 @@ of a decision or form, on every route; then the unit run's fuzz, fewer examples.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 
 from fastapi.testclient import TestClient
 
-from recovery.app import create_app
 from recovery.console import security
-from recovery.policy import parse_policy
-from recovery.scheduler.simulated import SimulatedScheduler
 from tests.integration.test_receiver_postgres import pg_url  # noqa: F401 - the fixture
-from tests.unit.actions_fakes import make_fake_sim
-from tests.unit.test_console_pages import ConsoleSettings, add_incident
 from tests.unit.test_receiver_fuzz import (
     CSRF,
     PARAMS,
@@ -28,26 +22,14 @@ from tests.unit.test_receiver_fuzz import (
     _pct,
     _routes,
     examples,
+    fuzz_app,
 )
 
 HOSTILE = ["a\x00b", "x" * 300, str(2**31), "-1"]  # what PostgreSQL refuses, SQLite keeps
 
 
 def test_fuzz_every_route_never_5xx_on_postgres(pg_url, tmp_path) -> None:  # noqa: F811
-    (tmp_path / "token").write_text(TOKEN)
-    sim, _st, _submit = make_fake_sim()
-    settings = ConsoleSettings(
-        db_url=pg_url,
-        token_file=str(tmp_path / "token"),
-        slurm_enabled=False,
-        settle_s=3600,
-        log_dir=str(tmp_path),
-        policy=parse_policy({"mode": "approve"}, env={}),
-        scheduler_adapter=SimulatedScheduler("http://testserver", session=sim),
-    )
-    os.environ["GOODPUT_ACTIONS_THREAD"] = "0"
-    app = create_app(settings, start_worker=False)
-    add_incident(app, "7", "node1", "f1")
+    app = fuzz_app(pg_url, tmp_path)
     routes = sorted(_routes(app.routes))
     client = TestClient(app, raise_server_exceptions=False)
     client.cookies.set(security.CSRF_COOKIE, CSRF)

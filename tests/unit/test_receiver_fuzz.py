@@ -13,6 +13,7 @@ import json
 import os
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -209,15 +210,13 @@ def requests_for(draw: Any, route: tuple[str, str]) -> dict[str, Any]:
 # --- the app under fuzz ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def full_app(tmp_path_factory):
-    """The whole receiver (auth on, console, actions in approve mode on a fake scheduler),
-    with an incident and a pending action so that ids can hit real rows."""
-    d = tmp_path_factory.mktemp("fuzz-all")
+def fuzz_app(db_url: str, d: Path) -> Any:
+    """The whole receiver on `db_url` (auth on, console, actions in approve mode on a fake
+    scheduler), with two incidents and a pending action so that ids can hit real rows."""
     (d / "token").write_text(TOKEN)
     sim, _st, _submit = make_fake_sim()
     settings = ConsoleSettings(
-        db_url=f"sqlite:///{d}/all.db",
+        db_url=db_url,
         token_file=str(d / "token"),
         slurm_enabled=False,
         settle_s=3600,
@@ -230,6 +229,12 @@ def full_app(tmp_path_factory):
     add_incident(app, "7", "node1", "f1")
     add_incident(app, "8", "gpu-node-01.rack.a", "f2")
     return app
+
+
+@pytest.fixture(scope="module")
+def full_app(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzz-all")
+    return fuzz_app(f"sqlite:///{d}/all.db", d)
 
 
 def _fuzz_route(client: TestClient, route: tuple[str, str], n: int, seen: Counter[int]) -> None:
