@@ -95,8 +95,8 @@ def resume(request: Request, body: Verdict) -> dict[str, Any]:
 
 @router.post("/nodes/{node}/resume")
 def resume_node(request: Request, node: str, body: Verdict) -> dict[str, Any]:
-    """Return a node Goodput drained to service (audited; refused for nodes a person drained;
-    404 for a node the scheduler does not know)."""
+    """Return a node Goodput drained to service (audited with the comment; 409 for a node not
+    drained or one a person drained; 404 for a node the scheduler does not know)."""
     if not NODE_RE.match(node):
         raise HTTPException(422, f"invalid node {node!r}")
     engine, settings = _ctx(request)
@@ -104,6 +104,8 @@ def resume_node(request: Request, node: str, body: Verdict) -> dict[str, Any]:
         return approvals.resume_node(engine, settings, node, body.who, body.comment)
     except approvals.UnknownNode as exc:
         raise HTTPException(404, str(exc)) from None
+    except approvals.ActionError as exc:  # not drained, or a person's drain
+        raise HTTPException(409, str(exc)) from None
 
 
 @router.get("/audit")

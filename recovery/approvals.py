@@ -109,17 +109,27 @@ def _insert(
 def resume_node(
     engine: Engine, settings: Any, node: str, who: str, comment: str = ""
 ) -> dict[str, Any]:
-    """Return a repaired node to service: an audited action, executed at once (not while
-    paused); the port refuses nodes a person drained. `UnknownNode` if the scheduler does not
-    know the node (nothing is recorded); an unreachable scheduler leaves the action retried."""
+    """Return a repaired node to service: an audited action (who, and the comment: what was
+    repaired), executed at once (not while paused). Refused with nothing recorded: a node the
+    scheduler does not know (`UnknownNode`), one not drained nor down, one a person drained
+    (`ActionError`; the port refuses the last again at execution); an unreachable scheduler
+    leaves the action recorded and retried."""
     check_node(node)
     cfg = config(settings)
     try:
-        known = [n.node for n in cfg.scheduler.node_states()]
+        known = {n.node: n for n in cfg.scheduler.node_states()}
     except SchedulerError:
-        known = None
-    if known is not None and node not in known:
-        raise UnknownNode(f"node {node} is unknown to the scheduler")
+        known = None  # unreachable: recorded, and the executor retries it
+    if known is not None:
+        if node not in known:
+            raise UnknownNode(f"node {node} is unknown to the scheduler")
+        now_in = known[node]
+        if not now_in.drained and "DOWN" not in now_in.state.upper():
+            raise ActionError(f"node {node} is not drained ({now_in.state}): nothing to return")
+        if now_in.drained and not now_in.drained_by_goodput:
+            raise ActionError(
+                f"node {node} was drained by a person ({now_in.reason!r}): theirs to return"
+            )
     action = Action(
         kind="resume_node",
         disposition="execute",
@@ -149,5 +159,5 @@ def resume_node(
         "attempts": 0,
         "decided_by": who[:128],
     }
-    _insert(engine, row, [("planned", body["action"])], actor=who)
+    _insert(engine, row, [("planned", {**body["action"], "comment": body["comment"]})], actor=who)
     return execute(engine, settings, action_id) or {}

@@ -66,7 +66,7 @@ def list_(
         a = r["body"].get("action", {})
         typer.echo(
             f"{r['id']:<28} {r['state']:<17} {r['kind']:<18} job={r['job_id'] or '-':<8}"
-            f" nodes={','.join(a.get('nodes', [])) or '-'}"
+            f" nodes={','.join(a.get('nodes') or a.get('resume') or []) or '-'}"
             f" reasons={','.join(a.get('reasons', []))}"
         )
 

@@ -127,6 +127,8 @@ async def resume_node(request: Request, node: str) -> Response:
         )
     except approvals.UnknownNode as exc:
         return error(request, 404, str(exc))
+    except approvals.ActionError as exc:  # not drained, or a person's drain: nothing recorded
+        return error(request, 409, str(exc))
     except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry
         return error(request, 409, f"resume refused: {type(exc).__name__}: {exc}"[:500])
     done = f"resume {node}: {message}"

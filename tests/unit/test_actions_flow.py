@@ -203,10 +203,20 @@ def test_pause_switch_stops_everything(world):
 def test_resume_node_is_audited_and_respects_people(world):
     world.st["nodes"]["node3"].update(state="DRAINED", reason="goodput: xid79")
     world.st["nodes"]["node4"].update(state="DRAINED", reason="bad fan, ticket 12")
-    ok = approvals.resume_node(world.engine, world.settings("act"), "node3", "frank")
+    ok = approvals.resume_node(
+        world.engine, world.settings("act"), "node3", "frank", "GPU 3 replaced"
+    )
     assert ok["state"] == "executed" and world.st["nodes"]["node3"]["state"] == "IDLE"
-    refused = approvals.resume_node(world.engine, world.settings("act"), "node4", "frank")
-    assert refused["state"] == "failed" and "person" in refused["last_error"]
+    (planned,) = [e for e in audit.query(world.engine, type_="planned")[0]
+                  if e["payload"].get("resume") == ["node3"]]  # fmt: skip
+    assert planned["actor"] == "frank" and planned["payload"]["comment"] == "GPU 3 replaced"
+    before = len(audit.query(world.engine)[0])
+    # a person's drain, and a node that is not drained: refused, nothing recorded, no alert
+    with pytest.raises(approvals.ActionError, match="drained by a person"):
+        approvals.resume_node(world.engine, world.settings("act"), "node4", "frank")
+    with pytest.raises(approvals.ActionError, match="node node3 is not drained"):
+        approvals.resume_node(world.engine, world.settings("act"), "node3", "frank")
+    assert len(audit.query(world.engine)[0]) == before
     assert world.st["nodes"]["node4"]["state"] == "DRAINED"
     with pytest.raises(ValueError):
         approvals.resume_node(world.engine, world.settings("act"), "node4;rm -rf", "frank")
