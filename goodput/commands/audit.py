@@ -30,6 +30,9 @@ def verify(
             raise typer.Exit(2) from None
     else:
         v = audit.verify(open_db(db)[0])
+    if v.ok and file is not None and not v.rows:  # a truncated or wrong file: nothing shown
+        typer.echo(f"error: {file} holds no events: nothing verified", err=True)
+        raise typer.Exit(1)
     if v.ok:
         typer.echo(f"ok: {v.rows} events, chain intact" if v.rows else "ok: no events to check")
         return

@@ -326,6 +326,10 @@ def test_incident_detail_explains_and_links_to_prometheus(env):
     assert "drain_and_requeue" in text and "approve or reject" in text
     assert "initiating" in text and "cascade" in text
     assert "Next for a person:</strong> Open a repair (RMA) for the GPU named below" in text
+    unknown = add_incident(app, "1002", "node3", "fp2", {"outcome": "unknown"})
+    page = client.get(f"/console/incidents/{unknown}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert "scontrol update nodename=node3 state=drain" in page.text  # its node and job filled
+    assert "scontrol requeue 1002" in page.text
 
 
 def test_every_outcome_says_what_a_person_does_next() -> None:
