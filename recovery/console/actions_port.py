@@ -85,7 +85,7 @@ def resume_node(engine: Engine, settings: Any, node: str, who: str, reason: str)
     """Return a node Goodput drained to service (an audited action, executed now); a
     one-line result. `approvals.UnknownNode` for a node the scheduler does not know."""
     out = approvals.resume_node(engine, settings, node, who, reason)
-    state, error = out.get("state"), out.get("error")
+    state, error = out.get("state"), out.get("last_error")
     return f"now {state}" + (f" ({error})" if error else "") if state else "done"
 
 
