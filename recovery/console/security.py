@@ -22,7 +22,6 @@ from urllib.parse import unquote, urlsplit
 
 from fastapi import Request
 
-from recovery import validate
 from recovery.settings import Settings, read_secret
 
 SESSION_COOKIE = "goodput_session"
@@ -56,11 +55,6 @@ def session_key(settings: Settings) -> bytes | None:
 def open_read(settings: Settings) -> bool:
     value = settings.extra.get("GOODPUT_CONSOLE_OPEN_READ", "").strip().lower()
     return value in ("1", "true", "yes")
-
-
-def clean_name(name: str) -> str:
-    """A person's name for the audit trail: 1..64 plain characters (`validate.person`)."""
-    return validate.person(name)
 
 
 def check_credentials(

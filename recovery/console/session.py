@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
+from recovery import validate
 from recovery.console import security
 from recovery.console.page import error, read_form, render, secure, settings_of
 from recovery.console.templating import HERE
@@ -46,7 +47,7 @@ async def login(request: Request) -> Response:
     if problem:
         return render(request, "login.html", status=403, next=nxt, problem=problem)
     try:
-        name = security.clean_name(form.get("name", ""))
+        name = validate.person(form.get("name", ""))
     except ValueError as exc:
         return render(request, "login.html", status=400, next=nxt, problem=str(exc))
     via = security.check_credentials(
