@@ -45,8 +45,10 @@ def list_actions(
 ) -> dict[str, Any]:
     """Actions, newest first (expired approvals are marked first)."""
     engine, _ = _ctx(request)
-    if state is not None and state not in outbox.STATES:
-        raise HTTPException(422, f"unknown state {state!r}: one of {', '.join(outbox.STATES)}")
+    try:
+        state = None if state is None else outbox.known_state(state)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
     return {
         "actions": outbox.list_actions(engine, state=state, job_id=_job(job_id), limit=limit),
         "paused": action_config.is_paused(engine),

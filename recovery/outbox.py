@@ -89,6 +89,15 @@ DRAIN_STATES = ("executed", *RESERVING)
 # nothing in the scheduler and the verdict (outcome or culprit nodes) changed.
 REPLANNABLE = ("no_action", "planned_only", "skipped")
 STATES = (*OPEN_STATES, "executed", "failed", "rejected", "expired", *REPLANNABLE)  # every one
+
+
+def known_state(state: str) -> str:
+    """`state` when it is an action state (a filter's value); ValueError naming them all."""
+    if state not in STATES:
+        raise ValueError(f"unknown state {state!r}: one of {', '.join(STATES)}")
+    return state
+
+
 MAX_PLANS_PER_INCIDENT = 5
 
 

@@ -32,7 +32,7 @@ def _note(text: str) -> str:
     return _checked(note, text)
 
 
-def _checked(rule: Callable[[object], str], value: str) -> str:
+def _checked(rule: Callable[[str], str], value: str) -> str:
     try:
         return rule(value)
     except ValueError as exc:
@@ -50,9 +50,7 @@ def list_(
     """Actions, newest first."""
     from recovery import action_config, outbox
 
-    if state is not None and state not in outbox.STATES:
-        typer.echo(f"error: unknown state {state!r}: one of {', '.join(outbox.STATES)}", err=True)
-        raise typer.Exit(2)
+    state = None if state is None else _checked(outbox.known_state, state)
     engine, _ = open_db(db)
     rows = outbox.list_actions(engine, state=state, job_id=job_id)
     if as_json:
