@@ -187,8 +187,7 @@ def _overrun(pause: Pause, stalls: list[Sym], moved: float, series: list[Series]
         return []
     if moved > line.time:
         return []  # the job's progress metrics rose after the line: that pause ended
-    allowed = [v for s in _by_name(series, rule.get("reference") or "") for _, v in s.points]
-    allowed = [v for v in allowed if math.isfinite(v) and v > 0]
+    allowed = _learned(series, rule.get("reference"))
     at = line.time + (max(allowed) if allowed else rule["min_s"])
     if at > max((s.points[-1][0] for s in series if s.points), default=-math.inf):
         return []  # the evidence ends before the allowance ran out
@@ -209,6 +208,14 @@ def _overrun(pause: Pause, stalls: list[Sym], moved: float, series: list[Series]
             outcome=rule.get("outcome", ""),
             evidence=line_evidence(line, line.node),
         )
+    ]
+
+
+def _learned(series: list[Series], name: str | None) -> list[float]:
+    """The finite, positive values of the series `name` (what the detector learned of the
+    job and exports: a step time, a busy utilisation, a pause allowance); [] without."""
+    return [
+        v for s in _by_name(series, name or "") for _, v in s.points if math.isfinite(v) and v > 0
     ]
 
 
@@ -268,8 +275,7 @@ def _starved(
     if not util or None in nodes or len(nodes | listed) > rule.get("max_nodes", 1):
         return []
     steps = _stepping(series)
-    busy = _by_name(series, rule.get("busy_reference") or "")
-    learned = [v for s in busy for _, v in s.points if math.isfinite(v) and v > 0]
+    learned = _learned(series, rule.get("busy_reference"))
     usual = _usual(series, rule) if learned else None  # both learned, or the window alone
     out = []
     for s in _by_name(series, rule["metric"]):
