@@ -181,13 +181,13 @@ class Receiver:
             key = json.dumps(sorted(labels.items()))
             current[hashlib.sha256(key.encode()).hexdigest()[:16]] = labels
         self._since = {fp: self._since.get(fp, now) for fp in current}
-        muted = dict(zip(current, self.inhibition.muted(list(current.values())), strict=True))
+        firing = list(current.values())
+        muted = dict(zip(current, self.inhibition.muted(firing), strict=True))
         out = []
         for fp, labels in current.items():
             if fp not in self._active and not muted[fp]:
                 self._active[fp] = (labels, self._since[fp])
                 out.append(self._alert(fp, labels, self._since[fp], "firing"))
-        firing = list(current.values())
         for fp in [fp for fp in self._active if fp not in current]:
             labels, start = self._active[fp]
             if self.inhibition.mutes(labels, firing):
