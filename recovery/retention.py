@@ -1,5 +1,6 @@
 """Retention, as policy data (`retention:` in the policy): prune stored webhook bodies and
-exported audit events; a daemon thread applies it every `prune_every_s` while the receiver runs.
+exported audit events (and the console's logouts once their cookies expired); a daemon thread
+applies it every `prune_every_s` while the receiver runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from recovery import audit, store
+from recovery.console import logouts
 from recovery.policy import DEFAULT_FILE, Policy, Retention, load_policy
 
 log = logging.getLogger("goodput.receiver.retention")
@@ -25,6 +27,7 @@ def apply(engine: Engine, rules: Retention, now: float | None = None) -> dict[st
     return {
         "payloads": store.prune_payloads(engine, rules.payload_days, now),
         "audit": audit.prune(engine, rules.audit_days, now),
+        "logouts": logouts.prune(engine, now),
     }
 
 

@@ -27,12 +27,10 @@ from recovery.console.page import (
 router = APIRouter(prefix="/console", include_in_schema=False)
 
 
-async def _decision(
-    request: Request, settings: Any, what: str
-) -> tuple[Any, dict[str, str], str] | Response:
+async def _decision(request: Request, what: str) -> tuple[Any, dict[str, str], str] | Response:
     """A person's decision: who (logged in, CSRF and Origin checked), their form, and its
     one-line reason (`validate.reason`); the error page otherwise."""
-    checked = await mutation(request, settings, what)
+    checked = await mutation(request, what)
     if isinstance(checked, Response):
         return checked
     who, form = checked
@@ -72,7 +70,7 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
         or not all(c.isalnum() or c in "-_:." for c in action_id)
     ):
         return error(request, 404, "no such action")
-    checked = await _decision(request, settings, "decide actions")
+    checked = await _decision(request, "decide actions")
     if isinstance(checked, Response):
         return checked
     who, form, reason = checked
@@ -93,8 +91,7 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
 @router.post("/pause")
 async def pause_switch(request: Request) -> Response:
     """Flip the global pause switch (audited by `recovery.actions`)."""
-    settings = settings_of(request)
-    checked = await _decision(request, settings, "pause actions")
+    checked = await _decision(request, "pause actions")
     if isinstance(checked, Response):
         return checked
     who, form, reason = checked
@@ -115,7 +112,7 @@ async def resume_node(request: Request, node: str) -> Response:
     settings = settings_of(request)
     if not validate.NODE.fullmatch(node):
         return error(request, 404, "no such node")
-    checked = await _decision(request, settings, "return nodes to service")
+    checked = await _decision(request, "return nodes to service")
     if isinstance(checked, Response):
         return checked
     who, form, reason = checked

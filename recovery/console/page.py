@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from recovery import watchdog
-from recovery.console import security
+from recovery.console import logouts, security
 from recovery.console.templating import templates
 
 MAX_FORM_BYTES = 16 * 1024
@@ -27,6 +27,14 @@ def settings_of(request: Request) -> Any:
 
 def engine_of(request: Request) -> Any:
     return request.app.state.engine
+
+
+def who(request: Request) -> security.Identity | None:
+    """Who is asking (`security.identity`), a logged-out session counting as none."""
+    engine = engine_of(request)
+    return security.identity(
+        settings_of(request), request, ended=lambda sid: logouts.ended(engine, sid)
+    )
 
 
 def secure(resp: Response) -> Response:
@@ -53,13 +61,13 @@ def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLRe
     fresh = csrf is None
     if csrf is None:
         csrf = security.new_csrf()
-    who = security.identity(settings, request)
+    person = who(request)
     body = (
         templates()
         .get_template(name)
         .render(
             request_path=request.url.path,
-            who=who,
+            who=person,
             csrf=csrf,
             can_login=security.session_key(settings) is not None,
             auth_required=settings.require_auth,
@@ -81,8 +89,7 @@ def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLRe
 
 
 def can_read(request: Request) -> bool:
-    settings = settings_of(request)
-    return security.open_read(settings) or security.identity(settings, request) is not None
+    return security.open_read(settings_of(request)) or who(request) is not None
 
 
 def login_redirect(request: Request) -> Response:
@@ -115,12 +122,10 @@ def prom_link(base: str | None, expr: str) -> str | None:
     )
 
 
-async def mutation(
-    request: Request, settings: Any, what: str
-) -> tuple[Any, dict[str, str]] | Response:
+async def mutation(request: Request, what: str) -> tuple[Any, dict[str, str]] | Response:
     """Who may change things, and their form: logged in, readable form, CSRF token and Origin."""
-    who = security.identity(settings, request)
-    if who is None:
+    person = who(request)
+    if person is None:
         return error(request, 401, f"log in with the receiver's credentials to {what}")
     form = await read_form(request)
     if form is None:
@@ -128,4 +133,4 @@ async def mutation(
     problem = security.csrf_problem(request, form.get("csrf_token"))
     if problem:
         return error(request, 403, problem)
-    return who, form
+    return person, form

@@ -2,7 +2,8 @@
 
 - A browser logs in with the API's credentials (the bearer token, or basic user + password);
   the console then sets `goodput_session`, an HMAC-signed cookie (HttpOnly, SameSite=Strict,
-  12 h) keyed on those credentials, so rotating them ends every session.
+  12 h) keyed on those credentials, so rotating them ends every session. Each session has an
+  id (`sid`); logging out records it (`logouts`), which ends that session everywhere.
 - Mutations need an identity; reading needs one too unless `GOODPUT_CONSOLE_OPEN_READ=1`.
 - Every form carries a CSRF token that must equal the `goodput_csrf` cookie (double submit),
   and the request's Origin (or Referer) must be this host.
@@ -16,6 +17,7 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -37,6 +39,15 @@ class Identity:
     via: str  # session | bearer | basic | open
 
 
+@dataclass(frozen=True)
+class Session:
+    """A valid session cookie's content: who logged in, its id and when it expires."""
+
+    name: str
+    sid: str
+    expires_at: float
+
+
 def _secrets(settings: Settings) -> tuple[str | None, str | None]:
     return read_secret(settings.token_file), read_secret(settings.basic_password_file)
 
@@ -47,7 +58,7 @@ def session_key(settings: Settings) -> bytes | None:
     if not token and not (settings.basic_user and password):
         return None
     material = "\0".join(
-        ["goodput-console-session-1", token or "", settings.basic_user or "", password or ""]
+        ["goodput-console-session-2", token or "", settings.basic_user or "", password or ""]
     )
     return hashlib.sha256(material.encode()).digest()
 
@@ -80,15 +91,22 @@ def make_session(settings: Settings, name: str, now: float | None = None) -> str
     key = session_key(settings)
     if key is None:
         raise ValueError("no credentials are configured: the console cannot sign sessions")
-    body = {"n": name, "exp": int((now or time.time()) + SESSION_TTL_S)}
+    body = {
+        "n": name,
+        "sid": secrets.token_urlsafe(18),
+        "exp": int((now or time.time()) + SESSION_TTL_S),
+    }
     raw = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
     raw = raw.rstrip("=")  # cookie-safe: no quoting needed
     sig = hmac.new(key, raw.encode(), hashlib.sha256).hexdigest()
     return f"{raw}.{sig}"
 
 
-def read_session(settings: Settings, cookie: str | None, now: float | None = None) -> str | None:
-    """The person's name from a valid, unexpired session cookie, else None."""
+def read_session(
+    settings: Settings, cookie: str | None, now: float | None = None
+) -> Session | None:
+    """A valid, unexpired session cookie's content, else None (whether it was ended by a
+    logout is the caller's question: `identity`)."""
     key = session_key(settings)
     if not cookie or key is None or cookie.count(".") != 1 or len(cookie) > 1024:
         return None
@@ -98,12 +116,12 @@ def read_session(settings: Settings, cookie: str | None, now: float | None = Non
         return None
     try:
         body = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-        name, exp = str(body["n"]), float(body["exp"])
+        found = Session(str(body["n"]), str(body["sid"]), float(body["exp"]))
     except (ValueError, KeyError, TypeError):
         return None
-    if exp < (now or time.time()):
+    if found.expires_at < (now or time.time()):
         return None
-    return name
+    return found
 
 
 def _header_identity(settings: Settings, request: Request) -> Identity | None:
@@ -120,18 +138,19 @@ def _header_identity(settings: Settings, request: Request) -> Identity | None:
     return None
 
 
-def identity(settings: Settings, request: Request) -> Identity | None:
-    """Who the request comes from, or None when it carries no valid credentials."""
+def identity(settings: Settings, request: Request, ended: Callable[[str], bool]) -> Identity | None:
+    """Who the request comes from, or None when it carries no valid credentials; `ended(sid)`
+    says whether a session was logged out."""
+    if settings.require_auth:
+        found = _header_identity(settings, request)
+        if found is not None:
+            return found
+    session = read_session(settings, request.cookies.get(SESSION_COOKIE))
+    if session is not None and ended(session.sid):
+        session = None
     if not settings.require_auth:
-        name = read_session(settings, request.cookies.get(SESSION_COOKIE))
-        return Identity(f"{name} (console)" if name else "anonymous", "open")
-    found = _header_identity(settings, request)
-    if found is not None:
-        return found
-    name = read_session(settings, request.cookies.get(SESSION_COOKIE))
-    if name is not None:
-        return Identity(f"{name} (console)", "session")
-    return None
+        return Identity(f"{session.name} (console)" if session else "anonymous", "open")
+    return Identity(f"{session.name} (console)", "session") if session else None
 
 
 def new_csrf() -> str:

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from recovery import validate
-from recovery.console import security
-from recovery.console.page import error, read_form, render, secure, settings_of
+from recovery.console import logouts, security
+from recovery.console.page import engine_of, error, read_form, render, secure, settings_of
 from recovery.console.templating import HERE
 
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
@@ -79,10 +79,15 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
+    """End the session everywhere (a copy of its cookie stops working too), then drop it."""
     form = await read_form(request)
     problem = security.csrf_problem(request, (form or {}).get("csrf_token"))
     if problem:
         return error(request, 403, problem)
+    cookie = request.cookies.get(security.SESSION_COOKIE)
+    session = security.read_session(settings_of(request), cookie)
+    if session is not None:
+        logouts.record(engine_of(request), session.sid, session.expires_at)
     resp = RedirectResponse("/console/login", 303)
     resp.delete_cookie(security.SESSION_COOKIE, path="/console")
     return secure(resp)

@@ -187,13 +187,41 @@ def test_login_sets_session_and_rejects_wrong_token_and_bad_csrf(env):
     r = login(client)
     assert r.status_code == 303 and r.headers["location"] == "/console/approvals"
     assert client.get("/console/incidents").status_code == 200
-    assert (
-        security.read_session(
-            client.app.state.settings, client.cookies.get(security.SESSION_COOKIE)
-        )
-        == "Alice Ops"
+    session = security.read_session(
+        client.app.state.settings, client.cookies.get(security.SESSION_COOKIE)
     )
+    assert session is not None and session.name == "Alice Ops"
     assert security.read_session(client.app.state.settings, "e30.deadbeef") is None
+
+
+def test_logging_out_ends_the_session_even_for_a_copy_of_its_cookie(env):
+    """The cookie is signed and carries its expiry: deleting it in one browser is not enough."""
+    client, app, _, _ = env
+    login(client)
+    copy = client.cookies.get(security.SESSION_COOKIE)
+    bob = TestClient(app)
+    login(bob, name="Bob Ops")  # a session of his own, which Alice's logout leaves alone
+    csrf = "c" * 40
+
+    def with_copy(method: str, url: str, **kw: Any) -> Any:
+        cookie = f"{security.SESSION_COOKIE}={copy}; {security.CSRF_COOKIE}={csrf}"
+        fresh = TestClient(app)  # another browser, holding a copy of Alice's cookie
+        return fresh.request(method, url, headers={"Cookie": cookie, **ORIGIN}, **kw)
+
+    assert with_copy("GET", "/console/incidents", follow_redirects=False).status_code == 200
+    out = client.post(
+        "/console/logout",
+        data={"csrf_token": client.cookies.get(security.CSRF_COOKIE)},
+        headers=ORIGIN,
+        follow_redirects=False,
+    )
+    assert out.status_code == 303 and client.cookies.get(security.SESSION_COOKIE) is None
+    r = with_copy("GET", "/console/incidents", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/console/login")
+    form = {"csrf_token": csrf, "paused": "on", "reason": "copied cookie"}
+    assert with_copy("POST", "/console/pause", data=form).status_code == 401
+    assert not action_config.is_paused(app.state.engine)
+    assert bob.get("/console/incidents", follow_redirects=False).status_code == 200
 
 
 def test_approve_and_reject_through_the_console(env):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from goodput.cli import app as cli
 from recovery import audit, incidents, retention, schema
 from recovery.app import create_app
+from recovery.console import logouts
 from recovery.policy import PolicyError, Retention, parse_policy
 from recovery.settings import Settings
 from recovery.store import alerts, make_engine, payloads
@@ -56,6 +57,14 @@ def test_a_redelivered_body_is_stored_once_and_counted(tmp_path):
     assert rows[0].last_seen >= rows[0].received_at
 
 
+def test_a_logout_is_forgotten_once_its_cookie_has_expired(engine):
+    logouts.record(engine, "gone", expires_at=NOW - 1)
+    logouts.record(engine, "live", expires_at=NOW + 3600)
+    logouts.record(engine, "live", expires_at=NOW + 3600)  # a second logout changes nothing
+    assert retention.apply(engine, Retention(), now=NOW)["logouts"] == 1
+    assert not logouts.ended(engine, "gone") and logouts.ended(engine, "live")
+
+
 def test_old_bodies_are_pruned_and_incidents_kept(engine):
     settings = Settings(db_url="sqlite://", slurm_enabled=False)
     incidents.ingest(engine, settings, [alert(job_id="1")], raw="old", now=NOW - 40 * DAY)
@@ -64,7 +73,7 @@ def test_old_bodies_are_pruned_and_incidents_kept(engine):
     assert _count(engine, payloads) == 2  # "old" was seen again a day ago: kept
     incidents.ingest(engine, settings, [alert(fp="d", job_id="2")], raw="stale", now=NOW - 31 * DAY)
     deleted = retention.apply(engine, Retention(payload_days=30), now=NOW)
-    assert deleted == {"payloads": 1, "audit": 0}
+    assert deleted == {"payloads": 1, "audit": 0, "logouts": 0}
     with engine.connect() as conn:
         assert sorted(conn.execute(select(payloads.c.body)).scalars()) == ["new", "old"]
     assert _count(engine, alerts) == 4  # the alerts and incidents are the record; kept
