@@ -194,6 +194,8 @@ def _fold(
         result.changed += int(changed)
         if doc["labels"].get("goodput_notification") == "true":
             continue  # Goodput's own notices to on-call (approvals, stops) open nothing
+        if doc["labels"].get("scope") == "service":
+            continue  # Goodput's own health (detector, exporter down): on-call's, no job to mend
         if is_new and doc["status"] == "firing":
             starts = validate.timestamp(doc["startsAt"])
             t = now if starts is None else starts

@@ -251,6 +251,23 @@ def test_goodputs_own_notices_open_no_incident(client):
     assert client.get("/api/v1/incidents").json()["total"] == 1
 
 
+def test_goodputs_own_health_alerts_are_kept_and_open_no_incident(client):
+    """A restarted detector or exporter (scope="service") is on-call's: there is no job or
+    node to mend, so no `unknown` incident; an alert with neither job nor node and another
+    scope still opens the cluster's incident."""
+    down = alert(fp="d0", alertname="GoodputExporterDown", scope="service", instance="h:9")
+    r = client.post("/api/v1/alerts", json=payload(down))
+    assert r.status_code == 200 and r.json() == {**r.json(), "new": 1, "incidents": []}
+    resolved = {**down, "status": "resolved", "endsAt": "2026-01-01T00:05:00Z"}
+    later = client.post("/api/v1/alerts", json=payload(resolved, status="resolved")).json()
+    assert later["incidents"] == []
+    assert client.get("/api/v1/incidents").json()["total"] == 0
+    with client.app.state.engine.connect() as conn:
+        assert conn.execute(select(alerts.c.status)).scalars().all() == ["resolved"]
+    cluster = alert(fp="e0", alertname="GoodputSomethingClusterWide", scope="node")
+    assert client.post("/api/v1/alerts", json=payload(cluster)).json()["incidents"] != []
+
+
 def test_an_unreadable_stored_diagnosis_reads_as_none_not_500(client):
     from recovery.store import diagnoses
 

@@ -52,7 +52,7 @@ def test_amtool_check_config_is_clean():
         ({"alertname": "GoodputJobHung", "severity": "warning", "scope": "job",
           "job_id": "42"}, ["goodput-recovery"]),
         ({"alertname": "GoodputDetectorDown", "severity": "warning", "scope": "service"},
-         ["goodput-recovery"]),
+         ["oncall", "goodput-recovery"]),
         ({"alertname": "AnyTest", "goodput_test": "true", "severity": "critical"},
          ["test-sink"]),
         ({"alertname": "GoodputGPUFatalXid", "severity": "critical", "goodput_test": "true"},
@@ -64,11 +64,11 @@ def test_routing_tree_sends_examples_where_they_belong(labels, receivers):
     assert route(labels) == receivers
 
 
-def test_every_goodput_alert_reaches_the_receiver_and_critical_ones_page():
+def test_every_goodput_alert_reaches_the_receiver_and_critical_and_service_ones_page():
     for a in A.load().alerts:
         got = route({"alertname": a.name, "severity": a.severity, "scope": a.scope})
         assert "goodput-recovery" in got, a.name
-        assert ("oncall" in got) == (a.severity == "critical"), a.name
+        assert ("oncall" in got) == (a.severity == "critical" or a.scope == "service"), a.name
 
 
 def test_grouping_by_job_and_by_node():
