@@ -138,6 +138,17 @@ def _error(status: int, message: str, detail: list[str] | None = None) -> JSONRe
     return JSONResponse({"error": message, "detail": detail or []}, status_code=status)
 
 
+def _in_console(req: Request) -> bool:
+    return req.url.path == "/console" or req.url.path.startswith("/console/")
+
+
+def console_error(req: Request, status: int, message: str) -> Any:
+    """The console's error page (imported here: the console is included only where it loads)."""
+    from recovery.console.page import error
+
+    return error(req, status, message)
+
+
 def _validation_detail(errors: list[Any]) -> list[str]:
     out = []
     for err in errors[:20]:
@@ -300,13 +311,13 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(req: Request, exc: StarletteHTTPException) -> Any:
-        if req.url.path.startswith("/console/") and exc.status_code == 404:
-            from recovery.console.page import error as console_error
-
-            return console_error(req, 404, "no such page")  # a person's browser: the page
-        resp = _error(exc.status_code, str(exc.detail))
+        if _in_console(req):  # a person's browser: the console's page, not a JSON document
+            message = "no such page" if exc.status_code == 404 else str(exc.detail)
+            resp = console_error(req, exc.status_code, message)
+        else:
+            resp = _error(exc.status_code, str(exc.detail))
         for k, v in (exc.headers or {}).items():
-            resp.headers[k] = v
+            resp.headers[k] = v  # a 405's Allow
         return resp
 
     @app.exception_handler(RequestValidationError)

@@ -149,3 +149,12 @@ def test_an_unknown_console_page_is_the_consoles_404_page(env) -> None:  # noqa:
     assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
     assert "no such page" in r.text
     assert client.get("/api/v1/no-such-route", headers=AUTH).json()["error"] == "Not Found"
+
+
+def test_a_method_a_console_page_does_not_take_is_the_consoles_405_page(env) -> None:  # noqa: F811
+    client, *_ = env
+    r = client.put("/console/incidents", headers=AUTH)
+    assert r.status_code == 405 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["allow"] == "GET" and "Method Not Allowed" in r.text
+    api = client.put("/api/v1/incidents", headers=AUTH)
+    assert api.status_code == 405 and api.json()["error"] == "Method Not Allowed"
