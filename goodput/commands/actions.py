@@ -1,5 +1,8 @@
 """`goodput actions`: list, approve, reject recovery actions; pause/resume them all; resume a
-node. Talks to the receiver's database (`--db`, default `$GOODPUT_RECEIVER_DB_URL`)."""
+node. Talks to the receiver's database (`--db`, default `$GOODPUT_RECEIVER_DB_URL`).
+
+Exit codes: 0 done; 1 an approved action or a resume ran and failed; 2 refused, nothing done
+(bad input, an unknown action, one not pending, a node not drained by Goodput)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import typer
 from goodput.commands.receiver_db import DB, open_db
 
 app = typer.Typer(
-    help="Recovery actions: approvals, the pause switch, node resume.", no_args_is_help=True
+    help="Recovery actions: approvals, the pause switch, node resume. Exit status: 0 done, "
+    "1 an approved action or a resume ran and failed, 2 refused with nothing done.",
+    no_args_is_help=True,
 )
 WHO = typer.Option(None, "--who", help="who decides (default: the current user)")
 
@@ -79,7 +84,7 @@ def approve(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> 
         r = approvals.approve(engine, settings, action_id, _who(who), _note(comment))
     except approvals.ActionError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     typer.echo(f"{action_id}: {r.get('state')} {r.get('last_error') or ''}".rstrip())
     raise typer.Exit(0 if r.get("state") == "executed" else 1)
 
@@ -94,7 +99,7 @@ def reject(action_id: str, who: str = WHO, comment: str = "", db: str = DB) -> N
         approvals.reject(engine, action_id, _who(who), _note(comment))
     except approvals.ActionError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     typer.echo(f"{action_id}: rejected")
 
 

@@ -108,6 +108,8 @@ def test_cli_reject_and_pause(api, tmp_path):
     r = runner.invoke(cli, ["actions", "reject", a["id"], "--who", "zoe", "--db", db])
     assert r.exit_code == 0
     assert outbox.get_action(app.state.engine, a["id"])["decided_by"] == "zoe"
-    assert runner.invoke(cli, ["actions", "reject", "nope", "--db", db]).exit_code == 1
+    assert runner.invoke(cli, ["actions", "reject", "nope", "--db", db]).exit_code == 2
+    again = runner.invoke(cli, ["actions", "approve", a["id"], "--db", db])  # rejected already
+    assert again.exit_code == 2 and "not pending approval" in again.output
     runner.invoke(cli, ["actions", "pause", "--who", "zoe", "--db", db])
     assert action_config.is_paused(app.state.engine)
