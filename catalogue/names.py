@@ -129,6 +129,26 @@ def slurm_int(raw: object) -> int | None:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
+def slurm_exit(raw: object) -> tuple[int | None, int]:
+    """A job's end in any of Slurm's shapes -> (return code, signal; 0 when none): squeue's
+    wait status (22.05: `93 << 8`, or `15` for SIGTERM), the same as `{"set", "number"}`
+    (23.02), `{"return_code": ..., "signal": {"id": ...}}` (23.11 and later), or sacct's and
+    scontrol's `93:0`. (None, 0) when unreadable."""
+    if isinstance(raw, dict) and ("return_code" in raw or "signal" in raw):
+        signal = raw.get("signal")
+        sig = slurm_int(signal.get("id")) if isinstance(signal, dict) else None
+        return slurm_int(raw.get("return_code")), sig or 0
+    if isinstance(raw, str):
+        code, _, sig_text = raw.strip().partition(":")
+        if not code.isdigit() or not (sig_text or "0").isdigit():
+            return None, 0
+        return int(code), int(sig_text or 0)
+    status = slurm_int(raw)
+    if status is None or status < 0:
+        return None, 0
+    return (status >> 8) & 0xFF, status & 0x7F
+
+
 def slurm_states(raw: object) -> list[str]:
     """A state field of Slurm's JSON, lower case: `"RUNNING"` (22.05, 23.02) or
     `["RUNNING", "COMPLETING"]` (23.11 and later: the base state, then its flags)."""

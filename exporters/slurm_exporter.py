@@ -76,19 +76,10 @@ def expand_hostlist(expr: str) -> list[str]:
 
 
 def _exit_code(raw: object) -> int | None:
-    """squeue's exit code -> the process' (128 + signal when a signal ended it): 22.05 gives
-    the raw wait status; 23.02 the same as `{"set", "number"}`; 23.11 and later
-    `{"return_code": {...}, "signal": {"id": {...}}}`."""
-    if isinstance(raw, dict) and ("return_code" in raw or "signal" in raw):
-        signal = raw.get("signal")
-        sig = names.slurm_int(signal.get("id")) if isinstance(signal, dict) else None
-        return 128 + sig if sig else names.slurm_int(raw.get("return_code"))
-    status = names.slurm_int(raw)
-    if status is None:
-        return None
-    if status & 0x7F:
-        return 128 + (status & 0x7F)
-    return (status >> 8) & 0xFF
+    """squeue's exit code (`names.slurm_exit`) as a shell reports a process': 128 + the
+    signal when a signal ended it."""
+    code, sig = names.slurm_exit(raw)
+    return 128 + sig if sig else code
 
 
 def _ended(state: str) -> bool:

@@ -44,14 +44,6 @@ def expand_hostlist(expr: str) -> list[str]:
     return names.expand_hostlist(expr, skip_invalid=True)
 
 
-def _exit(value: str) -> tuple[int | None, int | None]:
-    code, _, sig = (value or "").partition(":")
-    try:
-        return int(code), int(sig or 0)
-    except ValueError:
-        return None, None
-
-
 slurm_time = names.slurm_time
 
 
@@ -73,7 +65,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
     try:
         kv = parse_kv(run(["scontrol", "show", "job", "-o", job_id], timeout).strip())
         state = kv.get("JobState", "")
-        code, sig = _exit(kv.get("ExitCode", ""))
+        code, sig = names.slurm_exit(kv.get("ExitCode", ""))
         return {
             "job_id": job_id,
             "name": kv.get("JobName"),
@@ -99,7 +91,7 @@ def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
         parts = line.split("|", 8)
         if len(parts) < 9 or parts[0] != job_id:
             continue
-        code, sig = _exit(parts[3])
+        code, sig = names.slurm_exit(parts[3])
         return {
             "job_id": job_id,
             "name": parts[1],

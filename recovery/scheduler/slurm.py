@@ -46,17 +46,10 @@ def expand_hostlist(text: str | None) -> tuple[str, ...]:
 
 
 def _exit_code(raw: object) -> int | None:
-    """squeue --json gives the wait status (93 << 8); sacct gives `93:0`."""
-    if isinstance(raw, dict):  # newer Slurm: {"return_code": {...}, "signal": ...}
-        rc = raw.get("return_code")
-        number = rc.get("number") if isinstance(rc, dict) else rc
-        return int(number) if isinstance(number, int) else None
-    if isinstance(raw, str):
-        head = raw.split(":", 1)[0]
-        return int(head) if head.isdigit() else None
-    if isinstance(raw, int):
-        return (raw >> 8) & 0xFF if raw > 255 or raw & 0x7F == 0 else None
-    return None
+    """The job's return code from any of Slurm's shapes (`names.slurm_exit`); None when a
+    signal ended it or it cannot be read."""
+    code, sig = names.slurm_exit(raw)
+    return None if sig else code
 
 
 HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")  # Slurm's WAIT_HELD_USER / WAIT_HELD

@@ -28,7 +28,24 @@ def test_hostlists(text, nodes):
 
 @pytest.mark.parametrize(
     "raw, code",
-    [(93 << 8, 93), (0, 0), (15, None), ("93:0", 93), ({"return_code": {"number": 93}}, 93)],
+    [
+        (93 << 8, 93),
+        (0, 0),
+        (15, None),  # SIGTERM: no return code
+        ("93:0", 93),
+        ("0:9", None),
+        ({"return_code": {"number": 93}}, 93),
+        ({"set": True, "number": 93 << 8}, 93),  # 23.02: read as unknown before
+        (
+            {
+                "return_code": {"set": True, "number": 0},
+                "signal": {"id": {"set": True, "number": 9}},
+            },
+            None,
+        ),
+        ({"set": False, "number": 0}, None),
+        ("junk", None),
+    ],
 )
 def test_exit_codes(raw, code):
     assert _exit_code(raw) == code

@@ -179,3 +179,28 @@ def test_any_text_gives_valid_nodes_or_a_value_error(text, skip):
         return
     assert len(out) <= 500
     assert all(valid_node(n) for n in out)
+
+
+@pytest.mark.parametrize(
+    ("raw", "end"),
+    [
+        (93 << 8, (93, 0)),  # 22.05's wait status
+        (15, (0, 15)),  # ended by SIGTERM
+        ({"set": True, "number": 1 << 8}, (1, 0)),  # 23.02
+        ({"set": False, "number": 0}, (None, 0)),
+        (
+            {"return_code": {"set": True, "number": 0}, "signal": {"id": {"number": 9}}},
+            (0, 9),
+        ),  # 23.11 and later
+        ({"return_code": {"set": True, "number": 2}, "signal": {"id": {"set": False}}}, (2, 0)),
+        ("93:0", (93, 0)),  # sacct, scontrol
+        ("0:15", (0, 15)),
+        ("", (None, 0)),
+        ("x:1", (None, 0)),
+        (-1, (None, 0)),
+        (None, (None, 0)),
+        (True, (None, 0)),
+    ],
+)
+def test_slurm_exit_reads_every_shape(raw, end):
+    assert names.slurm_exit(raw) == end
