@@ -44,6 +44,8 @@ def parse_directive(comment: str | None) -> tuple[Directive | None, str | None]:
         doc = json.loads(comment)
     except ValueError:
         return None, "comment mentions goodput but is not JSON"
+    except RecursionError:  # `[` x 1000 fits in a comment
+        return None, "comment mentions goodput but nests too deeply"
     if not isinstance(doc, dict) or "goodput" not in doc:
         return None, None
     d = doc["goodput"]

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from recovery import accounting, audit, leases, outbox
 from recovery.action_config import config, setting
@@ -25,6 +26,18 @@ from recovery.scheduler import SchedulerError
 log = logging.getLogger("goodput.actions")
 _running: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
+
+
+def _finish(engine: Engine, settings: Any, r: Any, startup: bool) -> None:
+    if r.state in PLANNABLE:
+        plan(engine, settings, r.id)  # in place: the row is never absent
+        return
+    if startup or r.state == "executing":  # a restart, or a dead owner's lease
+        was: dict[str, Any] = {"was": r.state}
+        if r.state == "executing":
+            was["owner"] = r.owner  # the process that died holding it
+        audit.record(engine, "reconciled", was, **outbox.refs(r))
+    execute(engine, settings, r.id, (r.state,), r.owner)
 
 
 def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
@@ -46,20 +59,13 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
             continue
         if r.state == "executing" and not orphaned(r, now, startup, single):
             continue  # executing is finished here only when a dead process left it
-        if r.state in PLANNABLE:
-            plan(engine, settings, r.id)  # in place: the row is never absent
-        else:
-            if startup or r.state == "executing":  # a restart, or a dead owner's lease
-                was: dict[str, Any] = {"was": r.state}
-                if r.state == "executing":
-                    was["owner"] = r.owner  # the process that died holding it
-                audit.record(
-                    engine,
-                    "reconciled",
-                    was,
-                    **outbox.refs(r),
-                )
-            execute(engine, settings, r.id, (r.state,), r.owner)
+        try:
+            _finish(engine, settings, r, startup)
+        except SQLAlchemyError:
+            raise  # the store itself: no row can be finished, the loop retries the pass
+        except Exception:  # noqa: BLE001 - one row's defect must not stall the rows after it
+            log.exception("action %s could not be finished (retried next pass)", r.id)
+            continue
         n += 1
     try:
         accounting.update_recoveries(engine, config(settings).scheduler)

@@ -17,6 +17,7 @@ from recovery import (
     actions,
     approvals,
     audit,
+    directives,
     executor,
     outbox,
     reconciler,
@@ -412,3 +413,49 @@ def test_a_restart_that_drops_every_earlier_exclusion_clears_the_jobs_list(world
     assert second["state"] == "executed" and plan["exclude"] == []
     assert plan["exclusions_dropped"] == ["node2"]
     assert world.st["jobs"]["42"]["excluded"] == []
+
+
+def test_a_comment_nested_past_the_parser_is_an_invalid_directive_not_a_crash(world):
+    """`[` x 1000 in a 2 KB comment raised RecursionError out of planning: the row stayed
+    `planning`, and the reconciler stopped at it every pass, so no later action ran."""
+    deep = '{"goodput": ' + "[" * 1000 + "]" * 1000 + "}"
+    assert directives.parse_directive(deep) == (
+        None,
+        "comment mentions goodput but nests too deeply",
+    )
+    world.submit("43", node="node1", comment=deep)
+    a = actions.on_diagnosis(
+        world.engine, world.settings("act"), *diag(16, outcome="workload_crash", nodes=(), job="43")
+    )
+    assert a["state"] == "executed"
+    assert (
+        "nests too deeply"
+        in audit.query(world.engine, type_="directive_invalid")[0][0]["payload"]["error"]
+    )
+
+
+def test_one_row_that_cannot_be_finished_does_not_stall_the_others(world, monkeypatch):
+    s = world.settings("act")
+    world.submit("42", node="node2")
+    world.submit("44", node="node1")
+    first = actions.on_diagnosis(world.engine, s, *diag(17))
+    second = actions.on_diagnosis(
+        world.engine, s, *diag(18, outcome="workload_crash", nodes=(), job="44")
+    )
+    with world.engine.begin() as conn:  # both left unplanned by a planner that died
+        conn.execute(
+            update(outbox.actions_table)
+            .where(outbox.actions_table.c.id.in_([first["id"], second["id"]]))
+            .values(state="planning")
+        )
+    real = reconciler.plan
+
+    def plan(engine, settings, action_id):
+        if action_id == first["id"]:  # the oldest row: it used to stop the pass
+            raise RuntimeError("a defect in this row")
+        return real(engine, settings, action_id)
+
+    monkeypatch.setattr(reconciler, "plan", plan)
+    assert reconciler.reconcile(world.engine, s) == 1
+    assert outbox.get_action(world.engine, first["id"])["state"] == "planning"
+    assert outbox.get_action(world.engine, second["id"])["state"] != "planning"
