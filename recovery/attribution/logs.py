@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import catalogue
-from recovery import validate
 from recovery.attribution.model import MILESTONE, PROGRESS, Pause, Rules, Sym
 from recovery.evidence import LogLine
 
@@ -116,8 +115,8 @@ def _log_symptoms(
         for symptom, role, outcome, groups, pattern, action in hits:
             node = ln.node
             g = groups.get("node")
-            if node is None and isinstance(g, str) and validate.NODE.fullmatch(g):
-                node = g
+            if node is None and isinstance(g, str) and g in job_nodes:
+                node = g  # a node the line names: only one of the job's (its text is the job's)
             if node is None:
                 node = _rank_node(groups.get("rank"), job_nodes, gpn)
             out.append(

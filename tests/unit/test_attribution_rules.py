@@ -170,3 +170,21 @@ def test_a_rank_maps_to_the_jobs_node_list_not_the_alert_order():
     assert without_slurm["affected_nodes"] == []
     b.slurm = SlurmFacts(job={"job_id": "12", "nodes": ["node1", "bad node;rm"]})
     assert attribution.attribute(b, _ctx())["affected_nodes"] == []  # an invalid name is dropped
+
+
+def test_a_node_a_jobs_own_output_names_is_blamed_only_when_the_job_ran_there():
+    """A job's output is its owner's text: `srun: error: Node failure on victim01` printed by
+    a job on node1 and node2 must not get victim01 drained (it did, at confidence 0.9)."""
+    from recovery.evidence import SlurmFacts
+
+    reports = [Report("logs", "ok"), Report("prometheus", "ok"), Report("slurm", "ok")]
+
+    def blamed(text: str) -> list[str]:
+        b = Bundle(lines=[_line(text)], reports=reports)
+        b.slurm = SlurmFacts(job={"job_id": "12", "nodes": ["node1", "node2"]})
+        return attribution.attribute(b, _ctx())["affected_nodes"]
+
+    assert blamed("srun: error: Node failure on victim01") == []
+    assert blamed("srun: error: Node failure on node2") == ["node2"]
+    unknown = Bundle(lines=[_line("srun: error: Node failure on node2")], reports=reports)
+    assert attribution.attribute(unknown, _ctx())["affected_nodes"] == []  # no node list
