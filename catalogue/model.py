@@ -11,6 +11,7 @@ from catalogue import logtime
 
 SOURCES = ("job", "kernel")
 MAX_LINE_CHARS = 8192  # longer lines are matched on their first MAX_LINE_CHARS characters
+MAX_INT = 2**53  # a typed int group at or past this is junk (a float holds it exactly below)
 _ANCHORS = ("^", "\\A", "(?i)^")  # a regex that must match at the start of the message
 
 
@@ -161,7 +162,7 @@ class Catalogue:
                 for hint in self.rank_hints:
                     hm = hint.search(line)
                     if hm:
-                        groups["rank"] = int(hm.group("rank"))
+                        groups.update(self._typed({"rank": hm.group("rank")}))
                         break
             if p.exclusive:
                 taken.add(p.exclusive)
@@ -177,9 +178,12 @@ class Catalogue:
             if value is None:
                 continue
             try:
-                out[name] = self.group_types[name](value.strip())
-            except ValueError:
+                typed = self.group_types[name](value.strip())
+            except ValueError:  # also an int of more than 4,300 digits
                 continue
+            if isinstance(typed, int) and abs(typed) >= MAX_INT:
+                continue  # no rank, iteration or XID is that large: junk, and float() overflows
+            out[name] = typed
         return out
 
 

@@ -73,11 +73,14 @@ class LogMetrics(Collector):
                     continue
                 key = m.group(1)
                 ts = min(wall, _mtime(path, wall))
-                with self._lock:
-                    if kind == "job":
-                        self.state.feed_job(key, lines, ts)
-                    else:
-                        self.state.feed_kernel(key, lines, ts)
+                try:
+                    with self._lock:
+                        if kind == "job":
+                            self.state.feed_job(key, lines, ts)
+                        else:
+                            self.state.feed_kernel(key, lines, ts)
+                except Exception:  # one file's batch: the other files' and the hook go on
+                    log.exception("reading %s failed: its batch is skipped", path.name)
                 count += len(lines)
                 if self.on_lines is not None:
                     try:

@@ -149,3 +149,28 @@ def test_a_progress_bar_in_the_job_output_is_its_progress(tmp_path):
     assert v(last, {"job_id": "6206", "rank": ""}) == 110.0
     assert v("goodput_job_iteration", {"job_id": "6206"}) is None
     assert v("goodput_job_iteration_seconds", {"job_id": "6206"}) is None
+
+
+def test_numbers_too_large_for_a_rank_or_an_iteration_are_junk_not_a_lost_batch(tmp_path):
+    """`rank` + 4,400 digits (past Python's int-from-text limit) or an iteration of 400
+    digits (float() overflows) raised out of the poll: the rest of the batch, the other
+    files' batches and the Loki hook were lost."""
+    m, reg = setup(tmp_path)
+    (tmp_path / "jobs" / "slurm-5.out").write_text(
+        f"[rank{'9' * 4400}]: CUDA out of memory\n"
+        + PROGRESS.format(it=10, s=640, loss="2.5E+00", sk=0, nan=0).replace(
+            "       10/", f" {'9' * 400}/"
+        )
+        + PROGRESS.format(it=11, s=704, loss="2.4E+00", sk=0, nan=0)
+    )
+    (tmp_path / "jobs" / "slurm-6.out").write_text(
+        PROGRESS.format(it=3, s=192, loss="1", sk=0, nan=0)
+    )
+    assert m.poll_once() == 4
+    v = reg.get_sample_value
+    assert v("goodput_job_iteration", {"job_id": "5"}) == 11
+    assert v("goodput_job_iteration", {"job_id": "6"}) == 3
+    assert (
+        v("goodput_log_pattern_matches_total", {"job_id": "5", "node": "", "pattern": "cuda_oom"})
+        == 1
+    )
