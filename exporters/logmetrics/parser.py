@@ -28,6 +28,10 @@ RUN_END_PATTERNS = (
     "slurm_job_time_limit",
 )
 ORDER_S = 0.001  # the recordings' time resolution (detector/export.py writes milliseconds)
+# A job's output is its owner's text: it names at most this many ranks and nodes as labels
+# (a loop printing `rank <i>` would otherwise grow series without end); later ones read as
+# unknown (""). Enough for every rank of a 4,096-GPU job to print its own progress.
+MAX_LABELS_PER_JOB = 4096
 
 
 @dataclass
@@ -41,6 +45,7 @@ class JobState:
     skipped_iterations: float = 0.0
     last_checkpoint: float | None = None
     last_pause: float | None = None  # a line that begins a pause (catalogue symptom "pause")
+    nodes_named: set[str] = field(default_factory=set)  # node labels its lines gave
     _samples: tuple[int, int] | None = None  # (iteration, consumed samples) of the last line
 
 
@@ -79,6 +84,11 @@ class LogState:
                 node = g.get("node", "")
                 if not isinstance(node, str) or not NODE.match(node):
                     node = ""
+                elif node not in job.nodes_named:
+                    if len(job.nodes_named) >= MAX_LABELS_PER_JOB:
+                        node = ""
+                    else:
+                        job.nodes_named.add(node)
                 self.pattern_matches[(job_id, node, m.pattern)] += 1
 
     def feed_kernel(self, node: str, lines: list[str], now: float) -> None:
@@ -110,8 +120,11 @@ def _new_run(job: JobState, now: float) -> None:
 
 
 def _progress(job: JobState, g: dict, now: float) -> None:
-    rank = g.get("rank")
-    job.last_progress["" if rank is None else str(rank)] = now
+    rank = "" if g.get("rank") is None else str(g["rank"])
+    named = len(job.last_progress) - ("" in job.last_progress)
+    if rank not in job.last_progress and named >= MAX_LABELS_PER_JOB:
+        rank = ""  # past the cap
+    job.last_progress[rank] = now
     iteration = g.get("iteration")
     if iteration is not None:
         job.iteration = float(iteration)

@@ -174,3 +174,41 @@ def test_numbers_too_large_for_a_rank_or_an_iteration_are_junk_not_a_lost_batch(
         v("goodput_log_pattern_matches_total", {"job_id": "5", "node": "", "pattern": "cuda_oom"})
         == 1
     )
+
+
+def test_a_job_names_a_bounded_number_of_ranks_and_nodes(tmp_path):
+    """A loop printing `rank <i>` or `srun: error: n<i>: task` grew series without end."""
+    from exporters.logmetrics.parser import MAX_LABELS_PER_JOB
+
+    m, reg = setup(tmp_path)
+    n = MAX_LABELS_PER_JOB + 50
+    (tmp_path / "jobs" / "slurm-8.out").write_text(
+        "".join(
+            f"[rank{i}]: " + PROGRESS.format(it=i, s=i, loss="1", sk=0, nan=0) for i in range(n)
+        )
+        + "".join(f"srun: error: n{i}: task 0: Exited with exit code 1\n" for i in range(n))
+    )
+    m.poll_once()
+    names = [s.name for f in reg.collect() for s in f.samples]
+    ranks = {
+        s.labels["rank"]
+        for f in reg.collect()
+        for s in f.samples
+        if s.name == "goodput_job_last_progress_timestamp_seconds"
+    }
+    nodes = {
+        s.labels["node"]
+        for f in reg.collect()
+        for s in f.samples
+        if s.name == "goodput_log_pattern_matches_total" and s.labels["job_id"] == "8"
+    }
+    assert len(ranks) == MAX_LABELS_PER_JOB + 1 and "" in ranks and str(n - 1) not in ranks
+    assert len(nodes) == MAX_LABELS_PER_JOB + 1 and "" in nodes and "n0" in nodes
+    assert (
+        reg.get_sample_value(
+            "goodput_log_pattern_matches_total",
+            {"job_id": "8", "node": "", "pattern": "slurm_task_failed"},
+        )
+        == 50
+    )
+    assert len(names) < 3 * MAX_LABELS_PER_JOB
