@@ -17,6 +17,7 @@ dcgm-exporter reads it). Without a GPU or driver, `NvmlUnavailable` says why (ex
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import socket
@@ -331,7 +332,7 @@ class NvmlCollector(Collector):
                     log.warning("XID wait failed: %s", exc)
                     time.sleep(1)
                     continue
-                hit = by_uuid.get(_text(n.nvmlDeviceGetUUID(data.device)))
+                hit = self._event_gpu(data.device, by_uuid)
                 if hit is None:
                     continue
                 with self._lock:
@@ -340,6 +341,23 @@ class NvmlCollector(Collector):
                 log.warning("GPU %d: XID %d", hit.index, data.eventData)
         finally:
             self._try("nvmlEventSetFree", es)
+
+    def _event_gpu(self, device: Any, by_uuid: dict[str, Gpu]) -> Gpu | None:
+        """The GPU an event came from: by its UUID, or, when it answers nothing any more (it
+        fell off the bus: XID 79, the event that matters most), by its handle."""
+        try:
+            return by_uuid.get(_text(self.nvml.nvmlDeviceGetUUID(device)))
+        except self.nvml.NVMLError:
+            key = _handle_key(device)
+            return next((g for g in by_uuid.values() if _handle_key(g.handle) == key), None)
+
+
+def _handle_key(handle: Any) -> Any:
+    """A device handle's identity: its address (pynvml makes a new ctypes object per call)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return handle
 
 
 def serve(

@@ -134,3 +134,28 @@ def test_without_gpu_it_says_so_and_exits_non_zero():
     )  # fmt: skip
     assert out.returncode == 2, out
     assert "NVML cannot start" in out.stderr or "no GPU" in out.stderr
+
+
+def test_a_gpu_that_fell_off_the_bus_still_gets_its_xid_and_the_watch_goes_on():
+    """nvmlDeviceGetUUID on a lost GPU raises: the XID 79 event used to end the exporter."""
+    nvml = fake_nvml(xids=[79, 79])
+    uuid = nvml.nvmlDeviceGetUUID
+    c = NvmlCollector(nvml, hostname="node7")  # the GPUs answered at start
+
+    def lost(h):
+        if h == 1:
+            raise NVMLError("GPU is lost")
+        return uuid(h)
+
+    nvml.nvmlDeviceGetUUID = lost
+    stop = threading.Event()
+    t = threading.Thread(target=c.watch_xids, args=(stop,))
+    t.start()
+    for _ in range(100):
+        if c.gpus[1].xids.get(79) == 2:
+            break
+        threading.Event().wait(0.02)
+    alive = t.is_alive()
+    stop.set()
+    t.join(5)
+    assert c.gpus[1].xids == {79: 2} and c.gpus[0].xids == {} and alive
