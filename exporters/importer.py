@@ -187,7 +187,8 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
             raise ImportFailure(f"{where}: want sacct --json or squeue --json (a 'jobs' list)")
         return _json_job(jobs[0], where)
     if all(line.count("|") == 6 for line in body.splitlines()):
-        jobs = slurm_exporter.parse_sacct(body)
+        rows = [line.split("|") for line in body.splitlines()]  # the name second, as documented
+        jobs = slurm_exporter.parse_sacct("\n".join("|".join([*r[:1], *r[2:], r[1]]) for r in rows))
         if not jobs:
             raise ImportFailure(
                 f"{where}: want `sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,"

@@ -131,7 +131,7 @@ def parse_squeue(text: str, ended_before: float | None = None) -> dict[str, Job]
         end = names.slurm_int(j.get("end_time"))
         if ended_before is not None and _ended(state) and end and end < ended_before:
             continue
-        nodes = [n for n in expand_hostlist(j.get("nodes") or "") if NODE.match(n)]
+        nodes = _job_nodes(str(j.get("nodes") or ""), job_id)
         gpus = _gpus(j.get("tres_alloc_str", ""))
         if gpus is None:
             per_node = _gpus(j.get("tres_per_node", ""))
@@ -152,30 +152,36 @@ def parse_squeue(text: str, ended_before: float | None = None) -> dict[str, Job]
 
 
 def parse_sacct(text: str) -> dict[str, Job]:
-    """`sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,NodeList,AllocTRES`."""
+    """`sacct -X -n -P -o JobID,Partition,State,ExitCode,NodeList,AllocTRES,JobName`: the name
+    last, so a `|` in it (Slurm does not escape one) stays in the name."""
     jobs: dict[str, Job] = {}
     for line in text.splitlines():
-        parts = line.split("|")
+        parts = line.split("|", 6)
         if len(parts) != 7:
             continue
-        job_id, name, partition, state, exit_code, nodelist, tres = parts
+        job_id, partition, state, exit_code, nodelist, tres, name = parts
         if not JOB_ID.match(job_id):
             continue
-        code, _, sig = exit_code.partition(":")
-        exit_value = None
-        if code.isdigit():
-            exit_value = 128 + int(sig) if sig.isdigit() and int(sig) else int(code)
-        nodes = [] if nodelist in ("", "None assigned") else expand_hostlist(nodelist)
         jobs[job_id] = Job(
             job_id=job_id,
             name=name[:128],
             partition=partition,
             state=(state.split() or ["unknown"])[0].lower(),
-            nodes=[n for n in nodes if NODE.match(n)],
-            exit_code=exit_value,
+            nodes=[] if nodelist == "None assigned" else _job_nodes(nodelist, job_id),
+            exit_code=_exit_code(exit_code),
             gpus=_gpus(tres),
         )
     return jobs
+
+
+def _job_nodes(hostlist: str, job_id: str) -> list[str]:
+    """A job's valid node names; none (logged) when its list cannot be read, so one odd job
+    never costs the others their metrics."""
+    try:
+        return expand_hostlist(hostlist)
+    except SlurmError as exc:
+        log.warning("job %s: node list left out: %s", job_id, exc)
+        return []
 
 
 def _node_state(states: list[str]) -> str:
@@ -254,7 +260,7 @@ class SlurmCollector(Collector):
                 "sacct", "-X", "-n", "-P", "--noconvert",
                 "-S", start, "-E", "now",
                 "-s", ENDED_STATES,
-                "-o", "JobID,JobName,Partition,State,ExitCode,NodeList,AllocTRES",
+                "-o", "JobID,Partition,State,ExitCode,NodeList,AllocTRES,JobName",
             ],
         }  # fmt: skip
 

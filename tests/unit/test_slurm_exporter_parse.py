@@ -57,7 +57,7 @@ SINFO = json.dumps(
         ]
     }
 )  # fmt: skip
-SACCT = "90|old-job|gpu|NODE_FAIL|0:0|node[2-3]|billing=1,gres/gpu=8,node=2\n91|oom|gpu|CANCELLED by 0|0:9|node1|\n"
+SACCT = "90|gpu|NODE_FAIL|0:0|node[2-3]|billing=1,gres/gpu=8,node=2|old-job\n91|gpu|CANCELLED by 0|0:9|node1||oom\n"
 
 
 class FakeSlurm:
@@ -225,6 +225,30 @@ def test_hostlists_and_sacct_lines():
         expand_hostlist("node[a-b]")
     assert parse_sacct("garbage\n1|x|y\n") == {}
     assert parse_squeue(json.dumps({"jobs": [{"job_id": "1;rm", "job_state": "RUNNING"}]})) == {}
+
+
+def test_one_odd_job_costs_only_its_own_fields():
+    """A `|` in a job name (Slurm does not escape it) shifted every sacct column, so the job
+    vanished; a node list that cannot be read dropped the whole squeue or sacct snapshot."""
+    ended = parse_sacct(
+        "7|gpu|FAILED|1:0|node1||a|COMPLETED|0:0|victim01\n"  # the name forges columns
+        "8|gpu|FAILED|2:0|node[a-b]||bad-list\n"
+    )
+    assert (ended["7"].name, ended["7"].state, ended["7"].nodes) == (
+        "a|COMPLETED|0:0|victim01", "failed", ["node1"]
+    )  # fmt: skip
+    assert ended["7"].exit_code == 1 and ended["8"].nodes == [] and ended["8"].exit_code == 2
+    live = parse_squeue(
+        json.dumps(
+            {
+                "jobs": [
+                    {"job_id": 1, "job_state": "RUNNING", "nodes": "node[a-b]"},
+                    {"job_id": 2, "job_state": "RUNNING", "nodes": "node[1-2]"},
+                ]
+            }
+        )
+    )
+    assert live["1"].nodes == [] and live["2"].nodes == ["node1", "node2"]
 
 
 def test_sacct_asks_for_nothing_that_ended_before_since():
