@@ -70,6 +70,8 @@ class JobState:
     gpus: int = 0
     end_time: float | None = None  # when an ended job ended (None while active)
     node_count: int = 0  # nodes the job asks for (0: unknown)
+    signal: int = 0  # the signal that ended it (0: none)
+    user: str | None = None  # who submitted it (a valid user name, else None)
 
     @property
     def active(self) -> bool:

@@ -39,6 +39,15 @@ TRANSIENT = re.compile(
 )
 
 
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
+
+
+def user_name(raw: object) -> str | None:
+    """`alice` (or scontrol's `alice(1000)`) → `alice`; junk → None."""
+    name = str(raw or "").split("(", 1)[0].strip()
+    return name if _USER.fullmatch(name) else None
+
+
 def expand_hostlist(text: str | None) -> tuple[str, ...]:
     """`node[1-3,5],gpu7` -> (node1, node2, node3, node5, gpu7), leaving out invalid names;
     `ValueError` if malformed."""
@@ -151,6 +160,8 @@ class SlurmScheduler(Scheduler):
                 nodes=expand_hostlist(j.get("nodes")),
                 restarts=names.slurm_int(j.get("restart_cnt")) or 0,
                 exit_code=_exit_code(j.get("exit_code")),
+                signal=names.slurm_exit(j.get("exit_code"))[1],
+                user=user_name(j.get("user_name")),
                 comment=str(j.get("comment") or ""),
                 excluded=expand_hostlist(j.get("excluded_nodes")),
                 held=held(j),
@@ -163,32 +174,40 @@ class SlurmScheduler(Scheduler):
             )
         return self._sacct_state(job_id)
 
+    SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Partition,Start,End,User,JobName"
+
     def _sacct_state(self, job_id: str) -> JobState | None:
-        out = self._run(
-            [
-                "sacct",
-                "-j",
-                job_id,
-                "-X",
-                "-n",
-                "-P",
-                "-o",
-                "JobID,JobName,State,ExitCode,NodeList,Partition,End,Comment",
-            ]
+        """A job slurmctld forgot, from the accounting: the free text (its name, its comment)
+        each last on its own line, since sacct does not escape a `|` or a newline in them."""
+        fields = self._sacct_line(job_id, self.SACCT_FIELDS)
+        if fields is None:
+            return None
+        raw_state, code, nodes, partition, start, end, user, name = fields.split("|", 7)
+        state = (raw_state.split() or ["UNKNOWN"])[0].upper()  # `CANCELLED by 0`
+        comment = self._sacct_line(job_id, "JobID,Comment")
+        return JobState(
+            job_id=job_id,
+            name=name,
+            state=state,
+            nodes=expand_hostlist(nodes),
+            exit_code=_exit_code(code),
+            signal=names.slurm_exit(code)[1],
+            user=user_name(user),
+            partition=partition or None,
+            comment=comment or "",
+            start_time=names.slurm_time(start),
+            end_time=None if state in ACTIVE else names.slurm_time(end),  # else a time limit
         )
+
+    def _sacct_line(self, job_id: str, fields: str) -> str | None:
+        """What follows `<job_id>|` on the first line of `sacct -o <fields>` for the job: its
+        own (a newline in its name or comment only adds lines after it)."""
+        out = self._run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields])
+        want = fields.count(",")
         for line in out.splitlines():
-            p = line.split("|", 7)
-            if len(p) == 8 and p[0] == job_id:
-                return JobState(
-                    job_id=job_id,
-                    name=p[1],
-                    state=p[2].split()[0].upper(),
-                    nodes=expand_hostlist(p[4]),
-                    exit_code=_exit_code(p[3]),
-                    partition=p[5] or None,
-                    comment=p[7],
-                    end_time=names.slurm_time(p[6]),
-                )
+            head, _, rest = line.partition("|")
+            if head == job_id and rest.count("|") >= want - 1:
+                return rest
         return None
 
     # ---- primitives -------------------------------------------------------------------------

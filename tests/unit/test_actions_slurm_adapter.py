@@ -156,11 +156,17 @@ def test_an_ended_jobs_end_is_known_and_an_active_jobs_time_limit_is_not(monkeyp
     monkeypatch.setattr(subprocess, "run", Runner([(0, json.dumps(jobs), "")] * 2))
     assert SlurmScheduler().job_state("8").end_time == 1796129630.0
     assert SlurmScheduler().job_state("9").end_time is None
-    forgotten = "31|train|FAILED|1:0|node1|gpu|2026-11-29T20:41:12|\n"
-    monkeypatch.setattr(subprocess, "run", Runner([(0, '{"jobs": []}', ""), (0, forgotten, "")]))
+    forgotten = "31|FAILED|1:0|node1|gpu|2026-11-29T20:40:00|2026-11-29T20:41:12|ana|train\n"
+    no_comment = "31|\n"
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        Runner([(0, '{"jobs": []}', ""), (0, forgotten, ""), (0, no_comment, "")]),
+    )
     j = SlurmScheduler().job_state("31")
     assert (
         j.state == "FAILED"
         and j.comment == ""
+        and (j.name, j.user, j.exit_code) == ("train", "ana", 1)
         and j.end_time == time.mktime(time.strptime("2026-11-29T20:41:12", "%Y-%m-%dT%H:%M:%S"))
     )

@@ -7,6 +7,7 @@ failed on the code before; the other cases pin the decisions made with them."""
 from __future__ import annotations
 
 import calendar
+import json
 import time
 from types import SimpleNamespace
 
@@ -347,14 +348,21 @@ def test_a_line_from_before_the_current_run_is_neither_onset_nor_culprit():
     assert action.kind == "drain_and_requeue" and "already_requeued_by_slurm" not in action.reasons
 
 
+def _squeue(monkeypatch, **job):
+    """squeue --json answering one job, as the adapter the evidence reads through calls it."""
+    from recovery.scheduler.slurm import SlurmScheduler
+
+    doc = {"jobs": [{"job_id": 12, "name": "train", "exit_code": 0, **job}]}
+    monkeypatch.setattr(SlurmScheduler, "_run", lambda self, argv: json.dumps(doc))
+
+
 def test_slurm_evidence_carries_the_runs_start_time(monkeypatch):
-    line = "JobId=12 JobName=train JobState=RUNNING Reason=None ExitCode=0:0 Restarts=1 NodeList=node[1-2] StartTime=2026-11-29T20:41:12 EndTime=Unknown"
-    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: line)
-    facts = slurm_evidence.job_facts("12", 1.0)
-    assert facts["start_time"] == time.mktime(
-        time.strptime("2026-11-29T20:41:12", "%Y-%m-%dT%H:%M:%S")
+    start = time.mktime(time.strptime("2026-11-29T20:41:12", "%Y-%m-%dT%H:%M:%S"))
+    _squeue(
+        monkeypatch, job_state="RUNNING", restart_cnt=1, nodes="node[1-2]", start_time=int(start)
     )
-    assert slurm_evidence.slurm_time("Unknown") is None
+    facts = slurm_evidence.job_facts("12", 1.0)
+    assert facts["start_time"] == start and facts["nodes"] == ["node1", "node2"]
 
 
 def test_a_fault_after_an_ended_jobs_end_is_not_its_cause():
@@ -376,11 +384,9 @@ def test_a_fault_after_an_ended_jobs_end_is_not_its_cause():
 
 
 def test_slurm_evidence_says_when_an_ended_job_ended(monkeypatch):
-    running = "JobId=12 JobName=t JobState=RUNNING ExitCode=0:0 StartTime=2026-11-29T20:41:12 EndTime=2026-11-30T20:41:12"
-    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: running)
+    end = 1_795_000_000
+    _squeue(monkeypatch, job_state="RUNNING", start_time=end - 86400, end_time=end)
     assert slurm_evidence.job_facts("12", 1.0)["end_time"] is None  # a time limit, not an end
-    failed = running.replace("RUNNING", "FAILED").replace("ExitCode=0:0", "ExitCode=1:0")
-    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: failed)
-    assert slurm_evidence.job_facts("12", 1.0)["end_time"] == time.mktime(
-        time.strptime("2026-11-30T20:41:12", "%Y-%m-%dT%H:%M:%S")
-    )
+    _squeue(monkeypatch, job_state="FAILED", exit_code=1 << 8, start_time=end - 86400, end_time=end)
+    facts = slurm_evidence.job_facts("12", 1.0)
+    assert facts["end_time"] == end and facts["exit_code"] == 1

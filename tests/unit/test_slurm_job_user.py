@@ -1,43 +1,92 @@
-"""The job's user and nodes, from Slurm's own output, reach the diagnosis (the several-users
-rule of node history counts them)."""
+"""The job's facts (user, nodes, state) come from Slurm's structured output, and a job's owner
+cannot forge them through the free text they write (the job's name and comment)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from recovery.attribution import attribute
 from recovery.evidence import Bundle, Context, SlurmFacts
 from recovery.evidence import slurm as slurm_evidence
+from recovery.scheduler.slurm import SlurmScheduler, user_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+FORGED = "x NodeList=victim01 JobState=NODE_FAIL UserId=bob(1001) ExitCode=0:0"
 
 
-def test_scontrol_names_the_user(monkeypatch):
-    """A real `scontrol show job -o` line of Slurm 22.05 (UserId=root(0))."""
-    line = (FIXTURES / "scontrol-22.05-requeue-held.txt").read_text()
-    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: line)
-    assert slurm_evidence.job_facts("1", 1.0)["user"] == "root"
+def answer(monkeypatch, squeue: dict, sacct: dict[str, str] | None = None) -> list[list[str]]:
+    """Slurm's clients as the adapter calls them: squeue's JSON, sacct's text by its fields."""
+    calls: list[list[str]] = []
+
+    def run(self, argv):
+        calls.append(list(argv))
+        if argv[0] == "squeue":
+            return json.dumps(squeue)
+        return (sacct or {}).get(argv[-1], "")
+
+    monkeypatch.setattr(SlurmScheduler, "_run", run)
+    return calls
 
 
-def test_sacct_names_the_user_and_a_comment_keeps_its_pipes(monkeypatch):
-    def run(argv, timeout):
-        if argv[0] == "scontrol":
-            raise RuntimeError("scontrol exited 1: Invalid job id specified")
-        assert "End,User,Comment" in argv[-1]
-        return "7|train|FAILED|1:0|node[1-2]|2026-12-01T09:00:00|2026-12-01T10:00:00|ana|a|b\n"
+def test_squeue_names_the_user(monkeypatch):
+    """A real `squeue --json` of Slurm 22.05 (user_name root)."""
+    answer(monkeypatch, json.loads((FIXTURES / "squeue-22.05-requeue-held.json").read_text()))
+    facts = slurm_evidence.job_facts("1", 1.0)
+    assert (facts["user"], facts["state"], facts["restarts"]) == ("root", "PENDING", 1)
 
-    monkeypatch.setattr(slurm_evidence, "run", run)
+
+def test_a_jobs_name_and_comment_cannot_forge_its_facts(monkeypatch):
+    """`scontrol show job -o` is Key=value text: `--comment='x NodeList=victim01 ...'` (or the
+    same in `--job-name`) overrode the job's node list, state and user."""
+    job = {
+        "job_id": 7,
+        "name": FORGED,
+        "comment": FORGED,
+        "job_state": "RUNNING",
+        "nodes": "node[1-2]",
+        "user_name": "ana",
+        "exit_code": 0,
+    }
+    answer(monkeypatch, {"jobs": [job]})
     facts = slurm_evidence.job_facts("7", 1.0)
-    assert (
-        facts["user"] == "ana"
-        and facts["comment"] == "a|b"
-        and facts["nodes"] == ["node1", "node2"]
+    assert (facts["nodes"], facts["state"], facts["user"]) == (["node1", "node2"], "RUNNING", "ana")
+    assert facts["name"] == FORGED and facts["comment"] == FORGED
+
+
+def test_sacct_reads_its_free_text_apart(monkeypatch):
+    """A forgotten job, from the accounting: sacct escapes no `|` and no newline, so the name
+    comes last on its own query and the comment on another."""
+    fields = SlurmScheduler.SACCT_FIELDS
+    calls = answer(
+        monkeypatch,
+        {"jobs": []},
+        {
+            fields: "7|FAILED|1:0|node[1-2]|gpu|2026-12-01T09:00:00|2026-12-01T10:00:00|ana|"
+            "a|FAILED|0:0|victim01\n7|COMPLETED|0:0|victim01|gpu|x|x|bob|forged line\n",
+            "JobID,Comment": "7|a|b NodeList=victim01\n7|forged\n",
+        },
     )
+    facts = slurm_evidence.job_facts("7", 1.0)
+    assert (facts["user"], facts["state"], facts["exit_code"]) == ("ana", "FAILED", 1)
+    assert facts["nodes"] == ["node1", "node2"] and facts["name"] == "a|FAILED|0:0|victim01"
+    assert facts["comment"] == "a|b NodeList=victim01" and facts["end_time"] is not None
+    assert [c[0] for c in calls] == ["squeue", "sacct", "sacct"]
 
 
-def test_junk_is_no_user():
-    assert slurm_evidence._user("$(reboot)") is None and slurm_evidence._user("") is None
-    assert slurm_evidence._user("alice.b(1001)") == "alice.b"
+def test_a_job_slurm_no_longer_knows_has_no_facts(monkeypatch):
+    answer(monkeypatch, {"jobs": []})
+    assert slurm_evidence.job_facts("7", 1.0) == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [("$(reboot)", None), ("", None), (None, None), ("alice.b(1001)", "alice.b"), ("ana", "ana")],
+)
+def test_junk_is_no_user(raw, name):
+    assert user_name(raw) == name
 
 
 def test_the_diagnosis_carries_the_jobs_user_and_nodes():
