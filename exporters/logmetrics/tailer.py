@@ -6,7 +6,8 @@ its end first), copy-truncation (the file shrinks: read again from the start), p
 rewrite their line with a carriage return (each update is a line; `\r\n` ends one), binary garbage
 (decoded with replacement characters, NULs dropped) and huge lines (cut at `max_line_bytes`;
 the rest of that line is skipped and counted). `DirectoryFollower` keeps one `Follower` per file
-matching a glob and drops those whose file is gone. `resume` starts a follower where an earlier
+matching a glob and drops those whose file is gone. Only regular files are read, never through
+a link (`catalogue.logfiles`). `resume` starts a follower where an earlier
 run left off (`position()`: the file's (device, inode) and the offset of the first unread
 line), when it is still the same file and not shorter than that.
 """
@@ -18,6 +19,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from catalogue import logfiles
 
 READ_CHUNK = 1 << 20
 MAX_LINE_BYTES = 64 * 1024
@@ -62,15 +65,20 @@ class Follower:
     _partial: bytearray = field(default_factory=bytearray)
     _skipping: bool = False  # inside a huge line, dropping bytes until its newline
     _after_cr: bool = False  # the last line ended at a \r (a \n right after it ends nothing)
+    _refused: bool = False  # a link, FIFO or device at the path: never opened
 
     def poll(self) -> list[str]:
         out: list[str] = []
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # a link is not followed: the file is its user's
         except FileNotFoundError:
             st = None
         except OSError:
             self.stats.read_errors += 1
+            return out
+        if st is not None and not logfiles.regular(st):
+            self.stats.read_errors += int(not self._refused)  # counted once, then skipped
+            self._refused = True
             return out
         ident = (st.st_dev, st.st_ino) if st else None
         if self._fh is not None and ident != self._ino:
@@ -83,7 +91,7 @@ class Follower:
             if st is None:
                 return out
             try:
-                self._fh = open(self.path, "rb")  # noqa: SIM115 - kept open across polls
+                self._fh = logfiles.open_regular(self.path)  # kept open across polls
             except OSError:
                 self.stats.read_errors += 1
                 return out

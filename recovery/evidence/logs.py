@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from catalogue import logstreams, logtime
+from catalogue import logfiles, logstreams, logtime
 from clients.loki import LokiClient, LokiError
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report
@@ -47,11 +47,12 @@ def _times(lines: list[str], ref: float, mtime: float) -> list[float | None]:
     return out
 
 
-def _tail(path: Path) -> tuple[bytes, bool]:
+def _tail(path: Path, follow: bool = True) -> tuple[bytes, bool]:
     """The file's last MAX_BYTES, decompressed where its name ends in `.gz` (a rotated log
     given to `goodput attribute`; the receiver reads `.out` and `.log` files only, whose
-    bytes a job controls), and whether anything before them was left out."""
-    with path.open("rb") as f:
+    bytes a job controls), and whether anything before them was left out. Unless `follow`,
+    only a regular file, not through a link (`catalogue.logfiles`)."""
+    with path.open("rb") if follow else logfiles.open_regular(path) as f:
         if path.suffix != ".gz":
             skip = max(0, f.seek(0, 2) - MAX_BYTES)
             f.seek(skip)
@@ -78,10 +79,12 @@ def read_lines(
     job_id: str | None = None,
     start: float | None = None,
     end: float | None = None,
+    follow: bool = True,
 ) -> list[LogLine]:
-    """Lines of one log file with their times, kept when inside [start-slack, end+slack]."""
-    mtime = path.stat().st_mtime
-    data, skip = _tail(path)
+    """Lines of one log file with their times, kept when inside [start-slack, end+slack];
+    unless `follow`, only a regular file, not through a link."""
+    mtime = path.stat().st_mtime if follow else path.lstat().st_mtime
+    data, skip = _tail(path, follow)
     text = data.decode("utf-8", "replace")
     first_line = 1
     if skip:
@@ -127,7 +130,7 @@ def collect_dir(ctx: Context, log_dir: Path, connector: str = "logs") -> Bundle:
     missing = []
     run_start: float | None = None  # the job's current run: its output file starts there
     for path, kind, node in files_for(ctx, log_dir):
-        if not path.is_file():
+        if not path.is_file() and not path.is_symlink():
             missing.append(path.name)
             continue
         start = ctx.start
@@ -135,7 +138,7 @@ def collect_dir(ctx: Context, log_dir: Path, connector: str = "logs") -> Bundle:
             # a node's older kernel lines belong to earlier jobs or runs, not this incident
             start = max(start, run_start - SLACK_S)
         try:
-            got = read_lines(path, kind, node, ctx.job_id, start, ctx.end)
+            got = read_lines(path, kind, node, ctx.job_id, start, ctx.end, follow=False)
         except (OSError, ValueError) as exc:  # one unreadable file costs only its own lines
             missing.append(f"{path.name} ({type(exc).__name__})")
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import os
 import time
 
 from recovery.evidence import Context
@@ -31,3 +32,17 @@ def test_kernel_lines_from_before_the_jobs_run_are_not_evidence(tmp_path):
     (tmp_path / "jobs" / "slurm-7.out").unlink()
     kernel = [ln.text for ln in collect_dir(ctx, tmp_path).lines if ln.kind == "kernel"]
     assert len(kernel) == 2
+
+
+def test_a_link_or_a_fifo_in_the_job_log_directory_is_never_read(tmp_path):
+    """`<log_dir>/jobs` is writable by the jobs' users: `ln -s /etc/... slurm-9.out` made the
+    receiver read the target as job 9's output; a FIFO would block its reader."""
+    (tmp_path / "jobs").mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("CUDA out of memory: a line only the link's target holds\n")
+    (tmp_path / "jobs" / "slurm-9.out").symlink_to(secret)
+    os.mkfifo(tmp_path / "jobs" / "slurm-8.out")
+    for job in ("9", "8"):
+        got = collect_dir(Context(job_id=job, nodes=[], start=0, end=2e9), tmp_path)
+        assert got.lines == [] and got.reports[0].status == "empty"
+    assert "OSError" in collect_dir(Context("9", [], 0, 2e9), tmp_path).reports[0].reason

@@ -138,3 +138,21 @@ def test_a_progress_bar_rewritten_with_carriage_returns_is_one_line_per_update(t
     assert f.poll() == [bar.format(1)]  # the latest update is held until the next \r
     write(p, ("\r" + bar.format(3) + "\nTraining done\r\n").encode())
     assert f.poll() == [bar.format(2), bar.format(3), "Training done"]
+
+
+def test_a_link_or_a_fifo_is_never_opened(tmp_path):
+    """A job's user owns its log directory: a link to another file would be shipped as its
+    output, and opening a FIFO blocked the exporter and the shipper for good."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0\n")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "slurm-9.out").symlink_to(secret)
+    os.mkfifo(jobs / "slurm-8.out")
+    (jobs / "slurm-7.out").write_text("a real line\n")
+    d = DirectoryFollower(jobs, "slurm-*.out")
+    got = dict(d.poll())
+    assert {p.name: lines for p, lines in got.items() if lines} == {"slurm-7.out": ["a real line"]}
+    d.poll()
+    errors = {p.name: f.stats.read_errors for p, f in d.followers.items()}
+    assert errors == {"slurm-9.out": 1, "slurm-8.out": 1, "slurm-7.out": 0}  # counted once

@@ -1,0 +1,34 @@
+"""Opening a log file in a directory a job's user can write to (`<log_dir>/jobs`: Slurm writes a
+job's output as its user): only a regular file, never through a symbolic link (`ln -s
+/etc/shadow slurm-9.out` would ship the file as job 9's output), never blocking on a FIFO (a
+`mkfifo slurm-5.out` stopped every reader). One rule for the log-metrics exporter, the Loki
+shipper and the receiver's log evidence.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def regular(st: os.stat_result) -> bool:
+    """An `os.lstat` result of a plain file (not a link, FIFO, socket or device)."""
+    return stat.S_ISREG(st.st_mode)
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading in binary; OSError when it is a link or not a regular file."""
+    fd = os.open(path, _FLAGS)
+    try:
+        if not regular(os.fstat(fd)):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
