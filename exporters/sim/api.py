@@ -43,13 +43,16 @@ class SubmitIn(_In):
     step_time_s: float = Field(default=1.2, gt=0.01)
 
 
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: a larger pid overflowed os.kill in the tick
+
+
 class RegisterIn(_In):
     job_id: str = Field(pattern=_JOB)
     name: str = Field(min_length=1, max_length=128)
-    nodes: list[str] = Field(min_length=1)
+    nodes: list[str] = Field(min_length=1, max_length=1024)
     gpus: list[int] = Field(min_length=1, max_length=8)
-    restarts: int = Field(default=0, ge=0)
-    pid: int = Field(default=0, ge=0)
+    restarts: int = Field(default=0, ge=0, le=10**6)
+    pid: int = Field(default=0, ge=0, le=PID_MAX)
     # optional job timing (default: the simulator's; short ones make fast tests)
     step_time_s: float | None = Field(default=None, gt=0.01, le=3600)
     init_s: float | None = Field(default=None, ge=0, le=3600)

@@ -185,6 +185,9 @@ class Cluster:
         for n in nodes:
             if n not in self.nodes:
                 raise SchedulerError(f"nodes: unknown node {n!r}", 422)
+            have = len(self.nodes[n].gpus)
+            if len(set(gpus)) != len(gpus) or not all(0 <= g < have for g in gpus):
+                raise SchedulerError(f"gpus: want distinct GPU indices 0..{have - 1} of {n}", 422)
         old = self.jobs.get(job_id)
         if old is not None and old.state == "RUNNING":
             self._release(old)

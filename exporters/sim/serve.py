@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from exporters.sim.api import build_app
 from exporters.sim.dcgm import render_node
 from exporters.sim.model import Node
 from exporters.sim.runner import Simulation
+
+log = logging.getLogger("goodput.sim")
 
 _HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
@@ -108,7 +111,10 @@ class SimServer:
             await asyncio.sleep(max(0.0, last + self.tick_s - time.time()))
             now = time.time()
             t0 = time.perf_counter()
-            self.sim.step(now - last)
+            try:
+                self.sim.step(now - last)
+            except Exception:  # one bad tick must not freeze the simulated cluster
+                log.exception("simulator tick failed")
             last = now
             for e in self.endpoints:
                 e.body = None

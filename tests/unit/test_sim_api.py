@@ -214,9 +214,15 @@ def test_register_real_slurm_job_marks_gpus():
     sim.step(15)  # the start-up lines come just before the first iteration (init_s 20 s)
     log = api.get("/api/v1/jobs/77/log").json()
     assert any("NCCL INFO" in ln for ln in log["lines"])
-    assert (
-        api.post(
-            "/api/v1/register", json={"job_id": "78", "name": "x", "nodes": ["zz"], "gpus": [0]}
-        ).status_code
-        == 422
-    )
+
+    def register(**over):
+        body = {"job_id": "78", "name": "x", "nodes": ["node4"], "gpus": [0], **over}
+        return api.post("/api/v1/register", json=body).status_code
+
+    assert register(nodes=["zz"]) == 422
+    # a GPU the node lacks answered 500; a pid past Linux's limit was taken, then froze the
+    # simulation's tick (os.kill overflowed)
+    for over in ({"gpus": [99]}, {"gpus": [-1]}, {"gpus": [1, 1]}, {"pid": 10**30}):
+        assert register(**over) == 422, over
+    sim.step(5)
+    assert register() == 200
