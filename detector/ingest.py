@@ -239,7 +239,9 @@ def _labels(
     joined = np.array(only + [""], dtype=object)[hcodes]
     job = np.where(job == "", joined, job)
     gcodes, guniq = pd.factorize(gpu_s)
-    gnum = np.array([int(g) if g.isdigit() and len(g) <= 3 else -1 for g in guniq] + [-1])
+    gnum = np.array(
+        [int(g) if g.isascii() and g.isdigit() and len(g) <= 3 else -1 for g in guniq] + [-1]
+    )
     gpu = gnum[gcodes]
     jcodes, juniq = pd.factorize(job)
     jvalid = np.array([j == "" or JOB_RE.match(j) is not None for j in juniq] + [False])

@@ -144,6 +144,18 @@ class Service:
             self.scores.last_cycle = time.time()
         return True
 
+    def guarded_cycle(self) -> bool:
+        """`cycle`, surviving anything: an unexpected error counts, and leaves the scores
+        stale (none exposed) as an expected one does, rather than the last cycle's."""
+        try:
+            return self.cycle()
+        except Exception:  # noqa: BLE001 - the loop must survive anything
+            log.exception("unexpected error in a detector cycle")
+            with self.scores.lock:
+                self.scores.errors += 1
+                self.scores.text = b""
+            return False
+
     def exposition(self) -> bytes:
         """What /metrics answers: the health families, then the cycle's scores."""
         with self.scores.lock:
@@ -164,12 +176,7 @@ class Service:
         try:
             while not self.stop.is_set():
                 started = time.monotonic()
-                try:
-                    self.cycle()
-                except Exception:  # noqa: BLE001 - the loop must survive anything
-                    log.exception("unexpected error in a detector cycle")
-                    with self.scores.lock:
-                        self.scores.errors += 1
+                self.guarded_cycle()
                 self.stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - started)))
         finally:
             server.shutdown()

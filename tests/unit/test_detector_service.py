@@ -70,6 +70,7 @@ def test_scores_exposed_bounded_and_joined_by_node(tmp_path):
     bad = orjson.loads(rec[queries()["DCGM_FI_DEV_GPU_UTIL"]])
     bad["data"]["result"].append({"metric": {KEY: 'node1",evil="x,,0,,'}, "value": [0, "1"]})
     bad["data"]["result"].append({"metric": {KEY: "node1,,9999,,"}, "value": [0, "1"]})
+    bad["data"]["result"].append({"metric": {KEY: "node1,,\u00b2,,"}, "value": [0, "1"]})  # ²
     rec[queries()["DCGM_FI_DEV_GPU_UTIL"]] = orjson.dumps(bad)
     svc = make(tmp_path, rec)
     for t in (1000.0, 1005.0, 1010.0, 1015.0):
@@ -147,6 +148,23 @@ def test_prometheus_down_goes_stale_and_counts_errors(tmp_path):
     assert "goodput_gpu_anomaly_score{" not in text
     svc.client.down = False
     assert svc.cycle(now=1015.0)
+
+
+def test_an_unexpected_error_also_leaves_no_scores_exposed(tmp_path, monkeypatch):
+    svc = make(tmp_path, answers(cluster(2), None, 1000.0))
+    assert svc.guarded_cycle()
+    assert "goodput_gpu_anomaly_score{" in svc.exposition().decode()
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(svc.engine, "step", broken)
+    assert not svc.guarded_cycle()
+    text = svc.exposition().decode()
+    assert (
+        "goodput_gpu_anomaly_score{" not in text
+        and "goodput_detector_query_errors_total 1.0" in text
+    )
 
 
 @pytest.mark.parametrize("bad", ["", "1", "2/2", "-1/2", "a/b", "0/0", "0/5000", "1/2/3"])
