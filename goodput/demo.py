@@ -19,6 +19,7 @@ from rich.markup import escape
 from clients.prometheus import PromClient
 from goodput import stack
 from goodput.demo_clients import JOBS, RECEIVER_URL, Receiver, Slurm, http_ok, wait
+from recovery.attribution.logs import clip
 
 SIM_URL = "http://127.0.0.1:19400"
 REPO = stack.REPO
@@ -210,9 +211,10 @@ def follow(
     out.culprits = list(diag.get("affected_nodes") or [])
     out.diagnosed = float(diag.get("diagnosed_at") or time.time())
     say(
-        f"  diagnosis: [bold]{out.outcome}[/] on {', '.join(out.culprits) or 'no node'} "
-        f"(confidence {diag.get('confidence', 0):.2f}): "
-        + escape(diag.get("root_cause", "")[:110])  # log text: `[rank3]:` is no markup
+        f"  diagnosis: [bold]{out.outcome}[/]"
+        + (f" on {', '.join(out.culprits)}" if out.culprits else ", no node implicated")
+        + f" (confidence {diag.get('confidence', 0):.2f}): "
+        + escape(clip(diag.get("root_cause", ""), 200))  # log text: `[rank3]:` is no markup
     )
     final = ("executed", "failed", "rejected", "skipped", "no_action", "planned_only", "expired")
     action = wait(
@@ -300,7 +302,11 @@ def run(
     for name, job_id in jobs.items():
         if not wait(partial(slurm.running_on, job_id), 60):
             raise RuntimeError(f"job {name} #{job_id} did not start")
-    say(f"jobs running; letting them train and the detector learn them ({warmup_s:.0f} s)")
+    settle_s = 15.0  # healthy time before each fault (after a restart, too)
+    say(
+        "jobs running; letting them train and the detector learn them "
+        f"({warmup_s + settle_s:.0f} s to the first fault)"
+    )
     time.sleep(warmup_s)
 
     results = []
@@ -310,7 +316,7 @@ def run(
         if not node:
             say(f"[yellow]skipping {fault.kind}: job {fault.job} is not running[/]")
             continue
-        time.sleep(15)  # a little healthy time after a restart before the next fault
+        time.sleep(settle_s)
         results.append(
             follow(fault, job_id, node, slurm, Receiver(env["GOODPUT_RECEIVER_TOKEN_FILE"]), say)
         )

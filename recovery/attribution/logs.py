@@ -75,6 +75,15 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, str, b
     return hits, progress, pause, milestone
 
 
+def clip(text: str, limit: int) -> str:
+    """`text` at most `limit` characters, cut at a space where one is near and marked `…`."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit * 3 // 4 else cut).rstrip() + "…"
+
+
 def line_evidence(ln: LogLine, node: str | None) -> dict[str, Any]:
     """One log line as an evidence entry."""
     return {
@@ -126,7 +135,7 @@ def _log_symptoms(
                     time=ln.time,
                     source="log",
                     node=node,
-                    detail=f"{pattern}: {ln.text.strip()[:200]}",
+                    detail=f"{pattern}: {clip(ln.text.strip(), 240)}",
                     outcome=outcome,
                     evidence=line_evidence(ln, node),
                     action=action,

@@ -188,3 +188,12 @@ def test_a_node_a_jobs_own_output_names_is_blamed_only_when_the_job_ran_there():
     assert blamed("srun: error: Node failure on node2") == ["node2"]
     unknown = Bundle(lines=[_line("srun: error: Node failure on node2")], reports=reports)
     assert attribution.attribute(unknown, _ctx())["affected_nodes"] == []  # no node list
+
+
+def test_a_long_line_is_clipped_at_a_word_and_marked():
+    from recovery.attribution.logs import clip
+
+    oom = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 79.11 GiB of which 1 is free"
+    assert clip(oom, 200) == oom
+    assert clip(oom, 60) == "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has…"
+    assert clip("x" * 300, 240) == "x" * 239 + "…"  # no space near: cut where it is
