@@ -95,12 +95,16 @@ class MetricRule(_Rule):
     sm_max: float | str | None = None
     power_max_ratio: float | None = None
     scope: Literal["some", "all"] | None = None
+    # kind increase: a counter of time, in seconds per unit (DCGM's violation counters: 1e-6)
+    seconds_per_unit: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _complete(self) -> MetricRule:
         missing = [k for k in _NEEDS[self.kind] if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind {self.kind} needs {missing}")
+        if self.seconds_per_unit is not None and self.kind != "increase":
+            raise ValueError(f"kind {self.kind} counts no time (`seconds_per_unit`: increase)")
         if self.reference is not None and self.kind not in ("slowdown", "starved", "overrun"):
             raise ValueError(
                 f"kind {self.kind} reads no `reference` (kinds slowdown, starved, overrun do)"

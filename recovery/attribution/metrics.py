@@ -105,12 +105,15 @@ def _metric_symptoms(
                         )
                     prev = code
         elif kind in ("increase", "above"):
+            per = rule.get("seconds_per_unit")
             for s in _by_name(series, metric):
-                base = s.points[0][1]
+                (t0, base) = s.points[0]
                 for t, v in s.points:
                     hit = v - base >= rule["min"] if kind == "increase" else v >= rule["min"]
                     if hit:
                         word = f"rose by {v - base:g}" if kind == "increase" else f"= {v:g}"
+                        if per and kind == "increase":  # a counter of time: say how long
+                            word = f"counted {(v - base) * per:.1f} s in {t - t0:.0f} s"
                         out.append(_sym(rule, s, t, f"{metric} {word}"))
                         break
         elif kind == "vanished" and (present := _by_name(series, metric)):

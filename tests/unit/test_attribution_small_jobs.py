@@ -383,6 +383,8 @@ def test_hardware_evidence_keeps_the_confident_straggler_rule() -> None:
     doc = _doc([*series, *_steps(0.085, 0.124)])
     assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
     assert doc["confidence"] >= 0.7
+    thermal = next(s for s in doc["symptoms"] if s["id"] == "thermal_throttle")
+    assert "DCGM_FI_DEV_THERMAL_VIOLATION counted 10.0 s in " in thermal["detail"]  # µs
 
 
 def test_an_evaluation_in_the_window_is_not_read_as_busy() -> None:
@@ -409,6 +411,14 @@ def test_a_threshold_naming_no_prior_is_refused(tmp_path) -> None:  # noqa: ANN0
         "metrics:\n  - {id: x, kind: idle, scope: all, util_max: no_such_prior, min_s: 30}\n"
     )
     with pytest.raises(attribution.RuleError, match="no_such_prior"):
+        attribution.load_rules(str(tmp_path))
+
+
+def test_only_a_counter_that_rises_counts_time(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "r.yaml").write_text(
+        "metrics:\n  - {id: x, kind: above, metric: m, min: 1, seconds_per_unit: 1.0e-6}\n"
+    )
+    with pytest.raises(attribution.RuleError, match="seconds_per_unit"):
         attribution.load_rules(str(tmp_path))
 
 
