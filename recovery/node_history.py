@@ -97,15 +97,18 @@ def summary(engine: Engine, policy: Policy, now: float | None = None) -> list[di
     now = time.time() if now is None else now
     rules = policy.return_to_service.repeat_offenders
     rows = []
+    latest: dict[str, str] = {}  # node -> its newest check's state (rma, held, failed, ...)
+    for r in node_checks.rows(engine, limit=1000):
+        latest.setdefault(r["node"], r["state"])
     for node, evs in events(engine, now - lookback_s(policy)).items():
         incidents = [e for e in evs if e.kind == "incident" and e.at >= now - WEEK_S]
-        checks = [e for e in evs if e.kind.startswith("check_")]
+        checked = any(e.kind.startswith("check_") for e in evs)
         rows.append(
             {
                 "node": node,
                 "incidents_7d": len(incidents),
                 "mtbi_s": node_health.mtbi_s(incidents),
-                "last_check": checks[-1].kind.removeprefix("check_") if checks else None,
+                "last_check": latest.get(node) if checked else None,
                 "escalations": [
                     {"rule": r.name, "then": r.then, "why": why}
                     for r, why in node_health.escalations(evs, rules, now)

@@ -13,7 +13,13 @@ app = typer.Typer(help="Node history and return-to-service checks.", no_args_is_
 
 
 def _fmt_s(s: float | None) -> str:
-    return "-" if s is None else f"{s / 3600:.1f} h"
+    """A mean time between incidents: minutes under an hour (two incidents 2 minutes apart
+    read as "0.0 h"), hours under two days, then days."""
+    if s is None:
+        return "-"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h" if s < 2 * 86400 else f"{s / 86400:.1f} d"
 
 
 @app.command("history")

@@ -106,9 +106,14 @@ def test_the_nodes_command_shows_history_and_checks(tmp_path):
     out = CliRunner().invoke(app, ["history", *db])
     assert out.exit_code == 0, out.output
     assert "node1" in out.output and "same-xid-same-gpu -> deep_check" in out.output
-    assert "1.8 h" in out.output  # MTBI
+    assert "1.8 h" in out.output and "last check failed" in out.output  # MTBI
     out = CliRunner().invoke(app, ["checks", "node1", *db])
     assert "goodput: failed deep" in out.output and "diag: FAIL" in out.output
+    _diagnose(engine, now - 480, "gpu_hardware_fault", ["node1"], gpu="5", xid=48)
+    with engine.begin() as conn:  # the third failure: the verdict is RMA, not "failed"
+        conn.execute(node_checks.checks.insert().values(**{**row, "state": "rma"}))
+    out = CliRunner().invoke(app, ["history", *db])
+    assert "last check rma" in out.output and "MTBI   56 min" in out.output
 
 
 def test_a_rule_window_longer_than_a_week_sees_its_whole_window(tmp_path):
