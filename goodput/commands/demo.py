@@ -17,7 +17,12 @@ from clients.prometheus import PromError
 from goodput import demo as loop
 from goodput import stack
 
-app = typer.Typer(help="The quickstart loop on one machine.", invoke_without_command=True)
+app = typer.Typer(
+    help="The quickstart loop on one machine: `goodput demo` alone runs it (the local stack, "
+    "three jobs on real Slurm, four faults injected and handled, about 5 minutes); "
+    "`goodput demo stop` ends it.",
+    invoke_without_command=True,
+)
 console = Console(width=120)
 
 
@@ -36,7 +41,7 @@ def summary(results: list[loop.Outcome]) -> Table:
             f"{r.fault.job} on {r.node}",
             _secs(r.onset, r.detected),
             _secs(r.onset, r.acted),
-            f"{r.outcome} @ {','.join(r.culprits) or 'no node'}",
+            f"{r.outcome} @ {','.join(r.culprits) or 'no node implicated'}",
             f"[{'green' if ok else 'yellow'}]{r.action}[/]",
             r.result,
         )
