@@ -95,10 +95,8 @@ def test_dcgm_names_and_labels():
     assert v("DCGM_FI_DEV_RETIRED_DBE") is None
 
 
-def test_xid_events_and_job_mapping(tmp_path: Path):
-    (tmp_path / "1").write_text("4242\n")
-    (tmp_path / "0").write_text("rm -rf /\n")  # not a job id: ignored
-    c = NvmlCollector(fake_nvml(xids=[79, 79]), hostname="node7", job_map_dir=tmp_path)
+def watch_until_two_xids(c: NvmlCollector) -> bool:
+    """Run the XID watch until GPU 1 has its two XID 79 events; whether it was still alive."""
     stop = threading.Event()
     t = threading.Thread(target=c.watch_xids, args=(stop,))
     t.start()
@@ -106,8 +104,17 @@ def test_xid_events_and_job_mapping(tmp_path: Path):
         if c.gpus[1].xids.get(79) == 2:
             break
         threading.Event().wait(0.02)
+    alive = t.is_alive()
     stop.set()
     t.join(5)
+    return alive
+
+
+def test_xid_events_and_job_mapping(tmp_path: Path):
+    (tmp_path / "1").write_text("4242\n")
+    (tmp_path / "0").write_text("rm -rf /\n")  # not a job id: ignored
+    c = NvmlCollector(fake_nvml(xids=[79, 79]), hostname="node7", job_map_dir=tmp_path)
+    watch_until_two_xids(c)
     reg = CollectorRegistry()
     reg.register(c)
     text = {s.name: s for f in reg.collect() for s in f.samples if s.labels.get("gpu") == "1"}
@@ -148,14 +155,5 @@ def test_a_gpu_that_fell_off_the_bus_still_gets_its_xid_and_the_watch_goes_on():
         return uuid(h)
 
     nvml.nvmlDeviceGetUUID = lost
-    stop = threading.Event()
-    t = threading.Thread(target=c.watch_xids, args=(stop,))
-    t.start()
-    for _ in range(100):
-        if c.gpus[1].xids.get(79) == 2:
-            break
-        threading.Event().wait(0.02)
-    alive = t.is_alive()
-    stop.set()
-    t.join(5)
-    assert c.gpus[1].xids == {79: 2} and c.gpus[0].xids == {} and alive
+    assert watch_until_two_xids(c)  # the watch was still running
+    assert c.gpus[1].xids == {79: 2} and c.gpus[0].xids == {}
