@@ -77,6 +77,8 @@ def command(
         meta_gpn = meta.get("gpus_per_node")
         gpn, gpn_from = (int(meta_gpn), "meta.json") if meta_gpn else (8, "default")
     missing = [r.connector for r in bundle.reports if r.status != "ok"]
+    if recording is None:  # logs alone: what a verdict drawn from them lacks
+        missing += ["metrics (none given: a --recording holds them)", "slurm (none given)"]
     if not bundle.series or not bundle.lines:
         # a post-mortem on partial evidence: no rule matching is not proof of health
         ctx.alerts = [{"labels": {"alertname": "offline-attribution"}, "annotations": {}}]

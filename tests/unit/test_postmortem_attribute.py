@@ -107,6 +107,14 @@ def test_files_alone_take_the_job_from_the_log_name(tmp_path):
     assert json.loads(r.stdout)["job_id"] == "77"
 
 
+def test_a_log_alone_with_no_signature_says_what_the_verdict_lacks(tmp_path):
+    log = tmp_path / "app.log"
+    log.write_text("step 1 loss 2.0\nstep 2 loss 1.9\n")
+    r = _attr("--job-log", log)
+    assert r.exit_code == 0 and json.loads(r.stdout)["outcome"] == "unknown"
+    assert "[evidence missing: metrics (none given: a --recording holds them), slurm" in r.stderr
+
+
 def test_a_gzipped_job_log_is_read(tmp_path):
     """A rotated `.gz` job log gives the verdict its text gives (it was read as raw bytes:
     `unknown`, "logs: ok")."""
