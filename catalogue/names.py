@@ -119,6 +119,9 @@ __all__ = [
 ]
 
 
+SLURM_NO_VAL = 4294967294  # Slurm's "no value" of a 32-bit field (a job that is no array task)
+
+
 def slurm_int(raw: object) -> int | None:
     """An integer field of Slurm's JSON: plain (22.05) or `{"set": true, "number": N}`
     (23.02 and later); None when unset, infinite or not an integer."""

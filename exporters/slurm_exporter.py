@@ -41,7 +41,6 @@ NODE = names.NODE
 JOB_ID = names.JOB_ID
 HOLDING_STATES = {"running", "completing", "suspended", "configuring", "stopped"}
 ENDED_STATES = "CA,CD,F,NF,OOM,TO,PR,BF,DL,RQ"
-NO_VAL = 4294967294  # Slurm's "no value" of a 32-bit field (an array's not-yet-split task)
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -123,7 +122,7 @@ def parse_squeue(text: str, ended_before: float | None = None) -> dict[str, Job]
             names.slurm_int(j.get("array_job_id")),
             names.slurm_int(j.get("array_task_id")),
         )
-        if array_job and task_id is not None and task_id != NO_VAL:
+        if array_job and task_id is not None and task_id != names.SLURM_NO_VAL:
             job_id = f"{array_job}_{task_id}"
         if not JOB_ID.match(job_id):
             continue

@@ -89,11 +89,18 @@ def jobs_on_node(node: str, timeout: float = 5.0) -> list[str]:
 def collect(ctx: Context, settings: Settings) -> Bundle:
     timeout = settings.slurm_timeout_s
     facts = SlurmFacts()
+    problem = ""
     if ctx.job_id:
-        facts.job = job_facts(ctx.job_id, timeout)
+        try:
+            facts.job = job_facts(ctx.job_id, timeout)
+        except RuntimeError as exc:  # the job's facts are lost, not the nodes'
+            problem = f"job {ctx.job_id}: {exc}"[:300]
         facts.query = facts.job.get("argv", "")
     nodes = sorted(set(ctx.nodes) | set(facts.job.get("nodes") or []))
     facts.nodes = node_facts(nodes, timeout) if nodes else {}
-    empty = not facts.job and not facts.nodes
-    report = Report("slurm", "empty" if empty else "ok", "no job or node facts" if empty else "")
-    return Bundle(slurm=facts, reports=[report])
+    if not facts.job and not facts.nodes:
+        status = "error" if problem else "empty"
+        return Bundle(
+            slurm=facts, reports=[Report("slurm", status, problem or "no job or node facts")]
+        )
+    return Bundle(slurm=facts, reports=[Report("slurm", "ok", problem)])

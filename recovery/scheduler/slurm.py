@@ -144,11 +144,18 @@ class SlurmScheduler(Scheduler):
 
     def job_state(self, job_id: str) -> JobState | None:
         job_id = check_job(job_id)
-        doc = json.loads(self._run(["squeue", "--json", "-j", job_id]) or "{}")
+        try:
+            text = self._run(["squeue", "--json", "-j", job_id])
+        except SchedulerError as exc:  # 23.02 and later refuse a job slurmctld forgot
+            if "invalid job id" not in str(exc).lower():
+                raise
+            text = ""
+        doc = json.loads(text or "{}")
         for j in doc.get("jobs", []):  # Slurm 22.05 ignores -j with --json: filter here
-            jid = str(j.get("job_id"))
-            if j.get("array_task_id") not in (None, "", 4294967294) and "_" in job_id:
-                jid = f"{j.get('array_job_id')}_{j.get('array_task_id')}"
+            jid = str(names.slurm_int(j.get("job_id")))
+            task = names.slurm_int(j.get("array_task_id"))  # 23.02+: {"set", "number"}
+            if task is not None and task != names.SLURM_NO_VAL and "_" in job_id:
+                jid = f"{names.slurm_int(j.get('array_job_id'))}_{task}"
             if jid != job_id:
                 continue
             reason = str(j.get("state_reason") or "")

@@ -94,11 +94,16 @@ def test_a_controller_stopping_mid_call_is_retried(monkeypatch):
 def test_permanent_failure_is_not_retried(monkeypatch):
     from recovery.scheduler.base import SchedulerError
 
-    r = Runner([(1, "", "Invalid job id specified")])
+    r = Runner([(1, "", "slurm_load_jobs error: Access/permission denied")])
     monkeypatch.setattr(subprocess, "run", r)
-    with pytest.raises(SchedulerError, match="Invalid job id"):
+    with pytest.raises(SchedulerError, match="permission denied"):
         SlurmScheduler(backoff_s=0.0).job_state("77")
     assert len(r.calls) == 1
+    # a job squeue no longer knows (23.02+: exit 1) is asked of the accounting, once
+    r = Runner([(1, "", "slurm_load_jobs error: Invalid job id specified"), (0, "", "")])
+    monkeypatch.setattr(subprocess, "run", r)
+    assert SlurmScheduler(backoff_s=0.0).job_state("77") is None
+    assert [c[0] for c in r.calls] == ["squeue", "sacct"]
 
 
 def test_parses_squeue_json_and_filters_by_id(monkeypatch):

@@ -95,3 +95,44 @@ def test_the_diagnosis_carries_the_jobs_user_and_nodes():
     )
     doc = attribute(Bundle(slurm=facts), Context("7", [], 0.0, 100.0))
     assert doc["job_user"] == "ana" and doc["job_nodes"] == ["node1", "node3"]
+
+
+def test_an_array_task_is_found_in_the_23_02_shape(monkeypatch):
+    """23.02 prints array ids as {"set", "number"}: the task never matched, so the adapter
+    and the evidence fell back to the accounting (no reason, no hold, restarts 0)."""
+    answer(monkeypatch, json.loads((FIXTURES / "squeue-23.02-shape.json").read_text()))
+    facts = slurm_evidence.job_facts("52173000_1470", 1.0)
+    assert (facts["name"], facts["state"], facts["nodes"]) == ("train-a", "FAILED", ["gpu-node-07"])
+    assert slurm_evidence.job_facts("52175550", 1.0)["name"] == "train-b"
+
+
+def test_a_job_squeue_refuses_is_read_from_the_accounting_and_the_nodes_still_are(monkeypatch):
+    """23.02 and later answer `squeue -j` of a forgotten job with exit 1, "Invalid job id
+    specified": that ended the Slurm evidence, the node states with it."""
+    from recovery.evidence import Context
+    from recovery.scheduler.base import SchedulerError
+    from recovery.settings import Settings
+
+    fields = SlurmScheduler.SACCT_FIELDS
+    line = "7|FAILED|1:0|node1|gpu|2026-12-01T09:00:00|2026-12-01T10:00:00|ana|train\n"
+    sacct = {fields: line, "JobID,Comment": "7|\n"}
+
+    def run(self, argv):
+        if argv[0] == "squeue":
+            raise SchedulerError(
+                "squeue --json failed: slurm_load_jobs error: Invalid job id specified"
+            )
+        return sacct.get(argv[-1], "")
+
+    monkeypatch.setattr(SlurmScheduler, "_run", run)
+    assert slurm_evidence.job_facts("7", 1.0)["state"] == "FAILED"
+    # the accounting down too: the job's facts are lost, the nodes' states are still read
+    monkeypatch.setattr(slurm_evidence, "run", lambda argv, timeout: "node1|drained|xid 79\n")
+
+    def down(self, argv):
+        raise SchedulerError("sacct failed: slurmdbd down")
+
+    monkeypatch.setattr(SlurmScheduler, "_run", down)
+    got = slurm_evidence.collect(Context("7", ["node1"], 0.0, 1.0), Settings(slurm_enabled=True))
+    assert got.slurm.nodes == {"node1": {"state": "drained", "reason": "xid 79"}}
+    assert got.reports[0].status == "ok" and "slurmdbd down" in got.reports[0].reason
