@@ -188,7 +188,8 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
         return _json_job(jobs[0], where)
     if all(line.count("|") == 6 for line in body.splitlines()):
         rows = [line.split("|") for line in body.splitlines()]  # the name second, as documented
-        jobs = slurm_exporter.parse_sacct("\n".join("|".join([*r[:1], *r[2:], r[1]]) for r in rows))
+        rows = [[r[0], *r[2:], r[1], r[0]] for r in rows]  # as the exporter asks sacct
+        jobs = slurm_exporter.parse_sacct("\n".join("|".join(r) for r in rows))
         if not jobs:
             raise ImportFailure(
                 f"{where}: want `sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,"

@@ -150,20 +150,25 @@ def parse_squeue(text: str, ended_before: float | None = None) -> dict[str, Job]
     return jobs
 
 
+SACCT_FIELDS = "JobID,Partition,State,ExitCode,NodeList,AllocTRES,JobName,JobID"
+
+
 def parse_sacct(text: str) -> dict[str, Job]:
-    """`sacct -X -n -P -o JobID,Partition,State,ExitCode,NodeList,AllocTRES,JobName`: the name
-    last, so a `|` in it (Slurm does not escape one) stays in the name."""
+    """`sacct -X -n -P -o SACCT_FIELDS`. Slurm escapes neither a `|` nor a newline in a job's
+    name, so the name comes last and the job id again after it: a row counts only when it
+    begins and ends with the same id (a name holding `\n9999|gpu|NODE_FAIL|…` forges none),
+    and a job's first row is its own."""
     jobs: dict[str, Job] = {}
     for line in text.splitlines():
-        parts = line.split("|", 6)
-        if len(parts) != 7:
+        parts = line.split("|")
+        if len(parts) < 8 or parts[0] != parts[-1] or parts[0] in jobs:
             continue
-        job_id, partition, state, exit_code, nodelist, tres, name = parts
+        job_id, partition, state, exit_code, nodelist, tres = parts[:6]
         if not JOB_ID.match(job_id):
             continue
         jobs[job_id] = Job(
             job_id=job_id,
-            name=name[:128],
+            name="|".join(parts[6:-1])[:128],
             partition=partition,
             state=(state.split() or ["unknown"])[0].lower(),
             nodes=[] if nodelist == "None assigned" else _job_nodes(nodelist, job_id),
@@ -259,7 +264,7 @@ class SlurmCollector(Collector):
                 "sacct", "-X", "-n", "-P", "--noconvert",
                 "-S", start, "-E", "now",
                 "-s", ENDED_STATES,
-                "-o", "JobID,Partition,State,ExitCode,NodeList,AllocTRES,JobName",
+                "-o", SACCT_FIELDS,
             ],
         }  # fmt: skip
 

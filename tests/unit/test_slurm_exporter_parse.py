@@ -57,7 +57,7 @@ SINFO = json.dumps(
         ]
     }
 )  # fmt: skip
-SACCT = "90|gpu|NODE_FAIL|0:0|node[2-3]|billing=1,gres/gpu=8,node=2|old-job\n91|gpu|CANCELLED by 0|0:9|node1||oom\n"
+SACCT = "90|gpu|NODE_FAIL|0:0|node[2-3]|billing=1,gres/gpu=8,node=2|old-job|90\n91|gpu|CANCELLED by 0|0:9|node1||oom|91\n"
 
 
 class FakeSlurm:
@@ -231,9 +231,13 @@ def test_one_odd_job_costs_only_its_own_fields():
     """A `|` in a job name (Slurm does not escape it) shifted every sacct column, so the job
     vanished; a node list that cannot be read dropped the whole squeue or sacct snapshot."""
     ended = parse_sacct(
-        "7|gpu|FAILED|1:0|node1||a|COMPLETED|0:0|victim01\n"  # the name forges columns
-        "8|gpu|FAILED|2:0|node[a-b]||bad-list\n"
+        "7|gpu|FAILED|1:0|node1||a|COMPLETED|0:0|victim01|7\n"  # the name forges columns
+        "8|gpu|FAILED|2:0|node[a-b]||bad-list|8\n"
+        "41|gpu|FAILED|1:0|node2||x\n"  # a newline in job 41's name forges a row: ...
+        "9999|gpu|NODE_FAIL|0:0|victim01|gres/gpu=8|forged|41\n"  # ... which ends with 41
+        "8|gpu|COMPLETED|0:0|victim01||again|8\n"  # a second row of job 8: the first counts
     )
+    assert sorted(ended) == ["7", "8"]
     assert (ended["7"].name, ended["7"].state, ended["7"].nodes) == (
         "a|COMPLETED|0:0|victim01", "failed", ["node1"]
     )  # fmt: skip
