@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from catalogue import names, promql, recording
+from catalogue import logfiles, names, promql, recording
 from clients.prometheus import PromClient, PromError
 from detector.frame import JOB_RE, NODE_RE
 
@@ -222,6 +222,11 @@ def _copy_logs(src: Path, dst: Path, job_id: str, nodes: list[str]) -> None:
     pairs = [(src / "jobs" / f"slurm-{job_id}.out", dst / "jobs" / f"slurm-{job_id}.out")]
     pairs += [(src / "kernel" / f"{n}.log", dst / "kernel" / f"{n}.log") for n in nodes]
     for a, b in pairs:
-        if a.is_file():
+        try:  # only a regular file, not through a link: the job's user wrote the directory
+            f = logfiles.open_regular(a)
+        except OSError:
+            continue  # absent, a link or a FIFO: the recording has no log of it
+        with f:
             b.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(a, b)
+            with b.open("wb") as out:
+                shutil.copyfileobj(f, out)

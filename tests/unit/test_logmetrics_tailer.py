@@ -156,3 +156,20 @@ def test_a_link_or_a_fifo_is_never_opened(tmp_path):
     d.poll()
     errors = {p.name: f.stats.read_errors for p, f in d.followers.items()}
     assert errors == {"slurm-9.out": 1, "slurm-8.out": 1, "slurm-7.out": 0}  # counted once
+
+
+def test_a_recording_copies_no_link_from_the_log_directory(tmp_path):
+    """`goodput export-recording` copied `slurm-9.out -> /etc/...` into the recording."""
+    from detector.export import _copy_logs
+
+    src, dst = tmp_path / "logs", tmp_path / "rec"
+    (src / "jobs").mkdir(parents=True)
+    (src / "kernel").mkdir()
+    (tmp_path / "secret.txt").write_text("root:x:0:0\n")
+    (src / "jobs" / "slurm-9.out").symlink_to(tmp_path / "secret.txt")
+    (src / "kernel" / "node1.log").write_text("a kernel line\n")
+    os.mkfifo(src / "kernel" / "node2.log")
+    _copy_logs(src, dst, "9", ["node1", "node2", "node3"])
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == [
+        "kernel/node1.log"
+    ]
