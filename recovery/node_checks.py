@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Integer, String, Table, Text, select
+from sqlalchemy import Column, Engine, Float, Integer, String, Table, Text, func, select
 
 from recovery import audit, node_health, slurm_hooks
 from recovery.policy import Policy
@@ -201,6 +201,19 @@ def _run_one(
     payload = {**base, "state": state, "exit_code": result.exit_code, "detail": detail}
     _record(engine, f"check_{state}", {**payload, "duration_s": round(result.duration_s, 3)})
     return payload
+
+
+FINISHED = ("passed", "failed", "held", "rma")
+
+
+def latest_states(engine: Engine) -> dict[str, str]:
+    """node -> the state of its newest finished check (passed, failed, held, rma)."""
+    newest = (
+        select(func.max(checks.c.id)).where(checks.c.state.in_(FINISHED)).group_by(checks.c.node)
+    )
+    with engine.connect() as conn:
+        found = conn.execute(select(checks.c.node, checks.c.state).where(checks.c.id.in_(newest)))
+        return {r.node: r.state for r in found}
 
 
 def rows(engine: Engine, node: str | None = None, limit: int = 100) -> list[dict[str, Any]]:

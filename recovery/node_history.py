@@ -76,7 +76,7 @@ def events(engine: Engine, since: float, node: str | None = None) -> dict[str, l
                     ev = node_health.NodeEvent(at, n, "job_failed", user=user)
                     out.setdefault(n, []).append(ev)
     for r in node_checks.rows(engine, node, limit=1000):
-        if r["started_at"] >= since and r["state"] in ("passed", "failed", "held", "rma"):
+        if r["started_at"] >= since and r["state"] in node_checks.FINISHED:
             kind = "check_passed" if r["exit_code"] == 0 else "check_failed"
             out.setdefault(r["node"], []).append(
                 node_health.NodeEvent(r["started_at"], r["node"], kind)  # type: ignore[arg-type]
@@ -97,9 +97,7 @@ def summary(engine: Engine, policy: Policy, now: float | None = None) -> list[di
     now = time.time() if now is None else now
     rules = policy.return_to_service.repeat_offenders
     rows = []
-    latest: dict[str, str] = {}  # node -> its newest check's state (rma, held, failed, ...)
-    for r in node_checks.rows(engine, limit=1000):
-        latest.setdefault(r["node"], r["state"])
+    latest = node_checks.latest_states(engine)
     for node, evs in events(engine, now - lookback_s(policy)).items():
         incidents = [e for e in evs if e.kind == "incident" and e.at >= now - WEEK_S]
         checked = any(e.kind.startswith("check_") for e in evs)

@@ -112,6 +112,7 @@ def test_the_nodes_command_shows_history_and_checks(tmp_path):
     _diagnose(engine, now - 480, "gpu_hardware_fault", ["node1"], gpu="5", xid=48)
     with engine.begin() as conn:  # the third failure: the verdict is RMA, not "failed"
         conn.execute(node_checks.checks.insert().values(**{**row, "state": "rma"}))
+        conn.execute(node_checks.checks.insert().values(**{**row, "state": "running"}))
     out = CliRunner().invoke(app, ["history", *db])
     assert "last check rma" in out.output and "MTBI   56 min" in out.output
 
