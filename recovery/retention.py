@@ -14,8 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import audit, store
-from recovery.console import logouts
+from recovery import audit, logouts, store
 from recovery.policy import DEFAULT_FILE, Policy, Retention, load_policy
 
 log = logging.getLogger("goodput.receiver.retention")

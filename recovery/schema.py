@@ -3,9 +3,10 @@ migrations (`recovery/migrations/`), and the advisory locks that writers sharing
 take.
 
 The tables stay next to the code that reads them (`store`, `outbox`, `audit`, `accounting`,
-`node_checks`), all on `metadata`. `upgrade(engine)` brings a database to the newest revision,
-once per engine: a fresh one gets every table, one made before migrations (by the old
-`ensure()` calls, no `alembic_version`) is completed by the baseline revision and stamped.
+`node_checks`, `logouts`), all on `metadata`. `upgrade(engine)` brings a database to the
+newest revision, once per engine: a fresh one gets every table, one made before migrations
+(by the old `ensure()` calls, no `alembic_version`) is completed by the baseline revision
+and stamped.
 It runs where an engine is made for the service (`store.make_engine`: the app, the CLI,
 `goodput receiver db upgrade`), never lazily in a store call: a store call on a database never
 migrated fails, naming the missing table.

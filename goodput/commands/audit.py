@@ -80,9 +80,13 @@ def export(
 
 @app.command("prune")
 def prune(db: str = DB) -> None:
-    """Apply the policy's retention now: old webhook bodies, exported old audit events."""
+    """Apply the policy's retention now: old webhook bodies, exported old audit events, the
+    console's logouts whose sessions expired."""
     from recovery import retention
     from recovery.settings import Settings
 
     deleted = retention.apply(open_db(db)[0], retention.rules_for(Settings.from_env()))
-    typer.echo(f"pruned {deleted['payloads']} webhook bodies, {deleted['audit']} audit events")
+    typer.echo(
+        f"pruned {deleted['payloads']} webhook bodies, {deleted['audit']} audit events, "
+        f"{deleted['logouts']} expired logouts"
+    )

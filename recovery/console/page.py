@@ -10,8 +10,8 @@ from urllib.parse import urlencode
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from recovery import watchdog
-from recovery.console import logouts, security
+from recovery import logouts, watchdog
+from recovery.console import security
 from recovery.console.templating import templates
 
 MAX_FORM_BYTES = 16 * 1024

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from recovery import validate
-from recovery.console import logouts, security
+from recovery import logouts, validate
+from recovery.console import security
 from recovery.console.page import engine_of, error, read_form, render, secure, settings_of
 from recovery.console.templating import HERE
 

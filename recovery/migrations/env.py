@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from recovery import accounting, audit, node_checks, outbox, store  # noqa: F401 (their tables)
+from recovery import accounting, audit, logouts, node_checks, outbox, store  # noqa: F401
 from recovery.schema import metadata
 
 conn = context.config.attributes.get("connection")

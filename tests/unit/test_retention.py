@@ -14,9 +14,8 @@ from sqlalchemy import create_engine, delete, func, select, text, update
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
-from recovery import audit, incidents, retention, schema
+from recovery import audit, incidents, logouts, retention, schema
 from recovery.app import create_app
-from recovery.console import logouts
 from recovery.policy import PolicyError, Retention, parse_policy
 from recovery.settings import Settings
 from recovery.store import alerts, make_engine, payloads
@@ -185,7 +184,8 @@ def test_cli_export_verify_file_and_prune(tmp_path, monkeypatch):
     policy.write_text("retention: {audit_days: 30, payload_days: 30}\n")
     monkeypatch.setenv("GOODPUT_POLICY_FILE", str(policy))
     runner = CliRunner()
-    assert "0 audit events" in runner.invoke(cli, ["audit", "prune", "--db", db]).output
+    pruned = runner.invoke(cli, ["audit", "prune", "--db", db]).output
+    assert "0 audit events" in pruned and "0 expired logouts" in pruned
     out = tmp_path / "audit.jsonl"
     r = runner.invoke(cli, ["audit", "export", "--db", db, "-o", str(out), "--who", "ops"])
     assert r.exit_code == 0 and "exported events 1..3" in r.output

@@ -10,8 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Float, MetaData, String, Table, create_engine, inspect, select, text
 from sqlalchemy.pool import StaticPool
 
-from recovery import accounting, audit, node_checks, outbox, schema, store  # noqa: F401
-from recovery.console import logouts
+from recovery import accounting, audit, logouts, node_checks, outbox, schema, store  # noqa: F401
 from recovery.store import make_engine
 
 # What the receiver's ensure() code made before the columns added for HA and payload dedup
