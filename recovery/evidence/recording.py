@@ -194,6 +194,11 @@ def collect(directory: Path, ctx: Context) -> Bundle:
         state = f"{job['state']}, exit code {job.get('exit_code')}"
         bundle.reports.append(Report("slurm", "ok", f"meta.json: job {ctx.job_id} {state}"))
     else:
+        if job:  # its nodes, at least: where a node its log names may be blamed
+            bundle.slurm = SlurmFacts(
+                job={"job_id": ctx.job_id, "name": job.get("name"), "nodes": ctx.nodes},
+                query="meta.json",
+            )
         bundle.reports.append(Report("slurm", "empty", "meta.json: no job state (absent)"))
     return bundle
 

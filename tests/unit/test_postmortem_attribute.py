@@ -157,3 +157,17 @@ def test_meta_gpus_per_node_reaches_the_attribution(tmp_path, monkeypatch):
     assert _attr("--recording", d, "--job-id", "12").exit_code == 0
     assert _attr("--recording", d, "--job-id", "12", "--gpus-per-node", "2").exit_code == 0
     assert seen == [4, 2]  # meta.json's 4, then the option's 2 (the old default was always 8)
+
+
+def test_a_node_the_jobs_log_names_is_blamed_when_meta_lists_it(tmp_path):
+    """A recording whose meta.json has the job's nodes but no state: the nodes still bound
+    which node a log line may blame (none was, once lines could name only the job's nodes)."""
+    d = _two_jobs(tmp_path / "rec", truth=False)
+    (d / "logs" / "jobs").mkdir()
+    (d / "logs" / "jobs" / "slurm-11.out").write_text(
+        "2025-01-01T00:00:40Z srun: error: Node failure on n1\n"
+        "2025-01-01T00:00:41Z srun: error: Node failure on n2\n"  # not job 11's node
+    )
+    r = _attr("--recording", d, "--job-id", "11")
+    doc = json.loads(r.stdout)
+    assert doc["outcome"] == "node_lost" and doc["affected_nodes"] == ["n1"], r.stderr
