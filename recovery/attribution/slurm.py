@@ -58,7 +58,7 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
                         None,
                         f"job state {state}",
                         job.get("argv", ""),
-                        f"JobState={state} ExitCode={job.get('exit_code')}",
+                        f"JobState={state} ExitCode={_exit_text(job)}",
                     )
                 )
         for key, word in (("exit_code", "exit code"), ("signal", "signal")):
@@ -71,7 +71,7 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
                         None,
                         f"{word} {job.get(key)}",
                         job.get("argv", ""),
-                        f"ExitCode={job.get('exit_code')}:{job.get('signal') or 0}",
+                        f"ExitCode={_exit_text(job)}",
                     )
                 )
         if "node_state" in rule:
@@ -105,3 +105,9 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
             sym.action = action
             out.append(sym)
     return out
+
+
+def _exit_text(job: dict[str, Any]) -> str:
+    """Slurm's `code:signal` (a job a signal ended has no return code: `0:9`, as Slurm says)."""
+    code, sig = job.get("exit_code"), job.get("signal") or 0
+    return f"{('?' if not sig else 0) if code is None else code}:{sig}"

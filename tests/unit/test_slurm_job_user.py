@@ -136,3 +136,12 @@ def test_a_job_squeue_refuses_is_read_from_the_accounting_and_the_nodes_still_ar
     got = slurm_evidence.collect(Context("7", ["node1"], 0.0, 1.0), Settings(slurm_enabled=True))
     assert got.slurm.nodes == {"node1": {"state": "drained", "reason": "xid 79"}}
     assert got.reports[0].status == "ok" and "slurmdbd down" in got.reports[0].reason
+
+
+def test_the_evidence_writes_a_jobs_end_as_slurm_does():
+    """A job a signal ended has no return code: its excerpt read `ExitCode=None:9`."""
+    from recovery.attribution.slurm import _exit_text
+
+    assert _exit_text({"exit_code": None, "signal": 9}) == "0:9"
+    assert _exit_text({"exit_code": 3, "signal": 0}) == "3:0"
+    assert _exit_text({}) == "?:0"  # unknown
