@@ -102,7 +102,6 @@ def start_services(db_url: str, since: float) -> None:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
     )
-    stack.export("GOODPUT_RECEIVER_DB_URL", db_url)  # `goodput actions list` after `source env`
 
 
 def demo_db() -> Path:

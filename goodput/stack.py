@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -33,18 +32,6 @@ def stack_env() -> dict[str, str]:
                 key, _, value = line[len("export ") :].partition("=")
                 env[key] = value
     return env
-
-
-def export(name: str, value: str) -> None:
-    """Set `name` in $GOODPUT_STACK_DIR/env, so `source` of it reaches what the stack runs now
-    (the demo's receiver database for the CLI)."""
-    path = state_dir() / "env"
-    kept = [
-        line
-        for line in (path.read_text().splitlines() if path.exists() else [])
-        if not line.startswith(f"export {name}=")
-    ]
-    path.write_text("\n".join([*kept, f"export {name}={shlex.quote(value)}"]) + "\n")
 
 
 def start_service(name: str, argv: list[str], url: str, env: dict[str, str] | None = None) -> int:

@@ -102,14 +102,16 @@ def demo(ctx: typer.Context) -> None:
     handled = sum(
         r.action == r.fault.expect_action and r.action_state == "executed" for r in results
     )
-    cli, db = _cli(), f"--db sqlite:///{loop.demo_db()}"
+    url = f"sqlite:///{loop.demo_db()}"
+    cli, db = _cli(), f"--db {url}"
     console.print(
         f"{handled}/{len(loop.FAULTS)} faults detected, diagnosed and handled as expected.\n"
         "Explore: Recovery Console http://127.0.0.1:19430/console (log in with the token in "
         f"{stack.stack_env().get('GOODPUT_RECEIVER_TOKEN_FILE')}), Prometheus "
         "http://127.0.0.1:19090/alerts, Alertmanager http://127.0.0.1:19093, "
         f"`{cli} stack status`, `{cli} actions list {db}`, `{cli} audit verify {db}`, "
-        f"`{cli} nodes history {db}`. Stop: `make demo-stop`; "
+        f"`{cli} nodes history {db}` (or `export GOODPUT_RECEIVER_DB_URL={url}` "
+        "once, for every such command). Stop: `make demo-stop`; "
         f"`{cli} demo stop --keep-stack` leaves the stack running.",
         soft_wrap=True,
     )
