@@ -77,9 +77,14 @@ class Follower:
             self.stats.read_errors += 1
             return out
         if st is not None and not logfiles.regular(st):
-            self.stats.read_errors += int(not self._refused)  # counted once, then skipped
+            if self._fh is not None:  # the file followed was replaced by one: finish it
+                out.extend(self._read_all())
+                out.extend(self._flush_partial())
+                self._close()
+            self.stats.read_errors += int(not self._refused)  # counted once while it lasts
             self._refused = True
             return out
+        self._refused = False
         ident = (st.st_dev, st.st_ino) if st else None
         if self._fh is not None and ident != self._ino:
             # rotated or removed: finish the old file, then start on the new one

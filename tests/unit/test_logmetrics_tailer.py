@@ -173,3 +173,23 @@ def test_a_recording_copies_no_link_from_the_log_directory(tmp_path):
     assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == [
         "kernel/node1.log"
     ]
+
+
+def test_a_followed_file_replaced_by_a_link_is_read_to_its_end_and_closed(tmp_path):
+    log, other = tmp_path / "slurm-1.out", tmp_path / "other.txt"
+    other.write_text("not the job's\n")
+    log.write_text("line 1\n")
+    f = Follower(log)
+    assert f.poll() == ["line 1"]
+    with open(log, "a") as fh:
+        fh.write("line 2\npartial")
+    log.rename(tmp_path / "old.out")
+    log.symlink_to(other)
+    assert f.poll() == ["line 2", "partial"] and f._fh is None
+    assert f.poll() == [] and f.stats.read_errors == 1
+    log.unlink()
+    log.write_text("a new run\n")
+    assert f.poll() == ["a new run"]
+    log.unlink()
+    os.mkfifo(log)
+    assert f.poll() == [] and f.stats.read_errors == 2  # a later refusal counts again
