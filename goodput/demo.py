@@ -19,7 +19,7 @@ from rich.markup import escape
 from clients.prometheus import PromClient
 from goodput import stack
 from goodput.demo_clients import JOBS, RECEIVER_URL, Receiver, Slurm, http_ok, wait
-from recovery.attribution.logs import clip
+from recovery.attribution.model import clip
 
 SIM_URL = "http://127.0.0.1:19400"
 REPO = stack.REPO

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import catalogue
-from recovery.attribution.model import MILESTONE, PROGRESS, Pause, Rules, Sym
+from recovery.attribution.model import MILESTONE, PROGRESS, Pause, Rules, Sym, clip
 from recovery.evidence import LogLine
 
 _XID_KIND = {
@@ -73,15 +73,6 @@ def _hits(text: str, source: str, rules: Rules) -> tuple[list[Hit], bool, str, b
         role, outcome = ov.get("role", role), ov.get("outcome", outcome)
         hits.append((symptom, role, outcome, m.groups, m.pattern, action))
     return hits, progress, pause, milestone
-
-
-def clip(text: str, limit: int) -> str:
-    """`text` at most `limit` characters, cut at a space where one is near and marked `…`."""
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > limit * 3 // 4 else cut).rstrip() + "…"
 
 
 def line_evidence(ln: LogLine, node: str | None) -> dict[str, Any]:

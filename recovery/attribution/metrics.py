@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from catalogue import priors as physics_priors
 from recovery.attribution.logs import _xid_symptom, line_evidence
-from recovery.attribution.model import FB_USED, PROGRESS_METRICS, Pause, Rules, Sym
+from recovery.attribution.model import FB_USED, PROGRESS_METRICS, Pause, Rules, Sym, clip
 from recovery.evidence import Series
 
 
@@ -197,7 +197,7 @@ def _overrun(pause: Pause, stalls: list[Sym], moved: float, series: list[Series]
     seen = ", ".join(sorted({s.id for s in stalls}))
     detail = (
         f"stalled ({seen}) {at - line.time:.0f} s into the pause its log opened, past its "
-        f"allowance: {line.text.strip()[:160]}"
+        f"allowance: {clip(line.text.strip(), 160)}"
     )
     return [
         Sym(

@@ -90,3 +90,12 @@ def _resolve_priors(rule: dict[str, Any]) -> dict[str, Any]:
 
 def _key(s: Sym) -> float:
     return s.time if s.time is not None else float("inf")
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` at most `limit` characters, cut at a space where one is near and marked `…`."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit * 3 // 4 else cut).rstrip() + "…"

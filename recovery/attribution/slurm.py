@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from recovery.attribution.logs import _hits
-from recovery.attribution.model import Rules, Sym
+from recovery.attribution.model import Rules, Sym, clip
 from recovery.evidence import Bundle, Context
 
 
@@ -98,7 +98,7 @@ def _slurm_symptoms(bundle: Bundle, ctx: Context, rules: Rules) -> list[Sym]:
                 role,
                 t,
                 node,
-                f"{pattern}: node {node} reason {reason[:160]}",
+                f"{pattern}: node {node} reason {clip(reason, 160)}",
                 bundle.slurm.query or "sinfo",
                 f"Reason={reason[:280]}",
             )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recovery.attribution.model import RUNNING, Rules, Sym, _key, load_rules
+from recovery.attribution.model import RUNNING, Rules, Sym, _key, clip, load_rules
 from recovery.attribution.ranking import _confidence, _culprit, choose, refine
 from recovery.attribution.symptoms import Extracted, extract
 from recovery.diagnosis import CATEGORY, Diagnosis
@@ -51,7 +51,7 @@ def attribute(
     first = min([s for s in trig if s.id == rule.get("headline")] or trig, key=_key)
     onset_times = [s.time for s in trig if s.time is not None]
     where = f" on {', '.join(culprit)}" if culprit else ""
-    root = f"{outcome.replace('_', ' ')}{where}: {first.detail[:160]}"
+    root = f"{outcome.replace('_', ' ')}{where}: {clip(first.detail, 240)}"
     evidence = [s.evidence for s in sorted(trig, key=_key)[:20]]
     evidence += [s.evidence for s in syms if s not in trig][:30]
     initiating = sorted({s.id for s in trig if s.role == "initiating"} or {s.id for s in trig})

@@ -191,7 +191,7 @@ def test_a_node_a_jobs_own_output_names_is_blamed_only_when_the_job_ran_there():
 
 
 def test_a_long_line_is_clipped_at_a_word_and_marked():
-    from recovery.attribution.logs import clip
+    from recovery.attribution.model import clip
 
     oom = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 79.11 GiB of which 1 is free"
     assert clip(oom, 200) == oom
