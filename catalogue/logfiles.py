@@ -2,7 +2,7 @@
 job's output as its user): only a regular file, never through a symbolic link (`ln -s
 /etc/shadow slurm-9.out` would ship the file as job 9's output), never blocking on a FIFO (a
 `mkfifo slurm-5.out` stopped every reader). One rule for the log-metrics exporter, the Loki
-shipper and the receiver's log evidence.
+shipper, the receiver's log evidence and `goodput export-recording`.
 """
 
 from __future__ import annotations

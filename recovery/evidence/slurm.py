@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from catalogue import names
 from recovery import validate
 from recovery.evidence import Bundle, Context, Report, SlurmFacts
 from recovery.scheduler.base import SchedulerError
@@ -24,11 +23,6 @@ def run(argv: list[str], timeout: float) -> str:
     if out.returncode != 0:
         raise RuntimeError(f"{argv[0]} exited {out.returncode}: {out.stderr.strip()[:300]}")
     return out.stdout
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Slurm hostlist (`node[1-3,7]`) → the valid node names in it (pure, no `scontrol`)."""
-    return names.expand_hostlist(expr, skip_invalid=True)
 
 
 def job_facts(job_id: str, timeout: float) -> dict[str, Any]:
