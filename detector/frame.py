@@ -281,18 +281,23 @@ class Frame:
 
 def _last_progress(jobs: pd.DataFrame) -> pd.DataFrame:
     """Make the last-progress time trustworthy: a stamp later than the sample is dropped, and
-    the sample time at which the iteration counter last advanced is a second, exact witness
-    (recordings may round the stamp; the counter is what the exporter saw)."""
+    the iteration counter is a second witness (recordings may round or lose the stamp; the
+    counter is what the exporter saw): it advanced after the job's previous sample, so a stamp
+    since then is the time, and otherwise the sample's time is (a stamp kept exact: a
+    restart's start-up pause opens with it, and a later one would close that pause)."""
     t = jobs["time"].to_numpy(dtype=float)
     last = np.full(len(jobs), np.nan)
     if F.LAST_PROGRESS in jobs:
         lp = pd.to_numeric(jobs[F.LAST_PROGRESS], errors="coerce").to_numpy(dtype=float)
         last = np.where(lp <= t, lp, np.nan)
     if F.ITERATION in jobs:
+        by = jobs["job_id"].to_numpy()
         it = pd.to_numeric(jobs[F.ITERATION], errors="coerce")
-        prev = it.groupby(jobs["job_id"].to_numpy()).shift()
-        moved = (it > prev).to_numpy()
-        seen = pd.Series(np.where(moved, t, np.nan)).groupby(jobs["job_id"].to_numpy()).ffill()
+        moved = (it > it.groupby(by).shift()).to_numpy()
+        before = pd.Series(t).groupby(by).shift().to_numpy()
+        with np.errstate(invalid="ignore"):
+            when = np.where(last > before, last, t)
+        seen = pd.Series(np.where(moved, when, np.nan)).groupby(by).ffill()
         last = np.fmax(last, seen.to_numpy())
     jobs = jobs.drop(columns=[c for c in (F.ITERATION,) if c in jobs])
     jobs[F.LAST_PROGRESS] = last

@@ -5,13 +5,14 @@ detectors' learning, and the store by job name (a requeued job starts with its b
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from detector import fields as F
-from detector.base import Detector
+from detector.base import Detector, pause_open
 from detector.baselines import BaselineStore
 from detector.frame import Frame, repeated
 from detector.level import Level
@@ -37,6 +38,7 @@ class JobInfo:
     code: int = 0
     fitted_rows: int = 0  # rows learned at the last fit (a second fit follows at 4x)
     learns: int = 0  # cycles that added rows
+    relearn: bool = False  # its reservoir started over from a new normal (`Baselines.relearn`)
 
 
 class Baselines:
@@ -58,6 +60,11 @@ class Baselines:
         self._due: dict[str, tuple[bool, float]] = {}  # job -> (periodic, due since): _fit_due
         self.version = 0  # changes to the job table (`add`, `end`): the memos' check
         self._first_seen: Memo[np.ndarray] = Memo()
+        self._phased: dict[str, float] = {}  # job -> since when a phase caps it (`relearn`)
+        self._pending: deque[tuple[float, np.ndarray, list[tuple[str, int, int, float]]]] = (
+            deque()
+        )  # rows taken, not yet confirmed calm (`_release`): (time, block, spans)
+        self._hot: dict[str, float] = {}  # job -> the latest time its score was not calm
 
     def add(self, job: str, name: str, now: float) -> None:
         """A job seen for the first time: a code, and its stored baseline by name if any."""
@@ -96,16 +103,51 @@ class Baselines:
         self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
     ) -> None:
         """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
-        cycle, spread over jobs; small jobs every cycle) and fit when due: first as soon as
-        `fit_rows` calm rows are in (or at `fit_after_s`), again at 4x as many, then every
-        `refit_s` (at most `fits_per_cycle` jobs a cycle: `_fit_due`)."""
+        cycle, spread over jobs; small jobs every cycle), except rows of a run's start-up (its
+        log's start-up pause open, no step yet: `starting`), once the job stayed calm for
+        `learn_delay_s` after them (`_release`), and fit when due: first as soon as `fit_rows`
+        calm rows are in (or at `fit_after_s`), again at 4x as many, then every `refit_s` (at
+        most `fits_per_cycle` jobs a cycle: `_fit_due`)."""
         self._add_rows(frame, job, combined, now, cycle)
+        self._release(now)
         self._fit_due(now)
+
+    def relearn(
+        self, phased: np.ndarray, calm: np.ndarray, steady: np.ndarray, now: float
+    ) -> np.ndarray:
+        """The score each job learns by (`learn`): its `calm`, except for a fitted job that a
+        phase (`Engine._phase`: a job-wide move its progress calls healthy) has capped for
+        `relearn_s`: that is its new normal (a new stage of training, a longer sequence, a
+        restart on other nodes), not a phase. Its reservoir starts over and learns while the
+        detectors no phase caps (`steady`) are calm, and it is fitted as a first fit is, as
+        soon as `fit_rows` rows are in; a phase still on then starts a new `relearn_s`.
+        Without this its baseline would never move: capped at 0.99, the job learns nothing."""
+        held, out = self._phased, calm
+        on = np.flatnonzero(phased[: len(self.ids)]).tolist()
+        now_on = {self.ids[c] for c in on}
+        for job in [j for j in held if j not in now_on]:
+            del held[job]
+        for c in on:
+            job = self.ids[c]
+            info = self.jobs.get(job)
+            if info is None or info.fitted_at is None:
+                continue
+            since = held.setdefault(job, now)
+            if not info.relearn and now - since >= self.cfg.relearn_s:
+                info.relearn, info.rows, info.seen, info.learns = True, None, 0, 0
+                info.fitted_rows, held[job] = 0, now
+                self._due.pop(job, None)
+            if info.relearn:
+                out = calm.copy() if out is calm else out
+                out[c] = steady[c]
+        return out
 
     def _add_rows(
         self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
     ) -> None:
         every = max(self.cfg.learn_every, 1)
+        hot = np.flatnonzero(combined[1:] >= self.cfg.learn_below) + 1
+        self._hot.update(dict.fromkeys([self.ids[c] for c in hot.tolist()], now))
         codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
         size = np.bincount(job, minlength=len(combined))[codes] if len(job) else codes * 0
         turn = (codes % every == cycle % every) | (size <= self.cfg.learn_small)
@@ -115,7 +157,7 @@ class Baselines:
         stall = frame.col(F.STALL_SECONDS)
         chosen = np.zeros(len(combined), dtype=bool)  # a table: np.isin sorts both sides
         chosen[codes] = True
-        rows_all = np.flatnonzero(chosen[job])
+        rows_all = np.flatnonzero(chosen[job] & ~starting(frame))
         order = rows_all[np.argsort(job[rows_all], kind="stable")]
         jo = job[order]
         starts = np.flatnonzero(np.r_[True, jo[1:] != jo[:-1]])
@@ -125,22 +167,43 @@ class Baselines:
             longest = np.fmax.reduceat(stall[order], starts).tolist()
         block = frame.values[order]  # one gather; each job's rows are a slice of it
         ends = np.r_[starts[1:], len(order)].tolist()
-        learning = []  # (job, its rows' span in block, its longest stall): past warm-up
-        span_jobs = jo[starts].tolist()
-        for c, a, b, st in zip(span_jobs, starts.tolist(), ends, longest, strict=True):
+        spans = []  # (job, its rows' span in block, its longest stall): past warm-up
+        for c, a, b, st in zip(jo[starts].tolist(), starts.tolist(), ends, longest, strict=True):
             info = self.jobs.get(self.ids[c])
             if info is not None and now - info.first_seen >= self.cfg.warmup_s:
-                learning.append((info, a, b, st))
+                spans.append((self.ids[c], a, b, st))
+        if spans:
+            self._pending.append((now, block, spans))
+
+    def _release(self, now: float) -> None:
+        """Learn the rows taken `learn_delay_s` ago or more of jobs whose score was calm ever
+        since: a fault's first samples score calm until the persistence window fills (15 s),
+        and a baseline that learned them (a spin hang's onset: every rank busy at idle power)
+        takes the job's training for the fault. Rows of a job gone since are dropped."""
+        while self._pending and self._pending[0][0] <= now - self.cfg.learn_delay_s:
+            taken, block, spans = self._pending.popleft()
+            learning = [
+                (info, a, b, st)
+                for job, a, b, st in spans
+                if (info := self.jobs.get(job)) is not None
+                and self._hot.get(job, -math.inf) < taken
+            ]
+            self._learned(block, learning, now)
+
+    def _learned(
+        self, block: np.ndarray, learning: list[tuple[JobInfo, int, int, float]], now: float
+    ) -> None:
+        """Add each job's span of `block` to its reservoir and mark its fit due when it is."""
         self._reservoirs(block, [(info, a, b) for info, a, b, _ in learning])
         cfg = self.cfg
         for info, _, _, st in learning:
             info.learns += 1
             if math.isfinite(st):
                 info.max_stall = max(info.max_stall, st)
-            if info.fitted_at is None:
+            if info.fitted_at is None or info.relearn:
                 enough = info.seen >= cfg.fit_rows and info.learns >= cfg.fit_cycles
-                due = enough or now - info.first_seen >= cfg.fit_after_s
-                periodic = False
+                late = info.fitted_at is None and now - info.first_seen >= cfg.fit_after_s
+                due, periodic = enough or late, False
             else:
                 due = 0 < info.fitted_rows <= info.seen / 4  # the early refit
                 periodic = now - info.fitted_at >= cfg.refit_s
@@ -248,7 +311,7 @@ class Baselines:
             if name != "hardware" and name not in ONLINE:
                 det.fit(train)
         for job, info in infos:
-            info.fitted_at = now
+            info.fitted_at, info.relearn = now, False
             info.fitted_rows = 0 if info.fitted_rows else max(info.seen, 1)  # one early refit
             if self.store is not None:
                 states = {n: s for n, d in self.det.items() if (s := d.job_state(job)) is not None}
@@ -266,6 +329,8 @@ class Baselines:
         for job in ended:
             del self.jobs[job]
             self._due.pop(job, None)
+            self._phased.pop(job, None)
+            self._hot.pop(job, None)
         if ended:
             for det in self.det.values():
                 det.drop_jobs(ended)
@@ -282,3 +347,14 @@ class Baselines:
         for job, info in self.jobs.items():
             info.code = new[job]
         return remap
+
+
+def starting(frame: Frame) -> np.ndarray:
+    """Rows of a run before its first step: the log opened a pause (the start-up line, or a
+    restart's) and reported no step time since. NCCL init, a checkpoint load and a first
+    collective (ranks spinning at idle power) are no run's steady state: a baseline learned
+    from them takes training for a fault (a restart requeued in its first minutes did)."""
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(frame.col(F.ITER_SECONDS)) & pause_open(
+            frame.col(F.STALL_SECONDS), frame.col(F.SINCE_PAUSE)
+        )

@@ -61,7 +61,8 @@ class Config:
     fit_cycles: int = 6  # ... over at least this many cycles
     fit_after_s: float = 300.0  # ... or at this age, whatever the row count (if any)
     refit_s: float = 900.0  # slow update: refit from the reservoir this often
-    learn_below: float = 0.5  # only cycles whose job score is below this are learned
+    learn_below: float = 0.5  # only cycles whose job score is below this are learned ...
+    learn_delay_s: float = 30.0  # ... and stays below it this long after (a fault's onset)
     learn_every: int = 6  # each job adds to its reservoir every n-th cycle (spread over jobs)
     learn_small: int = 8  # ... except jobs of at most this many GPUs, which learn every cycle
     reservoir: int = 256
@@ -72,6 +73,7 @@ class Config:
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
     phase_calm: float = 1.0  # ... a phase (eval, checkpoint), not a fault (see `_phase`)
+    relearn_s: float = 600.0  # a phase held this long is the job's new normal (`relearn`)
     multivariate: bool = False  # RobustCovariance: off the per-cycle path unless asked for
     level: bool = True  # Level: each job's adaptive, unit-free series baselines (level.py)
 
@@ -237,9 +239,9 @@ class Engine:
             allowance = self._pause_allowance(frame)
             self._pause(frame, raw, allowance)  # before persistence: the window after it holds
             gpu = self._persist(idx, job, raw, now)
-            self._phase(frame, job, gpu)
-            jobs, nodes, missing, combined, calm = self._aggregate(idx, job, gpu, now, nid)
-            base.learn(frame, job, calm, now, self.cycle)
+            phased = self._phase(frame, job, gpu)
+            jobs, nodes, missing, combined, calm, steady = self._aggregate(idx, job, gpu, now, nid)
+            base.learn(frame, job, base.relearn(phased, calm, steady, now), now, self.cycle)
             base.learn_online(frame, combined)
         pauses = _per_job(frame, allowance)
         return Result(frame, self.names, gpu, jobs, nodes, missing, pauses, self._learned(frame))
@@ -366,18 +368,20 @@ class Engine:
             at = np.ix_(np.flatnonzero(inside), np.array(cols))
             raw[at] = np.minimum(raw[at], 0.99)
 
-    def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> None:
+    def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> np.ndarray:
         """A job-wide move is judged by the job's progress: when `phase_share` of a job's GPUs
         reach 1.0 on a baseline detector and the job reports progress, its progress and pace
         scores below `phase_calm` (their alert level), it is a phase (evaluation, checkpoint,
         a new data shard), not a fault, and those detectors are capped below 1.0 for the job.
         A job-wide fault stops or slows progress and alarms there. Never capped: jobs without
         progress, one node or GPU moving alone (under `phase_share`), and jobs whose GPUs mostly
-        spin (busy at idle power: a collective hang, which no healthy phase looks like)."""
+        spin (busy at idle power: a collective hang, which no healthy phase looks like).
+        Returns, per job code, whether it was capped (held for `relearn_s`: a new normal,
+        `Baselines.relearn`)."""
         cols = [i for i, n in enumerate(self.names) if n in PHASED]
-        if "progress" not in self.names or not cols or not len(job):
-            return
         n = len(self.base.ids)
+        if "progress" not in self.names or not cols or not len(job):
+            return np.zeros(n, dtype=bool)
         on = job > 0
         jo, g = (job, gpu) if on.all() else (job[on], gpu[on])
         count = np.maximum(np.bincount(jo, minlength=n), 1).astype(float)
@@ -395,9 +399,10 @@ class Engine:
             calm &= spin / count < 0.5
         phase = (share >= self.cfg.phase_share) & calm[:, None]
         if not phase.any():
-            return
+            return np.zeros(n, dtype=bool)
         capped = phase[job] & on[:, None]
         gpu[:, cols] = np.where(capped, np.minimum(gpu[:, cols], 0.99), gpu[:, cols])
+        return phase.any(axis=1)
 
     def _aggregate(self, idx: np.ndarray, job: np.ndarray, gpu: np.ndarray, now, nid):
         n = len(self.base.ids)
@@ -444,10 +449,12 @@ class Engine:
         # the reservoir's gate leaves out the online detectors: they learn on their own guard,
         # and a shift they are adopting as the new normal must not starve the reservoir of it
         gate = [i for i, nm in enumerate(names) if nm not in ONLINE]
-        calm = np.full(n, -1.0)
+        calm, steady = np.full(n, -1.0), np.full(n, -1.0)  # steady: the detectors no phase caps
+        rest = [i for i in gate if names[i] not in PHASED]
         if len(codes):
             calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
-        return jobs, nodes, missing, comb, calm
+            steady[codes] = per_job[codes][:, rest].max(axis=1) if rest else 0.0
+        return jobs, nodes, missing, comb, calm, steady
 
     def _job_labels(self, codes: np.ndarray, cols: list[str]) -> dict[str, np.ndarray]:
         """The job table's label columns (job_id, detector), row-major over `codes` x `cols`;

@@ -1,0 +1,144 @@
+"""A job's baseline follows the job: a run's start-up is never learned as its normal, and a
+job-wide shift its progress calls healthy, held for `relearn_s`, becomes the new normal.
+
+Seen on the quickstart's own stack: a job hung as its warm-up ended, was requeued, and its first
+fit learned the restart's start-up (every rank spinning at idle power in its first collective,
+no step yet); back at work, every GPU sat at deviation 0.99 (capped by the phase rule, its
+progress calm) for good, and the baseline stored by its name carried that on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from detector import fields as F
+from detector.pipeline import Config, Engine
+from detector.synthetic import healthy_frame
+
+COL = {n: i for i, n in enumerate(F.ALL_FIELDS)}
+SPIN = {  # ranks in their first collective: busy at idle power (failures.md, H200)
+    "DCGM_FI_DEV_GPU_UTIL": 100.0,
+    "DCGM_FI_DEV_POWER_USAGE": 125.0,
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.99,
+    "DCGM_FI_PROF_SM_ACTIVE": 0.01,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.0,
+    "DCGM_FI_PROF_DRAM_ACTIVE": 0.0,
+}
+
+
+def _run(frame, **cfg):
+    eng = Engine(Config(warmup_s=60.0, **cfg))
+    out = []
+    for rows in frame.instants():
+        t = float(frame.time[rows[0]])
+        res = eng.step(frame.take(rows), t, None)
+        jobs = res.jobs
+        dev = jobs[jobs.detector == "deviation"].score
+        out.append((t, float(dev.max()) if len(dev) else 0.0))
+    return eng, out
+
+
+def _starting_up(frame, mask, since):
+    """Rows of a restarted run before its first step: the start-up pause open (the log's
+    milestone dates both progress and pause), no step time, every rank spinning."""
+    v = frame.values
+    for name, value in SPIN.items():
+        v[mask, COL[name]] = value
+    v[mask, COL[F.ITER_SECONDS]] = np.nan
+    v[mask, COL[F.STALL_SECONDS]] = frame.time[mask] - since
+    v[mask, COL[F.SINCE_PAUSE]] = frame.time[mask] - since
+
+
+def test_a_restarts_start_up_is_not_its_baseline():
+    """Trained 15 s past warm-up, restarted, 120 s of start-up spin, then training: the first
+    fit is of training, and training scores calm (before: 0.99 on every GPU, for good)."""
+    f = healthy_frame(jobs=1, nodes=1, steps=120, seed=3)
+    _starting_up(f, (f.time >= 75) & (f.time < 195), since=75.0)
+    eng, dev = _run(f)
+    after = [s for t, s in dev if t >= 300]
+    assert max(after) < 0.5, after
+    info = eng.base.jobs["100"]
+    assert info.fitted_at is not None
+    det = eng.det["deviation"]
+    power = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+    assert det.busy_med_[0, power] > 600  # training's ~690 W, not the spin's 125 W
+
+
+def test_the_start_up_gate_leaves_jobs_without_a_log_alone():
+    """No progress input at all: every calm row past warm-up is learned, as before."""
+    f = healthy_frame(jobs=1, nodes=1, steps=60, seed=4)
+    f.values[:, COL[F.ITER_SECONDS]] = np.nan
+    f.values[:, COL[F.STALL_SECONDS]] = np.nan
+    eng, _ = _run(f)
+    assert eng.base.jobs["100"].fitted_at is not None
+
+
+def test_a_lasting_healthy_shift_becomes_the_new_normal():
+    """Power and clocks move job-wide for good (a new stage of training) while the job steps
+    at its pace: capped as a phase at first, learned after `relearn_s`, then calm again."""
+    f = healthy_frame(jobs=1, nodes=1, steps=400, seed=5)
+    shift = f.time >= 600
+    f.values[shift, COL["DCGM_FI_DEV_POWER_USAGE"]] -= 170.0  # ~690 W -> ~520 W
+    f.values[shift, COL["DCGM_FI_DEV_SM_CLOCK"]] -= 200.0
+    eng, dev = _run(f, relearn_s=300.0)
+    during = [s for t, s in dev if 640 <= t < 900]
+    assert during and all(0.95 <= s < 1.0 for s in during), during  # a phase: capped
+    late = [s for t, s in dev if t >= 1200]
+    assert max(late) < 0.5, late
+    det = eng.det["deviation"]
+    power = F.GAUGE_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+    assert abs(det.busy_med_[0, power] - 520.0) < 20
+
+
+def test_a_slowdown_is_never_learned_as_normal():
+    """The same shift with the job stepping 60 % slower is no phase: it alerts (progress' pace)
+    and is never relearned, however long it lasts."""
+    f = healthy_frame(jobs=1, nodes=1, steps=400, seed=5)
+    shift = f.time >= 600
+    f.values[shift, COL["DCGM_FI_DEV_POWER_USAGE"]] -= 170.0
+    f.values[shift, COL["DCGM_FI_DEV_SM_CLOCK"]] -= 200.0
+    f.values[shift, COL[F.ITER_SECONDS]] *= 1.6
+    eng, dev = _run(f, relearn_s=300.0)
+    late = [s for t, s in dev if t >= 1200]
+    assert min(late) >= 1.0, late
+    assert not eng.base.jobs["100"].relearn
+
+
+def test_a_faults_first_samples_are_never_learned():
+    """A spin hang 5 s after warm-up, for a minute, then training again: the hang's first
+    samples score calm until the persistence window fills, and were learned (two of the three
+    rows the quickstart's first fit had were such an onset, util 100 % at 125 W). Rows wait
+    `learn_delay_s` for the job to stay calm: the reservoir fills with training alone."""
+    f = healthy_frame(jobs=1, nodes=1, steps=100, seed=6)
+    hang = (f.time >= 65) & (f.time < 125)
+    for name, value in SPIN.items():
+        f.values[hang, COL[name]] = value
+    f.values[hang, COL[F.STALL_SECONDS]] = f.time[hang] - 65
+    eng, _ = _run(f)
+    info = eng.base.jobs["100"]
+    assert info.seen > 0 and info.rows is not None
+    power = info.rows[: min(info.seen, len(info.rows)), COL["DCGM_FI_DEV_POWER_USAGE"]]
+    assert (power > 600).all(), power
+
+
+def test_a_restarts_start_up_pause_stays_open_in_replay():
+    """A recording's iteration counter moved in the sample after the exporter stamped the
+    restart (its start-up line dates progress and pause alike, 2.4 s before the sample): the
+    stamp is the time, so the start-up pause stays open. Read as progress at the sample's
+    time, it closed the pause, and the restart's idle start-up scored as an idle hang."""
+    from detector.frame import join_progress
+
+    gpu = pd.DataFrame({"time": [1000.0, 1005.0, 1010.0], "job_id": ["7"] * 3})
+    jobs = pd.DataFrame(
+        {
+            "time": [1000.0, 1005.0, 1010.0],
+            "job_id": ["7"] * 3,
+            F.ITERATION: [10.0, 20.0, 20.0],
+            F.LAST_PROGRESS: [990.0, 1002.6, 1002.6],
+            F.LAST_PAUSE: [900.0, 1002.6, 1002.6],
+        }
+    )
+    out = join_progress(gpu, jobs)
+    assert out[F.LAST_PROGRESS].tolist() == [990.0, 1002.6, 1002.6]
+    stale = jobs.assign(**{F.LAST_PROGRESS: [990.0, 990.0, 990.0]})
+    assert join_progress(gpu, stale)[F.LAST_PROGRESS].tolist() == [990.0, 1005.0, 1005.0]
