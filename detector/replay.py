@@ -18,6 +18,7 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
+from catalogue.recording import check_meta, gzip_checked
 from detector import fields as F
 from detector import samples
 from detector.baselines import BaselineStore
@@ -52,7 +53,8 @@ def read(path: str | Path, derive: Derive | None = None) -> Loaded:
     if p.is_dir():
         return _read_dir(p, derive)
     got = samples.read(p)
-    gpu = join_progress(got.gpu, got.jobs) if got.jobs is not None else got.gpu
+    gpu = _once(got.gpu, p, got.notes)
+    gpu = join_progress(gpu, got.jobs) if got.jobs is not None else gpu
     if got.jobs is None:
         got.notes.append("no job metrics in the file: the progress detector has no input")
     return Loaded(Frame.from_dataframe(gpu), {}, None, got.notes)
@@ -64,26 +66,42 @@ def _read_dir(p: Path, derive: Derive | None) -> Loaded:
         meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     except ValueError as exc:
         raise FrameError(f"{meta_path}: not JSON: {exc}") from None
-    if meta and not str(meta.get("format", "")).startswith("goodput-recording/"):
-        raise FrameError(f"{meta_path}: unknown format {meta.get('format')!r}")
+    try:
+        check_meta(meta, str(meta_path))
+    except ValueError as exc:
+        raise FrameError(str(exc)) from None
     gpu_path = next(
         (q for q in (p / "gpu_metrics.csv.gz", p / "gpu_metrics.csv") if q.exists()), None
     )
     if gpu_path is None:
         raise FrameError(f"{p}: no gpu_metrics.csv.gz (is it a recording? see goodput import)")
-    gpu = pd.read_csv(gpu_path, dtype={"job_id": str, "node": str})
+    gpu = _csv(gpu_path, dtype={"job_id": str, "node": str})
     notes = [f"metrics: {gpu_path.name} ({len(gpu)} rows)"]
+    gpu = _once(gpu, gpu_path, notes)
     job_path = next(
         (q for q in (p / "job_metrics.csv.gz", p / "job_metrics.csv") if q.exists()), None
     )
     if job_path is not None:
-        gpu = join_progress(gpu, pd.read_csv(job_path, dtype={"job_id": str}))
+        gpu = join_progress(gpu, _csv(job_path, dtype={"job_id": str}))
         notes.append(f"job metrics: {job_path.name}")
     else:
         gpu = _derived(p, gpu, derive, notes)
     names = {str(j["job_id"]): str(j.get("name", j["job_id"])) for j in meta.get("jobs", [])}
     interval = meta.get("interval_s")
     return Loaded(Frame.from_dataframe(gpu), names, float(interval) if interval else None, notes)
+
+
+def _csv(path: Path, dtype: dict[str, Any]) -> pd.DataFrame:
+    """A recording's CSV (gzipped when named .gz); a damaged gzip is a FrameError naming it."""
+    with gzip_checked(path, FrameError):
+        return pd.read_csv(path, dtype=dtype)
+
+
+def _once(gpu: pd.DataFrame, path: Path, notes: list[str]) -> pd.DataFrame:
+    """`gpu` with each (timestamp, node, gpu) once (`samples.merge_repeats`), noted."""
+    gpu, merged = samples.merge_repeats(gpu, str(path))
+    notes += [f"{path.name}: {note}" for _, note in merged]
+    return gpu
 
 
 def _derived(p: Path, gpu: pd.DataFrame, derive: Derive | None, notes: list[str]):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,24 +55,27 @@ def read(
         raise SampleError(f"--job-id {job_id!r}: want a Slurm job id (123 or 123_4)")
     low = p.name.lower()
     try:
-        if low.endswith(".json"):
-            df = _prom_json(p, json.loads(p.read_text()))
-        elif low.endswith(".parquet"):
-            df = pd.read_parquet(p)
-        elif low.endswith((".csv", ".csv.gz", ".tsv")):
-            df = pd.read_csv(
-                p,
-                sep=None if low.endswith(".tsv") else ",",
-                dtype=str,
-                skipinitialspace=True,
-                engine="python" if low.endswith(".tsv") else "c",
-            )
-        else:
-            raise SampleError(f"{p}: want .csv, .csv.gz, .parquet or .json (Prometheus)")
+        with recording.gzip_checked(p, SampleError):
+            if low.endswith(".json"):
+                df = _prom_json(p, json.loads(p.read_text()))
+            elif low.endswith(".parquet"):
+                df = pd.read_parquet(p)
+            elif low.endswith((".csv", ".csv.gz", ".tsv")):
+                df = pd.read_csv(
+                    p,
+                    sep=None if low.endswith(".tsv") else ",",
+                    dtype=str,
+                    skipinitialspace=True,
+                    engine="python" if low.endswith(".tsv") else "c",
+                )
+            else:
+                raise SampleError(f"{p}: want .csv, .csv.gz, .parquet or .json (Prometheus)")
     except (ValueError, OSError, ImportError) as exc:
         if isinstance(exc, SampleError):
             raise
         raise SampleError(f"{p}: cannot read: {exc}") from None
+    if df.empty:
+        raise SampleError(f"{p}: no rows")
     return normalise(df, str(p), node=node, job_id=job_id, gpu=gpu)
 
 
@@ -171,6 +175,48 @@ def normalise(
         )
         jobs = jobs[jobs.job_id != ""].groupby(["timestamp", "job_id"]).max().reset_index()
     return Samples(gpu_df, jobs, notes)
+
+
+def merge_repeats(
+    gpu: pd.DataFrame, source: str | list[str]
+) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """`gpu` with each (timestamp, node, gpu) once. Rows repeating one (a file given twice,
+    overlapping files, files with different metrics of the same samples) are merged where
+    they agree on every value both have, with a (file, note) for each file whose rows were;
+    a SampleError naming the files where they disagree. `source`: each row's file, or one
+    name for all."""
+    key = ["timestamp", "node", "gpu"]
+    rep = gpu.duplicated(key, keep=False).to_numpy()
+    if not rep.any():
+        return gpu, []
+    sub = gpu[rep]
+    src = pd.Series(source, index=gpu.index)[rep]
+    group = sub.groupby(key, sort=False, dropna=False).ngroup().to_numpy()
+    by = sub.groupby(group, sort=False)
+    clash = by.nunique(dropna=True).gt(1)
+    if clash.to_numpy().any():
+        g = clash.index[clash.any(axis=1).to_numpy()][0]
+        col = clash.columns[clash.loc[g].to_numpy()][0]
+        files = " and ".join(dict.fromkeys(src[group == g]))
+        t, node, gpu_ = sub[group == g].iloc[0][key]
+        raise SampleError(
+            f"{files}: {int(clash.any(axis=1).sum())} sample(s) given twice with different "
+            f"values (same time, node and GPU; e.g. {col} at {t} on {node} GPU {gpu_}): "
+            "give each sample once"
+        )
+    later = sub.duplicated(key, keep="first").to_numpy()
+    first = src.groupby(group, sort=False).transform("first")
+    notes = [
+        (
+            b,
+            f"{n} row(s) repeat the time, node and GPU of "
+            + ("earlier rows" if a == b else f"rows of {a}")
+            + ": merged (no value differs)",
+        )
+        for (a, b), n in Counter(zip(first[later], src[later], strict=True)).items()
+    ]
+    out = pd.concat([gpu[~rep], by.first()], ignore_index=True)
+    return out.sort_values(key, kind="stable", ignore_index=True), notes
 
 
 def gpu_interval(time: np.ndarray, node: np.ndarray, gpu: np.ndarray) -> float | None:

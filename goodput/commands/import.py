@@ -49,6 +49,7 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Write OUT as a recording; say what each file was read as."""
+    from catalogue import names
     from detector import samples
     from detector.export import write_recording
     from exporters import importer
@@ -64,6 +65,8 @@ def command(
             raise fail(f"{p}: no such file")
     if gpu is not None and not 0 <= gpu <= 999:
         raise fail("--gpu must be a GPU index 0..999")
+    if job_id is not None and not names.valid_job_id(job_id):
+        raise fail(f"--job-id {job_id!r}: want a Slurm job id (123 or 123_4)")
     report: dict[str, Any] = {"out": str(out), "files": {}}
     try:
         boot = _boot(boot_time, importer) if boot_time else None
@@ -78,6 +81,10 @@ def command(
         for p, got in zip(metrics, read, strict=True):
             report["files"][str(p)] = [*got.notes, f"{len(got.gpu)} rows"]
         gpu_df = pd.concat([g.gpu for g in read], ignore_index=True)
+        files = [str(p) for p, g in zip(metrics, read, strict=True) for _ in range(len(g.gpu))]
+        gpu_df, merged = samples.merge_repeats(gpu_df, files)
+        for name, note in merged:
+            report["files"][name].append(note)
         gpu_df = gpu_df.sort_values(["timestamp", "node", "gpu"], kind="stable")
         jobs_in = sorted(set(gpu_df.job_id) - {""})
         if job_id is None and len(jobs_in) == 1:
@@ -163,8 +170,11 @@ def command(
 
 def _lines(path: Path) -> list[str]:
     """A log's lines (gzipped when its name ends in .gz)."""
+    from catalogue.recording import gzip_checked
+    from exporters.importer import ImportFailure
+
     if path.suffix == ".gz":
-        with gzip.open(path, "rt", errors="replace") as fh:
+        with gzip_checked(path, ImportFailure), gzip.open(path, "rt", errors="replace") as fh:
             return fh.read().splitlines()
     return path.read_text(errors="replace").splitlines()
 

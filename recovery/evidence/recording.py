@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from catalogue.recording import check_meta, gzip_checked
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report, Series, SlurmFacts
 from recovery.evidence.logs import read_lines
@@ -21,8 +22,15 @@ _ID_COLS = {"timestamp", "node", "gpu", "job_id"}
 
 
 def read_meta(directory: Path) -> dict[str, Any]:
+    """meta.json, checked (`catalogue.recording.check_meta`); `{}` when absent."""
     path = directory / "meta.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    return check_meta(meta, str(path))
 
 
 def read_truth(directory: Path) -> list[dict[str, Any]]:
@@ -35,7 +43,7 @@ def read_truth(directory: Path) -> list[dict[str, Any]]:
 
 def _rows(path: Path) -> Any:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as f:  # type: ignore[operator]
+    with gzip_checked(path), opener(path, "rt", newline="") as f:  # type: ignore[operator]
         yield from csv.DictReader(f)
 
 
@@ -85,7 +93,7 @@ def _series(path: Path, job_id: str | None, nodes: set[str]) -> list[Series]:
 
 def jobs_in(directory: Path) -> list[dict[str, Any]]:
     """The recording's jobs: meta.json's list, else the job ids its GPU rows carry."""
-    jobs = [j for j in read_meta(directory).get("jobs", []) if isinstance(j, dict)]
+    jobs = read_meta(directory).get("jobs", [])
     if jobs:
         return jobs
     for name in GPU_FILES:

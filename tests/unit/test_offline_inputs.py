@@ -1,0 +1,190 @@
+"""`goodput import`, `replay` and `attribute` on damaged or inconsistent input: one line naming
+the file (and the field) and exit 2, never a traceback or "Aborted!", and nothing scored twice
+(before: repeated samples crashed replay, a truncated gzip printed "Aborted!", a header-only CSV,
+a wrongly typed meta.json or an absurd interval_s gave tracebacks or other results, and import
+wrote a recording for a job id that replay then refused)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from goodput.cli import app
+from tests.h200 import DATA, NODE
+
+runner = CliRunner()
+ROWS = 160  # 40 s of the H200 cut: enough for replay, quick
+
+
+def _cli(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _cut(path: Path, start: int = 0, stop: int = ROWS) -> Path:
+    lines = (DATA / "metrics.csv").read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "".join(lines[1 + start : 1 + stop]))
+    return path
+
+
+def _import(tmp_path: Path, *metrics: Path, out: str = "rec", extra: tuple = ()):
+    args = [a for m in metrics for a in ("--metrics", m)]
+    return _cli(
+        "import", *args, "--node", NODE, "--job-id", "4242", "--out", tmp_path / out, *extra
+    )
+
+
+@pytest.fixture
+def rec(tmp_path) -> Path:
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"))
+    assert r.exit_code == 0, r.output
+    return tmp_path / "rec"
+
+
+def _rows(rec: Path) -> pd.DataFrame:
+    return pd.read_csv(rec / "gpu_metrics.csv.gz")
+
+
+def _truncate(path: Path, keep: int = 3000) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+# 1. the same samples given twice
+
+
+def test_a_file_given_twice_is_merged_and_replays(tmp_path):
+    m = _cut(tmp_path / "m.csv")
+    copy = _cut(tmp_path / "copy.csv")
+    r = _import(tmp_path, m, copy)
+    assert r.exit_code == 0, r.output
+    assert f"{ROWS} row(s) repeat the time, node and GPU of rows of {m}: merged" in r.output
+    assert len(_rows(tmp_path / "rec")) == ROWS
+    r = _cli("replay", tmp_path / "rec", "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 0, r.output
+    assert f"{ROWS} rows, {ROWS} instants" in r.output
+
+
+def test_partly_overlapping_files_give_each_sample_once(tmp_path):
+    r = _import(tmp_path, _cut(tmp_path / "a.csv", 0, 100), _cut(tmp_path / "b.csv", 60, ROWS))
+    assert r.exit_code == 0, r.output
+    assert "40 row(s) repeat" in r.output
+    rows = _rows(tmp_path / "rec")
+    assert len(rows) == ROWS and not rows.duplicated(["timestamp", "node", "gpu"]).any()
+
+
+def test_overlapping_files_that_disagree_are_refused_naming_both(tmp_path):
+    a = _cut(tmp_path / "a.csv")
+    b = _cut(tmp_path / "b.csv", 100, ROWS)
+    lines = b.read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[5] = "999"  # DCGM_FI_DEV_POWER_USAGE of one repeated sample
+    b.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    r = _import(tmp_path, a, b)
+    assert r.exit_code == 2
+    assert f"import: {a} and {b}: 1 sample(s) given twice with different values" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "rec" / "meta.json").exists()
+
+
+def test_replay_merges_repeated_rows_of_a_recording_and_refuses_conflicting_ones(rec, tmp_path):
+    rows = _rows(rec)
+    pd.concat([rows, rows.iloc[:10]]).to_csv(rec / "gpu_metrics.csv.gz", index=False)
+    r = _cli("replay", rec, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 0, r.output
+    assert "gpu_metrics.csv.gz: 10 row(s) repeat the time, node and GPU of earlier rows" in r.output
+    other = rows.iloc[:10].assign(DCGM_FI_DEV_POWER_USAGE=999.0)
+    pd.concat([rows, other]).to_csv(rec / "gpu_metrics.csv.gz", index=False)
+    r = _cli("replay", rec, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and "10 sample(s) given twice with different values" in r.output
+    assert str(rec / "gpu_metrics.csv.gz") in r.output
+
+
+# 2. truncated gzip
+
+
+def test_a_truncated_gzip_job_log_or_metrics_file_is_named(tmp_path):
+    log = tmp_path / "t.log.gz"
+    log.write_bytes((DATA / "app.log.gz").read_bytes()[:5000])
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--job-log", log))
+    assert r.exit_code == 2 and f"import: {log}: truncated gzip" in r.output, r.output
+    gz = tmp_path / "m.csv.gz"
+    gz.write_bytes(gzip.compress((DATA / "metrics.csv").read_bytes())[:5000])
+    r = _import(tmp_path, gz, out="rec2")
+    assert r.exit_code == 2 and f"import: {gz}: truncated gzip" in r.output, r.output
+
+
+@pytest.mark.parametrize("name", ["gpu_metrics.csv.gz", "job_metrics.csv.gz"])
+def test_a_truncated_gzip_in_a_recording_is_named_by_replay_and_attribute(tmp_path, name):
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--job-log", DATA / "app.log.gz"))
+    assert r.exit_code == 0, r.output
+    rec = tmp_path / "rec"
+    _truncate(rec / name, 1000)
+    r = _cli("replay", rec, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and f"replay: {rec / name}: truncated gzip" in r.output, r.output
+    r = _cli("attribute", "--recording", rec)
+    assert r.exit_code == 2 and f"attribute: {rec / name}: truncated gzip" in r.output, r.output
+
+
+# 3. a header and no rows
+
+
+def test_a_csv_with_only_a_header_is_no_rows(tmp_path):
+    h = _cut(tmp_path / "h.csv", 0, 0)
+    r = _cli("import", "--metrics", h, "--node", "n1", "--job-id", "1", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and f"import: {h}: no rows" in r.output, r.output
+
+
+# 4, 5. meta.json of the wrong types or an absurd interval
+
+
+@pytest.mark.parametrize(
+    ("meta", "field"),
+    [
+        ([], "want a JSON object, not an array"),
+        ({"jobs": None}, "jobs must be a list of jobs, not null"),
+        ({"jobs": ["4242"]}, "jobs[0] must be an object"),
+        ({"jobs": [{"job_id": "abc"}]}, "jobs[0].job_id must be a Slurm job id"),
+        ({"gpus_per_node": "x"}, "gpus_per_node must be a whole number 1..1024"),
+        ({"gpus_per_node": -3}, "gpus_per_node must be a whole number 1..1024"),
+        ({"interval_s": -5}, "interval_s must be seconds > 0"),
+        ({"interval_s": 1e12}, "interval_s must be seconds > 0"),
+        ({"interval_s": "0.25"}, "interval_s must be seconds > 0"),
+        ({"nodes": "h200a"}, "nodes must be a list of node names"),
+        ({"start": "x"}, "start must be unix seconds"),
+        ({"format": "other/1"}, "unknown format 'other/1'"),
+    ],
+    ids=str,
+)
+def test_a_wrong_meta_json_is_refused_naming_the_field(rec, tmp_path, meta, field):
+    good = json.loads((rec / "meta.json").read_text())
+    doc = {**good, **meta} if isinstance(meta, dict) else meta
+    (rec / "meta.json").write_text(json.dumps(doc))
+    where = rec / "meta.json"
+    r = _cli("replay", rec, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and f"replay: {where}: {field}" in r.output, r.output
+    r = _cli("attribute", "--recording", rec)
+    assert r.exit_code == 2 and f"attribute: {where}: {field}" in r.output, r.output
+
+
+def test_a_valid_meta_json_still_replays_and_attributes(rec, tmp_path):
+    r = _cli("replay", rec, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 0 and "every 0.25 s" in r.output, r.output
+    r = _cli("attribute", "--recording", rec)
+    assert r.exit_code == 0 and "GPUs per node: 1 (meta.json)" in r.output, r.output
+
+
+# 6. the job id import writes
+
+
+@pytest.mark.parametrize("job_id", ["abc", "12.5", "-1", "1_"])
+def test_import_refuses_a_job_id_that_is_not_slurms(tmp_path, job_id):
+    r = _cli(
+        "import", "--metrics", _cut(tmp_path / "m.csv"), "--node", NODE, "--job-id", job_id,
+        "--out", tmp_path / "rec",
+    )  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert f"import: --job-id {job_id!r}: want a Slurm job id (123 or 123_4)" in r.output
+    assert not (tmp_path / "rec").exists()
