@@ -6,8 +6,9 @@
 - `kernel_lines(lines, boot_time)`: kernel log lines (`dmesg`, `dmesg -T`, journald `short`,
   `short-iso` or `-o json`) with an ISO 8601 UTC time put in front, so every reader of the
   recording finds the time where it looks first.
-- `slurm_state(text)`: the job's facts from `sacct --json`, `squeue --json`, `sacct -P` or
-  `scontrol show job -o` / plain `key=value` lines.
+- `slurm_state(text, where, job_id)`: the job's facts from `sacct --json`, `squeue --json`,
+  `sacct -P` or `scontrol show job -o` / plain `key=value` lines (of `job_id` where the file
+  holds several).
 Errors raise `ImportFailure` with the file, the line or field, and what would be accepted.
 """
 
@@ -174,8 +175,10 @@ _KEYS = {
 }
 
 
-def slurm_state(text: str, where: str) -> dict[str, Any]:
-    """{job_id, name, state, exit_code, nodes, start, end, restarts} (what the file says)."""
+def slurm_state(text: str, where: str, job_id: str | None = None) -> dict[str, Any]:
+    """{job_id, name, state, exit_code, nodes, start, end, restarts} (what the file says); of
+    job `job_id` where the file holds several (`sacct --json` of a user's day, say), which it
+    must name then."""
     body = text.strip()
     if body.startswith("{"):
         try:
@@ -185,7 +188,7 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
         jobs = doc.get("jobs") if isinstance(doc, dict) else None
         if not isinstance(jobs, list) or not jobs:
             raise ImportFailure(f"{where}: want sacct --json or squeue --json (a 'jobs' list)")
-        return _json_job(jobs[0], where)
+        return _one([_json_job(j, where) for j in jobs], where, job_id)
     if all(line.count("|") == 6 for line in body.splitlines()):
         rows = [line.split("|") for line in body.splitlines()]  # the name second, as documented
         rows = [[r[0], *r[2:], r[1], r[0]] for r in rows]  # as the exporter asks sacct
@@ -195,7 +198,7 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
                 f"{where}: want `sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,"
                 "NodeList,AllocTRES`"
             )
-        return _exported(next(iter(jobs.values())))
+        return _one([_exported(j) for j in jobs.values()], where, job_id)
     kv = {_KEYS[k.lower()]: v for k, v in _KV.findall(body) if k.lower() in _KEYS}
     if "state" not in kv and "exit_code" not in kv:
         raise ImportFailure(
@@ -219,6 +222,23 @@ def slurm_state(text: str, where: str) -> dict[str, Any]:
     if "restarts" in kv:
         out["restarts"] = int(kv["restarts"]) if kv["restarts"].isdigit() else None
     return _clean(out)
+
+
+def _one(jobs: list[dict[str, Any]], where: str, job_id: str | None) -> dict[str, Any]:
+    """The job `job_id` of a file's jobs, or its only one; an ImportFailure naming them else."""
+    ids = list(dict.fromkeys(str(j.get("job_id")) for j in jobs))
+    if job_id is not None:
+        match = [j for j in jobs if str(j.get("job_id")) == job_id]
+        if not match:
+            raise ImportFailure(f"{where} has no job {job_id} (it holds {_listed(ids)})")
+        return match[0]
+    if len(ids) > 1:
+        raise ImportFailure(f"{where} holds jobs {_listed(ids)}: pass --job-id")
+    return jobs[0]
+
+
+def _listed(ids: list[str]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 def _exported(j: Any, restarts: bool = False) -> dict[str, Any]:

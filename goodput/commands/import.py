@@ -72,7 +72,7 @@ def command(
         boot = _boot(boot_time, importer) if boot_time else None
         job: dict[str, Any] = {}
         if slurm is not None:
-            job = importer.slurm_state(slurm.read_text(errors="replace"), str(slurm))
+            job = importer.slurm_state(slurm.read_text(errors="replace"), str(slurm), job_id)
             report["files"][str(slurm)] = [f"Slurm state: {_fields(job)}"]
         if job_id and job.get("job_id") and job["job_id"] != job_id:
             raise importer.ImportFailure(f"--job-id {job_id} but {slurm} is job {job['job_id']}")

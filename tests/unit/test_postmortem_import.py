@@ -227,6 +227,26 @@ def test_slurm_state_formats():
         importer.slurm_state("hello", "s.txt")
 
 
+def test_a_slurm_file_of_several_jobs_gives_the_one_asked_for():
+    """`sacct --json` or `sacct -P` of a day holds several jobs: the one --job-id names (the
+    first was taken before, and a --job-id of the second refused as a mismatch); none named,
+    the file's jobs are listed."""
+    sacct = {
+        "jobs": [
+            {"job_id": n, "name": f"j{n}", "state": {"current": [st]}, "nodes": f"gn{n}"}
+            for n, st in ((4241, "COMPLETED"), (4242, "FAILED"))
+        ]
+    }
+    text = json.dumps(sacct)
+    assert importer.slurm_state(text, "a.json", "4242")["state"] == "FAILED"
+    with pytest.raises(importer.ImportFailure, match="a.json holds jobs 4241, 4242: pass --job-id"):
+        importer.slurm_state(text, "a.json")
+    with pytest.raises(importer.ImportFailure, match="a.json has no job 9 .it holds 4241, 4242"):
+        importer.slurm_state(text, "a.json", "9")
+    piped = "9|a|gpu|FAILED|1:0|gn4|gres/gpu=8\n10|b|gpu|COMPLETED|0:0|gn5|gres/gpu=8"
+    assert importer.slurm_state(piped, "s.txt", "10")["nodes"] == ["gn5"]
+
+
 def test_job_log_without_timestamps_is_refused():
     line = " iteration 10/ 100 | consumed samples: 80 | elapsed time per iteration (ms): 500.0 |"
     with pytest.raises(importer.ImportFailure, match="job.log: no line carries a timestamp"):
