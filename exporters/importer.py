@@ -295,4 +295,7 @@ def _clean(doc: dict[str, Any]) -> dict[str, Any]:
     job = doc.get("job_id")
     if job is not None and not names.valid_job_id(str(job)):
         raise ImportFailure(f"job_id {job!r} is not a Slurm job id")
+    start, end = doc.get("start"), doc.get("end")
+    if start is not None and end is not None and end < start:
+        raise ImportFailure(f"job {job}: its end ({end:.0f}) is before its start ({start:.0f})")
     return {k: v for k, v in doc.items() if v not in (None, "", [])}

@@ -96,6 +96,15 @@ def command(
             )
         n = samples.label(gpu_df, job_id, job.get("start"), job.get("end"))
         window = "within the Slurm start/end" if job.get("start") or job.get("end") else "all"
+        if not (gpu_df.job_id == job_id).any():
+            t = gpu_df.timestamp.astype(float)
+            raise importer.ImportFailure(
+                f"no sample is of job {job_id}: the samples span {_iso(t.min())} to "
+                f"{_iso(t.max())}, Slurm's start/end {_iso(job.get('start'))} to "
+                f"{_iso(job.get('end'))}"
+                if window != "all"
+                else f"no sample is of job {job_id} (the samples carry {jobs_in})"
+            )
         report["files"][str(metrics[0])].append(f"{n} rows given job {job_id} ({window})")
         times = sorted(set(gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]))
         nodes = sorted(set(gpu_df.node))
@@ -166,6 +175,13 @@ def command(
         + (f"every {meta['interval_s']} s" if meta["interval_s"] else "one instant")
         + (f", Slurm {j['state']} exit {j.get('exit_code')}" if "state" in j else "")
     )
+
+
+def _iso(t: float | None) -> str:
+    """Unix seconds as ISO 8601 UTC ('-' for none)."""
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def _lines(path: Path) -> list[str]:

@@ -188,3 +188,25 @@ def test_import_refuses_a_job_id_that_is_not_slurms(tmp_path, job_id):
     assert r.exit_code == 2, r.output
     assert f"import: --job-id {job_id!r}: want a Slurm job id (123 or 123_4)" in r.output
     assert not (tmp_path / "rec").exists()
+
+
+# 7. a Slurm file that does not fit the samples
+
+
+def test_a_slurm_window_missing_every_sample_is_refused(tmp_path):
+    """Slurm's start/end misses every sample (the wrong job's file, a clock in another zone):
+    refused with both spans; it wrote a recording with no row of the job, which replay then
+    showed no section for and attribute called 'ok: no rows'."""
+    slurm = tmp_path / "s.txt"
+    slurm.write_text("job_id=4242\nstate=FAILED\nstart=1000\nend=2000\n")
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--slurm", slurm))
+    assert r.exit_code == 2 and "no sample is of job 4242: the samples span" in r.output
+    assert "Slurm's start/end 1970-01-01T00:16:40Z to 1970-01-01T00:33:20Z" in r.output
+    assert not (tmp_path / "rec").exists()
+
+
+def test_a_slurm_end_before_its_start_is_refused(tmp_path):
+    slurm = tmp_path / "s.txt"
+    slurm.write_text("job_id=4242\nstate=FAILED\nstart=2000\nend=1000\n")
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--slurm", slurm))
+    assert r.exit_code == 2 and "its end (1000) is before its start (2000)" in r.output
