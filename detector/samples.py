@@ -28,6 +28,7 @@ IDS = ("timestamp", "node", "gpu", "job_id")
 MODEL = "modelName"  # the GPU model, as dcgm labels it: selects the physics priors
 JOB_COLUMNS = frozenset(recording.JOB_METRICS)  # job_metrics.csv.gz columns, per job
 _DIGITS = re.compile(r"(\d+)\s*$")
+_BLANK = r"(?i)|nan|none|null|-|\[?n/a\]?|\[not supported\]|\[unknown error\]|\[gpu is lost\]"
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 
 
@@ -138,13 +139,13 @@ def normalise(
             continue
         target = c.field(col)
         if col in JOB_COLUMNS:
-            jobcols[col] = _values(df[col], where, col)
+            jobcols[col] = _values(df[col], where, col, notes)
         elif target is None:
             ignored.append(col)
         elif target[0] in metrics:
             notes.append(f"column {col!r} ignored: {target[0]} already read")
         else:
-            metrics[target[0]] = _values(df[col], where, col) * target[1]
+            metrics[target[0]] = _values(df[col], where, col, notes) * target[1]
             if col != target[0]:
                 scale = f" x {target[1]:g}" if target[1] != 1.0 else ""
                 notes.append(f"column {col!r} read as {target[0]}{scale}")
@@ -167,7 +168,7 @@ def normalise(
         long_jobs["timestamp"] = _times(long_jobs["timestamp"], where, [])
         long_jobs["job_id"] = _jobs(long_jobs, where, job_id)
         for col in long_jobs.columns[2:]:
-            long_jobs[col] = _values(long_jobs[col], where, col)
+            long_jobs[col] = _values(long_jobs[col], where, col, notes)
         jobs = long_jobs
     elif jobcols:
         jobs = pd.concat(
@@ -330,16 +331,32 @@ def _jobs(df: pd.DataFrame, where: str, job_id: str | None) -> np.ndarray:
     return vals.to_numpy(dtype=object)
 
 
-def _values(col: pd.Series, where: str, name: str) -> np.ndarray:
-    """Numbers, also '99 %' / '690.1 W' (nvidia-smi), hex bitmasks; '[N/A]', '' -> NaN."""
+def _values(col: pd.Series, where: str, name: str, notes: list[str]) -> np.ndarray:
+    """Numbers, also '99 %' / '690.1 W' (nvidia-smi), hex bitmasks; '[N/A]', '' -> NaN. Any
+    other value (text, inf) is missing too, and said so in `notes`; a column with no number
+    at all among its values is refused."""
     if pd.api.types.is_numeric_dtype(col):
-        return col.to_numpy(dtype=float)
-    text = col.astype(str).str.strip()
-    hexa = text.str.match(r"^0x[0-9a-fA-F]+$")
-    out = pd.to_numeric(text.str.extract(_NUMBER, expand=False), errors="coerce")
-    if hexa.any():
-        out[hexa] = [float(int(v, 16)) for v in text[hexa]]
-    return out.to_numpy(dtype=float)
+        out = col.to_numpy(dtype=float)
+        bad = np.isinf(out)
+        text = col.astype(str)
+    else:
+        text = col.where(col.notna(), "").astype(str).str.strip()
+        hexa = text.str.match(r"^0x[0-9a-fA-F]+$")
+        num = pd.to_numeric(text.str.extract(_NUMBER, expand=False), errors="coerce")
+        if hexa.any():
+            num[hexa] = [float(int(v, 16)) for v in text[hexa]]
+        out = num.to_numpy(dtype=float)
+        bad = (np.isnan(out) & ~text.str.fullmatch(_BLANK)).to_numpy()
+    if bad.any():
+        out = np.where(bad, np.nan, out)
+        example = str(text[bad].iloc[0])[:20]
+        if np.isnan(out).all():
+            raise SampleError(f"{where}: column {name!r}: no number in it (e.g. {example!r})")
+        notes.append(
+            f"column {name!r}: {int(bad.sum())} value(s) not a number (e.g. {example!r}): "
+            "read as missing"
+        )
+    return out
 
 
 def _prom_json(path: Path, doc: Any) -> pd.DataFrame:

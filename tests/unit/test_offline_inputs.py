@@ -210,3 +210,23 @@ def test_a_slurm_end_before_its_start_is_refused(tmp_path):
     slurm.write_text("job_id=4242\nstate=FAILED\nstart=2000\nend=1000\n")
     r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--slurm", slurm))
     assert r.exit_code == 2 and "its end (1000) is before its start (2000)" in r.output
+
+
+# 8. values that are not numbers
+
+
+def test_unreadable_values_are_said_and_a_column_of_none_refused(tmp_path):
+    """Text or inf where a number belongs was read as missing without a word (replay then
+    showed peaks of 0.00 that looked like data); now each column says how many, and a column
+    with no number at all is refused."""
+    df = pd.read_csv(_cut(tmp_path / "m.csv"), dtype=str)
+    df.loc[:9, "DCGM_FI_DEV_POWER_USAGE"] = "abc"
+    df.loc[10:12, "DCGM_FI_DEV_POWER_USAGE"] = "inf"
+    df.to_csv(tmp_path / "some.csv", index=False)
+    r = _import(tmp_path, tmp_path / "some.csv")
+    assert r.exit_code == 0, r.output
+    assert "column 'DCGM_FI_DEV_POWER_USAGE': 13 value(s) not a number (e.g. 'abc')" in r.output
+    df["DCGM_FI_DEV_POWER_USAGE"] = "abc"
+    df.to_csv(tmp_path / "none.csv", index=False)
+    r = _import(tmp_path, tmp_path / "none.csv", out="rec2")
+    assert r.exit_code == 2 and "column 'DCGM_FI_DEV_POWER_USAGE': no number in it" in r.output
