@@ -49,7 +49,7 @@ def read(
     """Read one file. `node`, `job_id` and `gpu` fill in what the file does not say."""
     p = Path(path)
     if not p.is_file():
-        raise SampleError(f"{p}: no such file")
+        raise SampleError(f"{p}: {'is a directory' if p.is_dir() else 'no such file'}")
     if node is not None and not names.valid_node(node):
         raise SampleError(f"--node {node!r}: want a host name ([A-Za-z0-9._-], up to 64)")
     if job_id is not None and not names.valid_job_id(job_id):

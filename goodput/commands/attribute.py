@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from goodput.commands import unreadable
+
 app = typer.Typer(help="Attribute a failure offline (post-mortems, tests).")
 
 
@@ -40,8 +42,8 @@ def command(
     if recording is None and job_log is None and not kernel_log:
         raise fail("no evidence: give --recording DIR, --job-log FILE or --kernel-log FILE")
     for p in [job_log, *kernel_log]:
-        if p is not None and not p.is_file():
-            raise fail(f"{p}: no such file")
+        if p is not None and (why := unreadable(p)):
+            raise fail(f"{p}: {why}")
     if recording is not None and not recording.is_dir():
         raise fail(f"--recording {recording}: not a directory")
     held = ("meta.json", "logs", *rec.GPU_FILES, *rec.JOB_FILES)

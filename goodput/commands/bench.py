@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from goodput.commands import unreadable
+
 app = typer.Typer(help="Benchmarks (results under bench/results/).", no_args_is_help=True)
 
 
@@ -30,6 +32,19 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+def _out_dir(out: Path) -> Path:
+    """--out: a directory to write into (made when missing), refused before any run when a file
+    is in the way (a scale run found out only at its end)."""
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} exists and is not a directory")
+    return out
+
+
+def _out(files: str) -> Any:
+    """The --out option of a benchmark writing `files`."""
+    return typer.Option(Path("bench/results"), "--out", help=f"where {files} go", callback=_out_dir)
+
+
 def _check_pattern(scenario: str | None) -> None:
     if scenario is not None and (not scenario or len(scenario) > 100 or "/" in scenario):
         raise typer.BadParameter("--scenario is a file-stem glob such as 'spin*'")
@@ -42,7 +57,7 @@ def faults(
     scenario: str | None = typer.Option(
         None, "--scenario", help="only scenarios whose file stem matches this glob"
     ),
-    out: Path = typer.Option(Path("bench/results"), "--out", help="where faults.json/.md go"),
+    out: Path = _out("faults.json/.md"),
     workers: int = typer.Option(
         0, "--workers", min=0, max=64, help="processes (0: 1 with --quick, else up to 2)"
     ),
@@ -76,7 +91,7 @@ def tuning(
     scenario: str | None = typer.Option(
         None, "--scenario", help="only scenarios whose file stem matches this glob"
     ),
-    out: Path = typer.Option(Path("bench/results"), "--out", help="where tuning.json/.md go"),
+    out: Path = _out("tuning.json/.md"),
     workers: int = typer.Option(0, "--workers", min=0, max=64, help="processes (0: up to 2)"),
 ) -> None:
     """The fault benchmark with two alert condition files, side by side (before/after tuning)."""
@@ -90,8 +105,8 @@ def tuning(
     pred = None
     try:
         for p in (after, before, prediction):
-            if p is not None and not p.is_file():
-                raise typer.BadParameter(f"{p}: no such file")
+            if p is not None and (why := unreadable(p)):
+                raise typer.BadParameter(f"{p}: {why}")
         if prediction is not None:
             try:
                 pred = bench_tuning.check_prediction(json.loads(prediction.read_text()))
@@ -117,7 +132,7 @@ def tuning(
 @app.command("e2e")
 def e2e(
     quick: bool = typer.Option(False, "--quick", help="only the GPU off the bus (CI-sized)"),
-    out: Path = typer.Option(Path("bench/results"), "--out", help="where e2e.json/.md go"),
+    out: Path = _out("e2e.json/.md"),
 ) -> None:
     """Faults through the real stack (simulator in real time, Prometheus, Alertmanager, the
     receiver, Slurm), timed on the wall clock. Starts the stack and Goodput's services."""
@@ -144,7 +159,7 @@ def scale(
     cycles: int = typer.Option(
         24, "--cycles", min=2, max=50, help="timed cycles per service (after 72 warm ones)"
     ),
-    out: Path = typer.Option(Path("bench/results"), "--out", help="where scale.json/.md go"),
+    out: Path = _out("scale.json/.md"),
     live: bool = typer.Option(
         False,
         "--live",
@@ -181,7 +196,7 @@ def webhook(
     rate: float = typer.Option(500.0, "--rate", min=1.0, max=100_000.0, help="open-loop alerts/s"),
     repeats: int = typer.Option(3, "--repeats", min=1, max=20, help="open-loop runs per store"),
     label: str = typer.Option("", "--label", help="a note kept with the results"),
-    out: Path = typer.Option(Path("bench/results"), "--out", help="where webhook.json/.md go"),
+    out: Path = _out("webhook.json/.md"),
 ) -> None:
     """Alertmanager webhook payloads posted over HTTP to the production receiver process
     (SQLite and PostgreSQL): alerts/s and p50/p99 latency, closed loop and at --rate."""

@@ -18,6 +18,8 @@ from typing import Any
 import pandas as pd
 import typer
 
+from goodput.commands import unreadable
+
 app = typer.Typer(help="Bring your own files: DCGM samples, logs, Slurm state -> a recording.")
 
 
@@ -61,8 +63,8 @@ def command(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise fail(f"--out {out}: exists and is not an empty directory")
     for p in [*metrics, job_log, slurm]:
-        if p is not None and not p.is_file():
-            raise fail(f"{p}: no such file")
+        if p is not None and (why := unreadable(p)):
+            raise fail(f"{p}: {why}")
     if gpu is not None and not 0 <= gpu <= 999:
         raise fail("--gpu must be a GPU index 0..999")
     if job_id is not None and not names.valid_job_id(job_id):
@@ -223,8 +225,8 @@ def _kernel_spec(spec: str, nodes: list[str], importer: Any) -> tuple[str, Path]
         path = Path(rest)
     else:
         name, path = "", Path(spec)
-    if not path.is_file():
-        raise importer.ImportFailure(f"--kernel-log {spec}: no such file")
+    if why := unreadable(path):
+        raise importer.ImportFailure(f"--kernel-log {spec}: {why}")
     node = name or (path.stem if path.stem in nodes else (nodes[0] if len(nodes) == 1 else ""))
     if not names.valid_node(node):
         raise importer.ImportFailure(

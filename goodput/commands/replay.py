@@ -56,6 +56,8 @@ def command(
         raise fail(f"--state-dir {state_dir}: not a directory")
     if not out.parent.is_dir():
         raise fail(f"--out {out}: directory {out.parent} does not exist")
+    if out.is_dir():
+        raise fail(f"--out {out}: is a directory (want the JSON lines file to write)")
     store = BaselineStore(state_dir) if state_dir is not None else None
     # a failed replay leaves --out as it was: written beside it, renamed at the end (a pipe
     # or a device, /dev/stdout, is written directly)

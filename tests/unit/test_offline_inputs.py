@@ -230,3 +230,22 @@ def test_unreadable_values_are_said_and_a_column_of_none_refused(tmp_path):
     df.to_csv(tmp_path / "none.csv", index=False)
     r = _import(tmp_path, tmp_path / "none.csv", out="rec2")
     assert r.exit_code == 2 and "column 'DCGM_FI_DEV_POWER_USAGE': no number in it" in r.output
+
+
+# 9. a directory where a file belongs, a file where a directory does
+
+
+def test_a_directory_for_a_file_says_so(tmp_path):
+    """It said 'no such file' of a directory that exists, and replay's --out a directory gave a
+    raw '[Errno 21] Is a directory'; a benchmark's --out a file ran the whole benchmark first."""
+    r = _cli(
+        "import", "--metrics", tmp_path, "--node", NODE, "--job-id", "1", "--out", tmp_path / "o"
+    )
+    assert r.exit_code == 2 and f"{tmp_path}: is a directory" in r.output
+    r = _cli("attribute", "--job-log", tmp_path)
+    assert r.exit_code == 2 and f"{tmp_path}: is a directory" in r.output
+    r = _cli("replay", _cut(tmp_path / "m.csv"), "--out", tmp_path)
+    assert r.exit_code == 2 and "is a directory (want the JSON lines file to write)" in r.output
+    (tmp_path / "f").write_text("")
+    r = _cli("bench", "scale", "--out", tmp_path / "f", "--sizes", "1000", "--cycles", "2")
+    assert r.exit_code == 2 and "exists and is not a directory" in r.output
