@@ -1,6 +1,8 @@
 """The engine's baselines per job: the job table (id <-> integer code), a bounded reservoir of
-healthy rows per job (`reservoir` x fields, < 1 MiB) fitted outside the scoring path, the online
-detectors' learning, and the store by job name (a requeued job starts with its baseline)."""
+healthy rows per job (`reservoir` x fields, float32, 26 KB) fitted outside the scoring path, the
+rows taken but not yet confirmed calm (`learn_delay_s` of the cycles' learning rows, float32:
+about 7 MB at 10,000 GPUs of 8-GPU jobs), the online detectors' learning, and the store by job
+name (a requeued job starts with its baseline)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ class JobInfo:
     relearn: bool = False  # its reservoir started over from a new normal (`Baselines.relearn`)
 
 
+Span = tuple[str, JobInfo, int, int, float]
+
+
 class Baselines:
     """The running jobs (`jobs`, `ids`: code -> job id, code 0 = no job; `code`: the inverse)
     and how their detectors learn (see `learn`, `learn_online`, `fit_job`)."""
@@ -61,9 +66,9 @@ class Baselines:
         self.version = 0  # changes to the job table (`add`, `end`): the memos' check
         self._first_seen: Memo[np.ndarray] = Memo()
         self._phased: dict[str, float] = {}  # job -> since when a phase caps it (`relearn`)
-        self._pending: deque[tuple[float, np.ndarray, list[tuple[str, int, int, float]]]] = (
-            deque()
-        )  # rows taken, not yet confirmed calm (`_release`): (time, block, spans)
+        # rows taken, not yet confirmed calm (`_release`): (time, block, spans), a span being
+        # (job, its entry, its rows in block, its longest stall)
+        self._pending: deque[tuple[float, np.ndarray, list[Span]]] = deque()
         self._hot: dict[str, float] = {}  # job -> the latest time its score was not calm
 
     def add(self, job: str, name: str, now: float) -> None:
@@ -119,9 +124,12 @@ class Baselines:
         phase (`Engine._phase`: a job-wide move its progress calls healthy) has capped for
         `relearn_s`: that is its new normal (a new stage of training, a longer sequence, a
         restart on other nodes), not a phase. Its reservoir starts over and learns while the
-        detectors no phase caps (`steady`) are calm, and it is fitted as a first fit is, as
-        soon as `fit_rows` rows are in; a phase still on then starts a new `relearn_s`.
-        Without this its baseline would never move: capped at 0.99, the job learns nothing."""
+        detectors that the phase neither caps nor holds under 1.0 (`steady`: not progress and
+        pace, which may sit at 0.5-1.0 when the new normal steps a little slower) are calm,
+        and it is fitted as a first fit is, as soon as `fit_rows` rows are in; a phase still on
+        then starts a new `relearn_s`. Without this its baseline would never move: capped at
+        0.99, the job learns nothing. `relearn_s` (30 min) outlasts an evaluation pass, which
+        would otherwise become the normal that training then departs from."""
         held, out = self._phased, calm
         on = np.flatnonzero(phased[: len(self.ids)]).tolist()
         now_on = {self.ids[c] for c in on}
@@ -146,8 +154,8 @@ class Baselines:
         self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
     ) -> None:
         every = max(self.cfg.learn_every, 1)
-        hot = np.flatnonzero(combined[1:] >= self.cfg.learn_below) + 1
-        self._hot.update(dict.fromkeys([self.ids[c] for c in hot.tolist()], now))
+        hot = [self.ids[c] for c in (np.flatnonzero(combined[1:] >= self.cfg.learn_below) + 1)]
+        self._hot.update((j, now) for j in hot if j in self.jobs)  # (an ended job's GPUs: no)
         codes = np.flatnonzero((combined < self.cfg.learn_below) & (combined >= 0))
         size = np.bincount(job, minlength=len(combined))[codes] if len(job) else codes * 0
         turn = (codes % every == cycle % every) | (size <= self.cfg.learn_small)
@@ -165,13 +173,13 @@ class Baselines:
             return
         with np.errstate(invalid="ignore"):  # each job's longest stall (NaN: none reported)
             longest = np.fmax.reduceat(stall[order], starts).tolist()
-        block = frame.values[order]  # one gather; each job's rows are a slice of it
+        block = frame.values[order].astype(np.float32)  # one gather; a job's rows: a slice
         ends = np.r_[starts[1:], len(order)].tolist()
         spans = []  # (job, its rows' span in block, its longest stall): past warm-up
         for c, a, b, st in zip(jo[starts].tolist(), starts.tolist(), ends, longest, strict=True):
             info = self.jobs.get(self.ids[c])
             if info is not None and now - info.first_seen >= self.cfg.warmup_s:
-                spans.append((self.ids[c], a, b, st))
+                spans.append((self.ids[c], info, a, b, st))
         if spans:
             self._pending.append((now, block, spans))
 
@@ -179,14 +187,14 @@ class Baselines:
         """Learn the rows taken `learn_delay_s` ago or more of jobs whose score was calm ever
         since: a fault's first samples score calm until the persistence window fills (15 s),
         and a baseline that learned them (a spin hang's onset: every rank busy at idle power)
-        takes the job's training for the fault. Rows of a job gone since are dropped."""
+        takes the job's training for the fault. Rows of a job gone since are dropped, also when
+        it is back under the same id (a requeue, a missed scrape): a new entry, its own warm-up."""
         while self._pending and self._pending[0][0] <= now - self.cfg.learn_delay_s:
             taken, block, spans = self._pending.popleft()
             learning = [
                 (info, a, b, st)
-                for job, a, b, st in spans
-                if (info := self.jobs.get(job)) is not None
-                and self._hot.get(job, -math.inf) < taken
+                for job, info, a, b, st in spans
+                if self.jobs.get(job) is info and self._hot.get(job, -math.inf) < taken
             ]
             self._learned(block, learning, now)
 

@@ -73,7 +73,7 @@ class Config:
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
     phase_calm: float = 1.0  # ... a phase (eval, checkpoint), not a fault (see `_phase`)
-    relearn_s: float = 600.0  # a phase held this long is the job's new normal (`relearn`)
+    relearn_s: float = 1800.0  # a phase held this long is the job's new normal (`relearn`)
     multivariate: bool = False  # RobustCovariance: off the per-cycle path unless asked for
     level: bool = True  # Level: each job's adaptive, unit-free series baselines (level.py)
 
@@ -449,8 +449,10 @@ class Engine:
         # the reservoir's gate leaves out the online detectors: they learn on their own guard,
         # and a shift they are adopting as the new normal must not starve the reservoir of it
         gate = [i for i, nm in enumerate(names) if nm not in ONLINE]
-        calm, steady = np.full(n, -1.0), np.full(n, -1.0)  # steady: the detectors no phase caps
-        rest = [i for i in gate if names[i] not in PHASED]
+        # steady: the detectors a phase neither caps nor needs under their alert level (progress
+        # and pace: a phase holds them there, and a new normal may step a little slower)
+        calm, steady = np.full(n, -1.0), np.full(n, -1.0)
+        rest = [i for i in gate if names[i] not in (*PHASED, "progress", "pace")]
         if len(codes):
             calm[codes] = per_job[codes][:, gate].max(axis=1) if gate else 0.0
             steady[codes] = per_job[codes][:, rest].max(axis=1) if rest else 0.0
