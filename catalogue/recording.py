@@ -10,6 +10,7 @@ import math
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from catalogue import names
@@ -29,6 +30,19 @@ JOB_METRICS = (
 
 MAX_INTERVAL_S = 86400.0  # a sample interval beyond a day is a mistake, not a capture
 MAX_GPUS_PER_NODE = 1024
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """A recording's meta.json, checked (`check_meta`); `{}` when it has none; a ValueError
+    naming the file when it is no JSON or not as its readers need it."""
+    path = directory / "meta.json"
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    return check_meta(meta, str(path))
 
 
 def check_meta(meta: object, where: str = "meta.json") -> dict[str, Any]:

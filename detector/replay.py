@@ -18,12 +18,12 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
-from catalogue.recording import check_meta, gzip_checked
+from catalogue.recording import gzip_checked, read_meta
 from detector import fields as F
 from detector import samples
 from detector.baselines import BaselineStore
 from detector.coverage import Coverage
-from detector.frame import Frame, FrameError, join_progress
+from detector.frame import ALIASES, Frame, FrameError, join_progress
 from detector.pipeline import Config, Engine, Result
 from detector.thresholds import ALERT_OF, level
 
@@ -61,13 +61,8 @@ def read(path: str | Path, derive: Derive | None = None) -> Loaded:
 
 
 def _read_dir(p: Path, derive: Derive | None) -> Loaded:
-    meta_path = p / "meta.json"
     try:
-        meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    except ValueError as exc:
-        raise FrameError(f"{meta_path}: not JSON: {exc}") from None
-    try:
-        check_meta(meta, str(meta_path))
+        meta = read_meta(p)
     except ValueError as exc:
         raise FrameError(str(exc)) from None
     gpu_path = next(
@@ -98,7 +93,10 @@ def _csv(path: Path, dtype: dict[str, Any]) -> pd.DataFrame:
 
 
 def _once(gpu: pd.DataFrame, path: Path, notes: list[str]) -> pd.DataFrame:
-    """`gpu` with each (timestamp, node, gpu) once (`samples.merge_repeats`), noted."""
+    """`gpu` with each (timestamp, node, gpu) once (`samples.merge_repeats`), noted; the
+    columns under the names the frame accepts (`frame.ALIASES`: `time`, `Hostname`, ...)."""
+    names = {c: "timestamp" if a == "time" else a for c, a in ALIASES.items() if c in gpu}
+    gpu = gpu.rename(columns={c: a for c, a in names.items() if a not in gpu or c == a})
     gpu, merged = samples.merge_repeats(gpu, str(path))
     notes += [f"{path.name}: {note}" for _, note in merged]
     return gpu

@@ -28,7 +28,9 @@ IDS = ("timestamp", "node", "gpu", "job_id")
 MODEL = "modelName"  # the GPU model, as dcgm labels it: selects the physics priors
 JOB_COLUMNS = frozenset(recording.JOB_METRICS)  # job_metrics.csv.gz columns, per job
 _DIGITS = re.compile(r"(\d+)\s*$")
-_BLANK = r"(?i)|nan|none|null|-|\[?n/a\]?|\[not supported\]|\[unknown error\]|\[gpu is lost\]"
+_BLANK = (  # missing, as the tool said: nvidia-smi's own words for a field it could not read
+    r"(?i)|nan|none|null|-|\[?n/a\]?|\[not supported\]|\[unknown error\]|\[gpu is lost\]|err!"
+)
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 
 
@@ -190,7 +192,7 @@ def merge_repeats(
     rep = gpu.duplicated(key, keep=False).to_numpy()
     if not rep.any():
         return gpu, []
-    sub = gpu[rep]
+    sub = gpu[rep].replace("", np.nan)  # a blank label (no job, no model) is no value
     src = pd.Series(source, index=gpu.index)[rep]
     group = sub.groupby(key, sort=False, dropna=False).ngroup().to_numpy()
     by = sub.groupby(group, sort=False)
@@ -216,7 +218,11 @@ def merge_repeats(
         )
         for (a, b), n in Counter(zip(first[later], src[later], strict=True)).items()
     ]
-    out = pd.concat([gpu[~rep], by.first()], ignore_index=True)
+    merged = by.first()
+    for col in ("job_id", MODEL):
+        if col in merged:
+            merged[col] = merged[col].fillna("")
+    out = pd.concat([gpu[~rep], merged], ignore_index=True)
     return out.sort_values(key, kind="stable", ignore_index=True), notes
 
 
@@ -350,7 +356,7 @@ def _values(col: pd.Series, where: str, name: str, notes: list[str]) -> np.ndarr
     if bad.any():
         out = np.where(bad, np.nan, out)
         example = str(text[bad].iloc[0])[:20]
-        if np.isnan(out).all():
+        if bad.all():
             raise SampleError(f"{where}: column {name!r}: no number in it (e.g. {example!r})")
         notes.append(
             f"column {name!r}: {int(bad.sum())} value(s) not a number (e.g. {example!r}): "

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from catalogue import logtime, names, recording
@@ -36,7 +37,8 @@ def line_time(text: str, ref: float, boot_time: float | None = None) -> tuple[fl
     return (None, "") if stamp is None else (stamp.time, stamp.form)
 
 
-def _iso(t: float) -> str:
+def iso_utc(t: float) -> str:
+    """Unix seconds as ISO 8601 UTC to the millisecond."""
     whole, ms = divmod(int(round(t * 1000)), 1000)  # x.9996 s is the next second's .000
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
 
@@ -127,7 +129,7 @@ def kernel_lines(
                 "(unix seconds or ISO 8601), or give `dmesg -T` / journalctl output instead"
             )
         kinds[kind or "untimed"] = kinds.get(kind or "untimed", 0) + 1
-        out.append(line if t is None or kind == "iso" else f"{_iso(t)} {line}")
+        out.append(line if t is None or kind == "iso" else f"{iso_utc(t)} {line}")
     return out, kinds
 
 
@@ -150,7 +152,7 @@ def _journal_json(line: str, where: str, n: int) -> str:
             f"{where}:{n}: not a journalctl -o json record (want __REALTIME_TIMESTAMP and "
             f"MESSAGE): {exc}"
         ) from None
-    return f"{_iso(t)} {msg}"
+    return f"{iso_utc(t)} {msg}"
 
 
 # --- Slurm state ------------------------------------------------------------------------------
@@ -188,7 +190,7 @@ def slurm_state(text: str, where: str, job_id: str | None = None) -> dict[str, A
         jobs = doc.get("jobs") if isinstance(doc, dict) else None
         if not isinstance(jobs, list) or not jobs:
             raise ImportFailure(f"{where}: want sacct --json or squeue --json (a 'jobs' list)")
-        return _one([_json_job(j, where) for j in jobs], where, job_id)
+        return _one([partial(_json_job, j, where) for j in jobs], where, job_id)
     if all(line.count("|") == 6 for line in body.splitlines()):
         rows = [line.split("|") for line in body.splitlines()]  # the name second, as documented
         rows = [[r[0], *r[2:], r[1], r[0]] for r in rows]  # as the exporter asks sacct
@@ -198,7 +200,7 @@ def slurm_state(text: str, where: str, job_id: str | None = None) -> dict[str, A
                 f"{where}: want `sacct -X -n -P -o JobID,JobName,Partition,State,ExitCode,"
                 "NodeList,AllocTRES`"
             )
-        return _one([_exported(j) for j in jobs.values()], where, job_id)
+        return _one([partial(_exported, j, where) for j in jobs.values()], where, job_id)
     kv = {_KEYS[k.lower()]: v for k, v in _KV.findall(body) if k.lower() in _KEYS}
     if "state" not in kv and "exit_code" not in kv:
         raise ImportFailure(
@@ -221,15 +223,28 @@ def slurm_state(text: str, where: str, job_id: str | None = None) -> dict[str, A
             out[key] = _when(kv[key], where, key)
     if "restarts" in kv:
         out["restarts"] = int(kv["restarts"]) if kv["restarts"].isdigit() else None
-    return _clean(out)
+    return _clean(out, where)
 
 
-def _one(jobs: list[dict[str, Any]], where: str, job_id: str | None) -> dict[str, Any]:
-    """The job `job_id` of a file's jobs, or its only one; an ImportFailure naming them else."""
+def _one(
+    parsers: list[Callable[[], dict[str, Any]]], where: str, job_id: str | None
+) -> dict[str, Any]:
+    """The job `job_id` of a file's jobs, or its only one; an ImportFailure naming them else.
+    A job the file spells wrong refuses the file only when it is the one wanted (or may be)."""
+    jobs, errors = [], []
+    for parse in parsers:
+        try:
+            jobs.append(parse())
+        except ImportFailure as exc:
+            errors.append(exc)
+    if errors and (not jobs or job_id is None):
+        raise errors[0]
     ids = list(dict.fromkeys(str(j.get("job_id")) for j in jobs))
     if job_id is not None:
         match = [j for j in jobs if str(j.get("job_id")) == job_id]
         if not match:
+            if errors:
+                raise errors[0]
             raise ImportFailure(f"{where} has no job {job_id} (it holds {_listed(ids)})")
         return match[0]
     if len(ids) > 1:
@@ -241,13 +256,13 @@ def _listed(ids: list[str]) -> str:
     return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
-def _exported(j: Any, restarts: bool = False) -> dict[str, Any]:
+def _exported(j: Any, where: str, restarts: bool = False) -> dict[str, Any]:
     """A job parsed by the Slurm exporter's own parsers (sacct or squeue), as a state record."""
     out = {"job_id": j.job_id, "name": j.name, "state": j.state.upper(), "exit_code": j.exit_code,
            "nodes": j.nodes}  # fmt: skip
     if restarts:
         out["restarts"] = j.restarts
-    return _clean(out)
+    return _clean(out, where)
 
 
 def _json_job(j: dict[str, Any], where: str) -> dict[str, Any]:
@@ -255,7 +270,7 @@ def _json_job(j: dict[str, Any], where: str) -> dict[str, Any]:
         parsed = slurm_exporter.parse_squeue(json.dumps({"jobs": [j]}))
         if not parsed:
             raise ImportFailure(f"{where}: the squeue job has no valid job_id")
-        return _exported(next(iter(parsed.values())), restarts=True)
+        return _exported(next(iter(parsed.values())), where, restarts=True)
     state = j.get("state", {})
     current = state.get("current") if isinstance(state, dict) else state
     current = current[0] if isinstance(current, list) and current else current
@@ -275,7 +290,7 @@ def _json_job(j: dict[str, Any], where: str) -> dict[str, Any]:
         "end": float(t["end"]) if t.get("end") else None,
         "restarts": j.get("restart_cnt"),
     }
-    return _clean(out)
+    return _clean(out, where)
 
 
 def _when(text: str, where: str, key: str) -> float | None:
@@ -291,11 +306,13 @@ def _when(text: str, where: str, key: str) -> float | None:
     return t
 
 
-def _clean(doc: dict[str, Any]) -> dict[str, Any]:
+def _clean(doc: dict[str, Any], where: str) -> dict[str, Any]:
     job = doc.get("job_id")
     if job is not None and not names.valid_job_id(str(job)):
-        raise ImportFailure(f"job_id {job!r} is not a Slurm job id")
+        raise ImportFailure(f"{where}: job_id {job!r} is not a Slurm job id")
     start, end = doc.get("start"), doc.get("end")
     if start is not None and end is not None and end < start:
-        raise ImportFailure(f"job {job}: its end ({end:.0f}) is before its start ({start:.0f})")
+        raise ImportFailure(
+            f"{where}: job {job}: its end ({end:.0f}) is before its start ({start:.0f})"
+        )
     return {k: v for k, v in doc.items() if v not in (None, "", [])}

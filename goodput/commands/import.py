@@ -180,10 +180,9 @@ def command(
 
 
 def _iso(t: float | None) -> str:
-    """Unix seconds as ISO 8601 UTC ('-' for none)."""
-    if t is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    from exporters.importer import iso_utc
+
+    return "-" if t is None else iso_utc(t)
 
 
 def _lines(path: Path) -> list[str]:

@@ -13,24 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from catalogue.recording import check_meta, gzip_checked
+from catalogue.recording import gzip_checked, read_meta
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report, Series, SlurmFacts
 from recovery.evidence.logs import read_lines
 
 _ID_COLS = {"timestamp", "node", "gpu", "job_id"}
-
-
-def read_meta(directory: Path) -> dict[str, Any]:
-    """meta.json, checked (`catalogue.recording.check_meta`); `{}` when absent."""
-    path = directory / "meta.json"
-    if not path.is_file():
-        return {}
-    try:
-        meta = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
-    return check_meta(meta, str(path))
 
 
 def read_truth(directory: Path) -> list[dict[str, Any]]:
@@ -133,9 +121,9 @@ def context(directory: Path, job_id: str | None = None) -> Context:
     job: dict[str, Any] = next(
         (j for j in meta.get("jobs", []) if str(j.get("job_id")) == job_id), {}
     )
-    nodes = [n for n in job.get("nodes", []) if validate.NODE.fullmatch(n)]
+    nodes = [n for n in job.get("nodes") or [] if validate.NODE.fullmatch(n)]
     if not nodes and job_id is not None:
-        nodes = sorted(n for n in meta.get("nodes", []) if validate.NODE.fullmatch(str(n)))
+        nodes = sorted(n for n in meta.get("nodes") or [] if validate.NODE.fullmatch(str(n)))
     start = float(meta.get("start", job.get("start", 0)) or 0)
     end = float(meta.get("end", job.get("end", start)) or start)
     return Context(job_id=job_id, nodes=nodes, start=start, end=end, job_name=job.get("name"))

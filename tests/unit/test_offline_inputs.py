@@ -102,6 +102,29 @@ def test_replay_merges_repeated_rows_of_a_recording_and_refuses_conflicting_ones
     assert str(rec / "gpu_metrics.csv.gz") in r.output
 
 
+def test_files_of_the_same_samples_with_and_without_labels_merge(tmp_path):
+    """One capture labelled with the job (dcgm-exporter's hpc_job), another of other fields
+    without: a blank label is no value, so they merge (refused as a disagreement before)."""
+    df = pd.read_csv(_cut(tmp_path / "m.csv"))
+    a = df[["ts", "DCGM_FI_DEV_GPU_UTIL"]].assign(job_id="4242")
+    b = df[["ts", "DCGM_FI_DEV_POWER_USAGE"]].assign(job_id="")
+    a.to_csv(tmp_path / "a.csv", index=False)
+    b.to_csv(tmp_path / "b.csv", index=False)
+    r = _import(tmp_path, tmp_path / "a.csv", tmp_path / "b.csv")
+    assert r.exit_code == 0, r.output
+    rows = _rows(tmp_path / "rec")
+    assert len(rows) == ROWS and rows.DCGM_FI_DEV_POWER_USAGE.notna().all()
+    assert (rows.job_id.astype(str) == "4242").all()
+
+
+def test_a_recording_with_header_aliases_still_replays(rec, tmp_path):
+    """A hand-made recording whose CSV says time / Hostname / hpc_job, as the frame accepts."""
+    rows = _rows(rec).rename(columns={"timestamp": "time", "node": "Hostname", "job_id": "hpc_job"})
+    rows.to_csv(rec / "gpu_metrics.csv.gz", index=False)
+    r = _cli("replay", rec, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 0, r.output
+
+
 # 2. truncated gzip
 
 
@@ -174,6 +197,11 @@ def test_a_valid_meta_json_still_replays_and_attributes(rec, tmp_path):
     assert r.exit_code == 0 and "every 0.25 s" in r.output, r.output
     r = _cli("attribute", "--recording", rec)
     assert r.exit_code == 0 and "GPUs per node: 1 (meta.json)" in r.output, r.output
+    meta = json.loads((rec / "meta.json").read_text())
+    meta["jobs"][0]["nodes"] = None  # null: no node list, as 'nodes' absent (a traceback before)
+    (rec / "meta.json").write_text(json.dumps(meta))
+    r = _cli("attribute", "--recording", rec)
+    assert r.exit_code == 0, r.output
 
 
 # 6. the job id import writes
@@ -201,7 +229,7 @@ def test_a_slurm_window_missing_every_sample_is_refused(tmp_path):
     slurm.write_text("job_id=4242\nstate=FAILED\nstart=1000\nend=2000\n")
     r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--slurm", slurm))
     assert r.exit_code == 2 and "no sample is of job 4242: the samples span" in r.output
-    assert "Slurm's start/end 1970-01-01T00:16:40Z to 1970-01-01T00:33:20Z" in r.output
+    assert "Slurm's start/end 1970-01-01T00:16:40.000Z to 1970-01-01T00:33:20.000Z" in r.output
     assert not (tmp_path / "rec").exists()
 
 
@@ -230,6 +258,11 @@ def test_unreadable_values_are_said_and_a_column_of_none_refused(tmp_path):
     df.to_csv(tmp_path / "none.csv", index=False)
     r = _import(tmp_path, tmp_path / "none.csv", out="rec2")
     assert r.exit_code == 2 and "column 'DCGM_FI_DEV_POWER_USAGE': no number in it" in r.output
+    df["DCGM_FI_DEV_POWER_USAGE"] = "[N/A]"  # a failing GPU: nvidia-smi's words, missing alone
+    df.loc[0, "DCGM_FI_DEV_POWER_USAGE"] = "ERR!"
+    df.to_csv(tmp_path / "err.csv", index=False)
+    r = _import(tmp_path, tmp_path / "err.csv", out="rec3")
+    assert r.exit_code == 0 and "not a number" not in r.output, r.output
 
 
 # 9. a directory where a file belongs, a file where a directory does

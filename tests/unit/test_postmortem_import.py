@@ -355,3 +355,23 @@ def test_per_node_files_whose_clocks_do_not_line_up_import_and_replay_on_one_gri
     s = replay(tmp_path / "rec", io.StringIO())
     assert s["instants"] == 30 and s["jobs"]["5"]["gpus"] == 4
     assert s["jobs"]["5"]["detectors"]["peer"]["ran"]
+
+
+def test_a_broken_job_beside_the_one_asked_for_does_not_refuse_the_file():
+    """One neighbour in a day's sacct --json spelled wrong (its end before its start) refused
+    the job asked for; it refuses only when it is the one wanted, or none is named."""
+    jobs = [
+        {
+            "job_id": 1,
+            "name": "a",
+            "state": {"current": ["FAILED"]},
+            "time": {"start": 9, "end": 1},
+        },
+        {"job_id": 2, "name": "b", "state": {"current": ["FAILED"]}, "nodes": "gn2"},
+    ]
+    text = json.dumps({"jobs": jobs})
+    assert importer.slurm_state(text, "d.json", "2")["nodes"] == ["gn2"]
+    with pytest.raises(importer.ImportFailure, match=r"d.json: job 1: its end \(1\) is before"):
+        importer.slurm_state(text, "d.json", "1")
+    with pytest.raises(importer.ImportFailure, match="d.json: job 1: its end"):
+        importer.slurm_state(text, "d.json")
