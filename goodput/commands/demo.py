@@ -96,7 +96,8 @@ def demo(ctx: typer.Context) -> None:
             for j, v in sorted(e.items())
             if j in jobs  # the demo's jobs
         )
-        console.print(f"ETTR, last hour: cluster {e.get('cluster', float('nan')):.1%} ({per_job})")
+        cluster = e.get("cluster", float("nan"))  # every job of the hour: an earlier run's too
+        console.print(f"ETTR, last hour: {per_job} (the cluster, all its jobs: {cluster:.1%})")
     except (OSError, ValueError, KeyError, PromError) as exc:
         console.print(f"[yellow]ETTR not available: {exc}[/]")
     handled = sum(
