@@ -77,7 +77,16 @@ def command(
     gpn, gpn_from = gpus_per_node, "--gpus-per-node"
     if gpn is None:
         meta_gpn = meta.get("gpus_per_node")
-        gpn, gpn_from = (int(meta_gpn), "meta.json") if meta_gpn else (8, "default")
+        seen: dict[str, set[str]] = {}  # node -> the GPUs its samples name
+        for sr in bundle.series:
+            if sr.node and sr.gpu is not None:
+                seen.setdefault(sr.node, set()).add(sr.gpu)
+        if meta_gpn:
+            gpn, gpn_from = int(meta_gpn), "meta.json"
+        elif seen:
+            gpn, gpn_from = max(len(g) for g in seen.values()), "the samples"
+        else:
+            gpn, gpn_from = 8, "default"
     missing = [r.connector for r in bundle.reports if r.status != "ok"]
     if recording is None:  # logs alone: what a verdict drawn from them lacks
         missing += ["metrics (none given: a --recording holds them)", "slurm (none given)"]

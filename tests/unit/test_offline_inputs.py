@@ -282,3 +282,12 @@ def test_a_directory_for_a_file_says_so(tmp_path):
     (tmp_path / "f").write_text("")
     r = _cli("bench", "scale", "--out", tmp_path / "f", "--sizes", "1000", "--cycles", "2")
     assert r.exit_code == 2 and "exists and is not a directory" in r.output
+
+
+def test_attribute_without_meta_takes_gpus_per_node_from_the_samples(rec):
+    """A recording without meta.json: the GPUs per node its samples show (1 here), not the
+    default 8, which made one GPU's node look like a fraction of one."""
+    (rec / "meta.json").unlink()
+    r = _cli("attribute", "--recording", rec, "--job-id", "4242")
+    assert r.exit_code == 0, r.output
+    assert "GPUs per node: 1 (the samples)" in r.output
