@@ -107,7 +107,13 @@ def command(
                 if window != "all"
                 else f"no sample is of job {job_id} (the samples carry {jobs_in})"
             )
-        report["files"][str(metrics[0])].append(f"{n} rows given job {job_id} ({window})")
+        of_job = int((gpu_df.job_id == job_id).sum())
+        report["files"][str(metrics[0])].append(
+            f"{n} rows given job {job_id} ({window})"
+            if of_job == n  # else the samples carried it (dcgm-exporter's hpc_job)
+            else f"{of_job} rows of job {job_id} ({of_job - n} labelled so in the samples, "
+            f"{n} given it: {window})"
+        )
         times = sorted(set(gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]))
         nodes = sorted(set(gpu_df.node))
         logs: dict[str, list[str]] = {}

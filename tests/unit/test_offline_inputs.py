@@ -291,3 +291,15 @@ def test_attribute_without_meta_takes_gpus_per_node_from_the_samples(rec):
     r = _cli("attribute", "--recording", rec, "--job-id", "4242")
     assert r.exit_code == 0, r.output
     assert "GPUs per node: 1 (the samples)" in r.output
+
+
+def test_import_counts_the_rows_the_samples_already_gave_the_job(tmp_path):
+    """Samples labelled with the job (a Prometheus export's hpc_job) were reported as '0 rows
+    given job 4242 (all)'."""
+    df = pd.read_csv(_cut(tmp_path / "m.csv")).assign(job_id="4242")
+    df.to_csv(tmp_path / "l.csv", index=False)
+    r = _import(tmp_path, tmp_path / "l.csv")
+    assert r.exit_code == 0, r.output
+    assert (
+        f"{ROWS} rows of job 4242 ({ROWS} labelled so in the samples, 0 given it: all)" in r.output
+    )
