@@ -17,7 +17,7 @@ T = 1_700_000_000.0
 @pytest.mark.parametrize("frac", [0.0, 0.0004, 0.4996, 0.9994, 0.9995, 0.9996, 0.9999999])
 def test_the_written_time_reads_back_to_the_millisecond(frac):
     # ms was rounded on its own: x.9996 s became "...:20.1000Z", read back 0.9 s early
-    written = importer._iso(T + frac)
+    written = importer.iso_utc(T + frac)
     back = logtime.parse(f"{written} kernel: x", T).time
     assert back == pytest.approx(T + frac, abs=0.0005), written
 
