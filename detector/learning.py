@@ -108,8 +108,8 @@ class Baselines:
         self, frame: Frame, job: np.ndarray, combined: np.ndarray, now: float, cycle: int
     ) -> None:
         """Calm jobs past warm-up add rows to their reservoir (each every `learn_every`-th
-        cycle, spread over jobs; small jobs every cycle), except rows of a run's start-up (its
-        log's start-up pause open, no step yet: `starting`), once the job stayed calm for
+        cycle, spread over jobs; small jobs every cycle), except rows of a run's start-up and
+        first steps after a pause (`settling`), once the job stayed calm for
         `learn_delay_s` after them (`_release`), and fit when due: first as soon as `fit_rows`
         calm rows are in (or at `fit_after_s`), again at 4x as many, then every `refit_s` (at
         most `fits_per_cycle` jobs a cycle: `_fit_due`)."""
@@ -165,7 +165,7 @@ class Baselines:
         stall = frame.col(F.STALL_SECONDS)
         chosen = np.zeros(len(combined), dtype=bool)  # a table: np.isin sorts both sides
         chosen[codes] = True
-        rows_all = np.flatnonzero(chosen[job] & ~starting(frame))
+        rows_all = np.flatnonzero(chosen[job] & ~settling(frame))
         order = rows_all[np.argsort(job[rows_all], kind="stable")]
         jo = job[order]
         starts = np.flatnonzero(np.r_[True, jo[1:] != jo[:-1]])
@@ -357,12 +357,20 @@ class Baselines:
         return remap
 
 
-def starting(frame: Frame) -> np.ndarray:
-    """Rows of a run before its first step: the log opened a pause (the start-up line, or a
-    restart's) and reported no step time since. NCCL init, a checkpoint load and a first
-    collective (ranks spinning at idle power) are no run's steady state: a baseline learned
-    from them takes training for a fault (a restart requeued in its first minutes did)."""
+SETTLE_S, SETTLE_STEPS = 10.0, 40  # a run's first steps after a pause: not its steady state
+
+
+def settling(frame: Frame) -> np.ndarray:
+    """Rows of a run before its first step (the log opened a pause, the start-up line or a
+    restart's, and reported no step time since: NCCL init, a checkpoint load, ranks spinning
+    in the first collective), and of its first steps after a pause closed, for max(`SETTLE_S`,
+    `SETTLE_STEPS` x its step time) from the pause's start: a run back from a restart or a
+    save steps slowly at first (the quickstart's restart: 2.2 s, 1.7 s, then 1.2 s steps).
+    No run's steady state: a baseline fitted on them took the restart's 2.2 s for the job's
+    step, and a hang's onset rows for its training (learned before the delay)."""
+    it = frame.col(F.ITER_SECONDS)
+    since = frame.col(F.SINCE_PAUSE)
     with np.errstate(invalid="ignore"):
-        return ~np.isfinite(frame.col(F.ITER_SECONDS)) & pause_open(
-            frame.col(F.STALL_SECONDS), frame.col(F.SINCE_PAUSE)
-        )
+        inside = pause_open(frame.col(F.STALL_SECONDS), since)
+        after = ~inside & (since < np.fmax(SETTLE_S, SETTLE_STEPS * it))
+        return ~np.isfinite(it) & inside | after

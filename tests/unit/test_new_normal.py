@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from detector import fields as F
-from detector.learning import starting
+from detector.learning import settling
 from detector.pipeline import Config, Engine
 from detector.synthetic import healthy_frame
 
@@ -66,12 +66,43 @@ def _reservoir(eng, job="100"):
     return info.rows[: min(info.seen, len(info.rows))] if info.rows is not None else None
 
 
-def test_starting_marks_a_runs_rows_before_its_first_step():
-    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=4, seed=2)
-    _starting_up(f, f.time >= 10, since=10.0)
-    assert starting(f).tolist() == [False, False, True, True]
-    f.values[:, COL[F.SINCE_PAUSE]] = np.nan  # no pause line: no start-up known
-    assert not starting(f).any()
+def test_settling_marks_a_runs_start_up_and_first_steps():
+    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=30, seed=2)
+    _starting_up(f, (f.time >= 10) & (f.time < 15), since=10.0)
+    back = f.time >= 15  # stepping from 15 s at 0.5 s: settled 40 steps (20 s) after the line
+    f.values[back, COL[F.SINCE_PAUSE]] = f.time[back] - 10.0
+    f.values[back, COL[F.STALL_SECONDS]] = 1.0
+    assert settling(f).tolist() == [t >= 10 and t < 30 for t in f.time]
+    f.values[back, COL[F.ITER_SECONDS]] = 2.0  # slow steps: 40 of them take 80 s
+    assert settling(f).tolist() == [t >= 10 and t < 90 for t in f.time]
+    f.values[:, COL[F.SINCE_PAUSE]] = np.nan  # no pause line: nothing known of a start-up
+    assert not settling(f).any()
+
+
+def test_a_restarts_slow_first_steps_are_not_its_step_time():
+    """The quickstart's restart stepped 2.2 s, 1.7 s, then 1.2 s; the first fit, made of those
+    first steps alone, took 2.2 s for the job's step time (a slowdown to 1.8x would not have
+    been seen). Its first 40 steps' worth of time after the start-up line are not learned."""
+    f = healthy_frame(jobs=1, nodes=1, steps=120, seed=8, step_s=1.2)
+    hang = (f.time >= 65) & (f.time < 100)  # as there: a hang as warm-up ended, then requeued
+    for name, value in SPIN.items():
+        f.values[hang, COL[name]] = value
+    f.values[hang, COL[F.STALL_SECONDS]] = f.time[hang] - 65
+    since = f.time - 100.0
+    run = f.time >= 100
+    f.values[run, COL[F.SINCE_PAUSE]] = since[run]
+    f.values[run & (f.time < 120), COL[F.ITER_SECONDS]] = np.nan  # start-up: no step yet
+    f.values[run & (f.time < 120), COL[F.STALL_SECONDS]] = since[run & (f.time < 120)]
+    slow = run & (f.time >= 120) & (f.time < 160)
+    f.values[slow, COL[F.ITER_SECONDS]] = np.where(f.time[slow] < 140, 2.2, 1.7)
+    eng = Engine(Config(warmup_s=60.0))
+    learned = {}
+    for rows in f.instants():
+        t = float(f.time[rows[0]])
+        eng.step(f.take(rows), t, None)
+        learned[t] = eng.det["progress"].typical_steps(f.take(rows))["value"].tolist()
+    fitted = [v for v in learned.values() if v]
+    assert fitted and all(v == [pytest.approx(1.2, rel=0.05)] for v in fitted), fitted
 
 
 def test_a_restarts_start_up_is_never_learned():
