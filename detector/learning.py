@@ -175,7 +175,7 @@ class Baselines:
             longest = np.fmax.reduceat(stall[order], starts).tolist()
         block = frame.values[order].astype(np.float32)  # one gather; a job's rows: a slice
         ends = np.r_[starts[1:], len(order)].tolist()
-        spans = []  # (job, its rows' span in block, its longest stall): past warm-up
+        spans: list[Span] = []  # the jobs past warm-up
         for c, a, b, st in zip(jo[starts].tolist(), starts.tolist(), ends, longest, strict=True):
             info = self.jobs.get(self.ids[c])
             if info is not None and now - info.first_seen >= self.cfg.warmup_s:
@@ -366,8 +366,7 @@ def settling(frame: Frame) -> np.ndarray:
     in the first collective), and of its first steps after a pause closed, for max(`SETTLE_S`,
     `SETTLE_STEPS` x its step time) from the pause's start: a run back from a restart or a
     save steps slowly at first (the quickstart's restart: 2.2 s, 1.7 s, then 1.2 s steps).
-    No run's steady state: a baseline fitted on them took the restart's 2.2 s for the job's
-    step, and a hang's onset rows for its training (learned before the delay)."""
+    No run's steady state: a first fit of them took that restart's 2.2 s for the job's step."""
     it = frame.col(F.ITER_SECONDS)
     since = frame.col(F.SINCE_PAUSE)
     with np.errstate(invalid="ignore"):
