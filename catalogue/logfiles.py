@@ -2,7 +2,8 @@
 job's output as its user): only a regular file, never through a symbolic link (`ln -s
 /etc/shadow slurm-9.out` would ship the file as job 9's output), never blocking on a FIFO (a
 `mkfifo slurm-5.out` stopped every reader). One rule for the log-metrics exporter, the Loki
-shipper, the receiver's log evidence and `goodput export-recording`.
+shipper, the receiver's log evidence and `goodput export-recording`. `unreadable` says why a
+path given for a file to read is none (the commands' and the sample reader's one wording).
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def unreadable(path: Path) -> str | None:
+    """Why `path` is not a file to read ('is a directory', 'no such file'), or None."""
+    if path.is_file():
+        return None
+    return "is a directory" if path.is_dir() else "no such file"
 
 
 def regular(st: os.stat_result) -> bool:

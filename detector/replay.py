@@ -52,9 +52,8 @@ def read(path: str | Path, derive: Derive | None = None) -> Loaded:
     p = Path(path)
     if p.is_dir():
         return _read_dir(p, derive)
-    got = samples.read(p)
-    gpu = _once(got.gpu, p, got.notes)
-    gpu = join_progress(gpu, got.jobs) if got.jobs is not None else gpu
+    got = samples.read(p)  # (its repeated samples already reduced: `samples.normalise`)
+    gpu = join_progress(got.gpu, got.jobs) if got.jobs is not None else got.gpu
     if got.jobs is None:
         got.notes.append("no job metrics in the file: the progress detector has no input")
     return Loaded(Frame.from_dataframe(gpu), {}, None, got.notes)

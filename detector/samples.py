@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from catalogue import names, recording
+from catalogue import logfiles, names, recording
 from catalogue.columns import clean, columns
 from detector.frame import FrameError
 
@@ -50,8 +50,8 @@ def read(
 ) -> Samples:
     """Read one file. `node`, `job_id` and `gpu` fill in what the file does not say."""
     p = Path(path)
-    if not p.is_file():
-        raise SampleError(f"{p}: {'is a directory' if p.is_dir() else 'no such file'}")
+    if why := logfiles.unreadable(p):
+        raise SampleError(f"{p}: {why}")
     if node is not None and not names.valid_node(node):
         raise SampleError(f"--node {node!r}: want a host name ([A-Za-z0-9._-], up to 64)")
     if job_id is not None and not names.valid_job_id(job_id):

@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from goodput.commands import unreadable
+from catalogue.logfiles import unreadable
+
+if TYPE_CHECKING:
+    from recovery.evidence import Bundle
 
 app = typer.Typer(help="Attribute a failure offline (post-mortems, tests).")
 
@@ -77,14 +81,10 @@ def command(
     gpn, gpn_from = gpus_per_node, "--gpus-per-node"
     if gpn is None:
         meta_gpn = meta.get("gpus_per_node")
-        seen: dict[str, set[str]] = {}  # node -> the GPUs its samples name
-        for sr in bundle.series:
-            if sr.node and sr.gpu is not None:
-                seen.setdefault(sr.node, set()).add(sr.gpu)
         if meta_gpn:
             gpn, gpn_from = int(meta_gpn), "meta.json"
-        elif seen:
-            gpn, gpn_from = max(len(g) for g in seen.values()), "the samples"
+        elif seen := _gpus_per_node(bundle):
+            gpn, gpn_from = seen, "the samples"
         else:
             gpn, gpn_from = 8, "default"
     missing = [r.connector for r in bundle.reports if r.status != "ok"]
@@ -103,3 +103,12 @@ def command(
         verdict += f" [evidence missing: {', '.join(missing)}]"
     typer.echo(verdict, err=True)
     typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def _gpus_per_node(bundle: Bundle) -> int:
+    """The most GPUs the bundle's samples name on one node (0: none named)."""
+    seen: dict[str, set[str]] = {}
+    for sr in bundle.series:
+        if sr.node and sr.gpu is not None:
+            seen.setdefault(sr.node, set()).add(sr.gpu)
+    return max((len(g) for g in seen.values()), default=0)

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from goodput.commands import unreadable
+from catalogue.logfiles import unreadable
 
 app = typer.Typer(help="Benchmarks (results under bench/results/).", no_args_is_help=True)
 

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import typer
 
-from goodput.commands import unreadable
+from catalogue.logfiles import unreadable
 
 app = typer.Typer(help="Bring your own files: DCGM samples, logs, Slurm state -> a recording.")
 
@@ -98,7 +98,9 @@ def command(
             )
         n = samples.label(gpu_df, job_id, job.get("start"), job.get("end"))
         window = "within the Slurm start/end" if job.get("start") or job.get("end") else "all"
-        if not (gpu_df.job_id == job_id).any():
+        mine = (gpu_df.job_id == job_id).to_numpy()
+        of_job = int(mine.sum())
+        if not of_job:
             t = gpu_df.timestamp.astype(float)
             raise importer.ImportFailure(
                 f"no sample is of job {job_id}: the samples span {_iso(t.min())} to "
@@ -107,14 +109,13 @@ def command(
                 if window != "all"
                 else f"no sample is of job {job_id} (the samples carry {jobs_in})"
             )
-        of_job = int((gpu_df.job_id == job_id).sum())
         report["files"][str(metrics[0])].append(
             f"{n} rows given job {job_id} ({window})"
             if of_job == n  # else the samples carried it (dcgm-exporter's hpc_job)
             else f"{of_job} rows of job {job_id} ({of_job - n} labelled so in the samples, "
             f"{n} given it: {window})"
         )
-        times = sorted(set(gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]))
+        times = sorted(set(gpu_df.loc[mine, "timestamp"]))
         nodes = sorted(set(gpu_df.node))
         logs: dict[str, list[str]] = {}
         job_rows: list[dict[str, Any]] = []
@@ -140,13 +141,13 @@ def command(
     if jobs is None:
         why = "no progress lines in --job-log" if job_log is not None else "no --job-log"
         report["warning"] = f"no job metrics ({why}): replay's progress detector is blind"
-    on = gpu_df.loc[gpu_df.job_id == job_id, "timestamp"]
+    on = gpu_df.loc[mine, "timestamp"]
     per_node = gpu_df.groupby("node").gpu.nunique()
     step = samples.gpu_interval(gpu_df.timestamp.to_numpy(), gpu_df.node, gpu_df.gpu)
     entry: dict[str, Any] = {
         "job_id": job_id,
         "name": job_name or job.get("name") or job_id,
-        "nodes": job.get("nodes") or sorted(set(gpu_df.loc[gpu_df.job_id == job_id].node)),
+        "nodes": job.get("nodes") or sorted(set(gpu_df.loc[mine].node)),
         "start": job.get("start", float(on.min()) if len(on) else None),
         "end": job.get("end", float(on.max()) if len(on) else None),
         **{k: job[k] for k in ("state", "exit_code", "restarts") if k in job},
