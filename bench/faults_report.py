@@ -71,6 +71,17 @@ NOTES = [
     "(real-signal row 'restart, stored baseline by name': 125 ms at 59 % vs 85 ms at 99 %). "
     "With a hardware signal (thermal-straggler-1gpu) it is `straggler` on the node at 0.7. "
     "Two- and three-node jobs are diagnosed `straggler` on the right node by their peers.",
+    "- **A straggler before the job's first fit** (host-straggler-1gpu-early, "
+    "host-straggler-2node-early: 90 s in, after three log lines at its pace): its rows are "
+    "never calm, so the fit never learns the slow pace, and the pace score compares the faster "
+    "of the job's latest two step lines with the fastest it logged so far (a run's first "
+    "steps run slow, never fast), the alert at ~1.26x, after the first steps settle (~80 s "
+    "from the start-up line); the attribution reads the job's history the same way (its "
+    "fastest step held for two samples, where its early median includes the slow first "
+    "steps). Before, 0 of 3 detected on two nodes: the peer score sat at 0.85 on both nodes "
+    "alike (the slow host's GPUs idle while the others wait in the collective: half the job "
+    "against the other half); on one GPU `unknown` with no node. A straggler from the first "
+    "step has no faster step of its own (real-signal row 'from its first iteration').",
     "- **A job that never reaches its first iteration** (never-started rows, real-signal row "
     "'start-up never ends'): the never_started prior (catalogue/priors.yaml) allows 120 s + 20 s "
     "per doubling of the job's GPUs from the log's latest start-up milestone (`training ...`, "
@@ -245,10 +256,12 @@ def markdown(doc: dict[str, Any]) -> str:
         cf = cold["false_incidents"]
         lines += [
             "",
-            "## Cold-start rows (scenarios/cold-start/: fault at job start, 1-GPU and 1-node jobs)",
+            "## Cold-start rows (scenarios/cold-start/: fault at job start or before the first "
+            "fit, 1-GPU and 1-node jobs)",
             "",
             "The same pipeline on jobs as written (no resizing), faults from their first "
-            "seconds or minute, a host straggler after 7 minutes of the job's own history.",
+            "seconds or minute, or (`-early`) 90 s in, after the first steps and before the "
+            "job's first fit; a host straggler after 7 minutes of the job's own history.",
             "",
             *_table(cold, "scenario"),
             "",

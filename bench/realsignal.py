@@ -378,6 +378,7 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
         ("idle_hang", "10 s after its first iteration", first_iter + 10.0),
         ("idle_hang", "before its first iteration (start-up never ends)", first_iter),
         ("straggler", "from its first iteration, never seen before", first_iter),
+        ("straggler", "60 s after its first iteration, before its first fit", first_iter + 60.0),
     ]
     for kind, when, onset in cases:
         faulty = splice(long, kind, onset)

@@ -37,6 +37,17 @@ class Seen(NamedTuple):
     # run, or of the job's earlier one where a quick requeue kept it in the running set
 
 
+class Early(NamedTuple):
+    """A job's step times before its first fit, as its log reported them (kept across its runs:
+    a requeued job keeps its id, and its restart settles before it is compared)."""
+
+    fastest: float  # the fastest step held over two lines so far (inf: none yet); a run's
+    # first steps run slow, and a single line may run fast (a real H200's first: 76 ms at 85)
+    line: float  # when the latest step line was logged
+    last: float  # its step time
+    prev: float  # the step time of the line before it (NaN: none yet)
+
+
 class Progress(PerJob):
     """The job's own progress: its score is the stall (time since last progress); the
     step-time slowdown it works out beside it is `Pace`'s score.
@@ -53,7 +64,10 @@ class Progress(PerJob):
     slowdown score = robust z of log step time / z_crit(p), 0 after a pause began for 1.5 x
     the longest pause seen (`unknown_pause_s` before one was seen), or the pause as it ran
     when longer (until the step time moves, when a bar closed it), plus max(`after_pause_s`,
-    30 steps): the first steps after a checkpoint or a restart run slow. Catches hangs that
+    30 steps): the first steps after a checkpoint or a restart run slow. Before a job's first
+    fit, its latest two logged steps (the faster of them) against the fastest it held over two
+    lines so far, with `early_floor` as the spread (a fault after the first steps and before
+    the first fit: the fit never learns it, since its rows are not calm). Catches hangs that
     GPU metrics disguise (spin-wait at 100 % util).
 
     >>> import numpy as np
@@ -77,6 +91,7 @@ class Progress(PerJob):
         "after_pause_s",
         "unknown_pause_s",
         "pause_factor",
+        "early_floor",
     )
     state_keys = ("step_", "step_scale_", "gap_", "pause_")
     pause_: np.ndarray
@@ -94,6 +109,7 @@ class Progress(PerJob):
         after_pause_s: float = 10.0,
         unknown_pause_s: float = 30.0,
         pause_factor: float = 3.0,
+        early_floor: float = 0.08,
     ) -> None:
         self.p = p
         self.stall_factor = stall_factor
@@ -103,6 +119,8 @@ class Progress(PerJob):
         self.after_pause_s = after_pause_s
         self.unknown_pause_s = unknown_pause_s
         self.pause_factor = pause_factor
+        self.early_floor = early_floor
+        self._early: dict[str, Early] = {}  # job -> its steps before its first fit
         self._pauses: dict[str, Seen] = {}  # job -> its latest pause seen open
         self._ended: dict[str, float] = {}  # job -> the longest pause of its runs that left
         self._cut: dict[str, float] = {}  # job -> the longest pause a run left inside (requeued)
@@ -154,6 +172,8 @@ class Progress(PerJob):
         codes = self._codes(frame)[sel]
         ran, usual, before, saved = self._pauses_seen(frame, sel, stall, since, codes, it)
         allow, slow = self._allow_slow(codes, it, since, ran, usual, before)
+        early = self._early_slow(frame, sel, codes, (it, stall, since, ran, usual))
+        slow = np.fmax(slow, early)
         inside = pause_open(stall, since)
         # a pause the log announced waits as long as the physics rules wait on the GPUs
         # (`pause_allowance`) when it is a run's start-up (no step time yet: a fresh job, or a
@@ -287,7 +307,8 @@ class Progress(PerJob):
 
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
-        for job in jobs:  # its pauses stay: a requeued job keeps its id (`KEEP_ENDED`)
+        for job in jobs:
+            # its pauses stay: a requeued job keeps its id (`KEEP_ENDED`)
             seen = self._pauses.pop(job, None)
             if seen is None:
                 continue
@@ -332,6 +353,50 @@ class Progress(PerJob):
                 settling = (since[known] <= settle) & ~(was >= z_crit(self.p))
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return allow, slow
+
+    def _early_slow(
+        self,
+        frame: Frame,
+        sel: np.ndarray | slice,
+        codes: np.ndarray,
+        fields: tuple[np.ndarray, ...],
+    ) -> np.ndarray:
+        """The slow score of rows whose job has no fit yet: the faster of its latest two logged
+        steps against the fastest it held over two lines so far (`Early`, updated from
+        one-instant frames, read by others), 0 while the first steps after a pause settle (as
+        `_allow_slow`'s, that fastest step as the job's)."""
+        it, stall, since, ran, usual = fields
+        slow = np.zeros(len(codes))
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero((codes < 0) & (it > 0) & np.isfinite(stall))
+        if not rows.size:
+            return slow
+        cycle = isinstance(sel, np.ndarray)
+        t = frame.time[sel][rows].tolist()
+        jobs = frame.job[sel][rows].tolist()
+        steps = it[rows].tolist()
+        lines = (frame.time[sel][rows] - stall[rows]).tolist()
+        ref, cur = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+        for k, job in enumerate(jobs):
+            if not job:
+                continue
+            seen = self._early.get(job)
+            if cycle:
+                v, line = steps[k], lines[k]
+                if seen is None:
+                    seen = Early(math.inf, line, v, np.nan)
+                elif line > seen.line + 0.5:  # a new step line
+                    seen = Early(min(seen.fastest, max(v, seen.last)), line, v, seen.last)
+                keep_latest(self._early, job, seen)  # those not seen for longest go first
+            if seen is not None and t[k] >= seen.line and seen.fastest < math.inf:
+                ref[k], cur[k] = seen.fastest, min(seen.last, seen.prev)
+        pause = np.where(np.isfinite(usual[rows]), usual[rows], self.unknown_pause_s)
+        settle = np.fmax(ran[rows], 1.5 * pause) + np.fmax(self.after_pause_s, 30.0 * ref)
+        with np.errstate(all="ignore"):
+            z = np.log(cur / ref) / self.early_floor
+            z = np.where(since[rows] <= settle, 0.0, np.nan_to_num(np.fmax(z, 0.0)))
+        slow[rows] = z / z_crit(self.p)
+        return slow
 
     def parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """(stall score, slow score) per row, worked out once per unchanged frame: this

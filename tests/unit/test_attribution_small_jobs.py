@@ -356,6 +356,26 @@ def test_a_two_node_job_is_left_to_the_peer_rules() -> None:
     assert not any(s["id"] == "host_bound" for s in doc["symptoms"])
 
 
+def test_starved_soon_after_slow_first_steps_is_a_straggler() -> None:
+    """A job whose first steps ran slow (2.1 s, 1.6 s), then at its pace (1.2 s) for 15 s, all
+    in the first third of the window (its history), then starved (1.9 s, the GPU 99 -> 62 %):
+    that third's median (1.6 s) hides the slowdown; its fastest step held for two points shows
+    it (the cold-start row host-straggler-1gpu-early: `unknown`, no node, before)."""
+    n, onset = 30, 10
+    first = [2.1] * 4 + [1.6] * 3 + [1.2] * 3
+    step = [(START + STEP * i, first[i] if i < onset else 1.9) for i in range(n)]
+    it = [(START + STEP * i, float(i)) for i in range(n)]
+    series = [
+        *_gpu("node1", 0, [99.0 if i < onset else 62.0 for i in range(n)], [0.9] * n),
+        Series("goodput_job_iteration_seconds", step, job_id="1001"),
+        Series("goodput_job_iteration", it, job_id="1001"),
+    ]
+    doc = _doc(series)
+    assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
+    (sym,) = [s for s in doc["symptoms"] if s["id"] == "host_bound"]
+    assert "1.9s vs 1.2s" in sym["detail"]
+
+
 def test_a_slowdown_that_ended_is_no_host_bound() -> None:
     """Slow for 35 s, then back to its pace for longer, the GPU 2 points less busy since: no
     longer a straggler (before the slow run had to last to the end, that dip named the node:

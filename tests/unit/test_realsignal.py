@@ -64,6 +64,7 @@ def test_a_save_longer_than_the_pause_allowance_is_flagged_once(rows) -> None:
         "idle_hang: 10 s after its first iteration",
         "straggler: warm (7 min of history)",
         "straggler: restart, stored baseline by name",
+        "straggler: 60 s after its first iteration, before its first fit",
         "idle_hang: restart that never reaches its first iteration",
     ],
 )
@@ -109,6 +110,15 @@ def test_a_restart_straggling_from_its_first_step_is_a_straggler_on_its_node(row
     assert r["verdict"]["outcome"] == "straggler" and r["verdict"]["nodes"] == [R.NODE]
     assert r["verdict"]["confidence"] == 0.5
     assert "(the job's learned step time and utilisation)" in r["verdict"]["cause"]
+
+
+def test_a_straggler_before_the_first_fit_is_a_straggler_on_its_node(rows) -> None:
+    """The straggling signature 60 s after the first step, before the job's first fit: its
+    slow rows are never calm, so the fit does not learn them; detected against the fastest
+    steps the run held (missed before: pace 0.07), and its node named on the run's own
+    history (its fastest steps, not the median that holds its first slow ones)."""
+    r = rows["straggler: 60 s after its first iteration, before its first fit"]
+    assert r["verdict"]["outcome"] == "straggler" and r["verdict"]["nodes"] == [R.NODE]
 
 
 def test_a_restart_heavier_from_its_first_step_is_not_its_host(tmp_path) -> None:
