@@ -38,12 +38,13 @@ class Seen(NamedTuple):
 
 
 class Early(NamedTuple):
-    """A job's step times before its first fit, as its log reported them (kept across its runs:
-    a requeued job keeps its id, and its restart settles before it is compared)."""
+    """A job's step times before its first fit, as its log reported them (kept across its runs
+    until it is fitted: a requeued job keeps its id, and its restart settles before it is
+    compared)."""
 
     fastest: float  # the fastest step held over two lines so far (inf: none yet); a run's
     # first steps run slow, and a single line may run fast (a real H200's first: 76 ms at 85)
-    line: float  # when the latest step line was logged
+    line: float  # when the latest progress line was logged
     last: float  # its step time
     prev: float  # the step time of the line before it (NaN: none yet)
 
@@ -66,9 +67,10 @@ class Progress(PerJob):
     when longer (until the step time moves, when a bar closed it), plus max(`after_pause_s`,
     30 steps): the first steps after a checkpoint or a restart run slow. Before a job's first
     fit, its latest two logged steps (the faster of them) against the fastest it held over two
-    lines so far, with `early_floor` as the spread (a fault after the first steps and before
-    the first fit: the fit never learns it, since its rows are not calm). Catches hangs that
-    GPU metrics disguise (spin-wait at 100 % util).
+    lines so far, with `early_floor` as the spread, scored only from the alert level on (a
+    fault after the first steps and before the first fit: the fit never learns it, since its
+    rows are not calm; a job that settles a little slower than its first steps is still
+    learned). Catches hangs that GPU metrics disguise (spin-wait at 100 % util).
 
     >>> import numpy as np
     >>> from detector.synthetic import healthy_frame
@@ -120,7 +122,8 @@ class Progress(PerJob):
         self.unknown_pause_s = unknown_pause_s
         self.pause_factor = pause_factor
         self.early_floor = early_floor
-        self._early: dict[str, Early] = {}  # job -> its steps before its first fit
+        self._early: dict[str, Early] = {}  # running job -> its steps before its first fit
+        self._early_ended: dict[str, Early] = {}  # ... of the latest jobs that left unfitted
         self._pauses: dict[str, Seen] = {}  # job -> its latest pause seen open
         self._ended: dict[str, float] = {}  # job -> the longest pause of its runs that left
         self._cut: dict[str, float] = {}  # job -> the longest pause a run left inside (requeued)
@@ -136,7 +139,10 @@ class Progress(PerJob):
             med, mad = robust(np.log(np.where(good, it, np.nan)), axis=1)
         longest = np.fmax.reduce(stall, axis=1)
         pause = np.array([self._known_pause(j) for j in rows.jobs], dtype=float)
-        return good.sum(axis=1) >= 3, {
+        ok = good.sum(axis=1) >= 3
+        for i in np.flatnonzero(ok).tolist():  # compared with its fit from now on
+            self._early.pop(rows.jobs[i], None)
+        return ok, {
             "step_": np.exp(med),
             "step_scale_": np.fmax(mad, self.rel_floor),
             "gap_": np.where(np.isfinite(stall).any(axis=1), longest, 0.0),
@@ -172,7 +178,7 @@ class Progress(PerJob):
         codes = self._codes(frame)[sel]
         ran, usual, before, saved = self._pauses_seen(frame, sel, stall, since, codes, it)
         allow, slow = self._allow_slow(codes, it, since, ran, usual, before)
-        early = self._early_slow(frame, sel, codes, (it, stall, since, ran, usual))
+        early = self._early_slow(frame, sel, codes, (it, stall, since, ran, usual, before))
         slow = np.fmax(slow, early)
         inside = pause_open(stall, since)
         # a pause the log announced waits as long as the physics rules wait on the GPUs
@@ -308,6 +314,9 @@ class Progress(PerJob):
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         for job in jobs:
+            early = self._early.pop(job, None)
+            if early is not None:  # left unfitted: its restart under the id is compared with it
+                keep_latest(self._early_ended, job, early)
             # its pauses stay: a requeued job keeps its id (`KEEP_ENDED`)
             seen = self._pauses.pop(job, None)
             if seen is None:
@@ -361,18 +370,20 @@ class Progress(PerJob):
         codes: np.ndarray,
         fields: tuple[np.ndarray, ...],
     ) -> np.ndarray:
-        """The slow score of rows whose job has no fit yet: the faster of its latest two logged
-        steps against the fastest it held over two lines so far (`Early`, updated from
-        one-instant frames, read by others), 0 while the first steps after a pause settle (as
-        `_allow_slow`'s, that fastest step as the job's)."""
-        it, stall, since, ran, usual = fields
+        """The slow score of a service cycle's jobs (one row each, `sel`) that have no fit yet:
+        the faster of the latest two logged step times against the fastest the job held over
+        two lines so far (`Early`), from the alert level on (0 below it), and 0 while the first
+        steps after a pause settle (as `_allow_slow`'s, that fastest step as the job's; not for
+        a job already that slow when the pause began). Other frames: 0 (the state is of the
+        latest cycle)."""
         slow = np.zeros(len(codes))
+        if not isinstance(sel, np.ndarray):
+            return slow
+        it, stall, since, ran, usual, before = fields
         with np.errstate(invalid="ignore"):
             rows = np.flatnonzero((codes < 0) & (it > 0) & np.isfinite(stall))
         if not rows.size:
             return slow
-        cycle = isinstance(sel, np.ndarray)
-        t = frame.time[sel][rows].tolist()
         jobs = frame.job[sel][rows].tolist()
         steps = it[rows].tolist()
         lines = (frame.time[sel][rows] - stall[rows]).tolist()
@@ -380,22 +391,23 @@ class Progress(PerJob):
         for k, job in enumerate(jobs):
             if not job:
                 continue
-            seen = self._early.get(job)
-            if cycle:
-                v, line = steps[k], lines[k]
-                if seen is None:
-                    seen = Early(math.inf, line, v, np.nan)
-                elif line > seen.line + 0.5:  # a new step line
-                    seen = Early(min(seen.fastest, max(v, seen.last)), line, v, seen.last)
-                keep_latest(self._early, job, seen)  # those not seen for longest go first
-            if seen is not None and t[k] >= seen.line and seen.fastest < math.inf:
+            v, line = steps[k], lines[k]
+            seen = self._early.get(job) or self._early_ended.pop(job, None)
+            if seen is None:
+                seen = Early(math.inf, line, v, np.nan)
+            elif line > seen.line + 0.5:  # a new line (a bar's too: the frame cannot tell)
+                seen = Early(min(seen.fastest, max(v, seen.last)), line, v, seen.last)
+            self._early[job] = seen
+            if seen.fastest < math.inf:
                 ref[k], cur[k] = seen.fastest, min(seen.last, seen.prev)
         pause = np.where(np.isfinite(usual[rows]), usual[rows], self.unknown_pause_s)
         settle = np.fmax(ran[rows], 1.5 * pause) + np.fmax(self.after_pause_s, 30.0 * ref)
+        alert = level("pace")
         with np.errstate(all="ignore"):
-            z = np.log(cur / ref) / self.early_floor
-            z = np.where(since[rows] <= settle, 0.0, np.nan_to_num(np.fmax(z, 0.0)))
-        slow[rows] = z / z_crit(self.p)
+            score = np.nan_to_num(np.log(cur / ref)) / self.early_floor / z_crit(self.p)
+            was = np.log(before[rows] / ref) / self.early_floor / z_crit(self.p)
+            settling = (since[rows] <= settle) & ~(was >= alert)
+        slow[rows] = np.where(settling | (score < alert), 0.0, score)
         return slow
 
     def parts(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:

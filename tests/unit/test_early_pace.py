@@ -81,3 +81,56 @@ def test_a_restart_under_the_same_id_is_compared_with_its_earlier_run() -> None:
     eng.end_jobs(set())
     slow = _run(eng, [2.6, 2.6, *[1.9] * 10], t0=2000.0)
     assert _pace(slow[-1]) >= level("pace")
+
+
+def test_a_job_settling_a_little_slower_than_its_first_steps_is_still_learned() -> None:
+    """Its first steps at 1.0 s, then 1.18 x slower for good (clocks falling from their boost,
+    a longer sequence phase): under the alert level the early comparison says nothing, so the
+    rows stay calm and the job gets its first fit (before, the score sat at ~0.5, over the
+    reservoir's learning gate, and the job was never fitted)."""
+    eng = Engine(Config(interval_s=5.0))
+    res = _run(eng, [1.6, 1.0, 1.0, 1.01, 0.99, *[1.18] * 40])
+    assert max(_pace(r) for r in res) < level("pace")
+    assert JOB in eng.det["progress"].jobs_
+
+
+def _at(t: float, step: float, line: float, pause_at: float) -> Frame:
+    f = _sample(t, step, pause_at)
+    f.values[:, COL[F.STALL_SECONDS]] = t - line
+    return f
+
+
+def test_a_save_does_not_clear_a_slowdown_seen_before_it() -> None:
+    """Slowed before its first fit, then a 20 s checkpoint save: the job was slow when the
+    save began, so its steps after it do not settle (its alert would clear at every save)."""
+    eng = Engine(Config(interval_s=5.0))
+    res = _run(eng, [*WARM_UP, *[1.92] * 4])
+    assert _pace(res[-1]) >= level("pace")
+    last = UP_S + LINE_S * (len(WARM_UP) + 3)  # its latest step line
+    save = last + 7.0
+    t = last + 10.0
+    after = []
+    while t <= save + 60.0:
+        line = last if t < save + 20.0 else save + 20.0 + LINE_S * ((t - save - 20.0) // LINE_S)
+        after.append(_pace(eng.step(_at(t, 1.92, line, save), t, {JOB: "trainer"})))
+        t += 5.0
+    assert min(after) >= level("pace")
+
+
+def test_more_unfitted_jobs_than_the_ended_bound_are_all_scored() -> None:
+    """5,000 one-GPU jobs, none fitted, one of them slowed: running jobs are never evicted
+    (only those that left are bounded), so it is still scored."""
+    from detector.progress import Progress
+
+    det = Progress()
+    n = 5_000
+    for k, step in enumerate([*WARM_UP, 1.92, 1.92]):
+        for dt in (0.0, 5.0):
+            t = UP_S + LINE_S * k + dt
+            f = healthy_frame(jobs=n, nodes=1, gpus=1, steps=1, seed=k, start=t)
+            f.values[:, COL[F.ITER_SECONDS]] = 1.2
+            f.values[-1, COL[F.ITER_SECONDS]] = step
+            f.values[:, COL[F.STALL_SECONDS]] = dt
+            f.values[:, COL[F.SINCE_PAUSE]] = t
+            slow = det.parts(f)[1]
+    assert slow[-1] >= level("pace") and slow[:-1].max() == 0.0
