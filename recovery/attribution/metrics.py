@@ -237,19 +237,20 @@ class Slowed(NamedTuple):
 
 
 def _slowed(s: Series, rule: dict[str, Any], usual: float | None = None) -> Slowed | None:
-    """The longest run, lasting `min_s`, of a value at least `ratio` x the reference: over the
-    series' first third (the job's own history), its median or, where lower, the fastest value
-    it held over two log lines (two distinct values in a row: a line spans several samples; a
-    job's first steps run slow, so a fault soon after them leaves few healthy ones), or `usual`
-    (what the job was learned to take) when that is already `ratio` slower than it -- a
-    restart slow from its first step -- and then over the whole window, to its last point;
-    the first steps after a checkpoint save or a restart run ~18 % slow, hence the duration."""
+    """The longest run, lasting `min_s`, of a value at least `ratio` x the reference: the
+    job's own history, the median of the series' first third or, where lower, the fastest
+    step it held over two log lines (two distinct values in a row: a line spans several
+    samples) in its first half (its first steps run slow, so a fault soon after them leaves
+    few healthy lines; a slower line there only raises a pair); or `usual` (what the job was
+    learned to take) when that is already `ratio` slower than it -- a restart slow from its
+    first step -- and then over the whole window, to its last point; the first steps after a
+    checkpoint save or a restart run ~18 % slow, hence the duration."""
     vals = [v for _, v in s.points if v > 0]
     if len(vals) < 6:
         return None
-    head = vals[: len(vals) // 3]
-    lines = [v for v, _ in itertools.groupby(head)]
-    early = min([statistics.median(head), *(max(a, b) for a, b in itertools.pairwise(lines))])
+    lines = [v for v, _ in itertools.groupby(vals[: len(vals) // 2])]
+    held = [max(a, b) for a, b in itertools.pairwise(lines)]
+    early = min([statistics.median(vals[: len(vals) // 3]), *held])
     points, learned = s.points[len(vals) // 3 :], False
     if usual is not None and early >= usual * rule["ratio"]:
         early, points, learned = usual, s.points, True
