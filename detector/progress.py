@@ -355,13 +355,18 @@ class Progress(PerJob):
                 # ~18 % for ~10 iterations on an H200; not a straggler. 1.5 x the longest
                 # pause seen, or the pause as it ran when longer; a job already slow when
                 # the pause began does not settle (its alert would clear at every save)
-                pause = np.where(np.isfinite(usual[known]), usual[known], self.unknown_pause_s)
-                length = np.fmax(ran[known], 1.5 * pause)
-                settle = length + np.fmax(self.after_pause_s, 30.0 * self.step_[c])
+                settle = self._settle_s(ran[known], usual[known], self.step_[c])
                 was = z_of(before[known])
                 settling = (since[known] <= settle) & ~(was >= z_crit(self.p))
             slow[known] = np.where(settling, 0.0, np.nan_to_num(np.fmax(z, 0.0)) / z_crit(self.p))
         return allow, slow
+
+    def _settle_s(self, ran: np.ndarray, usual: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """How long after a pause began the first steps after it settle: 1.5 x the longest
+        pause seen (`unknown_pause_s` before one was; `usual`), or the pause as it ran when
+        longer (`ran`), + max(`after_pause_s`, 30 steps of `step`)."""
+        pause = np.where(np.isfinite(usual), usual, self.unknown_pause_s)
+        return np.fmax(ran, 1.5 * pause) + np.fmax(self.after_pause_s, 30.0 * step)
 
     def _early_slow(
         self,
@@ -400,13 +405,15 @@ class Progress(PerJob):
             self._early[job] = seen
             if seen.fastest < math.inf:
                 ref[k], cur[k] = seen.fastest, min(seen.last, seen.prev)
-        pause = np.where(np.isfinite(usual[rows]), usual[rows], self.unknown_pause_s)
-        settle = np.fmax(ran[rows], 1.5 * pause) + np.fmax(self.after_pause_s, 30.0 * ref)
+        settle = self._settle_s(ran[rows], usual[rows], ref)
         alert = level("pace")
+
+        def score_of(step: np.ndarray) -> np.ndarray:
+            return np.log(step / ref) / self.early_floor / z_crit(self.p)
+
         with np.errstate(all="ignore"):
-            score = np.nan_to_num(np.log(cur / ref)) / self.early_floor / z_crit(self.p)
-            was = np.log(before[rows] / ref) / self.early_floor / z_crit(self.p)
-            settling = (since[rows] <= settle) & ~(was >= alert)
+            score = np.nan_to_num(score_of(cur))
+            settling = (since[rows] <= settle) & ~(score_of(before[rows]) >= alert)
         slow[rows] = np.where(settling | (score < alert), 0.0, score)
         return slow
 
