@@ -16,9 +16,10 @@ NOTES = [
     "physics priors (recovery/rules/symptoms.yaml reads catalogue/priors.yaml): every GPU of a "
     "one-node job spinning with no progress (job_spin), its only GPU idle with memory held and "
     "no pause open (job_idle), a rank idle from the start while its peers spin (gpu_stuck, its "
-    "node named). A one-GPU spin names no node: nothing in the evidence points at the "
-    "hardware, while the simulator's truth for spin_hang names the stuck rank's node whatever "
-    "the job's size (the culprit misses of spin-hang-1gpu).",
+    "node named). A one-node spin names the job's node as the suspect its requeue avoids (not "
+    "drained, not counted against the node: a workload verdict): nothing in the evidence "
+    "points at the hardware, but a GPU that hangs without an XID would hang the job again on "
+    "the same node, and a second hang elsewhere stops the job as the same root cause.",
     "- **A rank that saves while the others wait** (healthy-rank0-saves: rank 0 writes the "
     "checkpoint, its GPU idle, while the other ranks wait in a barrier, spinning at 100 % util "
     "on low power like a hung collective, cupy/cupy#3557): inside a save the log announced, "

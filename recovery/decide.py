@@ -331,14 +331,18 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
             if not new and kind == "drain":
                 kind = "none"
     # a node that failed this job once stays excluded from its later restarts (one bad,
-    # "black-hole", node cannot burn the retry budget), capped so the job can still run
+    # "black-hole", node cannot burn the retry budget), capped so the job can still run. A
+    # plain requeue's named nodes (the rank a hang waits on, the node of a one-node spin) are
+    # suspects, not drained: excluded like the earlier ones, the last to be dropped
     exclude: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     if kind in RESTARTS:
         culprits = nodes if kind == "drain_and_requeue" else ()
+        suspects = () if culprits else nodes
         need = job.need if job else 1
         part = job.partition if job else None
-        exclude, dropped = cap_exclusions(culprits, history.excluded_before, need, history, part)
+        earlier = (*history.excluded_before, *suspects)
+        exclude, dropped = cap_exclusions(culprits, earlier, need, history, part)
         if dropped:
             reasons.append(Reason.EXCLUSIONS_CAPPED)
 

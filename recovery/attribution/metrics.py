@@ -4,6 +4,7 @@ peers) as symptoms with their evidence, in rule order."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -462,7 +463,8 @@ def _prior(
     rose (`resumed`, `_last_advance`: a spin the job progressed after was a wait that ended;
     `scope: gpu`, one symptom each); `scope: all`: every GPU of a job on at most `max_nodes`
     nodes (those its GPUs report from and `listed`, Slurm's), to the last sample, while the
-    job's progress metrics did not advance (one symptom, no node: nothing localises it)."""
+    job's progress metrics did not advance (one symptom; its node, and a one-GPU job's GPU,
+    named when the job has one: not a cause the evidence shows, the suspect a restart avoids)."""
     per_gpu: dict[tuple[str | None, str | None], dict[float, dict[str, float]]] = {}
     first: dict[tuple[str | None, str | None], Series] = {}
     for s in series:
@@ -500,7 +502,8 @@ def _prior(
     k = next(iter(flags))
     what = f"all {len(flags)} GPUs" if len(flags) > 1 else "the job's only GPU"
     detail = f"physics prior {rule['rule']} on {what} for {last - start:.0f} s, no progress"
-    return [_sym(rule, first[k], start, detail, node=None)]
+    sym = _sym(rule, first[k], start, detail, node=next(iter(nodes)) if len(nodes) == 1 else None)
+    return [sym if len(flags) == 1 else dataclasses.replace(sym, gpu=None)]
 
 
 def _last_advance(series: list[Series]) -> float:

@@ -80,9 +80,13 @@ def action_hint(trig: list[Sym]) -> str:
 
 def cause_key(outcome: str, symptom_ids: list[str], nodes: list[str]) -> str:
     """A key that names the cause, not the occurrence: the outcome, the initiating symptom ids
-    and the culprit nodes (no times, no line text), so the same fault seen again matches."""
+    and the culprit nodes (no times, no line text), so the same fault seen again matches. A
+    workload outcome's has no nodes: the job's own fault follows it to the nodes its restart
+    moved it to (away from the ones it named), and seen there it is the same cause again."""
     key = f"{outcome}:{'+'.join(sorted(set(symptom_ids))) or '-'}"
-    return f"{key}@{','.join(sorted(set(nodes)))}" if nodes else key
+    if not nodes or CATEGORY.get(outcome) == "workload":
+        return key
+    return f"{key}@{','.join(sorted(set(nodes)))}"
 
 
 def _no_rule_verdict(

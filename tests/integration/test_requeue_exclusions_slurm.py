@@ -85,3 +85,32 @@ def test_a_persons_exclude_survives_a_goodput_requeue(cluster):
     again = cluster.running(job, 1)
     assert set(again.excluded) == {x, "node4"}
     assert not set(again.nodes) & {x, "node4"}
+
+
+def test_a_hangs_suspect_node_is_excluded_from_the_requeue_not_drained(cluster):
+    """A hang whose diagnosis names a node (the rank the others wait on, a one-node job's
+    spin) is a workload verdict: the requeue moves the job off that node (before, the restart
+    could land on it again) and the node stays in service for other jobs."""
+    job = cluster.submit()
+    first = cluster.running(job)
+    x = first.nodes[0]
+    time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
+    iid = f"{cluster.tag}{uuid.uuid4().hex[:4]}"
+    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
+    d = {
+        "schema_version": 1,
+        "incident_id": iid,
+        "job_id": job,
+        "outcome": "workload_hang",
+        "root_cause": "job_spin",
+        "affected_nodes": [x],
+        "confidence": 0.7,
+        "onset": time.time() - 0.5,
+    }
+    a = actions.on_diagnosis(cluster.engine, cluster.settings, inc, d)
+    assert a["state"] == "executed" and a["kind"] == "requeue", a
+    assert a["body"]["action"]["exclude"] == [x] and a["body"]["action"]["nodes"] == []
+    again = cluster.running(job, 1)
+    assert again.excluded == (x,) and x not in again.nodes
+    state = next(n.state for n in cluster.sched.node_states() if n.node == x)
+    assert "DRAIN" not in state.upper(), state

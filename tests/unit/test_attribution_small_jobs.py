@@ -57,17 +57,21 @@ def _doc(
 # ------------------------------------------------------------------ spinning, nobody idle
 
 
-def test_one_gpu_spinning_without_progress_is_a_hang_with_no_culprit() -> None:
+def test_one_gpu_spinning_without_progress_is_a_hang_on_its_node() -> None:
+    """Nothing points at the hardware (a kernel busy-waits), but the job's only node and GPU
+    are the suspects a restart avoids: a workload verdict, requeued elsewhere, not drained."""
     doc = _doc([*_gpu("node1", 0, _phase(100, 100), _phase(0.96, 0.008)), _progress(False)])
-    assert doc["outcome"] == "workload_hang"
-    assert doc["affected_nodes"] == []  # nothing points at the hardware: a kernel busy-waits
+    assert doc["outcome"] == "workload_hang" and doc["category"] == "workload"
+    assert doc["affected_nodes"] == ["node1"]
+    assert [(g["node"], g["gpu"]) for g in doc["affected_gpus"]] == [("node1", "0")]
     assert any(s["id"] == "job_spin" and s["role"] == "initiating" for s in doc["symptoms"])
 
 
-def test_one_node_all_spinning_is_a_hang() -> None:
+def test_one_node_all_spinning_is_a_hang_on_the_node_not_a_gpu() -> None:
     series = [x for g in range(8) for x in _gpu("node1", g, _phase(100, 100), _phase(0.96, 0.01))]
     doc = _doc([*series, _progress(False)])
-    assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == []
+    assert doc["outcome"] == "workload_hang" and doc["affected_nodes"] == ["node1"]
+    assert doc["affected_gpus"] == []
 
 
 def test_spin_signature_while_the_job_progresses_is_no_hang() -> None:
@@ -475,3 +479,35 @@ def test_rule_thresholds_come_from_the_priors() -> None:
     rules = {r["id"]: r for r in attribution.load_rules().metrics}
     assert rules["job_idle"]["util_max"] == generic["idle_util_max"]
     assert rules["job_idle"]["fb_min"] == generic["fb_held_min_mib"]
+
+
+def test_a_one_gpu_spin_is_requeued_elsewhere_and_stopped_when_it_hangs_there_too() -> None:
+    """The suspect node is avoided, not blamed: the restart excludes node1 without draining
+    it; the same spin on node2 is the same cause (a workload's key names no node), so the
+    sticky rule stops the job instead of walking it across the cluster. Before, the second
+    hang's key named node2 and the job was requeued again."""
+    from recovery.decide import Diagnosis, History, JobView, NodeView, Reason, decide
+    from recovery.policy import parse_policy
+
+    policy = parse_policy({"mode": "act"}, env={})
+    nodes = tuple(NodeView(f"node{i}", "IDLE", ("gpu",)) for i in range(1, 5))
+    spin = (_phase(100, 100), _phase(0.96, 0.008))
+    first = Diagnosis.from_dict(
+        _doc([*_gpu("node1", 0, *spin), _progress(False)], nodes=["node1"]) | {"incident_id": 1}
+    )
+    job = JobView("RUNNING", 0, None, "gpu", START, node_count=1, nodes=("node1",))
+    a = decide(first, History(now=START + 600, job=job, nodes=nodes), policy)
+    assert (a.kind, a.nodes, a.exclude) == ("requeue", (), ("node1",))
+    second = Diagnosis.from_dict(
+        _doc([*_gpu("node2", 0, *spin), _progress(False)], nodes=["node2"]) | {"incident_id": 2}
+    )
+    assert second.affected_nodes == ("node2",) and second.cause_key == first.cause_key
+    # (the same synthetic window: the restart started before its own hang's onset)
+    moved = JobView("RUNNING", 1, None, "gpu", START, node_count=1, nodes=("node2",))
+    b = decide(
+        second,
+        History(now=START + 1300, job=moved, restarts_done=1, same_cause_restarts=1,
+                nodes=nodes, excluded_before=a.exclude),
+        policy,
+    )  # fmt: skip
+    assert b.kind == "stop" and Reason.STICKY_ROOT_CAUSE in b.reasons and b.nodes == ()

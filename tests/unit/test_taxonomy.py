@@ -154,8 +154,9 @@ def _decide(doc: dict, pol: policy.Policy) -> decide.Action:
 def test_policy_honours_the_hint_unless_switched_off_or_overridden():
     doc = attribution.attribute(_xid_bundle(94), _ctx())
     act = _decide(doc, policy.parse_policy({"mode": "act"}, env={}))
-    # the job the contained error killed restarts (the outcome alone drains and leaves it dead)
-    assert act.kind == "requeue" and act.nodes == () and act.exclude == ()
+    # the job the contained error killed restarts (the outcome alone drains and leaves it dead),
+    # away from the GPU's node (its row remap waits for a GPU reset), which is not drained
+    assert act.kind == "requeue" and act.nodes == () and act.exclude == ("node2",)
     assert decide.Reason.CATALOGUE_HINT in act.reasons
     off = policy.parse_policy({"mode": "act", "honour_catalogue_hints": False}, env={})
     plain = _decide(doc, off)
