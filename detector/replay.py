@@ -234,13 +234,18 @@ def replay(
     store: BaselineStore | None = None,
     derive: Derive | None = None,
     top: int = 10,
+    job: str | None = None,
 ) -> dict[str, Any]:
     """Replay `src`, write detections to `out` (see `detections` for `min_score`); returns a
     summary with, per job, what each detector could see (`detector.coverage`) and the `top`
-    detections. `store` loads baselines by job name and saves the ones fitted."""
+    detections. `store` loads baselines by job name and saves the ones fitted. `job`: one the
+    caller wants, a ValueError naming the recording's jobs before the replay when absent."""
     if min_score is not None and not (math.isfinite(min_score) and min_score >= 0):
         raise ValueError(f"min_score must be a number >= 0, not {min_score!r}")
     got = read(src, derive)
+    ids = sorted(str(j) for j in got.frame.job_codes[1] if j != "")
+    if job is not None and job not in ids:
+        raise ValueError(f"no job {job} in the recording; jobs: {ids or 'none'}")
     frame, step, note = on_one_grid(got.frame, got.interval)
     if note:
         got.notes.append(note)

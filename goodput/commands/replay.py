@@ -65,7 +65,9 @@ def command(
     target = out if direct else out.with_name(out.name + ".partial")
     try:
         with open(target, "w") as fh:
-            summary = replay(recording, fh, min_score=min_score, store=store, derive=_derive)
+            summary = replay(
+                recording, fh, min_score=min_score, store=store, derive=_derive, job=explain
+            )
         if not direct:
             target.replace(out)
     except (FrameError, ImportFailure, OSError, ValueError) as exc:

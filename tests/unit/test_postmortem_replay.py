@@ -162,8 +162,22 @@ def test_explain_and_the_table(tmp_path):
     assert r.exit_code == 0, r.output
     assert "job 100 (train): 1 node(s), 2 GPU(s)" in r.output
     assert "peer       no   2 GPU(s) at a time: peer comparison needs 3" in r.output
+
+
+def test_explain_of_a_missing_job_fails_before_the_replay(tmp_path, monkeypatch):
+    """Before, a mistyped job id was reported only after the whole replay had run (minutes
+    on a day of 10,000 GPUs), and the run's output file was replaced meanwhile."""
+    import detector.replay
+
+    def no_replay(*_a, **_k):
+        raise AssertionError("the replay ran")
+
+    monkeypatch.setattr(detector.replay, "steps", no_replay)
+    rec = _recording(tmp_path / "rec", steps=6)
+    (tmp_path / "d.jsonl").write_text("kept\n")
     r = _replay(rec, "--out", tmp_path / "d.jsonl", "--explain", "7")
-    assert r.exit_code == 2 and "--explain 7: no such job; jobs: ['100']" in r.output
+    assert r.exit_code == 2 and "no job 7 in the recording; jobs: ['100']" in r.output
+    assert (tmp_path / "d.jsonl").read_text() == "kept\n"
 
 
 def test_options_are_validated(tmp_path):
