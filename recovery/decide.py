@@ -46,6 +46,7 @@ class Reason(StrEnum):
     BLAST_LAST_HEALTHY = "blast_radius_last_healthy_nodes"
     BLAST_UNKNOWN = "blast_radius_node_states_unknown"
     EXCLUSIONS_CAPPED = "exclusions_capped_to_keep_job_runnable"
+    SUSPECTS_KEPT = "suspects_not_excluded_no_idle_node"  # avoiding them would leave it pending
     PAUSED = "paused"
     WATCHDOG = "watchdog_not_acting"  # the receiver's own health failed (recovery/watchdog.py)
     MODE_MONITOR = "mode_monitor"
@@ -259,6 +260,21 @@ def cap_exclusions(
     return (*kept, *culprits), tuple(dropped)
 
 
+def idle_elsewhere(history: History, taken: tuple[str, ...], partition: str | None) -> int:
+    """Nodes of the job's partition that could start it now: idle, not in `taken`, not
+    reserved by another plan (states unknown: none)."""
+    parts = set(partition.split(",")) if partition else set()
+    return sum(
+        1
+        for v in history.nodes
+        if (not parts or parts & set(v.partitions))
+        and v.state.upper().startswith("IDLE")
+        and not v.unavailable
+        and v.node not in taken
+        and v.node not in history.reserved
+    )
+
+
 def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     """The action for `diagnosis`, given what happened before and the (job's) policy."""
     default = policy.action_for(diagnosis.outcome, diagnosis.hint)
@@ -333,7 +349,9 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     # a node that failed this job once stays excluded from its later restarts (one bad,
     # "black-hole", node cannot burn the retry budget), capped so the job can still run. A
     # plain requeue's named nodes (the rank a hang waits on, the node of a one-node spin) are
-    # suspects, not drained: excluded like the earlier ones, the last to be dropped
+    # suspects, not drained: avoided too (kept over older exclusions), where idle nodes can
+    # start the job now (a workload verdict does not blame them: not worth a wait in the
+    # queue while they sit idle)
     exclude: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     if kind in RESTARTS:
@@ -341,8 +359,12 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         suspects = () if culprits else nodes
         need = job.need if job else 1
         part = job.partition if job else None
-        earlier = (*history.excluded_before, *suspects)
-        exclude, dropped = cap_exclusions(culprits, earlier, need, history, part)
+        earlier = tuple(n for n in history.excluded_before if n not in suspects)
+        exclude, dropped = cap_exclusions((*culprits, *suspects), earlier, need, history, part)
+        if suspects and idle_elsewhere(history, exclude, part) < need:
+            reasons.append(Reason.SUSPECTS_KEPT)
+            exclude, dropped = cap_exclusions(culprits, earlier, need, history, part)
+            dropped += tuple(n for n in suspects if n in history.excluded_before)
         if dropped:
             reasons.append(Reason.EXCLUSIONS_CAPPED)
 

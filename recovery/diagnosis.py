@@ -99,8 +99,9 @@ class Diagnosis(_Model):
     cause_key: str = Field(
         default="",
         description="the cause without the occurrence: outcome, initiating symptom ids and "
-        "culprit nodes (e.g. gpu_hardware_fault:xid_fatal@node2); equal for the same fault "
-        "seen again, so retry budgets and the sticky-cause rule can count it",
+        "culprit nodes (e.g. gpu_hardware_fault:xid_fatal@node2; a workload outcome's without "
+        "nodes: the job's own fault follows it); equal for the same fault seen again, so "
+        "retry budgets and the sticky-cause rule can count it",
     )
     action_hint: str = Field(
         default="",

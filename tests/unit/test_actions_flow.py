@@ -459,3 +459,36 @@ def test_one_row_that_cannot_be_finished_does_not_stall_the_others(world, monkey
     assert reconciler.reconcile(world.engine, s) == 1
     assert outbox.get_action(world.engine, first["id"])["state"] == "planning"
     assert outbox.get_action(world.engine, second["id"])["state"] != "planning"
+
+
+def test_a_hang_that_follows_the_job_to_the_node_it_was_moved_to_stops_it(world):
+    """A stuck rank on node1 (its node named, a suspect): requeued away from node1, not
+    drained. The restarted job's rank hangs the same way on node2: the same cause (a
+    workload verdict's key names no node, `attribution.cause_key`), so the sticky rule stops
+    the job. Before, the keys named node1 and node2, and the job was requeued again, free to
+    walk the cluster until its retry budget ran out."""
+    from recovery.attribution import cause_key
+
+    world.submit("42", node="node1")
+    s = world.settings("act")
+    inc, d = diag(1, outcome="workload_hang", nodes=("node1",), conf=0.7, cause="stuck rank")
+    first = actions.on_diagnosis(
+        world.engine,
+        s,
+        inc,
+        d | {"cause_key": cause_key("workload_hang", ["gpu_stuck"], ["node1"])},
+    )
+    assert first["kind"] == "requeue" and first["state"] == "executed"
+    assert (
+        first["body"]["action"]["exclude"] == ["node1"] and first["body"]["action"]["nodes"] == []
+    )
+    assert world.st["nodes"]["node1"]["state"] == "IDLE"  # not drained: in service for others
+    job = world.st["jobs"]["42"]
+    assert job["state"] == "RUNNING" and job["nodes"] != ["node1"]
+    time.sleep(0.01)  # the restarted job hangs again: the new onset follows its restart
+    inc, d = diag(2, outcome="workload_hang", nodes=tuple(job["nodes"]), conf=0.7,
+                  cause="stuck rank", onset=time.time())  # fmt: skip
+    key = cause_key("workload_hang", ["gpu_stuck"], job["nodes"])
+    second = actions.on_diagnosis(world.engine, s, inc, d | {"cause_key": key})
+    assert second["kind"] == "stop", second["body"]["action"]
+    assert "sticky_root_cause" in second["body"]["action"]["reasons"]

@@ -484,8 +484,8 @@ def test_rule_thresholds_come_from_the_priors() -> None:
 def test_a_one_gpu_spin_is_requeued_elsewhere_and_stopped_when_it_hangs_there_too() -> None:
     """The suspect node is avoided, not blamed: the restart excludes node1 without draining
     it; the same spin on node2 is the same cause (a workload's key names no node), so the
-    sticky rule stops the job instead of walking it across the cluster. Before, the second
-    hang's key named node2 and the job was requeued again."""
+    sticky rule stops the job instead of walking it across the cluster (as it did when the
+    spin named no node; a key with the node would have requeued it again)."""
     from recovery.decide import Diagnosis, History, JobView, NodeView, Reason, decide
     from recovery.policy import parse_policy
 

@@ -191,3 +191,42 @@ def test_a_fault_on_a_node_the_job_was_already_moved_off_neither_restarts_nor_st
     back = History(**{**h.__dict__, "job": JobView("RUNNING", 1, nodes=("node1",))})
     c = decide(hang(5, ("node1",), "gpu_hardware_fault"), back, sticky)  # the cap put it back
     assert c.kind == "stop"
+
+
+def _hung(nodes: tuple[str, ...], states: dict[str, str], before: tuple[str, ...] = ()):
+    h = History(
+        now=2000.0,
+        job=JobView("RUNNING", 1, None, "gpu", 1000.0, node_count=1, nodes=nodes),
+        nodes=views(states),
+        excluded_before=before,
+    )
+    return decide(hang(1, nodes), h, POLICY)
+
+
+def test_a_hangs_suspect_is_avoided_only_where_an_idle_node_can_start_the_job():
+    """A workload verdict does not blame the node it names: the requeue avoids it while an
+    idle node can take the job now, and not when that would leave the job pending in the
+    queue while the suspect sits idle (every other node busy with other jobs)."""
+    spare = _hung(("node1",), {"node1": "ALLOCATED", "node2": "ALLOCATED", "node3": "IDLE"})
+    assert (spare.kind, spare.exclude, spare.nodes, spare.dropped) == (
+        "requeue", ("node1",), (), ())  # fmt: skip
+    busy = _hung(("node1",), {"node1": "ALLOCATED", "node2": "ALLOCATED", "node3": "MIXED"})
+    assert (busy.kind, busy.exclude, busy.dropped) == ("requeue", (), ())
+    assert Reason.SUSPECTS_KEPT in busy.reasons and Reason.EXCLUSIONS_CAPPED not in busy.reasons
+
+
+def test_a_suspect_on_a_one_node_partition_is_not_reported_as_a_dropped_exclusion():
+    """It was never excluded: no `exclusions_dropped` entry (which the executor would clear
+    from the job's list, a person's own exclusion of it too) and no capped reason."""
+    a = _hung(("node1",), {"node1": "ALLOCATED"})
+    assert a.exclude == () and a.dropped == () and Reason.EXCLUSIONS_CAPPED not in a.reasons
+
+
+def test_the_suspect_is_kept_over_an_older_exclusion():
+    """node1 was excluded by an earlier restart and dropped by the cap since; the job is back
+    on it and hangs there. Of node1 and node2 (excluded after it) one must go for the job to
+    run: the older exclusion goes, the suspect of this hang stays (before, node1 went first,
+    being the oldest, and the job restarted on the node it just hung on)."""
+    a = _hung(("node1",), {"node1": "ALLOCATED", "node2": "IDLE"}, before=("node1", "node2"))
+    assert (a.exclude, a.dropped) == (("node1",), ("node2",))
+    assert Reason.EXCLUSIONS_CAPPED in a.reasons and Reason.SUSPECTS_KEPT not in a.reasons
