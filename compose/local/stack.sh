@@ -346,6 +346,21 @@ stop_pid() { # pidfile
   rm -f "$1"
 }
 
+stop_job_leftovers() { # a job step slurmd left running (a job slow to die on scancel)
+  # slurmstepd retitles itself ("slurmstepd: [200.batch]"): found, with the job's own
+  # processes, by their stdout or stderr, the job's output file under $STATE (a reader of
+  # it, `tail -f`, holds it on another descriptor)
+  local fd pid pids=()
+  for fd in /proc/[0-9]*/fd/[12]; do
+    case "$(readlink "$fd" 2>/dev/null)" in "$STATE"/logs/cluster/jobs/*)
+      pid=${fd#/proc/}; pids+=("${pid%%/*}");; esac
+  done
+  [ ${#pids[@]} -gt 0 ] || return 0
+  mapfile -t pids < <(printf '%s\n' "${pids[@]}" | sort -u)
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+  say "stopped ${#pids[@]} job process(es) left running"
+}
+
 cmd_stop() {
   [ -d "$STATE/run" ] || { say "nothing to stop"; return 0; }
   if [ -f "$STATE/slurm/slurm.conf" ] && alive "$STATE/run/slurmctld.pid"; then
@@ -364,6 +379,7 @@ cmd_stop() {
   order+=(slurmctld slurmdbd mariadb munged)
   for n in "${order[@]}"; do [ -f "$STATE/run/$n.pid" ] && { stop_pid "$STATE/run/$n.pid"; say "stopped $n"; }; done
   pkill -f "slurmstepd.*$STATE" 2>/dev/null || true
+  stop_job_leftovers
   say "stopped; state kept in $STATE (remove it for a clean start)"
 }
 
