@@ -243,8 +243,7 @@ def replay(
     if min_score is not None and not (math.isfinite(min_score) and min_score >= 0):
         raise ValueError(f"min_score must be a number >= 0, not {min_score!r}")
     got = read(src, derive)
-    ids = sorted(str(j) for j in got.frame.job_codes[1] if j != "")
-    if job is not None and job not in ids:
+    if job is not None and job not in (ids := sorted(str(j) for j in got.frame.job_codes[1] if j)):
         raise ValueError(f"no job {job} in the recording; jobs: {ids or 'none'}")
     frame, step, note = on_one_grid(got.frame, got.interval)
     if note:

@@ -6,10 +6,38 @@ import json
 import os
 import signal
 import subprocess
+import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import requests
+
+
+def diagnosis(
+    tag: str,
+    job: str,
+    node: str | None,
+    outcome: str = "gpu_hardware_fault",
+    cause: str = "xid79",
+    confidence: float = 0.95,
+    onset: float | None = None,
+) -> tuple[dict, dict]:
+    """(incident, diagnosis) for `actions.on_diagnosis`: `outcome` naming `node`, its onset
+    half a second ago unless given; the incident id starts with `tag` (the test's jobs)."""
+    iid = f"{tag}{uuid.uuid4().hex[:4]}"
+    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
+    d = {
+        "schema_version": 1,
+        "incident_id": iid,
+        "job_id": job,
+        "outcome": outcome,
+        "root_cause": cause,
+        "affected_nodes": [node] if node else [],
+        "confidence": confidence,
+        "onset": onset if onset is not None else time.time() - 0.5,
+    }
+    return inc, d
 
 
 def slurm(*argv: str, check: bool = True) -> str:

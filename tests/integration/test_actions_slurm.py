@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from recovery import actions, approvals, audit, outbox
 from recovery.store import make_engine
 from tests.conftest import wait_until
-from tests.helpers import SlurmJobs
+from tests.helpers import SlurmJobs, diagnosis
 
 POLICY = SlurmJobs.POLICY
 
@@ -50,19 +49,7 @@ def cluster(local_stack, tmp_path, monkeypatch):
 
 
 def diag(cluster, job, node, outcome="gpu_hardware_fault", cause="xid79", onset=None):
-    iid = f"{cluster.tag}{uuid.uuid4().hex[:4]}"
-    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
-    d = {
-        "schema_version": 1,
-        "incident_id": iid,
-        "job_id": job,
-        "outcome": outcome,
-        "root_cause": cause,
-        "affected_nodes": [node] if node else [],
-        "confidence": 0.95,
-        "onset": onset if onset is not None else time.time() - 0.5,
-    }
-    return inc, d
+    return diagnosis(cluster.tag, job, node, outcome, cause, onset=onset)
 
 
 def node(cluster, name):

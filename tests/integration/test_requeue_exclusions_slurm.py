@@ -6,7 +6,6 @@ person's own `sbatch --exclude` survives a Goodput requeue (before, it was repla
 from __future__ import annotations
 
 import time
-import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from recovery import actions
 from recovery.store import make_engine
 from tests.conftest import wait_until
-from tests.helpers import SlurmJobs, slurm
+from tests.helpers import SlurmJobs, diagnosis, slurm
 
 
 @pytest.fixture
@@ -47,6 +46,14 @@ def cluster(local_stack, tmp_path, monkeypatch):
     jobs.close()
 
 
+def diagnosed(cluster, job: str, outcome: str, cause: str, node: str, confidence: float):
+    """The action Goodput takes on a diagnosis naming `node`, its onset after the job started
+    (Slurm's start time has whole seconds)."""
+    time.sleep(1.1)
+    inc, d = diagnosis(cluster.tag, job, node, outcome, cause, confidence)
+    return actions.on_diagnosis(cluster.engine, cluster.settings, inc, d)
+
+
 def test_a_dropped_exclusion_is_cleared_on_requeue(cluster):
     job = cluster.submit()
     first = cluster.running(job)
@@ -66,20 +73,7 @@ def test_a_persons_exclude_survives_a_goodput_requeue(cluster):
     first = cluster.running(job)
     assert first.excluded == ("node4",)
     x = first.nodes[0]
-    time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
-    iid = f"{cluster.tag}{uuid.uuid4().hex[:4]}"
-    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
-    d = {
-        "schema_version": 1,
-        "incident_id": iid,
-        "job_id": job,
-        "outcome": "gpu_hardware_fault",
-        "root_cause": "xid79",
-        "affected_nodes": [x],
-        "confidence": 0.95,
-        "onset": time.time() - 0.5,
-    }
-    a = actions.on_diagnosis(cluster.engine, cluster.settings, inc, d)
+    a = diagnosed(cluster, job, "gpu_hardware_fault", "xid79", x, 0.95)
     assert a["state"] == "executed" and a["kind"] == "drain_and_requeue", a
     assert a["body"]["action"]["exclude"] == [x]  # Goodput's own list: not the person's node
     again = cluster.running(job, 1)
@@ -94,20 +88,7 @@ def test_a_hangs_suspect_node_is_excluded_from_the_requeue_not_drained(cluster):
     job = cluster.submit()
     first = cluster.running(job)
     x = first.nodes[0]
-    time.sleep(1.1)  # the fault's onset comes after the job started (whole seconds)
-    iid = f"{cluster.tag}{uuid.uuid4().hex[:4]}"
-    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
-    d = {
-        "schema_version": 1,
-        "incident_id": iid,
-        "job_id": job,
-        "outcome": "workload_hang",
-        "root_cause": "job_spin",
-        "affected_nodes": [x],
-        "confidence": 0.7,
-        "onset": time.time() - 0.5,
-    }
-    a = actions.on_diagnosis(cluster.engine, cluster.settings, inc, d)
+    a = diagnosed(cluster, job, "workload_hang", "job_spin", x, 0.7)
     assert a["state"] == "executed" and a["kind"] == "requeue", a
     assert a["body"]["action"]["exclude"] == [x] and a["body"]["action"]["nodes"] == []
     again = cluster.running(job, 1)
