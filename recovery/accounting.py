@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from catalogue import promql
 from clients.prometheus import PromClient, PromError
 from recovery import clock
-from recovery.outbox import OPEN_STATES, counts
+from recovery.outbox import OPEN_STATES, counts, retrying
 from recovery.scheduler.base import JOB_RE
 from recovery.schema import metadata
 
@@ -167,6 +167,7 @@ def get(engine: Engine, incident_id: str) -> dict[str, Any] | None:
 
 class AccountingCollector(Collector):
     """`goodput_actions_total{action,result}`, `goodput_actions_pending`,
+    `goodput_actions_retrying`,
     `goodput_incident_time_to_recover_seconds` (summary), `goodput_gpu_hours_lost_total`,
     `goodput_gpu_seconds_lost_total{cause}` and `goodput_job_gpu_seconds_lost_total{job_id,cause}`
     (the numerator of ETTR; the recording rules `goodput:*_ettr:*` divide)."""
@@ -180,6 +181,11 @@ class AccountingCollector(Collector):
         )
         pending = GaugeMetricFamily(
             "goodput_actions_pending", "Actions waiting for approval, execution or a retry."
+        )
+        retry = GaugeMetricFamily(
+            "goodput_actions_retrying",
+            "Actions waiting to try again after the scheduler failed a try (unreachable, or "
+            "answering 'try again').",
         )
         recover = SummaryMetricFamily(
             "goodput_incident_time_to_recover_seconds", "Fault onset to the job running again."
@@ -196,17 +202,18 @@ class AccountingCollector(Collector):
             labels=["job_id", "cause"],
         )
         try:
-            c = counts(self.engine)
+            c, n_retry = counts(self.engine), retrying(self.engine)
             with self.engine.connect() as conn:
                 rows = conn.execute(select(incidents)).all()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the DB is busy
-            c, rows = {}, []
+            c, n_retry, rows = {}, 0, []
         n_pending = 0
         for (kind, state), n in sorted(c.items()):
             total.add_metric([kind, state], float(n))
             if state in OPEN_STATES:
                 n_pending += n
         pending.add_metric([], float(n_pending))
+        retry.add_metric([], float(n_retry))
         done = [r for r in rows if r.running_again_at is not None and r.onset is not None]
         recover.add_metric([], len(done), float(sum(r.running_again_at - r.onset for r in done)))
         lost.add_metric([], float(sum(r.gpu_hours_lost or 0.0 for r in rows)))
@@ -221,4 +228,4 @@ class AccountingCollector(Collector):
             by_cause.add_metric([cause], gpu_s)
         for (job_id, cause), gpu_s in sorted(jobs.items()):
             by_job.add_metric([job_id, cause], gpu_s)
-        yield from (total, pending, recover, lost, by_cause, by_job)
+        yield from (total, pending, retry, recover, lost, by_cause, by_job)

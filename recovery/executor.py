@@ -31,7 +31,7 @@ from recovery.decide import Diagnosis
 from recovery.notifier import notify
 from recovery.outbox import PLANNABLE, actions_table, get_action
 from recovery.policy import RESTARTS
-from recovery.scheduler import Scheduler, SchedulerError, SchedulerUnavailable
+from recovery.scheduler import Scheduler, SchedulerBusy, SchedulerError, SchedulerUnavailable
 
 MAX_ATTEMPTS = 50
 
@@ -165,10 +165,18 @@ def _finish(
     outbox.write(engine, write)
 
 
+def retry_delay(cfg: Config, exc: SchedulerUnavailable, attempts: int) -> float:
+    """Seconds before the next try: the base delay when the scheduler answered "try again", else
+    doubling per try up to 64 times it (`reconciler.wake_on_return` ends it when it answers)."""
+    if isinstance(exc, SchedulerBusy):
+        return cfg.retry_base_s
+    return min(cfg.retry_base_s * 2 ** min(attempts, 6), 600.0)
+
+
 def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
     if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
         back = "approved" if row.decided_by else "ready"
-        delay = min(cfg.retry_base_s * 2 ** min(row.attempts, 6), 600.0)
+        delay = retry_delay(cfg, exc, row.attempts)
         _finish(
             engine,
             row,

@@ -233,6 +233,15 @@ def counts(engine: Engine) -> dict[tuple[str, str], int]:
     return out
 
 
+def retrying(engine: Engine) -> int:
+    """Open actions waiting to try again after the scheduler failed a try (unreachable, or
+    Slurm answering "try again"): those with a retry time."""
+    t = actions_table.c
+    q = select(func.count()).where(t.state.in_(OPEN_STATES), t.next_attempt_at.is_not(None))
+    with engine.connect() as conn:
+        return int(conn.execute(q).scalar() or 0)
+
+
 def diag_dict(d: Diagnosis) -> dict[str, Any]:
     return {
         "outcome": d.outcome,

@@ -3,7 +3,9 @@
 `reconcile` plans every outbox row still `planning` or `waiting_scheduler` (a planner that died,
 a scheduler that was down), finishes every action that was ready, approved or executing when a
 process died, against the scheduler's real state, expires overdue approvals and updates the
-recoveries' accounting. `start` runs it once per process and engine, in a daemon thread.
+recoveries' accounting. Rows waiting out a retry delay are due at once when the scheduler
+answers again (`wake_on_return`). `start` runs it once per process and engine, in a daemon
+thread.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from recovery import accounting, audit, leases, outbox
@@ -26,6 +29,8 @@ from recovery.scheduler import SchedulerError
 log = logging.getLogger("goodput.actions")
 _running: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
+# Per engine: did the scheduler answer this process's last probe? Unknown (so: no) at start.
+_answered: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
 
 def _finish(engine: Engine, settings: Any, r: Any, startup: bool) -> None:
@@ -53,10 +58,12 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
             .where(actions_table.c.state.in_((*RUNNABLE, *PLANNABLE)))
             .order_by(actions_table.c.created_at)
         ).all()
+    woken = wake_on_return(engine, settings, rows, now)
     n = 0
     for r in rows:
         if r.next_attempt_at and r.next_attempt_at > now and r.state != "executing":
-            continue
+            if r.id not in woken:
+                continue
         if r.state == "executing" and not orphaned(r, now, startup, single):
             continue  # executing is finished here only when a dead process left it
         try:
@@ -72,6 +79,51 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     except SchedulerError:
         pass
     return n
+
+
+def wake_on_return(engine: Engine, settings: Any, rows: Sequence[Any], now: float) -> set[str]:
+    """The ids of the rows waiting out a retry delay (after a scheduler failure) that are due
+    now because the scheduler answers again after this process saw it fail, or first saw it.
+
+    The delay doubles with each failed try, so after an outage it can be minutes long; a
+    slurmctld restart must not cost that. A row refused while the scheduler answered (Slurm's
+    "try again") keeps its delay: only the change from not answering to answering wakes."""
+    parked = [
+        r for r in rows if r.state != "executing" and r.next_attempt_at and r.next_attempt_at > now
+    ]
+    if not parked:
+        return set()
+    try:
+        config(settings).scheduler.node_states()
+    except Exception:  # noqa: BLE001 - any failure of the probe reads as not answering
+        _answered[engine] = False
+        return set()
+    if _answered.get(engine, False):
+        return set()
+    _answered[engine] = True
+    woken = set()
+    for r in parked:
+        if _advance(engine, r, now):
+            woken.add(r.id)
+    return woken
+
+
+def _advance(engine: Engine, r: Any, now: float) -> bool:
+    """Make one waiting row due now (unless another process moved it), with an audit event."""
+
+    def write(conn: Connection) -> bool:
+        t = actions_table.c
+        done = conn.execute(
+            update(actions_table)
+            .where(t.id == r.id, t.state == r.state, t.next_attempt_at == r.next_attempt_at)
+            .values(next_attempt_at=now)
+        ).rowcount
+        if done:
+            payload = {"retry_in_s": 0.0, "reason": "the scheduler answers again"}
+            audit.append(conn, "retry_scheduled", payload, **outbox.refs(r))
+        return bool(done)
+
+    return bool(outbox.write(engine, write))
 
 
 def orphaned(row: Any, now: float, startup: bool, single: bool) -> bool:

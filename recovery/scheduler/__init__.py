@@ -10,6 +10,7 @@ from recovery.scheduler.base import (
     JobState,
     NodeState,
     Scheduler,
+    SchedulerBusy,
     SchedulerError,
     SchedulerUnavailable,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "JobState",
     "NodeState",
     "Scheduler",
+    "SchedulerBusy",
     "SchedulerError",
     "SchedulerUnavailable",
     "from_settings",

@@ -28,6 +28,10 @@ class SchedulerUnavailable(SchedulerError):
     """The scheduler could not be reached; retry later."""
 
 
+class SchedulerBusy(SchedulerUnavailable):
+    """The scheduler answered but asked to be asked again shortly (Slurm: "try again")."""
+
+
 class GuardRefused(SchedulerError):
     """A safety rule refused the request (e.g. resuming a node a person drained)."""
 

@@ -1,8 +1,9 @@
 """Slurm adapter: scontrol / scancel / squeue / sinfo / sacct as argv lists, never a shell.
 
 Every call has a timeout; transient failures (controller unreachable, socket timeouts) are
-retried with exponential backoff and then raised as `SchedulerUnavailable`, so the caller keeps
-the action pending. Requeue-with-exclusion is requeuehold -> update ExcNodeList -> release.
+retried with exponential backoff and then raised as `SchedulerUnavailable` (`SchedulerBusy`
+when the controller answered "try again"), so the caller keeps the action pending.
+Requeue-with-exclusion is requeuehold -> update ExcNodeList -> release.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from recovery.scheduler.base import (
     JobState,
     NodeState,
     Scheduler,
+    SchedulerBusy,
     SchedulerError,
     SchedulerUnavailable,
     check_job,
@@ -37,6 +39,11 @@ TRANSIENT = re.compile(
     r"unexpected message received",
     re.IGNORECASE,
 )
+# The controller answered and asked to be asked again (ESLURM_JOB_SETTING_DB_INX: "Job update
+# not available right now, the DB index is being set, try again in a bit"; seen here after a
+# slurmctld restart in CI, on a job requeue-held just before slurmctld stopped, through more
+# than one retry).
+BUSY = re.compile(r"try again|db index is being set", re.IGNORECASE)
 
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
@@ -124,7 +131,8 @@ class SlurmScheduler(Scheduler):
                     raise SchedulerError(f"{' '.join(argv[:2])} failed: {last}")
             if attempt < self.retries:
                 time.sleep(self.backoff_s * (2**attempt))
-        raise SchedulerUnavailable(f"{' '.join(argv[:2])}: {last}")
+        kind = SchedulerBusy if BUSY.search(last) else SchedulerUnavailable
+        raise kind(f"{' '.join(argv[:2])}: {last}")
 
     # ---- readers ----------------------------------------------------------------------------
     def node_states(self) -> list[NodeState]:

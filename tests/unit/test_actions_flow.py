@@ -277,6 +277,67 @@ def test_unreachable_scheduler_keeps_the_action_pending_and_retries(world):
     assert world.st["jobs"]["44"]["restarts"] == 1
 
 
+def retrying_metric(engine):
+    (family,) = [
+        f
+        for f in accounting.AccountingCollector(engine).collect()
+        if f.name == "goodput_actions_retrying"
+    ]
+    return family.samples[0].value
+
+
+def test_actions_waiting_after_an_outage_run_as_soon_as_the_scheduler_answers(world):
+    """The retry delay doubles through an outage; when the scheduler answers again the waiting
+    rows run at the next pass, not after their delay (a slurmctld restart costs no backoff)."""
+    world.submit("42", node="node2")
+    s = world.settings("act")
+    s.action_retry_s = 60.0
+    good = s.scheduler_adapter
+    s.scheduler_adapter = SimulatedScheduler("http://testserver", session=Down())
+    a = actions.on_diagnosis(world.engine, s, *diag(31))
+    assert a["state"] == "waiting_scheduler"
+    reconciler.reconcile(world.engine, s)  # still down: it waits
+    assert outbox.get_action(world.engine, a["id"])["state"] == "waiting_scheduler"
+    assert retrying_metric(world.engine) == 1.0
+    s.scheduler_adapter = good
+    reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+    assert retrying_metric(world.engine) == 0.0
+    woke = [e["payload"] for e in audit.query(world.engine, incident_id="31", limit=100)[0]]
+    assert {"retry_in_s": 0.0, "reason": "the scheduler answers again"} in woke
+    assert audit.verify(world.engine).ok
+
+
+def test_a_refusal_while_the_scheduler_answers_keeps_its_delay(world, monkeypatch):
+    """Slurm answering "try again" (a job whose accounting index is being set) is asked again
+    after the base delay, not a doubling one, and is not an outage ending: the row is woken
+    once, when this process first sees the scheduler answer, then waits out its delay."""
+    from recovery.scheduler import SchedulerBusy
+
+    world.submit("42", node="node1")
+    s = world.settings("act")
+    s.action_retry_s = 60.0
+    busy = "scontrol update: Job update not available right now, the DB index is being set"
+
+    def refuse(*a, **k):
+        raise SchedulerBusy(busy)
+
+    monkeypatch.setattr(s.scheduler_adapter, "_requeue", refuse)
+    a = actions.on_diagnosis(
+        world.engine, s, *diag(32, outcome="workload_crash", nodes=(), job="42")
+    )
+    assert a["state"] == "ready" and a["attempts"] == 1
+    reconciler.reconcile(world.engine, s)  # first answer seen by this process: tried again
+    assert outbox.get_action(world.engine, a["id"])["attempts"] == 2
+    reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, a["id"])["attempts"] == 2  # waits out its delay
+    delays = [
+        e["payload"]["retry_in_s"]
+        for e in audit.query(world.engine, incident_id="32", type_="retry_scheduled")[0]
+    ]
+    assert sorted(delays) == [0.0, 60.0, 60.0]  # woken once; busy twice, never doubled
+
+
 def test_reconcile_finishes_an_action_a_dead_process_left_executing(world):
     world.submit("42", node="node2")
     s = world.settings("act")

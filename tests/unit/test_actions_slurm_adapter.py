@@ -83,6 +83,19 @@ def test_transient_failures_retry_then_raise_unavailable(monkeypatch):
     assert len(r.calls) == 3
 
 
+def test_a_controller_asking_to_try_again_is_busy_not_unreachable(monkeypatch):
+    """Slurm's answer (22.05's libslurmfull, word for word) to an update of a job whose
+    accounting index is being written."""
+    from recovery.scheduler.base import SchedulerBusy
+
+    busy = "Job update not available right now, the DB index is being set, try again in a bit"
+    r = Runner([(1, "", busy)] * 2)
+    monkeypatch.setattr(subprocess, "run", r)
+    with pytest.raises(SchedulerBusy, match="DB index"):
+        SlurmScheduler(retries=1, backoff_s=0.0)._run(["scontrol", "update", "JobId=17"])
+    assert len(r.calls) == 2
+
+
 def test_a_controller_stopping_mid_call_is_retried(monkeypatch):
     """slurmctld stopped while `scontrol requeue` was in flight (the chaos suite's outage)."""
     r = Runner([(1, "", "Unexpected message received for job 17"), (0, "", "")])
