@@ -24,8 +24,24 @@ def expand(template: str, labels: Mapping[str, str], value: float) -> str:
     return _TEMPLATE.sub(sub, template)
 
 
-def promtool_tests(spec: Spec, cases: Any, rule_file: str) -> dict[str, Any]:
-    """A `promtool test rules` document from hand-written cases (see tests/cases.yaml).
+DEFAULT_EVALUATION = "1s"
+
+
+def evaluations(cases: Any) -> list[str]:
+    """The rule evaluation intervals the cases ask for (`evaluation_interval`, default 1 s), in
+    first-use order: promtool evaluates every rule at each step up to a test's eval time, so a
+    case that waits out a long `for` takes a coarser interval, in a file of its own."""
+    if not isinstance(cases, list):
+        raise AlertsError("cases: expected a list")
+    found = [str(c.get("evaluation_interval", DEFAULT_EVALUATION)) for c in cases]
+    return list(dict.fromkeys([DEFAULT_EVALUATION, *found]))
+
+
+def promtool_tests(
+    spec: Spec, cases: Any, rule_file: str, evaluation: str = DEFAULT_EVALUATION
+) -> dict[str, Any]:
+    """A `promtool test rules` document from the hand-written cases (see tests/cases.yaml) whose
+    evaluation interval is `evaluation`.
 
     Each case names an alert, its input series, an eval time and the alerts expected then
     (labels without severity/scope, plus `value` for the annotations; empty = stays quiet).
@@ -36,6 +52,8 @@ def promtool_tests(spec: Spec, cases: Any, rule_file: str) -> dict[str, Any]:
     records = {r["record"] for r in spec.recording}
     for i, case in enumerate(cases):
         where = f"case {i} ({case.get('name', '?')})"
+        if str(case.get("evaluation_interval", DEFAULT_EVALUATION)) != evaluation:
+            continue
         if "record" in case:  # a recording rule: the samples it must produce
             if case["record"] not in records:
                 raise AlertsError(f"{where}: no recording rule {case['record']!r}")
@@ -89,15 +107,20 @@ def promtool_tests(spec: Spec, cases: Any, rule_file: str) -> dict[str, Any]:
                 ],
             }
         )
-    return {"rule_files": [rule_file], "evaluation_interval": "1s", "tests": tests}
+    return {"rule_files": [rule_file], "evaluation_interval": evaluation, "tests": tests}
 
 
-def dump_promtool_tests(spec: Spec, cases_path: str | Path, rule_file: str) -> str:
+def dump_promtool_tests(spec: Spec, cases_path: str | Path, rule_file: str) -> dict[str, str]:
+    """One `promtool test rules` file's text per evaluation interval the cases use."""
     try:
         cases = yaml.safe_load(Path(cases_path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise AlertsError(f"cannot read {cases_path}: {e}") from e
-    body = yaml.dump(
-        promtool_tests(spec, cases, rule_file), Dumper=Dumper, sort_keys=False, width=100
-    )
-    return HEADER.replace("alertmanager/alerts.yaml", "alerts.yaml and tests/cases.yaml") + body
+    header = HEADER.replace("alertmanager/alerts.yaml", "alerts.yaml and tests/cases.yaml")
+    return {
+        ev: header
+        + yaml.dump(
+            promtool_tests(spec, cases, rule_file, ev), Dumper=Dumper, sort_keys=False, width=100
+        )
+        for ev in evaluations(cases)
+    }

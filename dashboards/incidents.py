@@ -34,7 +34,10 @@ def dashboard() -> d.Dashboard:
                 w=6,
             )
         )
-        .with_panel(st("Actions pending", "sum(goodput_actions_pending) or vector(0)", w=6))
+        .with_panel(st("Actions pending", "sum(goodput_actions_pending) or vector(0)", w=3))
+        .with_panel(
+            st("Retrying on the scheduler", "max(goodput_actions_retrying) or vector(0)", w=3)
+        )
         .with_row(d.Row("Effective training time ratio (ETTR)"))
         .with_panel(st("Cluster ETTR (last hour)", "goodput:cluster_ettr:1h", "percentunit", w=6))
         .with_panel(

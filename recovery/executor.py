@@ -165,12 +165,15 @@ def _finish(
     outbox.write(engine, write)
 
 
+BUSY_MAX_DELAY_S = 60.0
+
+
 def retry_delay(cfg: Config, exc: SchedulerUnavailable, attempts: int) -> float:
-    """Seconds before the next try: the base delay when the scheduler answered "try again", else
-    doubling per try up to 64 times it (`reconciler.wake_on_return` ends it when it answers)."""
-    if isinstance(exc, SchedulerBusy):
-        return cfg.retry_base_s
-    return min(cfg.retry_base_s * 2 ** min(attempts, 6), 600.0)
+    """Seconds before the next try: doubling per try up to 64 times the base delay (at most
+    10 minutes; `reconciler.wake_on_return` ends it when the scheduler answers again), or up to
+    1 minute when the scheduler answered "try again": the 50 tries then last about an hour."""
+    cap = BUSY_MAX_DELAY_S if isinstance(exc, SchedulerBusy) else 600.0
+    return min(cfg.retry_base_s * 2 ** min(attempts, 6), cap)
 
 
 def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:

@@ -29,8 +29,10 @@ from recovery.scheduler import SchedulerError
 log = logging.getLogger("goodput.actions")
 _running: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
-# Per engine: did the scheduler answer this process's last probe? Unknown (so: no) at start.
-_answered: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+# Per engine: this process's failed scheduler probes in a row since it last answered; a new
+# process counts as after an outage (it has not seen the scheduler answer).
+_failed: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+OUTAGE_PROBES = 2  # failed probes in a row that make an outage (one is a blip: no wake)
 
 
 def _finish(engine: Engine, settings: Any, r: Any, startup: bool) -> None:
@@ -83,28 +85,26 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
 
 def wake_on_return(engine: Engine, settings: Any, rows: Sequence[Any], now: float) -> set[str]:
     """The ids of the rows waiting out a retry delay (after a scheduler failure) that are due
-    now because the scheduler answers again after this process saw it fail, or first saw it.
+    now because the scheduler answers again after an outage (`OUTAGE_PROBES` failed probes in
+    a row, or a process that has not seen it answer yet).
 
     The delay doubles with each failed try, so after an outage it can be minutes long; a
     slurmctld restart must not cost that. A row refused while the scheduler answered (Slurm's
-    "try again") keeps its delay: only the change from not answering to answering wakes."""
+    "try again"), or through a probe that fails now and then, keeps its delay."""
     parked = [
         r for r in rows if r.state != "executing" and r.next_attempt_at and r.next_attempt_at > now
     ]
     if not parked:
         return set()
-    try:
-        config(settings).scheduler.node_states()
-    except Exception:  # noqa: BLE001 - any failure of the probe reads as not answering
-        _answered[engine] = False
+    failed = _failed.get(engine, OUTAGE_PROBES)
+    if not config(settings).scheduler.reachable():
+        _failed[engine] = failed + 1
         return set()
-    if _answered.get(engine, False):
+    if failed < OUTAGE_PROBES:
+        _failed[engine] = 0
         return set()
-    _answered[engine] = True
-    woken = set()
-    for r in parked:
-        if _advance(engine, r, now):
-            woken.add(r.id)
+    woken = {r.id for r in parked if _advance(engine, r, now)}
+    _failed[engine] = 0  # after the writes: a store error leaves the wake to the next pass
     return woken
 
 

@@ -17,13 +17,21 @@ CASES = ROOT / "alertmanager" / "tests" / "cases.yaml"
 TESTS = ROOT / "alertmanager" / "tests" / "goodput_test.yml"
 
 
+def tests_file(evaluation: str) -> Path:
+    """`goodput_test.yml` for the default 1 s evaluation, `goodput_test_<interval>.yml` else."""
+    if evaluation == promtool.DEFAULT_EVALUATION:
+        return TESTS
+    return TESTS.with_name(f"{TESTS.stem}_{evaluation}{TESTS.suffix}")
+
+
 def outputs() -> dict[Path, str]:
     """Every generated file and its expected content (from the project's alerts.yaml, which
     `$GOODPUT_ALERTS_FILE` does not redirect: these are the project's files)."""
     spec = alerts.load(alerts.DEFAULT_PATH)
     out = {RULES: rules.dump_rules(spec)}
     if CASES.exists():
-        out[TESTS] = promtool.dump_promtool_tests(spec, CASES, rule_file="../rules/goodput.yml")
+        docs = promtool.dump_promtool_tests(spec, CASES, rule_file="../rules/goodput.yml")
+        out |= {tests_file(ev): text for ev, text in docs.items()}
     return out
 
 
@@ -31,7 +39,7 @@ def outputs() -> dict[Path, str]:
 def generate(
     check: bool = typer.Option(False, "--check", help="Fail if a generated file is stale."),
 ) -> None:
-    """Write alertmanager/rules/goodput.yml and alertmanager/tests/goodput_test.yml."""
+    """Write alertmanager/rules/goodput.yml and alertmanager/tests/goodput_test*.yml."""
     try:
         files = outputs()
     except alerts.AlertsError as e:

@@ -144,6 +144,14 @@ class Scheduler(ABC):
     def _cancel(self, job_id: str) -> None: ...
 
     # ---- the safe public operations -------------------------------------------------------
+    def reachable(self) -> bool:
+        """Does the scheduler answer now? One cheap read; any failure is a no."""
+        try:
+            self.node_states()
+        except Exception:  # noqa: BLE001 - a probe: every failure reads as not answering
+            return False
+        return True
+
     def node_state(self, node: str) -> NodeState | None:
         return next((n for n in self.node_states() if n.node == node), None)
 

@@ -32,18 +32,20 @@ from recovery.scheduler.base import (
 TRANSIENT = re.compile(
     r"unable to contact slurm controller|socket timed out|connection refused|"
     r"zero bytes were transmitted|communication connection failure|slurm_receive_msg|"
-    r"slurmctld is not responding|try again|"
+    r"slurmctld is not responding|try again|db index is being set|retry momentarily|"
     # a controller that is stopping or starting answers so (SLURM_UNEXPECTED_MSG_ERROR): seen
     # here when slurmctld got SIGTERM mid-requeue, and at start-up in
     # stackhpc/ansible-slurm-appliance#443 ("failed to fetch remote configs: ...")
     r"unexpected message received",
     re.IGNORECASE,
 )
-# The controller answered and asked to be asked again (ESLURM_JOB_SETTING_DB_INX: "Job update
+# The controller answered and asked to be asked again: ESLURM_JOB_SETTING_DB_INX ("Job update
 # not available right now, the DB index is being set, try again in a bit"; seen here after a
 # slurmctld restart in CI, on a job requeue-held just before slurmctld stopped, through more
-# than one retry).
-BUSY = re.compile(r"try again|db index is being set", re.IGNORECASE)
+# than one retry), ESLURM_TRANSITION_STATE_NO_UPDATE ("Job can not be altered now, try again
+# later"), SLURMCTLD_COMMUNICATIONS_BACKOFF (23.02+'s RPC rate limit: "Rate limit exceeded,
+# please retry momentarily").
+BUSY = re.compile(r"try again|db index is being set|retry momentarily", re.IGNORECASE)
 
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
@@ -133,6 +135,22 @@ class SlurmScheduler(Scheduler):
                 time.sleep(self.backoff_s * (2**attempt))
         kind = SchedulerBusy if BUSY.search(last) else SchedulerUnavailable
         raise kind(f"{' '.join(argv[:2])}: {last}")
+
+    def reachable(self) -> bool:
+        """`scontrol ping` once, without retries: exit 0 and "is UP" while slurmctld answers
+        (22.05 prints "Slurmctld(primary) at HOST is DOWN" and exits 1 when it does not)."""
+        try:
+            out = subprocess.run(
+                ["scontrol", "ping"],
+                capture_output=True,
+                text=True,
+                timeout=min(self.timeout_s, 10.0),
+                env=self.env,
+                check=False,
+            )
+        except (subprocess.TimeoutExpired, OSError):
+            return False
+        return out.returncode == 0 and " is UP" in out.stdout
 
     # ---- readers ----------------------------------------------------------------------------
     def node_states(self) -> list[NodeState]:

@@ -338,6 +338,60 @@ def test_a_refusal_while_the_scheduler_answers_keeps_its_delay(world, monkeypatc
     assert sorted(delays) == [0.0, 60.0, 60.0]  # woken once; busy twice, never doubled
 
 
+def test_a_probe_that_fails_once_is_a_blip_not_an_outage(world, monkeypatch):
+    """A store error while waking leaves the wake to the next pass. Then one failed probe
+    between answers wakes nothing (a flaky scheduler keeps its backoff); two in a row are an
+    outage, and the answer after them wakes the waiting row."""
+    from sqlalchemy.exc import OperationalError
+
+    world.submit("42", node="node2")
+    world.submit("43", node="node3")
+    s = world.settings("act")
+    s.action_retry_s = 60.0
+    good, down = s.scheduler_adapter, SimulatedScheduler("http://testserver", session=Down())
+    s.scheduler_adapter = down
+    a = actions.on_diagnosis(world.engine, s, *diag(33))
+    assert a["state"] == "waiting_scheduler"
+    answers: list[bool] = []
+    monkeypatch.setattr(type(good), "reachable", lambda self: answers.pop(0))
+    s.scheduler_adapter = good
+    locked = OperationalError("UPDATE", {}, Exception("database is locked"))
+    with monkeypatch.context() as m:
+        m.setattr(reconciler, "_advance", lambda *a: (_ for _ in ()).throw(locked))
+        answers[:] = [True]
+        with pytest.raises(OperationalError):
+            reconciler.reconcile(world.engine, s)  # a new process's first answer: wake fails
+    answers[:] = [True]
+    reconciler.reconcile(world.engine, s)  # the next pass wakes it
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+
+    s.scheduler_adapter = down
+    b = actions.on_diagnosis(world.engine, s, *diag(34, job="43", nodes=("node3",)))
+    assert b["state"] == "waiting_scheduler"
+    s.scheduler_adapter = good
+    answers[:] = [False, True]  # a blip: it waits
+    for _ in range(2):
+        reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, b["id"])["state"] == "waiting_scheduler"
+    answers[:] = [False, False, True]  # an outage, then an answer: due at once
+    for _ in range(2):
+        reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, b["id"])["state"] == "waiting_scheduler"
+    reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, b["id"])["state"] == "executed"
+    assert answers == []
+
+
+def test_retry_delays_double_and_stop_at_their_caps():
+    from recovery.scheduler import SchedulerBusy, SchedulerUnavailable
+
+    cfg = SimpleNamespace(retry_base_s=5.0)
+    down = [executor.retry_delay(cfg, SchedulerUnavailable("x"), n) for n in range(1, 9)]
+    busy = [executor.retry_delay(cfg, SchedulerBusy("x"), n) for n in range(1, 9)]
+    assert down == [10, 20, 40, 80, 160, 320, 320, 320]
+    assert busy == [10, 20, 40, 60, 60, 60, 60, 60]  # 50 tries: about an hour, then a person
+
+
 def test_reconcile_finishes_an_action_a_dead_process_left_executing(world):
     world.submit("42", node="node2")
     s = world.settings("act")

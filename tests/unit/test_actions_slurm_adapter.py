@@ -78,8 +78,9 @@ def test_transient_failures_retry_then_raise_unavailable(monkeypatch):
     )
     monkeypatch.setattr(subprocess, "run", r)
     s = SlurmScheduler(retries=2, backoff_s=0.0)
-    with pytest.raises(SchedulerUnavailable):
+    with pytest.raises(SchedulerUnavailable) as exc:
         s.node_states()
+    assert type(exc.value) is SchedulerUnavailable  # unreachable, not busy
     assert len(r.calls) == 3
 
 
@@ -94,6 +95,25 @@ def test_a_controller_asking_to_try_again_is_busy_not_unreachable(monkeypatch):
     with pytest.raises(SchedulerBusy, match="DB index"):
         SlurmScheduler(retries=1, backoff_s=0.0)._run(["scontrol", "update", "JobId=17"])
     assert len(r.calls) == 2
+    # 23.02+'s RPC rate limit (SLURMCTLD_COMMUNICATIONS_BACKOFF), then an answer
+    r = Runner([(1, "", "Rate limit exceeded, please retry momentarily"), (0, "", "")])
+    monkeypatch.setattr(subprocess, "run", r)
+    assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "release", "17"]) == ""
+
+
+@pytest.mark.parametrize(
+    "answer, up",
+    [
+        ((0, "Slurmctld(primary) at vm is UP\n", ""), True),
+        ((1, "Slurmctld(primary) at vm is DOWN\n*** RESTORE SLURMCTLD DAEMON ***\n", ""), False),
+        (("timeout", "", ""), False),
+    ],
+)
+def test_reachable_is_one_scontrol_ping(monkeypatch, answer, up):
+    r = Runner([answer])
+    monkeypatch.setattr(subprocess, "run", r)
+    assert SlurmScheduler().reachable() is up
+    assert r.calls == [["scontrol", "ping"]]  # once: no retries
 
 
 def test_a_controller_stopping_mid_call_is_retried(monkeypatch):
