@@ -308,6 +308,28 @@ def test_actions_waiting_after_an_outage_run_as_soon_as_the_scheduler_answers(wo
     assert audit.verify(world.engine).ok
 
 
+def test_an_approved_action_that_met_an_outage_runs_when_the_scheduler_answers(world):
+    """The executor's side: approved while the scheduler is down, back to `approved` with a
+    doubling delay, run at the first pass after the scheduler answers again."""
+    world.submit("44", node="node1")
+    s = world.settings("approve")
+    s.action_retry_s = 60.0
+    good, down = s.scheduler_adapter, SimulatedScheduler("http://testserver", session=Down())
+    b = actions.on_diagnosis(
+        world.engine, s, *diag(35, outcome="workload_crash", nodes=(), job="44")
+    )
+    assert b["state"] == "pending_approval"
+    s.scheduler_adapter = down
+    r = approvals.approve(world.engine, s, b["id"], "gina")
+    assert r["state"] == "approved" and r["next_attempt_at"] > time.time() + 60
+    reconciler.reconcile(world.engine, s)  # still down
+    assert outbox.get_action(world.engine, b["id"])["state"] == "approved"
+    s.scheduler_adapter = good
+    reconciler.reconcile(world.engine, s)
+    assert outbox.get_action(world.engine, b["id"])["state"] == "executed"
+    assert world.st["jobs"]["44"]["restarts"] == 1
+
+
 def test_a_refusal_while_the_scheduler_answers_keeps_its_delay(world, monkeypatch):
     """Slurm answering "try again" (a job whose accounting index is being set) is asked again
     after the base delay, not a doubling one, and is not an outage ending: the row is woken
