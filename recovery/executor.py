@@ -34,6 +34,7 @@ from recovery.policy import RESTARTS
 from recovery.scheduler import Scheduler, SchedulerBusy, SchedulerError, SchedulerUnavailable
 
 MAX_ATTEMPTS = 50
+BUSY_MAX_DELAY_S = 60.0  # the longest wait after Slurm's "try again"
 
 
 def _needs_person(engine: Engine, cfg: Config, action_id: str, text: str) -> None:
@@ -163,9 +164,6 @@ def _finish(
         audit.append(conn, type_, payload, **outbox.refs(row))
 
     outbox.write(engine, write)
-
-
-BUSY_MAX_DELAY_S = 60.0
 
 
 def retry_delay(cfg: Config, exc: SchedulerUnavailable, attempts: int) -> float:
