@@ -86,3 +86,15 @@ def test_query_filters_and_cursor_paging(engine):
 def test_unknown_type_is_refused(engine):
     with pytest.raises(ValueError, match="unknown audit event type"):
         audit.record(engine, "whatever", {})
+
+
+def test_the_contract_lists_every_audit_event_type():
+    """docs/contracts.md names the event types a reader of the audit log will meet: all of
+    `audit.TYPES`, no other."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
+    para = re.split(r"Table\s+`goodput_audit`", text.split("- **Audit event types**:", 1)[1])[0]
+    named = set(re.findall(r"`([a-z_]+)`", para)) - {"reason", "was", "detail"}
+    assert named == set(audit.TYPES)
