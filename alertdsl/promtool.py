@@ -12,6 +12,7 @@ import yaml
 from alertdsl.rules import HEADER, Dumper, fmt_number
 from alertdsl.spec import AlertsError, Spec, required
 
+_DURATION = re.compile(r"[1-9][0-9]*[smh]")  # one unit: one spelling, one file name per interval
 _TEMPLATE = re.compile(r"\{\{\s*\$(labels\.([a-zA-Z_][a-zA-Z0-9_]*)|value)\s*\}\}")
 
 
@@ -34,6 +35,9 @@ def evaluations(cases: Any) -> list[str]:
     if not isinstance(cases, list):
         raise AlertsError("cases: expected a list")
     found = [str(c.get("evaluation_interval", DEFAULT_EVALUATION)) for c in cases]
+    for ev in found:
+        if not _DURATION.fullmatch(ev):
+            raise AlertsError(f"cases: evaluation_interval {ev!r} is not a duration like 15s or 1m")
     return list(dict.fromkeys([DEFAULT_EVALUATION, *found]))
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, select, update
 from recovery import audit, leases, outbox
 from recovery.outbox import switches
 from recovery.policy import DEFAULT_FILE, Policy, PolicyError, load_policy
-from recovery.scheduler import Scheduler, from_settings
+from recovery.scheduler import Scheduler, SchedulerBusy, from_settings
 from recovery.scheduler.slurm import SlurmScheduler
 
 
@@ -98,6 +98,17 @@ def probe_scheduler(settings: Any) -> Scheduler | None:
     if isinstance(sched, SlurmScheduler):
         return SlurmScheduler(timeout_s=3.0, retries=0, env=sched.env)
     return sched
+
+
+BUSY_MAX_DELAY_S = 60.0  # the longest wait after Slurm's "try again"
+
+
+def retry_delay(cfg: Config, exc: Exception, attempts: int) -> float:
+    """Seconds before the next try after `attempts` failed ones: the base delay doubling per
+    try, up to 64 times it (never over 10 minutes; `reconciler.wake_on_return` ends it when
+    the scheduler answers again), or up to 1 minute when it answered "try again"."""
+    cap = BUSY_MAX_DELAY_S if isinstance(exc, SchedulerBusy) else 600.0
+    return min(cfg.retry_base_s * 2 ** min(attempts, 6), cap)
 
 
 def is_paused(engine: Engine) -> bool:

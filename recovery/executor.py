@@ -26,15 +26,14 @@ from recovery import (
     planning,
     watchdog,
 )
-from recovery.action_config import Config, config, is_paused
+from recovery.action_config import Config, config, is_paused, retry_delay
 from recovery.decide import Diagnosis
 from recovery.notifier import notify
 from recovery.outbox import PLANNABLE, actions_table, get_action
 from recovery.policy import RESTARTS
-from recovery.scheduler import Scheduler, SchedulerBusy, SchedulerError, SchedulerUnavailable
+from recovery.scheduler import Scheduler, SchedulerError, SchedulerUnavailable
 
 MAX_ATTEMPTS = 50
-BUSY_MAX_DELAY_S = 60.0  # the longest wait after Slurm's "try again"
 
 
 def _needs_person(engine: Engine, cfg: Config, action_id: str, text: str) -> None:
@@ -164,14 +163,6 @@ def _finish(
         audit.append(conn, type_, payload, **outbox.refs(row))
 
     outbox.write(engine, write)
-
-
-def retry_delay(cfg: Config, exc: SchedulerUnavailable, attempts: int) -> float:
-    """Seconds before the next try: doubling per try up to 64 times the base delay (at most
-    10 minutes; `reconciler.wake_on_return` ends it when the scheduler answers again), or up to
-    1 minute when the scheduler answered "try again": the 50 tries then last about an hour."""
-    cap = BUSY_MAX_DELAY_S if isinstance(exc, SchedulerBusy) else 600.0
-    return min(cfg.retry_base_s * 2 ** min(attempts, 6), cap)
 
 
 def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select, update
 
 from recovery import audit, outbox, watchdog
+from recovery.action_config import retry_delay
 from recovery.decide import (
     Action,
     Diagnosis,
@@ -152,7 +153,7 @@ def _scheduler_failed(
         payload: dict[str, Any] = {"error": f"scheduler {kind} while planning: {exc}"}
         values: dict[str, Any] = {}
     else:
-        delay = min(cfg.retry_base_s * 2 ** min(attempts - 1, 6), 600.0)
+        delay = retry_delay(cfg, exc, attempts - 1)  # the first retry after the base delay
         state, event = "waiting_scheduler", "retry_scheduled"
         payload = {"reason": f"scheduler {kind} while planning: {exc}", "retry_in_s": delay}
         values = {"next_attempt_at": outbox.now(engine) + delay}

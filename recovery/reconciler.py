@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from recovery import accounting, audit, leases, outbox
-from recovery.action_config import config, setting
+from recovery.action_config import config, probe_scheduler, setting
 from recovery.executor import execute, plan
 from recovery.outbox import PLANNABLE, RUNNABLE, actions_table, expire
 from recovery.scheduler import SchedulerError
@@ -29,10 +29,11 @@ from recovery.scheduler import SchedulerError
 log = logging.getLogger("goodput.actions")
 _running: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
-# Per engine: this process's failed scheduler probes in a row since it last answered; a new
-# process counts as after an outage (it has not seen the scheduler answer).
-_failed: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+# Per engine: this process's failed scheduler probes in a row and when the last one failed; a
+# new process counts as after an outage (it has not seen the scheduler answer).
+_failed: weakref.WeakKeyDictionary[Engine, tuple[int, float]] = weakref.WeakKeyDictionary()
 OUTAGE_PROBES = 2  # failed probes in a row that make an outage (one is a blip: no wake)
+FORGET_S = 60.0  # a failed probe older than this is not "in a row" with the next one
 
 
 def _finish(engine: Engine, settings: Any, r: Any, startup: bool) -> None:
@@ -96,15 +97,18 @@ def wake_on_return(engine: Engine, settings: Any, rows: Sequence[Any], now: floa
     ]
     if not parked:
         return set()
-    failed = _failed.get(engine, OUTAGE_PROBES)
-    if not config(settings).scheduler.reachable():
-        _failed[engine] = failed + 1
+    failed, last = _failed.get(engine, (OUTAGE_PROBES, now))
+    if now - last > FORGET_S:
+        failed = 0
+    probe = probe_scheduler(settings)
+    if probe is None or not probe.reachable():
+        _failed[engine] = (failed + 1, now)
         return set()
     if failed < OUTAGE_PROBES:
-        _failed[engine] = 0
+        _failed[engine] = (0, now)
         return set()
     woken = {r.id for r in parked if _advance(engine, r, now)}
-    _failed[engine] = 0  # after the writes: a store error leaves the wake to the next pass
+    _failed[engine] = (0, now)  # after the writes: a store error leaves the wake to the next pass
     return woken
 
 

@@ -46,13 +46,19 @@ def generate(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+    obsolete = sorted(set(TESTS.parent.glob(f"{TESTS.stem}*{TESTS.suffix}")) - set(files))
     if check:
         for p in stale:
             typer.echo(f"stale: {p.relative_to(ROOT)} (run `goodput rules generate`)", err=True)
-        raise typer.Exit(1 if stale else 0)
+        for p in obsolete:
+            typer.echo(f"obsolete: {p.relative_to(ROOT)} (run `goodput rules generate`)", err=True)
+        raise typer.Exit(1 if stale or obsolete else 0)
     for p in stale:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(files[p])
         typer.echo(f"wrote {p.relative_to(ROOT)}")
-    if not stale:
+    for p in obsolete:  # a case's evaluation interval that no case uses any more
+        p.unlink()
+        typer.echo(f"removed {p.relative_to(ROOT)}")
+    if not stale and not obsolete:
         typer.echo("up to date")

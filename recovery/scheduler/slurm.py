@@ -137,14 +137,14 @@ class SlurmScheduler(Scheduler):
         raise kind(f"{' '.join(argv[:2])}: {last}")
 
     def reachable(self) -> bool:
-        """`scontrol ping` once, without retries: exit 0 and "is UP" while slurmctld answers
-        (22.05 prints "Slurmctld(primary) at HOST is DOWN" and exits 1 when it does not)."""
+        """`scontrol ping` once, without retries, within the adapter's timeout: exit 0 and "is
+        UP" while slurmctld answers (22.05 prints "... is DOWN" and exits 1 when it does not)."""
         try:
             out = subprocess.run(
                 ["scontrol", "ping"],
                 capture_output=True,
                 text=True,
-                timeout=min(self.timeout_s, 10.0),
+                timeout=self.timeout_s,
                 env=self.env,
                 check=False,
             )

@@ -95,10 +95,14 @@ def test_a_controller_asking_to_try_again_is_busy_not_unreachable(monkeypatch):
     with pytest.raises(SchedulerBusy, match="DB index"):
         SlurmScheduler(retries=1, backoff_s=0.0)._run(["scontrol", "update", "JobId=17"])
     assert len(r.calls) == 2
-    # 23.02+'s RPC rate limit (SLURMCTLD_COMMUNICATIONS_BACKOFF), then an answer
-    r = Runner([(1, "", "Rate limit exceeded, please retry momentarily"), (0, "", "")])
+    # 23.02+'s RPC rate limit (SLURMCTLD_COMMUNICATIONS_BACKOFF): retried, then busy
+    limit = "Rate limit exceeded, please retry momentarily"
+    r = Runner([(1, "", limit), (0, "", "")])
     monkeypatch.setattr(subprocess, "run", r)
     assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "release", "17"]) == ""
+    monkeypatch.setattr(subprocess, "run", Runner([(1, "", limit)] * 2))
+    with pytest.raises(SchedulerBusy, match="Rate limit"):
+        SlurmScheduler(retries=1, backoff_s=0.0)._run(["scontrol", "release", "17"])
 
 
 @pytest.mark.parametrize(
