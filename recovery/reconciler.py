@@ -64,9 +64,8 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     woken = wake_on_return(engine, settings, rows, now)
     n = 0
     for r in rows:
-        if r.next_attempt_at and r.next_attempt_at > now and r.state != "executing":
-            if r.id not in woken:
-                continue
+        if _waiting(r, now) and r.id not in woken:
+            continue
         if r.state == "executing" and not orphaned(r, now, startup, single):
             continue  # executing is finished here only when a dead process left it
         try:
@@ -84,6 +83,11 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     return n
 
 
+def _waiting(r: Any, now: float) -> bool:
+    """Is this row waiting out a retry delay (not executing, its retry time still ahead)?"""
+    return r.state != "executing" and bool(r.next_attempt_at) and r.next_attempt_at > now
+
+
 def wake_on_return(engine: Engine, settings: Any, rows: Sequence[Any], now: float) -> set[str]:
     """The ids of the rows waiting out a retry delay (after a scheduler failure) that are due
     now because the scheduler answers again after an outage (`OUTAGE_PROBES` failed probes in
@@ -92,9 +96,7 @@ def wake_on_return(engine: Engine, settings: Any, rows: Sequence[Any], now: floa
     The delay doubles with each failed try, so after an outage it can be minutes long; a
     slurmctld restart must not cost that. A row refused while the scheduler answered (Slurm's
     "try again"), or through a probe that fails now and then, keeps its delay."""
-    parked = [
-        r for r in rows if r.state != "executing" and r.next_attempt_at and r.next_attempt_at > now
-    ]
+    parked = [r for r in rows if _waiting(r, now)]
     if not parked:
         return set()
     failed, last = _failed.get(engine, (OUTAGE_PROBES, now))

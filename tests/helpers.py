@@ -14,6 +14,31 @@ from types import SimpleNamespace
 import requests
 
 
+def incident_and_diagnosis(
+    iid: str,
+    job: str,
+    nodes: tuple[str, ...] | list[str],
+    outcome: str,
+    cause: str,
+    confidence: float,
+    onset: float,
+    opened_at: float,
+) -> tuple[dict, dict]:
+    """(incident, diagnosis) for `actions.on_diagnosis`, every field given."""
+    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": opened_at}
+    d = {
+        "schema_version": 1,
+        "incident_id": iid,
+        "job_id": job,
+        "outcome": outcome,
+        "root_cause": cause,
+        "affected_nodes": list(nodes),
+        "confidence": confidence,
+        "onset": onset,
+    }
+    return inc, d
+
+
 def diagnosis(
     tag: str,
     job: str,
@@ -25,19 +50,17 @@ def diagnosis(
 ) -> tuple[dict, dict]:
     """(incident, diagnosis) for `actions.on_diagnosis`: `outcome` naming `node`, its onset
     half a second ago unless given; the incident id starts with `tag` (the test's jobs)."""
-    iid = f"{tag}{uuid.uuid4().hex[:4]}"
-    inc = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time()}
-    d = {
-        "schema_version": 1,
-        "incident_id": iid,
-        "job_id": job,
-        "outcome": outcome,
-        "root_cause": cause,
-        "affected_nodes": [node] if node else [],
-        "confidence": confidence,
-        "onset": onset if onset is not None else time.time() - 0.5,
-    }
-    return inc, d
+    now = time.time()
+    return incident_and_diagnosis(
+        f"{tag}{uuid.uuid4().hex[:4]}",
+        job,
+        [node] if node else [],
+        outcome,
+        cause,
+        confidence,
+        onset if onset is not None else now - 0.5,
+        now,
+    )
 
 
 def slurm(*argv: str, check: bool = True) -> str:

@@ -25,6 +25,7 @@ from recovery import (
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
 from recovery.store import make_engine
+from tests.helpers import incident_and_diagnosis
 from tests.unit.actions_fakes import make_fake_sim
 
 
@@ -61,18 +62,9 @@ def diag(
     cause="xid79",
     onset=None,
 ):
-    incident = {"id": iid, "job_id": job, "state": "open", "opened_at": time.time() - 5}
-    d = {
-        "schema_version": 1,
-        "incident_id": iid,
-        "job_id": job,
-        "outcome": outcome,
-        "root_cause": cause,
-        "affected_nodes": list(nodes),
-        "confidence": conf,
-        "onset": time.time() - 10 if onset is None else onset,
-    }
-    return incident, d
+    now = time.time()
+    onset = now - 10 if onset is None else onset
+    return incident_and_diagnosis(iid, job, nodes, outcome, cause, conf, onset, now - 5)
 
 
 def types(engine, **kw):
