@@ -30,7 +30,7 @@ from bench.receiver import Incident, Receiver
 from bench.sim_sources import SimSources
 from detector import exposition
 from detector import fields as F
-from detector.frame import Frame
+from detector.frame import Frame, counter_rate
 from detector.pipeline import Config, Engine
 from exporters.logmetrics.parser import LogState
 from exporters.sim import FIELD_NAMES, Scenario, Simulation
@@ -121,6 +121,7 @@ class Harness:
         self.iters: dict[str, list[tuple[float, float]]] = {}  # job -> (t, iteration)
         self.running: dict[str, list[tuple[float, int]]] = {}  # job -> (t, gpus) while running
         self.recovered: dict[str, float] = {}  # fault_id -> first time running again, progressing
+        self._cpu_last: pd.DataFrame | None = None  # the last sample's host CPU counters
 
     @property
     def now(self) -> float:
@@ -150,6 +151,7 @@ class Harness:
         self.sim._due()  # noqa: SLF001
         names = {j.job_id: j.name for j in c.jobs.values()}
         det = dcgm.rename(columns={"timestamp": "time"})
+        det[F.HOST_CPU] = self._host_cores(det)
         if len(det):
             prog = jobm.set_index("job_id") if len(jobm) else None
             for col in (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE):
@@ -169,6 +171,20 @@ class Harness:
     # ---------------------------------------------------------------- metric sources
     def _node_job(self) -> dict[str, str]:
         return {n.name: n.jobs[0] for n in self.sim.cluster.nodes.values() if len(n.jobs) == 1}
+
+    def _host_cores(self, det: pd.DataFrame) -> np.ndarray:
+        """Each GPU's host CPU counter as a rate since the last sample (what the service's
+        rate() reads at this scrape interval; NaN at a GPU's first sample)."""
+        cols = ["time", "node", "gpu", F.HOST_CPU_COUNTER]
+        both = pd.concat([x for x in (self._cpu_last, det[cols]) if x is not None])
+        self._cpu_last = det[cols]
+        rate = counter_rate(
+            both["time"].to_numpy(dtype=float),
+            both["node"].to_numpy(dtype=object),
+            pd.to_numeric(both["gpu"]).to_numpy(dtype=float),
+            both[F.HOST_CPU_COUNTER].to_numpy(dtype=float),
+        )
+        return rate[len(both) - len(det) :]
 
     def _dcgm(self, now: float) -> pd.DataFrame:
         gpus = [g for n in self.sim.cluster.nodes.values() if n.alive for g in n.gpus]

@@ -38,6 +38,7 @@ from recovery.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "real" / "h200-healthy-ckpt"
+HOST = ROOT / "tests" / "data" / "real" / "host-cpu" / "host_cpu.csv"
 NODE, GPU, JOB, NAME, MODEL = "h200", 0, "700001", "real-mlp", "NVIDIA H200"
 INTERVAL_S = 5.0
 DETECTION = (
@@ -179,6 +180,23 @@ def long_saves(trace: Trace, save_s: float, count: int) -> Trace:
         done = next(t for t, x in trace.lines if t > began and "successfully saved" in x)
         trace = _stretch(trace, done, save_s - (done - began))
     return trace
+
+
+def host_side(trace: Trace, phases: list[tuple[float, str]]) -> Trace:
+    """The GPU's processes on the host as measured of real PyTorch processes (`HOST`): from
+    each (time, phase) on, that phase's per-second readings after its first 5 s (its imports),
+    repeated, in cores (what the detector reads of the NVML exporter's counter)."""
+    rec = pd.read_csv(HOST)
+    t = trace.samples.t.to_numpy()
+    cores = np.full(len(t), np.nan)
+    for k, (at, phase) in enumerate(phases):
+        r = rec[rec.phase == phase]
+        ts, cpu = r.t_s.to_numpy(), r.cpu_seconds.to_numpy()
+        rate = (np.diff(cpu) / np.diff(ts))[ts[:-1] >= 5.0]
+        end = phases[k + 1][0] if k + 1 < len(phases) else np.inf
+        sel = (t >= at) & (t < end)
+        cores[sel] = rate[np.floor(t[sel] - at).astype(int) % len(rate)]
+    return Trace(trace.samples.assign(**{F.HOST_CPU: cores}), trace.lines, trace.runs)
 
 
 def cut(trace: Trace, end: float) -> Trace:
@@ -385,6 +403,26 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
         seen = replay([faulty])
         out.append(_fault_row(kind, when, onset, seen, run=0))
         _add_verdict(out[-1], faulty, onset, seen, run=0)
+    # the host side measured of real PyTorch processes (tests/data/real/host-cpu/): a process
+    # that rests on the host while its GPU idles, before the first iteration, is a hang at the
+    # short host-idle allowance; one that compiles is no hang however long it takes
+    resting = host_side(
+        splice(long, "idle_hang", first_iter), [(start, "train"), (first_iter, "rendezvous_hang")]
+    )
+    seen = replay([resting])
+    out.append(
+        _fault_row("idle_hang", "before its first iteration, its process resting on the host "
+                   "(measured: a rendezvous that never completes)", first_iter, seen, run=0)
+    )  # fmt: skip
+    compiled = host_side(
+        slow, [(start, "train"), (first_iter, "compile"), (first_iter + COMPILE_S, "train")]
+    )
+    seen = replay([compiled])
+    name = (
+        f"first step compiling silently {COMPILE_S:g} s, its process compiling on the host "
+        "(measured: torch.compile)"
+    )
+    out.append(_healthy_row(name, [compiled], seen.fired, seen.peak))
     restarts = [
         ("straggler", "restart, stored baseline by name", again.runs[0][0]),
         ("idle_hang", "restart that never reaches its first iteration", _first_iteration(again)),

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from detector import fields as F
+from detector import ingest
 from detector.ingest import KEY, NODE_INFO, Shard, queries
 from detector.synthetic import HEALTHY
 
@@ -78,24 +79,32 @@ def answers(c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True) -
 def gpu_answers(
     c: Cluster, shard: Shard | None, now: float, hpc_job: bool = True
 ) -> dict[str, bytes]:
-    """The per-GPU answers (one per DCGM field) of `answers`."""
-    idx = c.rows(shard)
+    """The per-GPU answers (one per DCGM field, and the GPU's processes on the host: about a
+    core where a rank runs, no series on a GPU with no job) of `answers`."""
+    idx = c.rows(shard).tolist()
+
+    def answer(rows: list[int], values: list[str]) -> bytes:
+        return vector_answer(
+            [
+                {
+                    "metric": {
+                        KEY: f"{c.node[i]},,{c.gpu[i]},{c.job[i] if hpc_job else ''},{MODEL}"
+                    },
+                    "value": [now, v],
+                }
+                for i, v in zip(rows, values, strict=True)
+            ]
+        )
+
     out = {}
     for q, expr in queries(shard).items():
         if q in F.DCGM_FIELDS:
             col = F.DCGM_FIELDS.index(q)
-            out[expr] = vector_answer(
-                [
-                    {
-                        "metric": {
-                            KEY: f"{c.node[i]},,{c.gpu[i]},{c.job[i] if hpc_job else ''},{MODEL}"
-                        },
-                        "value": [now, _num(c.values[i, col], q)],
-                    }
-                    for i in idx.tolist()
-                    if not np.isnan(c.values[i, col])
-                ]
-            )
+            rows = [i for i in idx if not np.isnan(c.values[i, col])]
+            out[expr] = answer(rows, [_num(c.values[i, col], q) for i in rows])
+        elif q == F.HOST_CPU:
+            rows = [i for i in idx if c.job[i]]
+            out[expr] = answer(rows, ["1.0"] * len(rows))
     return out
 
 
@@ -105,7 +114,7 @@ def job_answers(c: Cluster, shard: Shard | None, now: float) -> dict[str, bytes]
     idx = c.rows(shard)
     out = {}
     for q, expr in queries(shard).items():
-        if q in F.DCGM_FIELDS:
+        if q in ingest.GPU_COLUMNS:
             continue
         pairs = sorted({(c.job[i], c.node[i]) for i in idx.tolist() if c.job[i]})
         if q == NODE_INFO:

@@ -73,9 +73,17 @@ LAST_PAUSE = "goodput_job_last_pause_timestamp_seconds"
 SINCE_PAUSE = "goodput_job_since_pause_seconds"
 JOB_AGE = "goodput_job_age_seconds"  # derived by the engine: since it first saw the job
 PROGRESS: tuple[str, ...] = (ITER_SECONDS, STALL_SECONDS, SINCE_PAUSE, JOB_AGE)
-DERIVED: tuple[str, ...] = (STALL_SECONDS, SINCE_PAUSE, JOB_AGE)  # columns, not metrics
+
+# What the GPU's processes do on the host (the NVML exporter's counter: user + system seconds
+# of the processes holding the GPU and their descendants); the detector reads its rate in
+# cores, per GPU (derived: PromQL rate(), or per-GPU differences in a recording).
+HOST_CPU_COUNTER = "goodput_gpu_process_cpu_seconds_total"
+HOST_CPU = "goodput_gpu_process_cpu_cores"
+DERIVED: tuple[str, ...] = (STALL_SECONDS, SINCE_PAUSE, JOB_AGE, HOST_CPU)  # columns, not metrics
 
 GAUGE_NAMES: tuple[str, ...] = tuple(f.name for f in GAUGES)
-ALL_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS, THROTTLE) + PROGRESS
+ALL_FIELDS: tuple[str, ...] = (
+    GAUGE_NAMES + (XID_FIELD, *COUNTERS, THROTTLE) + PROGRESS + (HOST_CPU,)
+)
 DCGM_FIELDS: tuple[str, ...] = GAUGE_NAMES + (XID_FIELD, *COUNTERS, THROTTLE)
 UTIL = "DCGM_FI_DEV_GPU_UTIL"

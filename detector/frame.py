@@ -265,10 +265,13 @@ class Frame:
             with np.errstate(invalid="ignore"):
                 since = np.where(pause <= time, time - pause, np.nan)
             values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = since
+        node = df["node"].astype(str).to_numpy(dtype=object)
+        if F.HOST_CPU_COUNTER in df.columns and F.HOST_CPU not in df.columns:
+            cpu = pd.to_numeric(df[F.HOST_CPU_COUNTER], errors="coerce").to_numpy(dtype=float)
+            values[:, F.ALL_FIELDS.index(F.HOST_CPU)] = counter_rate(time, node, gpu, cpu)
         model = None
         if "modelName" in df.columns:
             model = df["modelName"].fillna("").astype(str).to_numpy(dtype=object)
-        node = df["node"].astype(str).to_numpy(dtype=object)
         return Frame.from_columns(time, node, gpu, job, values, host_map, model=model)
 
     def instants(self) -> list[np.ndarray]:
@@ -277,6 +280,31 @@ class Frame:
             return []
         cuts = np.flatnonzero(np.diff(self.time)) + 1
         return np.split(np.arange(len(self)), cuts)
+
+
+def counter_rate(
+    time: np.ndarray, node: np.ndarray, gpu: np.ndarray, counter: np.ndarray
+) -> np.ndarray:
+    """Per-second increase of a per-GPU counter since that GPU's previous sample (NaN for its
+    first sample, after a reset, or where either value is missing), in the rows' order.
+
+    >>> counter_rate(np.array([0, 5, 0, 5, 10.0]), np.array(["a", "a", "b", "b", "b"]),
+    ...              np.zeros(5), np.array([1, 6, 3, 3.5, 0.0]))
+    array([nan, 1. , nan, 0.1, nan])
+    """
+    out = np.full(len(time), np.nan)
+    if not len(time):
+        return out
+    key = pd.factorize(
+        pd.Series(node, dtype=object).astype(str) + "/" + pd.Series(gpu).astype(str)
+    )[0]
+    order = np.lexsort((time, key))
+    k, t, c = key[order], time[order], counter[order]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.diff(c) / np.diff(t)
+    ok = (k[1:] == k[:-1]) & (np.diff(t) > 0) & (rate >= 0)
+    out[order[1:][ok]] = rate[ok]
+    return out
 
 
 def _last_progress(jobs: pd.DataFrame) -> pd.DataFrame:

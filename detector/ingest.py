@@ -34,6 +34,8 @@ from detector.frame import JOB_RE, NODE_RE, Frame
 NODE_INFO = "goodput_slurm_job_node_info"
 KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
 PER_JOB = (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE)  # log-derived, one value per job
+GPU_COLUMNS = (*F.DCGM_FIELDS, F.HOST_CPU)  # per-GPU answers
+HOST_CPU_WINDOW = "30s"  # two samples at a 15 s scrape: a process that stops shows within it
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,12 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
         f'"{KEY}", ",", {labels}, "modelName"))'
         for name, names in spelled.items()
     }
+    # the GPU's processes on the host, in cores (the NVML exporter's counter; absent: NaN)
+    cpu = promql.selector(F.HOST_CPU_COUNTER, **gpu_sel)
+    out[F.HOST_CPU] = (
+        f'max by ({KEY}) (label_join(rate({cpu}[{HOST_CPU_WINDOW}]), "{KEY}", ",", {labels}, '
+        '"modelName"))'
+    )
     out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
     for name in PER_JOB:
         out[name] = f"max by (job_id) ({promql.selector(name, **job_sel)})"
@@ -94,10 +102,10 @@ def fetch(
     # the small answers are asked first: they wait while the fields decode
     calls: list[Callable[[], Any]] = [partial(client.raw, qs[NODE_INFO])]
     calls += [partial(client.column, qs[n], "job_id") for n in PER_JOB]
-    calls += [partial(client.column, qs[n], KEY) for n in F.DCGM_FIELDS]
+    calls += [partial(client.column, qs[n], KEY) for n in GPU_COLUMNS]
     answers = client.many(calls)
     info, *per_job_raw = [next(answers) for _ in range(1 + len(PER_JOB))]
-    for name, col in zip(F.DCGM_FIELDS, answers, strict=True):
+    for name, col in zip(GPU_COLUMNS, answers, strict=True):
         rows.add(F.ALL_FIELDS.index(name), *col)
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}

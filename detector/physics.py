@@ -51,6 +51,15 @@ alone, silently or past its bar, `if rank == 0: download(); barrier()`), as its 
 `never_started` (since / that allowance). Rank 0 stuck from the start looks the same: it is a
 hang once that allowance is spent; a stuck rank that is no main process is one at once.
 
+The host side (`goodput_gpu_process_cpu_cores`, the rate of the NVML exporter's counter of
+the GPU's processes and their children; absent: nothing changes): an idle GPU whose processes
+use `host_busy_cores` works on the host (a silent compile, a checkpoint load, rank 0
+preparing): its `idle_hang` allowance and its job's `never_started` one are at least
+`pause_allowance`, and ranks spinning while it works are in a live wait; a job all of whose
+GPUs that do not wait report at most `host_idle_cores` does nothing on the host either, and
+after a milestone has `host_idle_startup_s` for `startup_s` (a first batch and a compile are
+host work). Thresholds measured of real PyTorch processes (tests/data/real/host-cpu/).
+
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
 
@@ -404,8 +413,23 @@ class Physics(PerJob):
             if rule.wait:
                 waits |= hit
         idle_col, wait_col = len(ids) - 2, len(ids) - 1
+        # the host side (the GPU's processes and their children, in cores; NaN: not reported):
+        # an idle GPU whose processes work on the host (a silent compile, a checkpoint being
+        # unpickled, rank 0 tokenising) is alive; a job none of whose GPUs that do not wait
+        # for a rank (a spinning rank's host thread spins with it) shows host work is idle
+        host = frame.col(F.HOST_CPU)
+        with np.errstate(invalid="ignore"):
+            on_host = held & (host >= prior("host_busy_cores"))
+            rests = host <= prior("host_idle_cores")
+        own = ~waits
+        host_works = _share_of_job(instants, own & on_host) > 0
+        host_rests = (_share_of_job(instants, own) > 0) & (
+            _share_of_job(instants, own & ~rests) == 0
+        )
         base = np.where(np.isfinite(gap), gap, np.nan_to_num(step))
         allow = np.fmax(prior("idle_stall_floor_s"), prior("idle_stall_factor") * base)
+        if on_host.any():  # idle on the GPU while working on the host: a pause's allowance
+            allow = np.where(on_host, np.fmax(allow, self.pause_allowance(frame)), allow)
         idle = held & announced & np.isfinite(stall) & ~paused
         out[idle, idle_col] = stall[idle] / allow[idle]
         waiting = held & (~np.isfinite(stall) | paused) & ~(started & ~np.isfinite(step))
@@ -417,7 +441,7 @@ class Physics(PerJob):
         cols = np.array([ids.index(i) for i in dict.fromkeys(r.id for r in pri.rules if r.wait)])
         live = np.zeros(len(frame), dtype=bool)
         if after.any():
-            works = np.zeros(len(frame), dtype=bool)
+            works = on_host.copy()  # a rank that works on the host is alive too
             for alt in pri.working:
                 works |= holds(alt)
             # the log moves while it is silent for less than live_log_s, or than its own cadence
@@ -460,7 +484,9 @@ class Physics(PerJob):
             lone = ~waits & ~_first_of_node(frame, instants)
             by_main = pre & ~moving & (_share_of_job(instants, lone) == 0)
         since = np.where(paused, since_pause, age)
-        allow = self._startup_allowance(frame, prior, waiting | by_main, ready, since, instants)
+        allow = self._startup_allowance(
+            frame, prior, waiting | by_main, ready, since, instants, (host_works, host_rests)
+        )
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         bm = np.flatnonzero(by_main)
         share = np.nan_to_num(since[bm], nan=np.inf) / allow[bm]
@@ -478,15 +504,21 @@ class Physics(PerJob):
         ready: np.ndarray,
         since: np.ndarray,
         instants: np.ndarray,
+        host: tuple[np.ndarray, np.ndarray],
     ) -> np.ndarray:
         """never_started's allowance per row (meant for `rows`, the GPUs idle or waiting
-        before the job started): after a milestone (`ready`) the model's short one, or
+        before the job started): after a milestone (`ready`) the model's short one
+        (`host_idle_startup_s` for `startup_s` where the job's processes rest on the host:
+        `host` = (works, rests) per row, nothing compiles or loads), or
         max(`startup_floor_s`, `startup_factor` x the job's own start-up) where it was seen,
         stretched to `startup_factor` x the wait a run ended in (requeued as not started),
         at most `pause_allowance_s`, so a silent compile longer than the allowance costs one
         requeue, not a stop on the same verdict again; else the job's pause allowance
-        (`pause_allowance`). Notes the waits of `rows` on the way (`_note_waits`)."""
-        short = prior("startup_s") + prior("startup_per_doubling_s") * _log2_job_size(instants)
+        (`pause_allowance`), at least that where they work on the host. Notes the waits of
+        `rows` on the way (`_note_waits`)."""
+        works, rests = host
+        first = np.where(rests, prior("host_idle_startup_s"), prior("startup_s"))
+        short = first + prior("startup_per_doubling_s") * _log2_job_size(instants)
         seen = np.flatnonzero(rows & ready)
         if seen.size:
             jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
@@ -501,7 +533,9 @@ class Physics(PerJob):
             least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
             longest = np.broadcast_to(prior(PAUSE_ALLOWANCE), len(frame))[seen]
             short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
-        return np.where(ready, short, self.pause_allowance(frame))
+        pause = self.pause_allowance(frame)
+        allow = np.where(ready, short, pause)
+        return np.where(works, np.fmax(allow, pause), allow)
 
     def score(self, frame: Frame) -> np.ndarray:
         s = self._rules(frame)[0]

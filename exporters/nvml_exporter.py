@@ -8,6 +8,9 @@ per GPU in `DCGM_FI_DEV_XID_ERRORS`, a count per code in `DCGM_EXP_XID_ERRORS_CO
 on Hopper and newer the GPM ratios `DCGM_FI_PROF_SM_ACTIVE`, `DCGM_FI_PROF_SM_OCCUPANCY`,
 `DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, `DCGM_FI_PROF_DRAM_ACTIVE`, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
 (0..1, measured between two consecutive scrapes). A field the GPU does not support is left out.
+One counter of its own: `goodput_gpu_process_cpu_seconds_total`, the CPU time of the GPU's
+compute processes and their descendants (exporters/proctree.py), which tells a GPU idle while
+its process works on the host (a compile, a checkpoint load) from one whose process waits.
 
 Labels: `gpu`, `UUID`, `device` (nvidiaN), `modelName`, `pci_bus_id`, `Hostname` (Slurm node
 name: `$GOODPUT_NODE_NAME`, else the short host name), `DCGM_FI_DRIVER_VERSION`, and `hpc_job`
@@ -29,10 +32,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import names
+from exporters.proctree import tree_cpu_seconds
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19412
@@ -296,6 +300,16 @@ class NvmlCollector(Collector):
                             name, HELP.get(name, name), labels=labels
                         )
                     fam.add_metric(gl, float(value))
+            cpu = CounterMetricFamily(
+                "goodput_gpu_process_cpu_seconds",  # _total: prometheus_client adds it
+                "User and system CPU seconds of the processes using the GPU and their descendants.",
+                labels=labels,
+            )
+            for gpu in self.gpus:
+                seconds = self.host_cpu(gpu)
+                if seconds is not None:
+                    gl = gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
+                    cpu.add_metric(gl, seconds)
             xid_count = GaugeMetricFamily(
                 "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
             )
@@ -304,7 +318,14 @@ class NvmlCollector(Collector):
                 for xid, count in sorted(gpu.xids.items()):
                     xid_count.add_metric(gl + [str(xid)], count)
         yield from families.values()
+        yield cpu
         yield xid_count
+
+    def host_cpu(self, gpu: Gpu) -> float | None:
+        """CPU seconds of the GPU's compute processes and their descendants (None: no process,
+        or none visible here: an exporter in a container needs the host's PID namespace)."""
+        procs = self._try("nvmlDeviceGetComputeRunningProcesses", gpu.handle) or []
+        return tree_cpu_seconds(p.pid for p in procs)
 
     # ------------------------------------------------------------------ XID events
     def watch_xids(self, stop: threading.Event) -> None:

@@ -114,11 +114,20 @@ FIELDS: list[tuple[str, str, str]] = [
         "The rate of data received over the PCIe bus - including both protocol headers and "
         "data payloads - in bytes per second.",
     ),
+    # the NVML exporter's host-side counter (a node may run it beside dcgm-exporter): no
+    # sample while no process holds the GPU
+    (
+        "goodput_gpu_process_cpu_seconds_total",
+        "counter",
+        "User and system CPU seconds of the processes using the GPU and their descendants.",
+    ),
 ]
 FIELD_NAMES = [f[0] for f in FIELDS]
 INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}
 # Integer-valued fields are printed without a decimal point, as dcgm-exporter does.
-_FLOAT = {"DCGM_FI_DEV_POWER_USAGE"} | {n for n in FIELD_NAMES if n.startswith("DCGM_FI_PROF_")}
+_FLOAT = {"DCGM_FI_DEV_POWER_USAGE", "goodput_gpu_process_cpu_seconds_total"} | {
+    n for n in FIELD_NAMES if n.startswith("DCGM_FI_PROF_")
+}
 _IS_FLOAT = [name in _FLOAT for name in FIELD_NAMES]
 _HEADERS = [f"# HELP {n} {h}\n# TYPE {n} {t}\n" for n, t, h in FIELDS]
 # The one field a GPU that fell off the bus still reports (DCGM leaves the others blank).
@@ -152,8 +161,8 @@ def render_node(node: Node, host_label: str = "Hostname") -> bytes:
         name = FIELD_NAMES[i]
         is_float = _IS_FLOAT[i]
         for gpu, labels in gpus:
-            if gpu.off_bus and i not in OFF_BUS_FIELDS:
-                continue
+            if gpu.off_bus and i not in OFF_BUS_FIELDS or gpu.values[i] != gpu.values[i]:
+                continue  # off the bus, or NaN: not reported
             lines.append(f"{name}{labels} {_fmt(gpu.values[i], is_float)}\n")
         if lines:
             out.append(header)

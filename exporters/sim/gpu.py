@@ -11,7 +11,8 @@ from exporters.sim.dcgm import FIELD_NAMES, INDEX, label_string
 
 @dataclass(frozen=True)
 class Load:
-    """What the GPU is doing this tick: util %, ratios 0..1, power W, SM clock MHz, FB share."""
+    """What the GPU is doing this tick: util %, ratios 0..1, power W, SM clock MHz, FB share,
+    and the CPU cores its processes use on the host (NaN: no process holds the GPU)."""
 
     util: float
     sm: float
@@ -20,6 +21,7 @@ class Load:
     dram: float
     clock: float
     fb: float
+    host: float = 1.0
 
     def mix(self, other: Load, frac_other: float) -> Load:
         a, b = 1.0 - frac_other, frac_other
@@ -32,18 +34,23 @@ class Load:
 
 
 # Measured on one H200 (failures.md); NCCL_WAIT is a peer waiting in a collective (a few SMs busy).
-IDLE = Load(0, 0, 0, 81, 0, 345, 0.004)
-EXITED = Load(0, 0, 0, 124, 0, 1980, 0.004)  # just after the process ended, before power settles
+# Host cores as measured of real PyTorch processes (tests/data/real/host-cpu/): a process that
+# works (start-up, a save, the training loop's host thread, a synchronize that spins while a
+# rank waits) about a core; one stuck on the host (HOST_STALL) under 0.01.
+NO_PROCESS = float("nan")
+IDLE = Load(0, 0, 0, 81, 0, 345, 0.004, NO_PROCESS)
+EXITED = Load(0, 0, 0, 124, 0, 1980, 0.004, NO_PROCESS)  # the process ended, power settling
 INIT = Load(0, 0, 0, 124, 0.01, 1980, 0.35)  # process alive, NCCL init / data loading
 TRAIN = Load(99, 0.96, 0.72, 690, 0.55, 1530, 0.74)
 NAN = Load(99, 0.96, 0.70, 630, 0.52, 1560, 0.74)
 EVAL = Load(97, 0.85, 0.55, 520, 0.45, 1700, 0.74)
 CKPT = Load(0, 0.0, 0.0, 135, 0.0, 1980, 0.74)  # a save: 0 % at 128-147 W (measured)
 SPIN = Load(100, 0.008, 0.0, 125, 0.0, 1980, 0.74)
-HOST_STALL = Load(0, 0, 0, 124, 0, 1980, 0.74)
+HOST_STALL = Load(0, 0, 0, 124, 0, 1980, 0.74, 0.005)
 NCCL_WAIT = Load(100, 0.12, 0.0, 180, 0.05, 1980, 0.74)
 THROTTLED = Load(99, 0.95, 0.70, 470, 0.50, 1100, 0.74)
 
+HOST_CPU = "goodput_gpu_process_cpu_seconds_total"
 _BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
 THROTTLE_SW_POWER_CAP = 0x4
 THROTTLE_HW_THERMAL = 0x40
@@ -135,6 +142,11 @@ class GPU:
         v[INDEX["DCGM_FI_PROF_PCIE_RX_BYTES"]] = round(3.5e8 * load.dram + 1.5e6)
         for name in _COUNTER_FIELDS:
             v[INDEX[name]] = c[name]
+        if load.host == load.host:  # a process holds the GPU: its CPU time grows
+            c[HOST_CPU] += max(0.0, load.host * (1 + j(0, 0.02))) * dt
+            v[INDEX[HOST_CPU]] = c[HOST_CPU]
+        else:  # none: no sample; the next process counts from zero
+            c[HOST_CPU], v[INDEX[HOST_CPU]] = 0.0, NO_PROCESS
 
     def _degrade(self, dt: float, rng: random.Random) -> None:
         d = self.degrade or {}

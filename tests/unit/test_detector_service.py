@@ -11,6 +11,7 @@ import pytest
 from bench.scale_data import Cluster, answers
 from clients.prometheus import PromClient, PromError
 from detector import fields as F
+from detector import ingest
 from detector.baselines import BaselineStore
 from detector.ingest import KEY, Shard, fetch, queries
 from detector.service import Service, ServiceConfig
@@ -60,7 +61,7 @@ def test_query_count_does_not_grow_with_jobs_or_gpus(tmp_path):
         svc = make(tmp_path, answers(cluster(jobs), None, 1000.0))
         assert svc.cycle(now=1000.0)
         counts.append(svc.client.calls)
-    assert counts[0] == counts[1] == len(F.DCGM_FIELDS) + 4  # + node info, 3 per-job values
+    assert counts[0] == counts[1] == len(ingest.GPU_COLUMNS) + 4  # + node info, 3 per-job values
 
 
 def test_scores_exposed_bounded_and_joined_by_node(tmp_path):

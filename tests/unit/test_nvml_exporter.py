@@ -23,8 +23,14 @@ class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's name
     pass
 
 
-def fake_nvml(n_gpus: int = 2, xids: list[int] | None = None) -> types.SimpleNamespace:
+def fake_nvml(
+    n_gpus: int = 2, xids: list[int] | None = None, pids: dict[int, list[int]] | None = None
+) -> types.SimpleNamespace:
     events = list(xids or [])
+    procs = {
+        h: [types.SimpleNamespace(pid=p, usedGpuMemory=2**30) for p in ps]
+        for h, ps in (pids or {}).items()
+    }
 
     def unsupported(*_):
         raise NVMLError("Not Supported")
@@ -62,6 +68,7 @@ def fake_nvml(n_gpus: int = 2, xids: list[int] | None = None) -> types.SimpleNam
         nvmlDeviceGetRetiredPagesPendingStatus=unsupported,
         nvmlDeviceGetRemappedRows=lambda h: (2, 0, 1, 0),
         nvmlGpmQueryDeviceSupport=unsupported,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: procs.get(h, []),
         nvmlEventSetCreate=lambda: "es",
         nvmlDeviceRegisterEvents=lambda h, t, es: None,
         nvmlEventSetWait_v2=wait,
@@ -93,6 +100,32 @@ def test_dcgm_names_and_labels():
     assert v("DCGM_FI_DEV_XID_ERRORS") == 0
     assert v("DCGM_FI_DEV_ENC_UTIL") is None  # not supported: left out, not zero
     assert v("DCGM_FI_DEV_RETIRED_DBE") is None
+
+
+def test_the_gpus_processes_on_the_host():
+    """GPU 0 held by a real process that waits for its working child (a compile worker): its
+    CPU seconds grow; GPU 1, held by no process, has no series (not a zero)."""
+    burn = "import time\nwhile time.process_time() < 60: pass"
+    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])"
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        c = NvmlCollector(fake_nvml(pids={0: [p.pid]}), hostname="node7")
+        reg = CollectorRegistry()
+        reg.register(c)
+        name = "goodput_gpu_process_cpu_seconds_total"
+
+        def on(gpu: str) -> float | None:
+            return {
+                s.labels["gpu"]: s.value for f in reg.collect() for s in f.samples if s.name == name
+            }.get(gpu)
+
+        first = on("0")
+        threading.Event().wait(1.0)
+        assert first is not None and on("0") - first > 0.3
+        assert on("1") is None
+    finally:
+        p.kill()
+        p.wait()
 
 
 def watch_until_two_xids(c: NvmlCollector) -> bool:
