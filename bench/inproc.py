@@ -173,11 +173,13 @@ class Harness:
         return {n.name: n.jobs[0] for n in self.sim.cluster.nodes.values() if len(n.jobs) == 1}
 
     def _host_cores(self, det: pd.DataFrame) -> np.ndarray:
-        """Each GPU's host CPU counter as a rate since the last sample (what the service's
-        rate() reads at this scrape interval; NaN at a GPU's first sample)."""
+        """Each GPU's host CPU counter as the service reads it, irate(): its increase since
+        the GPU's previous sample, per second (NaN at its first)."""
         cols = ["time", "node", "gpu", F.HOST_CPU_COUNTER]
-        both = pd.concat([x for x in (self._cpu_last, det[cols]) if x is not None])
+        both = pd.concat([x for x in (self._cpu_last, det[cols]) if x is not None and len(x)])
         self._cpu_last = det[cols]
+        if not len(det):
+            return np.full(0, np.nan)
         rate = counter_rate(
             both["time"].to_numpy(dtype=float),
             both["node"].to_numpy(dtype=object),

@@ -39,6 +39,7 @@ from recovery.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "real" / "h200-healthy-ckpt"
 HOST = ROOT / "tests" / "data" / "real" / "host-cpu" / "host_cpu.csv"
+SCRAPE_S = 15.0  # the exporters' scrape interval in production (the simulator's is 5 s)
 NODE, GPU, JOB, NAME, MODEL = "h200", 0, "700001", "real-mlp", "NVIDIA H200"
 INTERVAL_S = 5.0
 DETECTION = (
@@ -185,17 +186,25 @@ def long_saves(trace: Trace, save_s: float, count: int) -> Trace:
 def host_side(trace: Trace, phases: list[tuple[float, str]]) -> Trace:
     """The GPU's processes on the host as measured of real PyTorch processes (`HOST`): from
     each (time, phase) on, that phase's per-second readings after its first 5 s (its imports),
-    repeated, in cores (what the detector reads of the NVML exporter's counter)."""
+    repeated; read as the detector reads the NVML exporter's counter at a 15 s scrape, its
+    irate(): the mean over the trailing `SCRAPE_S` (NaN before the first phase)."""
     rec = pd.read_csv(HOST)
-    t = trace.samples.t.to_numpy()
-    cores = np.full(len(t), np.nan)
+    t0, end = phases[0][0], float(trace.samples.t.max())
+    seconds = np.arange(t0, end + 1.0, 1.0)
+    per_s = np.zeros(len(seconds))
     for k, (at, phase) in enumerate(phases):
         r = rec[rec.phase == phase]
         ts, cpu = r.t_s.to_numpy(), r.cpu_seconds.to_numpy()
         rate = (np.diff(cpu) / np.diff(ts))[ts[:-1] >= 5.0]
-        end = phases[k + 1][0] if k + 1 < len(phases) else np.inf
-        sel = (t >= at) & (t < end)
-        cores[sel] = rate[np.floor(t[sel] - at).astype(int) % len(rate)]
+        until = phases[k + 1][0] if k + 1 < len(phases) else np.inf
+        sel = (seconds >= at) & (seconds < until)
+        per_s[sel] = rate[np.floor(seconds[sel] - at).astype(int) % len(rate)]
+    done = np.r_[0.0, np.cumsum(per_s)]  # CPU seconds by each whole second from t0
+    t = trace.samples.t.to_numpy()
+    k = np.clip(np.floor(t - t0), 0, len(per_s)).astype(int)
+    lo = np.maximum(k - int(SCRAPE_S), 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cores = np.where((t >= t0) & (k > lo), (done[k] - done[lo]) / (k - lo), np.nan)
     return Trace(trace.samples.assign(**{F.HOST_CPU: cores}), trace.lines, trace.runs)
 
 

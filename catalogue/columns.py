@@ -38,6 +38,7 @@ class Columns:
     ids: dict[str, tuple[str, ...]]  # role -> spellings (canonical first)
     long: dict[str, tuple[str, ...]]  # name | value -> spellings
     fields: dict[str, tuple[str, float]]  # alias -> (dcgm-exporter field, scale)
+    own: tuple[str, ...] = ()  # Goodput's own per-GPU columns, read as themselves
 
     def role(self, header: object) -> str | None:
         h = clean(header)
@@ -52,7 +53,7 @@ class Columns:
         h = clean(header)
         if h in self.fields:
             return self.fields[h]
-        return (h, 1.0) if h.startswith(DCGM_PREFIX) else None
+        return (h, 1.0) if h.startswith(DCGM_PREFIX) or h in self.own else None
 
     def accepted(self, role: str) -> str:
         """The spellings of one role, for an error message."""
@@ -87,7 +88,8 @@ def load(path: Path = PATH) -> Columns:
             if n in seen or n in fields:
                 raise CatalogueError(f"{where}: {n!r} is listed twice ({seen.get(n, 'fields')})")
             seen[n] = role
-    return Columns(ids, long, fields)
+    own = tuple(str(n) for n in doc.get("own") or ())
+    return Columns(ids, long, fields, own)
 
 
 @lru_cache(maxsize=1)

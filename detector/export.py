@@ -5,7 +5,8 @@ What is read (range queries on one step grid, chunked under Prometheus' 11,000 p
   `hpc_job` is the job;
 - every `DCGM_FI_*` series of those nodes (`Hostname` or `hostname`), all GPUs, so peers and
   idle GPUs are there too; a row's `job_id` is its `hpc_job`, else the job while Slurm placed it
-  on that node;
+  on that node; and, where exported, the GPUs' processes on the host in cores (irate of the NVML
+  exporter's `goodput_gpu_process_cpu_seconds_total`, as the detector reads it);
 - the job's `goodput_job_*` log metrics (max over ranks).
 Logs are copied from a log directory laid out as on the local stack (`jobs/slurm-<id>.out`,
 `kernel/<node>.log`) when one is given. No `truth.json`: ground truth is not known.
@@ -24,6 +25,7 @@ from typing import Any
 
 from catalogue import logfiles, names, promql, recording
 from clients.prometheus import PromClient, PromError
+from detector import fields as F
 from detector.frame import JOB_RE, NODE_RE
 
 FORMAT = recording.FORMAT
@@ -125,6 +127,14 @@ def export_recording(
                     row["job_id"] = job_id
     if not gpu_rows:
         raise ExportError(f"job {job_id}: no DCGM_FI_* series for nodes {nodes} in the range")
+    for host in HOST_LABELS:  # the GPUs' processes on the host, as the detector reads them
+        cpu = promql.selector(F.HOST_CPU_COUNTER, **{host: nodes})
+        for labels, values in _range(prom, f"irate({cpu}[{F.HOST_CPU_WINDOW_S:.0f}s])", *grid):
+            node, gpu = labels.get(host, ""), labels.get("gpu", "")
+            for t, v in values:
+                if (t, node, gpu) in gpu_rows:
+                    gpu_rows[(t, node, gpu)][F.HOST_CPU] = v
+                    fields.add(F.HOST_CPU)
 
     job_rows: dict[float, dict[str, float]] = defaultdict(dict)
     for metric in JOB_METRICS:

@@ -79,6 +79,9 @@ PROGRESS: tuple[str, ...] = (ITER_SECONDS, STALL_SECONDS, SINCE_PAUSE, JOB_AGE)
 # cores, per GPU (derived: PromQL rate(), or per-GPU differences in a recording).
 HOST_CPU_COUNTER = "goodput_gpu_process_cpu_seconds_total"
 HOST_CPU = "goodput_gpu_process_cpu_cores"
+# read as irate() over this window: the latest two samples (a change shows a scrape later),
+# of the 4 a 15 s scrape keeps in it (a missed scrape leaves no gap)
+HOST_CPU_WINDOW_S = 60.0
 DERIVED: tuple[str, ...] = (STALL_SECONDS, SINCE_PAUSE, JOB_AGE, HOST_CPU)  # columns, not metrics
 
 GAUGE_NAMES: tuple[str, ...] = tuple(f.name for f in GAUGES)

@@ -283,27 +283,31 @@ class Frame:
 
 
 def counter_rate(
-    time: np.ndarray, node: np.ndarray, gpu: np.ndarray, counter: np.ndarray
+    time: np.ndarray,
+    node: np.ndarray,
+    gpu: np.ndarray,
+    counter: np.ndarray,
+    window_s: float = F.HOST_CPU_WINDOW_S,
 ) -> np.ndarray:
-    """Per-second increase of a per-GPU counter since that GPU's previous sample (NaN for its
-    first sample, after a reset, or where either value is missing), in the rows' order.
+    """Per-second increase of a per-GPU counter between the GPU's previous sample (at most
+    `window_s` earlier) and this one, as Prometheus' irate() reads it; NaN for a GPU's first
+    sample, after a gap, across a reset, or where a value is missing; in the rows' order.
 
-    >>> counter_rate(np.array([0, 5, 0, 5, 10.0]), np.array(["a", "a", "b", "b", "b"]),
-    ...              np.zeros(5), np.array([1, 6, 3, 3.5, 0.0]))
-    array([nan, 1. , nan, 0.1, nan])
+    >>> counter_rate(np.array([0, 5, 0, 5, 70.0]), np.array(["a", "a", "b", "b", "b"]),
+    ...              np.zeros(5), np.array([1, 6, 3, 3.5, 9.5]), window_s=60).tolist()
+    [nan, 1.0, nan, 0.1, nan]
     """
     out = np.full(len(time), np.nan)
-    if not len(time):
+    rows = np.flatnonzero(np.isfinite(counter) & np.isfinite(time))
+    if not len(rows):
         return out
-    key = pd.factorize(
-        pd.Series(node, dtype=object).astype(str) + "/" + pd.Series(gpu).astype(str)
-    )[0]
-    order = np.lexsort((time, key))
+    ncodes = pd.factorize(np.asarray(node, dtype=object))[0]
+    key = ncodes * 1000 + np.asarray(gpu, dtype=np.int64)  # GPU indexes are 0..999
+    order = rows[np.lexsort((time[rows], key[rows]))]
     k, t, c = key[order], time[order], counter[order]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.diff(c) / np.diff(t)
-    ok = (k[1:] == k[:-1]) & (np.diff(t) > 0) & (rate >= 0)
-    out[order[1:][ok]] = rate[ok]
+    dt, dc = np.diff(t), np.diff(c)
+    ok = (k[1:] == k[:-1]) & (dt > 0) & (dt <= window_s) & (dc >= 0)
+    out[order[1:][ok]] = dc[ok] / dt[ok]
     return out
 
 

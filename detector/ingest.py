@@ -35,7 +35,7 @@ NODE_INFO = "goodput_slurm_job_node_info"
 KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
 PER_JOB = (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE)  # log-derived, one value per job
 GPU_COLUMNS = (*F.DCGM_FIELDS, F.HOST_CPU)  # per-GPU answers
-HOST_CPU_WINDOW = "30s"  # two samples at a 15 s scrape: a process that stops shows within it
+HOST_CPU_WINDOW = f"{F.HOST_CPU_WINDOW_S:.0f}s"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class Shard:
 
 
 def queries(shard: Shard | None = None) -> dict[str, str]:
-    """field -> PromQL, for this cycle's fixed set (the DCGM fields, node info, progress)."""
+    """field -> PromQL, for this cycle's fixed set (the DCGM fields, the GPUs' processes on
+    the host, node info, progress)."""
     # a shard reads its jobs' GPUs and the GPUs with no job (no label: matched by "")
     gpu_sel: dict[str, Any] = {"goodput_shard": [str(shard.index), ""]} if shard else {}
     job_sel = {"goodput_shard": str(shard.index)} if shard else {}
@@ -75,7 +76,7 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
     # the GPU's processes on the host, in cores (the NVML exporter's counter; absent: NaN)
     cpu = promql.selector(F.HOST_CPU_COUNTER, **gpu_sel)
     out[F.HOST_CPU] = (
-        f'max by ({KEY}) (label_join(rate({cpu}[{HOST_CPU_WINDOW}]), "{KEY}", ",", {labels}, '
+        f'max by ({KEY}) (label_join(irate({cpu}[{HOST_CPU_WINDOW}]), "{KEY}", ",", {labels}, '
         '"modelName"))'
     )
     out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)

@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import names
-from exporters.proctree import tree_cpu_seconds
+from exporters.proctree import PROC, Snapshot
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19412
@@ -119,15 +119,22 @@ class Gpu:
     gpm_sample: Any = None
     last_xid: int = 0
     xids: dict[int, int] = field(default_factory=dict)
+    cpu_raw: float | None = None  # its processes' CPU seconds at the last scrape
+    cpu_total: float = 0.0  # the counter: what they gained, scrape by scrape
 
 
 class NvmlCollector(Collector):
     """Reads every GPU at scrape time; XID events arrive on a background thread."""
 
     def __init__(
-        self, nvml: ModuleType, hostname: str | None = None, job_map_dir: Path | None = None
+        self,
+        nvml: ModuleType,
+        hostname: str | None = None,
+        job_map_dir: Path | None = None,
+        proc: Path = PROC,
     ) -> None:
         self.nvml = nvml
+        self.proc = proc  # /proc: the processes' CPU time (`host_cpu`)
         self.hostname = (
             hostname or os.environ.get("GOODPUT_NODE_NAME") or (socket.gethostname().split(".")[0])
         )
@@ -289,43 +296,72 @@ class NvmlCollector(Collector):
     def collect(self) -> Iterator:
         labels = LABELS + (["hpc_job"] if self.job_map_dir is not None else [])
         families: dict[str, GaugeMetricFamily] = {}
+        cpu = CounterMetricFamily(
+            "goodput_gpu_process_cpu_seconds",  # _total: prometheus_client adds it
+            "User and system CPU seconds of the processes using the GPU and their descendants.",
+            labels=labels,
+        )
+        xid_count = GaugeMetricFamily(
+            "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
+        )
         with self._lock:
+            gls = {  # each GPU's labels, read once a scrape (the job mapping may change)
+                gpu.index: gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
+                for gpu in self.gpus
+            }
             for gpu in self.gpus:
-                values = self.read(gpu)
-                gl = gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
-                for name, value in values.items():
+                for name, value in self.read(gpu).items():
                     fam = families.get(name)
                     if fam is None:
                         fam = families[name] = GaugeMetricFamily(
                             name, HELP.get(name, name), labels=labels
                         )
-                    fam.add_metric(gl, float(value))
-            cpu = CounterMetricFamily(
-                "goodput_gpu_process_cpu_seconds",  # _total: prometheus_client adds it
-                "User and system CPU seconds of the processes using the GPU and their descendants.",
-                labels=labels,
-            )
+                    fam.add_metric(gls[gpu.index], float(value))
+            for index, seconds in self.host_cpu().items():
+                cpu.add_metric(gls[index], seconds)
             for gpu in self.gpus:
-                seconds = self.host_cpu(gpu)
-                if seconds is not None:
-                    gl = gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
-                    cpu.add_metric(gl, seconds)
-            xid_count = GaugeMetricFamily(
-                "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
-            )
-            for gpu in self.gpus:
-                gl = gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
                 for xid, count in sorted(gpu.xids.items()):
-                    xid_count.add_metric(gl + [str(xid)], count)
+                    xid_count.add_metric(gls[gpu.index] + [str(xid)], count)
         yield from families.values()
         yield cpu
         yield xid_count
 
-    def host_cpu(self, gpu: Gpu) -> float | None:
-        """CPU seconds of the GPU's compute processes and their descendants (None: no process,
-        or none visible here: an exporter in a container needs the host's PID namespace)."""
-        procs = self._try("nvmlDeviceGetComputeRunningProcesses", gpu.handle) or []
-        return tree_cpu_seconds(p.pid for p in procs)
+    def host_cpu(self) -> dict[int, float]:
+        """Each GPU's host-side counter: CPU seconds of its compute processes and their
+        descendants, from one /proc snapshot; a process NVML lists on several GPUs (a rank
+        that also made a context on GPU 0) belongs to the one where it holds the most memory,
+        and a tree stops at another GPU's process (rank 0 as the parent of the node's other
+        ranks). Kept monotonic (a process that leaves a tree takes its time with it: the drop
+        is not counted, so Prometheus sees no reset). No entry for a GPU no process holds, or
+        whose processes are not visible (an exporter in a container needs the host's PIDs)."""
+        owner: dict[int, tuple[int, float]] = {}  # pid -> (GPU index, memory it holds there)
+        for gpu in self.gpus:
+            for p in self._try("nvmlDeviceGetComputeRunningProcesses", gpu.handle) or []:
+                mem = float(getattr(p, "usedGpuMemory", None) or 0)
+                if p.pid not in owner or mem > owner[p.pid][1]:
+                    owner[p.pid] = (gpu.index, mem)
+        if not owner:
+            raw: dict[int, float | None] = {}
+        else:
+            snap = Snapshot.take(self.proc)
+            tree = snap.children()
+            raw = {
+                gpu.index: snap.tree_seconds(
+                    [p for p, (g, _) in owner.items() if g == gpu.index],
+                    [p for p, (g, _) in owner.items() if g != gpu.index],
+                    tree,
+                )
+                for gpu in self.gpus
+            }
+        out = {}
+        for gpu in self.gpus:
+            now = raw.get(gpu.index)
+            if now is not None:
+                if gpu.cpu_raw is not None:
+                    gpu.cpu_total += max(0.0, now - gpu.cpu_raw)
+                out[gpu.index] = gpu.cpu_total
+            gpu.cpu_raw = now
+        return out
 
     # ------------------------------------------------------------------ XID events
     def watch_xids(self, stop: threading.Event) -> None:

@@ -85,6 +85,9 @@ missing = [n for n in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_
                        "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS") if n not in {f.name for f in fams}]
 gpm = [f.name for f in fams if f.name.startswith("DCGM_FI_PROF_")]
 print("GPM (Hopper+) families:", gpm or "none")
+cpu = [s for f in fams if f.name == "goodput_gpu_process_cpu_seconds" for s in f.samples]
+print("host CPU of the GPUs' processes:", {s.labels["gpu"]: s.value for s in cpu} or
+      "none (no process held a GPU, or none was visible in this PID namespace)")
 print("RESULT:", "OK" if dcgm and not missing else f"MISSING {missing}")
 PYEOF
 echo "outputs in $OUT"

@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from detector.replay import load
 from tests.conftest import wait_until
@@ -50,6 +51,16 @@ class _Target:
                 power.add_metric(labels, 650.0 + 10 * gpu)
         yield util
         yield power
+        # the NVML exporter's host-side counter: GPU 0's processes burn a core, the others rest
+        cpu = CounterMetricFamily("goodput_gpu_process_cpu_seconds", "cpu", labels=names)
+        for node in NODES:
+            for gpu in range(4):
+                busy = time.time() - self.t0 if gpu == 0 else 0.001 * gpu
+                cpu.add_metric(
+                    [str(gpu), node, JOB if node == NODES[0] else "", f"GPU-{node}-{gpu}", MODEL],
+                    busy,
+                )
+        yield cpu
         info = GaugeMetricFamily(
             "goodput_slurm_job_node_info", "job->node", labels=["job_id", "job_name", "node"]
         )
@@ -133,9 +144,15 @@ def test_export_writes_a_recording_replay_can_read(prometheus_url, target, tmp_p
     assert len(jobs) >= 3 and jobs.goodput_job_iteration.is_monotonic_increasing
     lag = jobs.timestamp - jobs.goodput_job_last_progress_timestamp_seconds
     assert lag.abs().max() < 10  # unix seconds kept at full precision (max over ranks)
+    # the GPUs' processes on the host, in cores, as the detector reads them (irate)
+    host = gpu.dropna(subset=["goodput_gpu_process_cpu_cores"])
+    assert len(host) and host[host.gpu == 0].goodput_gpu_process_cpu_cores.between(0.8, 1.2).all()
+    assert (host[host.gpu > 0].goodput_gpu_process_cpu_cores < 0.01).all()
     frame, names, interval = load(out)
     assert set(frame.job) == {JOB} and names == {JOB: "export-test"} and interval == 2.0
     assert set(frame.models) == {MODEL}  # dcgm's label kept: replay uses the model's priors
+    cores = frame.col("goodput_gpu_process_cpu_cores")
+    assert np.nanmin(cores[frame.gpu == 0]) > 0.8  # replay reads the column
 
 
 def test_export_errors_are_clear(prometheus_url, tmp_path):

@@ -208,6 +208,16 @@ def test_the_gpu_model_reaches_the_frame(tmp_path):
     assert set(frame.models) == {"NVIDIA H200"} and len(frame.take(np.arange(3)).models) == 3
 
 
+def test_the_gpus_processes_on_the_host_reach_the_frame():
+    """The host-side counter's irate (one query, keyed per GPU like the fields) becomes the
+    frame's column: a core on every GPU that runs a job (scale_data's answer), none else."""
+    assert "irate(goodput_gpu_process_cpu_seconds_total" in queries()[F.HOST_CPU]
+    c = Cluster.make(16, idle=0.5, seed=3)
+    frame, _ = fetch(Recorded(answers(c, None, 1000.0)), now=1000.0)
+    host = frame.col(F.HOST_CPU)
+    assert (host[frame.job != ""] == 1.0).all() and np.isnan(host[frame.job == ""]).all()
+
+
 def test_fetch_follows_a_new_join_or_new_gpus_from_one_cycle_to_the_next():
     """The label split is reused between cycles only while nothing it reads changed: the same
     GPUs with another job -> node join, or other GPUs, give the frame of a first fetch."""

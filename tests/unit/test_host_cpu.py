@@ -17,6 +17,7 @@ import pytest
 
 import catalogue.priors as P
 from detector import fields as F
+from detector import replay
 from detector.frame import Frame, counter_rate
 from detector.physics import Physics
 from detector.synthetic import healthy_frame
@@ -148,8 +149,10 @@ def test_ranks_waiting_for_one_that_works_on_the_host_are_alive() -> None:
     assert (Physics().score(f)[1:] == 2.0).all()
 
 
-def test_a_recording_carries_the_counter_and_the_frame_reads_cores() -> None:
-    """The exporter's counter in a recording (goodput import/replay) becomes cores per GPU."""
+@pytest.mark.parametrize("as_file", [False, True])
+def test_a_recording_carries_the_counter_and_the_frame_reads_cores(tmp_path, as_file) -> None:
+    """The exporter's counter in a recording, or in a file `goodput replay` reads (its own
+    name, catalogue/columns.yaml `own`), becomes cores per GPU."""
     rec = pd.read_csv(FIXTURE)
     rec = rec[rec.phase.isin(["train", "pipe_read_hang"])]
     df = pd.DataFrame(
@@ -157,10 +160,15 @@ def test_a_recording_carries_the_counter_and_the_frame_reads_cores() -> None:
             "time": 1.7e9 + rec.t_s.round(),
             "node": "node1",
             "gpu": (rec.phase == "pipe_read_hang").astype(int),
+            "DCGM_FI_DEV_GPU_UTIL": 0.0,
             F.HOST_CPU_COUNTER: rec.cpu_seconds,
         }
     )
-    f = Frame.from_dataframe(df)
+    if as_file:
+        df.rename(columns={"time": "timestamp"}).to_csv(tmp_path / "gpu.csv", index=False)
+        f = replay.load(tmp_path / "gpu.csv")[0]
+    else:
+        f = Frame.from_dataframe(df)
     late = f.time >= f.time.min() + 5
     host = f.col(F.HOST_CPU)
     assert np.nanmin(host[late & (f.gpu == 0)]) > 0.9

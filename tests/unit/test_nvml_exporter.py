@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.nvml_exporter import NvmlCollector
+from exporters.proctree import TICK
 
 
 class NVMLError(Exception):
@@ -126,6 +127,46 @@ def test_the_gpus_processes_on_the_host():
     finally:
         p.kill()
         p.wait()
+
+
+def _proc(root: Path, procs: dict[int, tuple[int, int]]) -> None:
+    """A /proc of `procs` (pid -> (parent, utime ticks)); what is not listed is gone."""
+    for d in root.iterdir():
+        (d / "stat").unlink()
+        d.rmdir()
+    for pid, (ppid, ticks) in procs.items():
+        (root / str(pid)).mkdir()
+        rest = " ".join(["0"] * 9 + [str(ticks), "0", "0", "0", "20", "0", "1"])
+        (root / str(pid) / "stat").write_text(f"{pid} (python3) S {ppid} {rest}\n")
+
+
+def test_each_gpu_counts_its_own_ranks_and_the_counter_only_grows(tmp_path: Path):
+    """Rank 0 (GPU 0) is the parent of rank 1 (GPU 1, which also made a small context on GPU
+    0): GPU 0 counts rank 0 and its worker, not rank 1's tree. A worker that leaves the tree
+    (orphaned) takes its time away: the counter holds, then grows again (no reset for
+    Prometheus to read as thousands of cores)."""
+    pids = {0: [(10, 2**33), (20, 2**28)], 1: [(20, 2**34)]}
+    nvml = fake_nvml(pids={})
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in pids[h]
+    ]
+    c = NvmlCollector(nvml, hostname="node7", proc=tmp_path)
+    _proc(tmp_path, {1: (0, 0), 10: (1, 100), 11: (10, 50), 20: (10, 1000), 21: (20, 300)})
+    assert c.host_cpu() == {0: 0.0, 1: 0.0}  # first sight: nothing gained yet
+    _proc(
+        tmp_path,
+        {1: (0, 0), 10: (1, 100 + TICK), 11: (10, 50), 20: (10, 1000 + 3 * TICK), 21: (20, 300)},
+    )
+    assert c.host_cpu() == {0: 1.0, 1: 3.0}  # rank 1's 3 s are GPU 1's alone
+    _proc(
+        tmp_path,
+        {1: (0, 0), 10: (1, 100 + TICK), 11: (1, 50), 20: (10, 1000 + 3 * TICK), 21: (20, 300)},
+    )
+    assert c.host_cpu()[0] == 1.0  # the worker left rank 0's tree: no drop
+    _proc(tmp_path, {1: (0, 0), 10: (1, 100 + 2 * TICK), 20: (10, 1000 + 3 * TICK), 21: (20, 300)})
+    assert c.host_cpu() == {0: 2.0, 1: 3.0}
+    pids[0], pids[1] = [], []
+    assert c.host_cpu() == {}  # no process: no series
 
 
 def watch_until_two_xids(c: NvmlCollector) -> bool:

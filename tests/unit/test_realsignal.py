@@ -6,9 +6,11 @@ that never reached its first iteration took the model's 120 s allowance (163 s t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench import realsignal as R
+from detector import fields as F
 from detector.baselines import BaselineStore
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -28,8 +30,8 @@ def test_the_trace_loads_as_recorded() -> None:
 
 def test_healthy_real_runs_raise_nothing(rows) -> None:
     healthy = [r for r in rows.values() if r["kind"] == "healthy"]
-    assert len(healthy) == 5  # the recorded runs, a 10-min job, it restarted, a slow compile,
-    # long saves (the alerts after the first save)
+    assert len(healthy) == 6  # the recorded runs, a 10-min job, it restarted, a slow compile
+    # (its restart), a slow compile with its host side measured, long saves (after the first)
     for r in healthy:
         assert r["false_alerts"] == [], r
 
@@ -39,9 +41,39 @@ def test_a_slow_first_step_costs_one_requeue_not_its_restart(rows) -> None:
     a start-up that never ends (the price), and the run is requeued; its restart compiles as
     long and raises nothing: the requeued run's wait left it 3x that. Before, the restart was
     flagged on the same allowance again (and the same verdict twice stops the job)."""
-    (r,) = [r for name, r in rows.items() if "compiling silently" in name]
+    (r,) = [r for name, r in rows.items() if "compiling silently" in name and "requeued" in name]
     assert r["requeued_run_alert"] == "GoodputJobAnomaly" and r["requeued_run_alert_s"] < 180
     assert r["false_alerts"] == []  # the restart
+
+
+def test_the_host_side_tells_a_silent_compile_from_a_start_up_that_never_ends(rows) -> None:
+    """The H200 trace with the host side of its process as measured of real PyTorch processes
+    (tests/data/real/host-cpu): the same 200 s silent compile, its process compiling on the
+    host, raises nothing (without the reading it is taken for a hang at 163 s, above); a
+    start-up that never ends, its process resting on the host (a rendezvous that never
+    completes), is caught within the 45 s target (163 s without the reading)."""
+    (ok,) = [r for name, r in rows.items() if "its process compiling on the host" in name]
+    assert ok["false_alerts"] == [] and "requeued_run_alert" not in ok
+    (hung,) = [r for name, r in rows.items() if "its process resting on the host" in name]
+    assert hung["detected"] and hung["latency_s"] <= 45.0, hung
+
+
+def test_a_missed_host_reading_does_not_make_a_compile_a_hang() -> None:
+    """The 200 s silent compile with its host reading missing for one or two samples (a
+    missed scrape, 130 s in, past the 120 s allowance a job with no reading has): the
+    physics score passes the alert level there, for less than the alert's 10 s."""
+    trace = R.load()
+    job = R.job(trace, 5.0)
+    first = R._first_iteration(job)
+    slow = R.compiling(job, R.COMPILE_S)
+    start = slow.runs[0][0]
+    compiled = R.host_side(
+        slow, [(start, "train"), (first, "compile"), (first + R.COMPILE_S, "train")]
+    )
+    s = compiled.samples
+    s.loc[(s.t > first + 130) & (s.t < first + 137), F.HOST_CPU] = np.nan
+    seen = R.replay([compiled])
+    assert seen.fired == [] and seen.peak["physics"] >= 1.0
 
 
 def test_a_save_longer_than_the_pause_allowance_is_flagged_once(rows) -> None:
