@@ -133,7 +133,9 @@ def test_scenario_fault_on_a_job_that_is_not_running_is_an_error_not_a_crash():
     assert sim.errors and "not RUNNING" in sim.errors[0]["error"]
 
 
-LINE = re.compile(r"^(DCGM_FI_[A-Z0-9_]+)\{([^}]*)\} (-?[0-9.e+]+)$")
+LINE = re.compile(
+    r"^(DCGM_FI_[A-Z0-9_]+|goodput_gpu_process_cpu_seconds_total)\{([^}]*)\} (-?[0-9.e+]+)$"
+)
 
 
 def test_exposition_follows_dcgm_exporter_conventions():
@@ -145,6 +147,7 @@ def test_exposition_follows_dcgm_exporter_conventions():
     assert types["DCGM_FI_DEV_GPU_UTIL"] == "gauge"
     assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
     assert types["DCGM_FI_DEV_XID_ERRORS"] == "gauge"
+    assert types["goodput_gpu_process_cpu_seconds_total"] == "counter"  # the NVML exporter's
     for needed in (
         "DCGM_FI_PROF_SM_ACTIVE",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
