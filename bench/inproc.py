@@ -176,10 +176,10 @@ class Harness:
         """Each GPU's host CPU counter as the service reads it, irate(): its increase since
         the GPU's previous sample, per second (NaN at its first)."""
         cols = ["time", "node", "gpu", F.HOST_CPU_COUNTER]
-        both = pd.concat([x for x in (self._cpu_last, det[cols]) if x is not None and len(x)])
-        self._cpu_last = det[cols]
+        last, self._cpu_last = self._cpu_last, det[cols]
         if not len(det):
             return np.full(0, np.nan)
+        both = pd.concat([x for x in (last, det[cols]) if x is not None and len(x)])
         rate = counter_rate(
             both["time"].to_numpy(dtype=float),
             both["node"].to_numpy(dtype=object),

@@ -186,8 +186,9 @@ def long_saves(trace: Trace, save_s: float, count: int) -> Trace:
 def host_side(trace: Trace, phases: list[tuple[float, str]]) -> Trace:
     """The GPU's processes on the host as measured of real PyTorch processes (`HOST`): from
     each (time, phase) on, that phase's per-second readings after its first 5 s (its imports),
-    repeated; read as the detector reads the NVML exporter's counter at a 15 s scrape, its
-    irate(): the mean over the trailing `SCRAPE_S` (NaN before the first phase)."""
+    repeated; read as the detector reads the NVML exporter's counter scraped every `SCRAPE_S`
+    from the first phase's start, its irate(): the last two scrapes' rate, held until the
+    next (NaN before the second scrape)."""
     rec = pd.read_csv(HOST)
     t0, end = phases[0][0], float(trace.samples.t.max())
     seconds = np.arange(t0, end + 1.0, 1.0)
@@ -199,12 +200,12 @@ def host_side(trace: Trace, phases: list[tuple[float, str]]) -> Trace:
         until = phases[k + 1][0] if k + 1 < len(phases) else np.inf
         sel = (seconds >= at) & (seconds < until)
         per_s[sel] = rate[np.floor(seconds[sel] - at).astype(int) % len(rate)]
-    done = np.r_[0.0, np.cumsum(per_s)]  # CPU seconds by each whole second from t0
+    done = np.r_[0.0, np.cumsum(per_s)]  # the counter at each whole second from t0
+    scrapes = np.arange(0, len(per_s) + 1, int(SCRAPE_S))  # seconds from t0
+    irate = np.r_[np.nan, np.diff(done[scrapes]) / SCRAPE_S]  # held until the next scrape
     t = trace.samples.t.to_numpy()
-    k = np.clip(np.floor(t - t0), 0, len(per_s)).astype(int)
-    lo = np.maximum(k - int(SCRAPE_S), 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cores = np.where((t >= t0) & (k > lo), (done[k] - done[lo]) / (k - lo), np.nan)
+    latest = np.searchsorted(scrapes, np.floor(t - t0), side="right") - 1
+    cores = np.where(t >= t0, irate[np.maximum(latest, 0)], np.nan)
     return Trace(trace.samples.assign(**{F.HOST_CPU: cores}), trace.lines, trace.runs)
 
 
@@ -415,14 +416,16 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
     # the host side measured of real PyTorch processes (tests/data/real/host-cpu/): a process
     # that rests on the host while its GPU idles, before the first iteration, is a hang at the
     # short host-idle allowance; one that compiles is no hang however long it takes
-    resting = host_side(
-        splice(long, "idle_hang", first_iter), [(start, "train"), (first_iter, "rendezvous_hang")]
+    hung = splice(long, "idle_hang", first_iter)
+    when = (
+        "before its first iteration, its process resting on the host (measured: a rendezvous "
+        "that never completes; the slowest of 3 scrape phases)"
     )
-    seen = replay([resting])
-    out.append(
-        _fault_row("idle_hang", "before its first iteration, its process resting on the host "
-                   "(measured: a rendezvous that never completes)", first_iter, seen, run=0)
-    )  # fmt: skip
+    phases = []
+    for lag in (0.0, 5.0, 10.0):  # the 15 s scrapes at each 5 s phase against the samples
+        resting = host_side(hung, [(start - lag, "train"), (first_iter, "rendezvous_hang")])
+        phases.append(_fault_row("idle_hang", when, first_iter, replay([resting]), run=0))
+    out.append(max(phases, key=lambda r: r["latency_s"] if r["detected"] else np.inf))
     compiled = host_side(
         slow, [(start, "train"), (first_iter, "compile"), (first_iter + COMPILE_S, "train")]
     )

@@ -106,8 +106,9 @@ def fetch(
     calls += [partial(client.column, qs[n], KEY) for n in GPU_COLUMNS]
     answers = client.many(calls)
     info, *per_job_raw = [next(answers) for _ in range(1 + len(PER_JOB))]
-    for name, col in zip(GPU_COLUMNS, answers, strict=True):
+    for name, col in zip(F.DCGM_FIELDS, answers, strict=False):
         rows.add(F.ALL_FIELDS.index(name), *col)
+    rows.join(F.ALL_FIELDS.index(F.HOST_CPU), *next(answers))  # the NVML exporter's
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in samples(info):
@@ -133,6 +134,12 @@ def fetch(
     # fields (fast on this layout, see base.row_max); the same values either way
     values = np.asfortranarray(values[rows_of])
     return template.with_values(np.full(len(template), now), values), names
+
+
+def _node_gpu(key: str) -> tuple[str, str]:
+    """(node, GPU) of a per-GPU key `Hostname,hostname,gpu,hpc_job,modelName`."""
+    parts = key.split(",", 3)
+    return (parts[0] or parts[1], parts[2]) if len(parts) > 2 else ("", "")
 
 
 class _Rows:
@@ -164,6 +171,20 @@ class _Rows:
                 self.index = pd.Index(self.keys, dtype=object)
             self._last = (keys, codes)
         self.parts.append((col, codes, vals))
+
+    def join(self, col: int, keys: list[Any], vals: np.ndarray) -> None:
+        """An answer from another exporter joined onto the GPUs the fields found: by its key,
+        else by (node, GPU) (its other labels may differ: `hostname`'s spelling, no
+        `hpc_job`); a GPU no field found is dropped, not made a row of its own."""
+        codes = self.index.get_indexer(keys) if len(self.index) else np.full(len(keys), -1)
+        if (codes < 0).any() and len(self.keys):
+            by_gpu: dict[tuple[str, str], int] = {}
+            for code, key in enumerate(self.keys):
+                by_gpu.setdefault(_node_gpu(key), code)
+            for i in np.flatnonzero(codes < 0).tolist():
+                codes[i] = by_gpu.get(_node_gpu(keys[i]), -1)
+        ok = codes >= 0
+        self.parts.append((col, codes[ok], vals[ok]))
 
     def values(self) -> np.ndarray:
         out = np.full((len(self.keys), len(F.ALL_FIELDS)), np.nan)

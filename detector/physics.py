@@ -421,10 +421,10 @@ class Physics(PerJob):
         with np.errstate(invalid="ignore"):
             on_host = held & (host >= prior("host_busy_cores"))
             rests = host <= prior("host_idle_cores")
-        own = ~waits
-        host_works = _share_of_job(instants, own & on_host) > 0
-        host_rests = (_share_of_job(instants, own) > 0) & (
-            _share_of_job(instants, own & ~rests) == 0
+        not_waiting = ~waits
+        host_works = _share_of_job(instants, not_waiting & on_host) > 0
+        host_rests = (_share_of_job(instants, not_waiting) > 0) & (
+            _share_of_job(instants, not_waiting & ~rests) == 0
         )
         base = np.where(np.isfinite(gap), gap, np.nan_to_num(step))
         allow = np.fmax(prior("idle_stall_floor_s"), prior("idle_stall_factor") * base)

@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import names
-from exporters.proctree import PROC, Snapshot
+from exporters.proctree import PROC, Gains, Snapshot
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19412
@@ -106,6 +106,16 @@ def load_nvml() -> ModuleType:
     return pynvml
 
 
+def _top_pid_namespace(proc: Path) -> bool:
+    """Whether this process sees the host's pids (its `NSpid` has one level; unknown: yes)."""
+    try:
+        status = (proc / "self" / "status").read_text(errors="replace")
+    except OSError:
+        return True
+    ns = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+    return len(ns) <= 1
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -119,8 +129,7 @@ class Gpu:
     gpm_sample: Any = None
     last_xid: int = 0
     xids: dict[int, int] = field(default_factory=dict)
-    cpu_raw: float | None = None  # its processes' CPU seconds at the last scrape
-    cpu_total: float = 0.0  # the counter: what they gained, scrape by scrape
+    cpu_total: float = 0.0  # the host-side counter: what its processes gained, scrape by scrape
 
 
 class NvmlCollector(Collector):
@@ -135,6 +144,12 @@ class NvmlCollector(Collector):
     ) -> None:
         self.nvml = nvml
         self.proc = proc  # /proc: the processes' CPU time (`host_cpu`)
+        self.gains = Gains()
+        self.host_pids = _top_pid_namespace(proc)
+        if not self.host_pids:
+            log.warning(
+                "in a nested PID namespace: no host-side CPU counter (NVML's pids are the host's)"
+            )
         self.hostname = (
             hostname or os.environ.get("GOODPUT_NODE_NAME") or (socket.gethostname().split(".")[0])
         )
@@ -305,7 +320,7 @@ class NvmlCollector(Collector):
             "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
         )
         with self._lock:
-            gls = {  # each GPU's labels, read once a scrape (the job mapping may change)
+            labels_of = {  # each GPU's labels, read once a scrape (the job mapping may change)
                 gpu.index: gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
                 for gpu in self.gpus
             }
@@ -316,51 +331,49 @@ class NvmlCollector(Collector):
                         fam = families[name] = GaugeMetricFamily(
                             name, HELP.get(name, name), labels=labels
                         )
-                    fam.add_metric(gls[gpu.index], float(value))
+                    fam.add_metric(labels_of[gpu.index], float(value))
             for index, seconds in self.host_cpu().items():
-                cpu.add_metric(gls[index], seconds)
+                cpu.add_metric(labels_of[index], seconds)
             for gpu in self.gpus:
                 for xid, count in sorted(gpu.xids.items()):
-                    xid_count.add_metric(gls[gpu.index] + [str(xid)], count)
+                    xid_count.add_metric(labels_of[gpu.index] + [str(xid)], count)
         yield from families.values()
         yield cpu
         yield xid_count
 
     def host_cpu(self) -> dict[int, float]:
-        """Each GPU's host-side counter: CPU seconds of its compute processes and their
-        descendants, from one /proc snapshot; a process NVML lists on several GPUs (a rank
-        that also made a context on GPU 0) belongs to the one where it holds the most memory,
-        and a tree stops at another GPU's process (rank 0 as the parent of the node's other
-        ranks). Kept monotonic (a process that leaves a tree takes its time with it: the drop
-        is not counted, so Prometheus sees no reset). No entry for a GPU no process holds, or
-        whose processes are not visible (an exporter in a container needs the host's PIDs)."""
+        """Each GPU's host-side counter: the CPU seconds its compute processes and their
+        descendants gained, scrape by scrape (`proctree.Gains`: each process's own time, so
+        a process that joins brings no history and one that leaves takes none away; never a
+        reset), from one /proc snapshot. A process NVML lists on several GPUs (a rank that
+        also made a context on GPU 0) belongs to the one where it holds the most memory, and
+        a tree stops at another GPU's process (rank 0 as the parent of the node's other
+        ranks). No entry for a GPU no process holds, and none at all in a nested PID namespace
+        (NVML's pids are the host's: a container needs the host's PID namespace)."""
+        if not self.host_pids:
+            return {}
         owner: dict[int, tuple[int, float]] = {}  # pid -> (GPU index, memory it holds there)
         for gpu in self.gpus:
             for p in self._try("nvmlDeviceGetComputeRunningProcesses", gpu.handle) or []:
                 mem = float(getattr(p, "usedGpuMemory", None) or 0)
                 if p.pid not in owner or mem > owner[p.pid][1]:
                     owner[p.pid] = (gpu.index, mem)
-        if not owner:
-            raw: dict[int, float | None] = {}
-        else:
-            snap = Snapshot.take(self.proc)
-            tree = snap.children()
-            raw = {
-                gpu.index: snap.tree_seconds(
-                    [p for p, (g, _) in owner.items() if g == gpu.index],
-                    [p for p, (g, _) in owner.items() if g != gpu.index],
-                    tree,
-                )
-                for gpu in self.gpus
-            }
+        snap = Snapshot.take(self.proc) if owner else Snapshot({})
+        children = snap.children()
+        trees = {
+            gpu.index: snap.tree(
+                [p for p, (g, _) in owner.items() if g == gpu.index],
+                [p for p, (g, _) in owner.items() if g != gpu.index],
+                children,
+            )
+            for gpu in self.gpus
+        }
+        gained = self.gains.seconds(snap, {i: keys for i, keys in trees.items() if keys})
         out = {}
         for gpu in self.gpus:
-            now = raw.get(gpu.index)
-            if now is not None:
-                if gpu.cpu_raw is not None:
-                    gpu.cpu_total += max(0.0, now - gpu.cpu_raw)
+            if gpu.index in gained:
+                gpu.cpu_total += gained[gpu.index]
                 out[gpu.index] = gpu.cpu_total
-            gpu.cpu_raw = now
         return out
 
     # ------------------------------------------------------------------ XID events

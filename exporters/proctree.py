@@ -4,84 +4,111 @@ A GPU that idles with its memory held is either waiting (a hang: the rank blocks
 rendezvous, a data loader whose worker deadlocked, a read from a stalled file system) or its
 processes are busy on the host (a silent `torch.compile`, a checkpoint being unpickled, rank 0
 tokenising the data set). The processes that hold the GPU (NVML's compute processes) and their
-descendants (compile workers, data-loader workers) tell which: `Snapshot.tree_seconds` is their
-user + system time, the reaped children's included, in seconds. One snapshot of /proc serves
-every GPU of a scrape; a tree stops at processes that belong to another GPU (a launcher whose
-rank 0 is the parent of the node's other ranks).
+descendants (compile workers, data-loader workers) tell which. A `Snapshot` holds every
+visible process's own user + system time (not its reaped children's: a rank 0 that reaps the
+node's other ranks would count their lifetimes); `Snapshot.tree` lists a GPU's processes, its
+tree stopping at processes that belong to another GPU; `Gains` turns successive snapshots into
+what each process gained since it was last seen, so a process that joins a tree brings no
+history and one that leaves takes none away.
 
 >>> import os
 >>> snap = Snapshot.take()
->>> snap.tree_seconds([os.getpid()]) > 0
+>>> [key[0] for key in snap.tree([os.getpid()])][:1] == [os.getpid()]
 True
->>> snap.tree_seconds([2**22 + 1]) is None  # no such process (or not in this PID namespace)
-True
+>>> snap.tree([2**22 + 1])  # no such process (or not in this PID namespace)
+[]
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PROC = Path("/proc")
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+Key = tuple[int, int]  # (pid, start time in ticks since boot): one process, never reused
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
-    """(parent pid, utime + stime + cutime + cstime in ticks) from /proc/<pid>/stat; None when
-    it is gone, unreadable or malformed. Fields are read after the command name's last ')'."""
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    """(parent pid, utime + stime in ticks, start time) from /proc/<pid>/stat; None when it
+    is gone, unreadable or malformed. Fields are read after the command name's last ')'."""
     try:
         raw = path.read_bytes()
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        return int(fields[1]), sum(int(v) for v in fields[11:15])
+        f = raw[raw.rindex(b")") + 2 :].split()
+        return int(f[1]), int(f[11]) + int(f[12]), int(f[19])
     except (OSError, ValueError, IndexError):
         return None
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every visible process at one moment: pid -> (parent pid, CPU ticks)."""
+    """Every visible process at one moment: pid -> (parent pid, CPU ticks, start time)."""
 
-    procs: dict[int, tuple[int, int]]
+    procs: dict[int, tuple[int, int, int]]
 
     @staticmethod
     def take(proc: Path = PROC) -> Snapshot:
         out = {}
-        for entry in proc.iterdir():
+        try:
+            entries = list(proc.iterdir())
+        except OSError:  # no /proc here: nothing is visible
+            entries = []
+        for entry in entries:
             if entry.name.isdigit() and (st := _stat(entry / "stat")) is not None:
                 out[int(entry.name)] = st
         return Snapshot(out)
 
     def children(self) -> dict[int, list[int]]:
         tree: dict[int, list[int]] = {}
-        for pid, (ppid, _) in self.procs.items():
+        for pid, (ppid, _, _) in self.procs.items():
             tree.setdefault(ppid, []).append(pid)
         return tree
 
-    def tree_seconds(
+    def tree(
         self,
         roots: Iterable[int],
         others: Iterable[int] = (),
-        tree: dict[int, list[int]] | None = None,
-    ) -> float | None:
-        """CPU seconds of `roots` and their descendants, not descending into `others` (the
-        roots of other trees); None when no root is visible."""
+        children: dict[int, list[int]] | None = None,
+    ) -> list[Key]:
+        """The processes of `roots` and their descendants, not descending into `others` (the
+        roots of other trees); empty when no root is visible."""
+        children = self.children() if children is None else children
         roots = [p for p in dict.fromkeys(roots) if p in self.procs]
-        if not roots:
-            return None
-        tree = self.children() if tree is None else tree
-        seen, todo, ticks = set(others) - set(roots), list(roots), 0
+        seen, todo, out = set(others) - set(roots), roots, []
         while todo:
             pid = todo.pop()
             if pid in seen or pid not in self.procs:
                 continue
             seen.add(pid)
-            ticks += self.procs[pid][1]
-            todo.extend(tree.get(pid, ()))
-        return ticks / TICK
+            out.append((pid, self.procs[pid][2]))
+            todo.extend(children.get(pid, ()))
+        return out
+
+    def ticks(self, key: Key) -> int | None:
+        got = self.procs.get(key[0])
+        return got[1] if got is not None and got[2] == key[1] else None
 
 
-def tree_cpu_seconds(pids: Iterable[int], proc: Path = PROC) -> float | None:
-    """CPU seconds of `pids` and all their descendants, from a fresh snapshot."""
-    return Snapshot.take(proc).tree_seconds(pids)
+@dataclass
+class Gains:
+    """Each process's CPU ticks when last seen, so each scrape counts only what it gained."""
+
+    last: dict[Key, int] = field(default_factory=dict)
+
+    def seconds(self, snap: Snapshot, trees: dict[int, list[Key]]) -> dict[int, float]:
+        """tree id -> CPU seconds its processes gained since the last call (a process seen for
+        the first time gains nothing yet); forgets the processes no tree holds any more."""
+        out, seen = {}, {}
+        for tid, keys in trees.items():
+            gained = 0
+            for key in keys:
+                now = snap.ticks(key)
+                if now is None:
+                    continue
+                gained += max(0, now - self.last.get(key, now))
+                seen[key] = now
+            out[tid] = gained / TICK
+        self.last = seen
+        return out

@@ -50,7 +50,7 @@ HOST_STALL = Load(0, 0, 0, 124, 0, 1980, 0.74, 0.005)
 NCCL_WAIT = Load(100, 0.12, 0.0, 180, 0.05, 1980, 0.74)
 THROTTLED = Load(99, 0.95, 0.70, 470, 0.50, 1100, 0.74)
 
-HOST_CPU = "goodput_gpu_process_cpu_seconds_total"
+HOST_CPU_COUNTER = "goodput_gpu_process_cpu_seconds_total"  # the NVML exporter's
 _BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
 THROTTLE_SW_POWER_CAP = 0x4
 THROTTLE_HW_THERMAL = 0x40
@@ -142,11 +142,11 @@ class GPU:
         v[INDEX["DCGM_FI_PROF_PCIE_RX_BYTES"]] = round(3.5e8 * load.dram + 1.5e6)
         for name in _COUNTER_FIELDS:
             v[INDEX[name]] = c[name]
-        if load.host == load.host:  # a process holds the GPU: its CPU time grows
-            c[HOST_CPU] += max(0.0, load.host * (1 + j(0, 0.02))) * dt
-            v[INDEX[HOST_CPU]] = c[HOST_CPU]
-        else:  # none: no sample; the next process counts from zero
-            c[HOST_CPU], v[INDEX[HOST_CPU]] = 0.0, NO_PROCESS
+        if load.host == load.host:  # a process holds the GPU: its CPU time grows (no draw
+            c[HOST_CPU_COUNTER] += load.host * dt  # from `rng`: the scenarios' streams stay)
+            v[INDEX[HOST_CPU_COUNTER]] = c[HOST_CPU_COUNTER]
+        else:  # none: no sample (the exporter's counter goes on from here when one comes)
+            v[INDEX[HOST_CPU_COUNTER]] = NO_PROCESS
 
     def _degrade(self, dt: float, rng: random.Random) -> None:
         d = self.degrade or {}

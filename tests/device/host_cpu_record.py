@@ -2,8 +2,9 @@
 """Record what real PyTorch processes do on the host, phase by phase, with the NVML exporter's
 own process-tree reader (exporters/proctree.py): the fixture tests/data/real/host-cpu/.
 
-Each phase is a real PyTorch workload in its own process, sampled every second for its CPU
-seconds (the process and its descendants: compile and data-loader workers). Run with a Python
+Each phase is a real PyTorch workload in its own process, sampled every second as the
+exporter's counter reads it (the CPU seconds the process and its descendants, compile and
+data-loader workers, gained sample by sample). Run with a Python
 that has torch (the CPU build does: the phases are host-side):
 
     python tests/device/host_cpu_record.py OUT.csv [--seconds 40]
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from exporters.proctree import tree_cpu_seconds  # noqa: E402
+from exporters.proctree import Gains, Snapshot  # noqa: E402
 
 PRELUDE = "import os, sys, time, torch\ntorch.set_num_threads(1)\n"
 PHASES: dict[str, str] = {
@@ -105,12 +106,12 @@ def record(phase: str, seconds: float, scratch: str, port: int) -> list[tuple[fl
         stderr=subprocess.DEVNULL,
         env={**os.environ, **cold},
     )
-    start, rows = time.monotonic(), []
+    start, rows, gains, total = time.monotonic(), [], Gains(), 0.0
     try:
         while (t := time.monotonic() - start) < seconds and proc.poll() is None:
-            cpu = tree_cpu_seconds([proc.pid])
-            if cpu is not None:
-                rows.append((round(t, 2), cpu))
+            snap = Snapshot.take()  # what the exporter's counter adds, scrape by scrape
+            total += gains.seconds(snap, {0: snap.tree([proc.pid])})[0]
+            rows.append((round(t, 2), total))
             time.sleep(1.0 - (time.monotonic() - start) % 1.0)
     finally:
         proc.kill()

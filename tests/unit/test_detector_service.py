@@ -216,6 +216,19 @@ def test_the_gpus_processes_on_the_host_reach_the_frame():
     frame, _ = fetch(Recorded(answers(c, None, 1000.0)), now=1000.0)
     host = frame.col(F.HOST_CPU)
     assert (host[frame.job != ""] == 1.0).all() and np.isnan(host[frame.job == ""]).all()
+    # the NVML exporter beside dcgm-exporter: its labels differ (no hpc_job, `hostname`), and
+    # it reports a GPU dcgm-exporter does not: joined by (node, GPU), the stray one dropped
+    rec = answers(c, None, 1000.0)
+    q = queries()[F.HOST_CPU]
+    doc = orjson.loads(rec[q])
+    for r in doc["data"]["result"]:
+        node, _, gpu, _, model = r["metric"][KEY].split(",")
+        r["metric"][KEY] = f",{node},{gpu},,{model}"
+    doc["data"]["result"].append({"metric": {KEY: "node9,,0,,x"}, "value": [1000.0, "1.0"]})
+    rec[q] = orjson.dumps(doc)
+    joined, _ = fetch(Recorded(rec), now=1000.0)
+    assert len(joined) == len(frame) and "node9" not in set(joined.node)
+    assert np.array_equal(joined.col(F.HOST_CPU), host, equal_nan=True)
 
 
 def test_fetch_follows_a_new_join_or_new_gpus_from_one_cycle_to_the_next():

@@ -9,6 +9,7 @@ first iteration waited 120 s + 20 s per doubling of its GPUs whatever its host d
 
 from __future__ import annotations
 
+import doctest
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ import pandas as pd
 import pytest
 
 import catalogue.priors as P
+import detector.frame
+import exporters.proctree
 from detector import fields as F
 from detector import replay
 from detector.frame import Frame, counter_rate
@@ -38,6 +41,11 @@ def cores(phase: str, every_s: float = 5.0) -> np.ndarray:
     rec = rec[(rec.t_s >= 5.0) & (np.floor(rec.t_s) % every_s == 0)]
     t, cpu = rec.t_s.to_numpy(), rec.cpu_seconds.to_numpy()
     return counter_rate(t, np.zeros(len(t), object), np.zeros(len(t)), cpu)[1:]
+
+
+def test_docstring_examples() -> None:
+    for mod in (detector.frame, exporters.proctree):
+        assert doctest.testmod(mod).failed == 0
 
 
 def test_the_recorded_phases_fall_on_either_side_of_the_thresholds() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -108,8 +110,9 @@ def test_the_gpus_processes_on_the_host():
     CPU seconds grow; GPU 1, held by no process, has no series (not a zero)."""
     burn = "import time\nwhile time.process_time() < 60: pass"
     code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])"
-    p = subprocess.Popen([sys.executable, "-c", code])
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
+        threading.Event().wait(0.5)  # the child is up (a process first seen gains nothing yet)
         c = NvmlCollector(fake_nvml(pids={0: [p.pid]}), hostname="node7")
         reg = CollectorRegistry()
         reg.register(c)
@@ -125,7 +128,7 @@ def test_the_gpus_processes_on_the_host():
         assert first is not None and on("0") - first > 0.3
         assert on("1") is None
     finally:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)  # the burning child too
         p.wait()
 
 
@@ -136,15 +139,16 @@ def _proc(root: Path, procs: dict[int, tuple[int, int]]) -> None:
         d.rmdir()
     for pid, (ppid, ticks) in procs.items():
         (root / str(pid)).mkdir()
-        rest = " ".join(["0"] * 9 + [str(ticks), "0", "0", "0", "20", "0", "1"])
-        (root / str(pid) / "stat").write_text(f"{pid} (python3) S {ppid} {rest}\n")
+        # utime, stime 0, cutime and cstime (never read: a reaped rank's lifetime), start time
+        rest = " ".join(["0"] * 9 + [str(ticks), "0", "999999", "999999", "20", "0", "1", "0"])
+        (root / str(pid) / "stat").write_text(f"{pid} (python3) S {ppid} {rest} {pid * 7}\n")
 
 
 def test_each_gpu_counts_its_own_ranks_and_the_counter_only_grows(tmp_path: Path):
     """Rank 0 (GPU 0) is the parent of rank 1 (GPU 1, which also made a small context on GPU
-    0): GPU 0 counts rank 0 and its worker, not rank 1's tree. A worker that leaves the tree
-    (orphaned) takes its time away: the counter holds, then grows again (no reset for
-    Prometheus to read as thousands of cores)."""
+    0): GPU 0 counts rank 0 and its worker, not rank 1's tree, nor rank 1's lifetime once rank
+    0 reaps it. A worker that leaves the tree (orphaned) takes its time away: the counter
+    holds, then grows again (no reset for Prometheus to read as thousands of cores)."""
     pids = {0: [(10, 2**33), (20, 2**28)], 1: [(20, 2**34)]}
     nvml = fake_nvml(pids={})
     nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: [
@@ -165,7 +169,10 @@ def test_each_gpu_counts_its_own_ranks_and_the_counter_only_grows(tmp_path: Path
     assert c.host_cpu()[0] == 1.0  # the worker left rank 0's tree: no drop
     _proc(tmp_path, {1: (0, 0), 10: (1, 100 + 2 * TICK), 20: (10, 1000 + 3 * TICK), 21: (20, 300)})
     assert c.host_cpu() == {0: 2.0, 1: 3.0}
-    pids[0], pids[1] = [], []
+    pids[1] = []  # rank 1 ended, reaped by rank 0 (its lifetime in rank 0's cutime): no jump
+    _proc(tmp_path, {1: (0, 0), 10: (1, 100 + 2 * TICK)})
+    assert c.host_cpu() == {0: 2.0}
+    pids[0] = []
     assert c.host_cpu() == {}  # no process: no series
 
 

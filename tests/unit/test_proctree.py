@@ -1,36 +1,42 @@
-"""The NVML exporter's host-side reader on real processes: a tree's CPU time counts its
-descendants, alive and reaped; a waiting process counts next to nothing; /proc's odd names."""
+"""The NVML exporter's host-side reader on real processes and on a /proc of our own: a tree
+counts its descendants' own time, stops at other trees, and each scrape counts what each
+process gained (a process that joins brings no history, one that ends takes none away)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from exporters.proctree import TICK, tree_cpu_seconds
+from exporters.proctree import TICK, Gains, Snapshot
 
 BURN = "import time\nwhile time.process_time() < {s}: pass"  # {s} seconds of CPU
 
 
 @contextmanager
 def process(code: str) -> Iterator[subprocess.Popen]:
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
+        time.sleep(0.5)  # up, its children too (a process first seen gains nothing yet)
         yield p
     finally:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)  # its children too
         p.wait()
 
 
-def used(pid: int, seconds: float) -> float:
-    """CPU seconds the tree of `pid` used over the next `seconds`."""
-    a = tree_cpu_seconds([pid])
-    time.sleep(seconds)
-    b = tree_cpu_seconds([pid])
-    assert a is not None and b is not None
-    return b - a
+def gained(pid: int, seconds: float) -> float:
+    """CPU seconds the tree of `pid` gained over the next `seconds`, as a scrape reads it."""
+    gains = Gains()
+    for _ in range(2):
+        snap = Snapshot.take()
+        got = gains.seconds(snap, {0: snap.tree([pid])})[0]
+        time.sleep(seconds)
+    return got
 
 
 def test_a_waiting_parent_counts_its_working_child():
@@ -38,39 +44,41 @@ def test_a_waiting_parent_counts_its_working_child():
     the tree works, though the process NVML names does not."""
     code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {BURN.format(s=30)!r}])"
     with process(code) as p:
-        time.sleep(0.5)
-        assert used(p.pid, 1.5) > 0.3  # of 1.5 (a loaded machine shares its cores)
+        assert gained(p.pid, 1.5) > 0.3  # of 1.5 (a loaded machine shares its cores)
 
 
-def test_a_child_that_ended_still_counts():
-    burn = BURN.format(s=0.6)
-    code = (
-        f"import subprocess, sys, time\nsubprocess.run([sys.executable, '-c', {burn!r}])"
-        "\nprint('reaped', flush=True)\ntime.sleep(30)"
-    )
-    with process(code) as p:
-        assert p.stdout.readline().strip() == "reaped"
-        assert tree_cpu_seconds([p.pid]) >= 0.6  # the child's time, in the parent's cutime
-
-
-def test_a_waiting_process_uses_next_to_nothing():
+def test_a_waiting_process_gains_next_to_nothing():
     with process("import os\nr, w = os.pipe()\nos.read(r, 1)") as p:
-        time.sleep(0.5)
-        assert used(p.pid, 1.5) < 0.05
+        assert gained(p.pid, 1.5) < 0.05
 
 
-def test_unknown_pids_and_odd_names(tmp_path):
-    assert tree_cpu_seconds([]) is None
-    assert tree_cpu_seconds([999_999_999]) is None
-    # a command name may hold spaces and parentheses: fields are read after the last ')'
-    rows = {
-        1: "1 (py (x) y) S 0 " + "0 " * 9 + "100 50 0 0",
-        2: "2 (w) R 1 " + "0 " * 9 + "30 20 5 5",
-    }
-    for pid, stat in rows.items():
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "stat").write_text(stat + " 20 0 1\n")
+def _proc(root: Path, procs: dict[int, tuple[int, int, int]]) -> None:
+    """A /proc of `procs` (pid -> (parent, utime ticks, start time)); the rest is gone."""
+    for d in root.iterdir():
+        if d.name.isdigit():
+            (d / "stat").unlink()
+            d.rmdir()
+    for pid, (ppid, ticks, start) in procs.items():
+        (root / str(pid)).mkdir()
+        rest = " ".join(["0"] * 9 + [str(ticks), "5", "999999", "999999", "20", "0", "1", "0"])
+        (root / str(pid) / "stat").write_text(f"{pid} (py (x) y) S {ppid} {rest} {start}\n")
+
+
+def test_gains_per_process_on_a_proc_of_our_own(tmp_path):
+    """Odd command names (spaces, parentheses) read after the last ')'; utime + stime, never
+    the reaped children's; a reused pid (another start time) is a new process; a process that
+    ends, or a new one, moves nothing by itself."""
     (tmp_path / "self").mkdir()  # not a pid: skipped
-    assert tree_cpu_seconds([2], tmp_path) == 60 / TICK  # utime stime cutime cstime
-    assert tree_cpu_seconds([1], tmp_path) == (150 + 60) / TICK  # its own and its child's
-    assert tree_cpu_seconds([1, 2, 1], tmp_path) == (150 + 60) / TICK  # each process once
+    _proc(tmp_path, {1: (0, 100, 1), 2: (1, 30, 2)})
+    snap = Snapshot.take(tmp_path)
+    assert snap.tree([1]) == [(1, 1), (2, 2)] and snap.tree([1], others=[2]) == [(1, 1)]
+    assert snap.tree([7]) == [] and snap.ticks((2, 2)) == 35
+    gains = Gains()
+    assert gains.seconds(snap, {0: snap.tree([1])}) == {0: 0.0}  # first sight
+    _proc(tmp_path, {1: (0, 100 + TICK, 1), 2: (1, 30 + TICK, 2)})
+    snap = Snapshot.take(tmp_path)
+    assert gains.seconds(snap, {0: snap.tree([1])}) == {0: 2.0}
+    _proc(tmp_path, {1: (0, 100 + 2 * TICK, 1), 2: (1, 10**6, 9)})  # 2 ended; its pid reused
+    snap = Snapshot.take(tmp_path)
+    assert gains.seconds(snap, {0: snap.tree([1])}) == {0: 1.0}
+    assert Snapshot.take(tmp_path / "missing").procs == {}  # no /proc: nothing visible

@@ -53,7 +53,7 @@ def test_the_host_side_tells_a_silent_compile_from_a_start_up_that_never_ends(ro
     start-up that never ends, its process resting on the host (a rendezvous that never
     completes), is caught within the 45 s target (163 s without the reading)."""
     (ok,) = [r for name, r in rows.items() if "its process compiling on the host" in name]
-    assert ok["false_alerts"] == [] and "requeued_run_alert" not in ok
+    assert ok["false_alerts"] == []
     (hung,) = [r for name, r in rows.items() if "its process resting on the host" in name]
     assert hung["detected"] and hung["latency_s"] <= 45.0, hung
 
