@@ -127,14 +127,13 @@ def export_recording(
                     row["job_id"] = job_id
     if not gpu_rows:
         raise ExportError(f"job {job_id}: no DCGM_FI_* series for nodes {nodes} in the range")
-    for host in HOST_LABELS:  # the GPUs' processes on the host, as the detector reads them
-        cpu = promql.selector(F.HOST_CPU_COUNTER, **{host: nodes})
-        for labels, values in _range(prom, f"irate({cpu}[{F.HOST_CPU_WINDOW_S:.0f}s])", *grid):
-            node, gpu = labels.get(host, ""), labels.get("gpu", "")
-            for t, v in values:
-                if (t, node, gpu) in gpu_rows:
-                    gpu_rows[(t, node, gpu)][F.HOST_CPU] = v
-                    fields.add(F.HOST_CPU)
+    cpu = promql.selector(F.HOST_CPU_COUNTER, node=nodes)  # the GPUs' processes on the host
+    for labels, values in _range(prom, f"irate({cpu}[{F.HOST_CPU_WINDOW_S:.0f}s])", *grid):
+        node, gpu = labels.get("node", ""), labels.get("gpu", "")
+        for t, v in values:  # as the detector reads them, onto the GPUs the fields found
+            if (t, node, gpu) in gpu_rows:
+                gpu_rows[(t, node, gpu)][F.HOST_CPU] = v
+                fields.add(F.HOST_CPU)
 
     job_rows: dict[float, dict[str, float]] = defaultdict(dict)
     for metric in JOB_METRICS:

@@ -75,9 +75,9 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
     }
     # the GPU's processes on the host, in cores (the NVML exporter's counter; absent: NaN)
     cpu = promql.selector(F.HOST_CPU_COUNTER, **gpu_sel)
-    out[F.HOST_CPU] = (
-        f'max by ({KEY}) (label_join(irate({cpu}[{HOST_CPU_WINDOW}]), "{KEY}", ",", {labels}, '
-        '"modelName"))'
+    own = ", ".join(promql.quote(n) for n in ("node", "none", "gpu", "job_id", "model_name"))
+    out[F.HOST_CPU] = (  # its labels are Goodput's: the same key as the fields' for the GPU
+        f'max by ({KEY}) (label_join(irate({cpu}[{HOST_CPU_WINDOW}]), "{KEY}", ",", {own}))'
     )
     out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
     for name in PER_JOB:

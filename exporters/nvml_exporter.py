@@ -311,10 +311,11 @@ class NvmlCollector(Collector):
     def collect(self) -> Iterator:
         labels = LABELS + (["hpc_job"] if self.job_map_dir is not None else [])
         families: dict[str, GaugeMetricFamily] = {}
-        cpu = CounterMetricFamily(
+        cpu = CounterMetricFamily(  # Goodput's own: Goodput's label names
             "goodput_gpu_process_cpu_seconds",  # _total: prometheus_client adds it
             "User and system CPU seconds of the processes using the GPU and their descendants.",
-            labels=labels,
+            labels=["node", "gpu", "model_name"]
+            + (["job_id"] if self.job_map_dir is not None else []),
         )
         xid_count = GaugeMetricFamily(
             "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
@@ -333,7 +334,9 @@ class NvmlCollector(Collector):
                         )
                     fam.add_metric(labels_of[gpu.index], float(value))
             for index, seconds in self.host_cpu().items():
-                cpu.add_metric(labels_of[index], seconds)
+                dcgm = dict(zip(labels, labels_of[index], strict=True))
+                own = [dcgm["Hostname"], dcgm["gpu"], dcgm["modelName"]]
+                cpu.add_metric(own + ([dcgm["hpc_job"]] if "hpc_job" in dcgm else []), seconds)
             for gpu in self.gpus:
                 for xid, count in sorted(gpu.xids.items()):
                     xid_count.add_metric(labels_of[gpu.index] + [str(xid)], count)

@@ -152,17 +152,24 @@ def _fmt(value: float, is_float: bool) -> str:
     return str(int(value))
 
 
+def own_labels(gpu: GPU) -> str:
+    """The NVML exporter's label set for its own per-GPU counter (Goodput's names)."""
+    job = f',job_id="{gpu.job_id}"' if gpu.job_id else ""
+    return f'{{node="{gpu.node_name}",gpu="{gpu.index}",model_name="{gpu.model_name}"{job}}}'
+
+
 def render_node(node: Node, host_label: str = "Hostname") -> bytes:
     """The node's /metrics body: every field, one sample per present GPU."""
-    gpus = [(g, g.labels(host_label)) for g in node.gpus]
+    gpus = [(g, g.labels(host_label), own_labels(g)) for g in node.gpus]
     out: list[str] = []
     for i, header in enumerate(_HEADERS):
         lines = []
         name = FIELD_NAMES[i]
         is_float = _IS_FLOAT[i]
-        for gpu, labels in gpus:
+        for gpu, labels, own in gpus:
             if gpu.off_bus and i not in OFF_BUS_FIELDS or gpu.values[i] != gpu.values[i]:
                 continue  # off the bus, or NaN: not reported
+            labels = labels if name.startswith("DCGM_") else own
             lines.append(f"{name}{labels} {_fmt(gpu.values[i], is_float)}\n")
         if lines:
             out.append(header)

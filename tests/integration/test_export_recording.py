@@ -52,14 +52,12 @@ class _Target:
         yield util
         yield power
         # the NVML exporter's host-side counter: GPU 0's processes burn a core, the others rest
-        cpu = CounterMetricFamily("goodput_gpu_process_cpu_seconds", "cpu", labels=names)
+        own = ["node", "gpu", "model_name", "job_id"]  # Goodput's label names
+        cpu = CounterMetricFamily("goodput_gpu_process_cpu_seconds", "cpu", labels=own)
         for node in NODES:
             for gpu in range(4):
                 busy = time.time() - self.t0 if gpu == 0 else 0.001 * gpu
-                cpu.add_metric(
-                    [str(gpu), node, JOB if node == NODES[0] else "", f"GPU-{node}-{gpu}", MODEL],
-                    busy,
-                )
+                cpu.add_metric([node, str(gpu), MODEL, JOB if node == NODES[0] else ""], busy)
         yield cpu
         info = GaugeMetricFamily(
             "goodput_slurm_job_node_info", "job->node", labels=["job_id", "job_name", "node"]

@@ -93,7 +93,8 @@ def test_prometheus_scrapes_every_dcgm_family(local_stack, prometheus_url, tmp_p
         names = {r["metric"]["__name__"] for r in got}
         assert names == {n for n in FIELD_NAMES if n.startswith("DCGM_")}
         # beside them the NVML exporter's host-side counter, on the GPUs a process holds
-        assert prom_query(prometheus_url, f"goodput_gpu_process_cpu_seconds_total{sel}")
+        own = f'{{test="{tag}",job_id="{sub["job_id"]}"}}'  # Goodput's label names
+        assert prom_query(prometheus_url, f"goodput_gpu_process_cpu_seconds_total{own}")
         row = prom_query(prometheus_url, f"DCGM_FI_DEV_POWER_USAGE{sel}")[0]["metric"]
         for label in (
             "gpu",
