@@ -346,8 +346,8 @@ class NvmlCollector(Collector):
 
     def host_cpu(self) -> dict[int, float]:
         """Each GPU's host-side counter: the CPU seconds its compute processes and their
-        descendants gained, scrape by scrape (`proctree.Gains`: each process's own time, so
-        a process that joins brings no history and one that leaves takes none away; never a
+        descendants gained, scrape by scrape (`proctree.Gains`: a process that joins brings
+        no history, one that leaves takes none away, a reaped child counts once; never a
         reset), from one /proc snapshot. A process NVML lists on several GPUs (a rank that
         also made a context on GPU 0) belongs to the one where it holds the most memory, and
         a tree stops at another GPU's process (rank 0 as the parent of the node's other

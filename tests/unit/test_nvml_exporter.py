@@ -132,15 +132,15 @@ def test_the_gpus_processes_on_the_host():
         p.wait()
 
 
-def _proc(root: Path, procs: dict[int, tuple[int, int]]) -> None:
-    """A /proc of `procs` (pid -> (parent, utime ticks)); what is not listed is gone."""
+def _proc(root: Path, procs: dict[int, tuple[int, ...]]) -> None:
+    """A /proc of `procs` (pid -> (parent, utime ticks[, cutime ticks])); the rest is gone."""
     for d in root.iterdir():
         (d / "stat").unlink()
         d.rmdir()
-    for pid, (ppid, ticks) in procs.items():
+    for pid, (ppid, ticks, *reaped) in procs.items():
         (root / str(pid)).mkdir()
-        # utime, stime 0, cutime and cstime (never read: a reaped rank's lifetime), start time
-        rest = " ".join(["0"] * 9 + [str(ticks), "0", "999999", "999999", "20", "0", "1", "0"])
+        cutime = reaped[0] if reaped else 0
+        rest = " ".join(["0"] * 9 + [str(ticks), "0", str(cutime), "0", "20", "0", "1", "0"])
         (root / str(pid) / "stat").write_text(f"{pid} (python3) S {ppid} {rest} {pid * 7}\n")
 
 
@@ -169,9 +169,10 @@ def test_each_gpu_counts_its_own_ranks_and_the_counter_only_grows(tmp_path: Path
     assert c.host_cpu()[0] == 1.0  # the worker left rank 0's tree: no drop
     _proc(tmp_path, {1: (0, 0), 10: (1, 100 + 2 * TICK), 20: (10, 1000 + 3 * TICK), 21: (20, 300)})
     assert c.host_cpu() == {0: 2.0, 1: 3.0}
-    pids[1] = []  # rank 1 ended, reaped by rank 0 (its lifetime in rank 0's cutime): no jump
-    _proc(tmp_path, {1: (0, 0), 10: (1, 100 + 2 * TICK)})
-    assert c.host_cpu() == {0: 2.0}
+    pids[1] = []  # rank 1 and its worker ended, reaped by rank 0: their lifetimes land in
+    life = 1000 + 3 * TICK + 300  # rank 0's reaped children's time, counted already: no jump
+    _proc(tmp_path, {1: (0, 0), 10: (1, 100 + 2 * TICK, life + TICK // 2)})
+    assert c.host_cpu() == {0: 2.5}  # (the half second rank 1 used since it was last seen)
     pids[0] = []
     assert c.host_cpu() == {}  # no process: no series
 

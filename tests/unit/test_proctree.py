@@ -72,7 +72,7 @@ def test_gains_per_process_on_a_proc_of_our_own(tmp_path):
     _proc(tmp_path, {1: (0, 100, 1), 2: (1, 30, 2)})
     snap = Snapshot.take(tmp_path)
     assert snap.tree([1]) == [(1, 1), (2, 2)] and snap.tree([1], others=[2]) == [(1, 1)]
-    assert snap.tree([7]) == [] and snap.ticks((2, 2)) == 35
+    assert snap.tree([7]) == [] and snap.get((2, 2))[1:3] == (35, 1999998)
     gains = Gains()
     assert gains.seconds(snap, {0: snap.tree([1])}) == {0: 0.0}  # first sight
     _proc(tmp_path, {1: (0, 100 + TICK, 1), 2: (1, 30 + TICK, 2)})
@@ -82,3 +82,33 @@ def test_gains_per_process_on_a_proc_of_our_own(tmp_path):
     snap = Snapshot.take(tmp_path)
     assert gains.seconds(snap, {0: snap.tree([1])}) == {0: 1.0}
     assert Snapshot.take(tmp_path / "missing").procs == {}  # no /proc: nothing visible
+
+
+def test_reaped_children_count_once(tmp_path):
+    """A child's own time while seen, then, reaped, only what it used since (its total moves
+    into the parent's cutime); a child never seen (a compile worker's short `gcc`) in full."""
+    (tmp_path / "1").mkdir()
+
+    def stat(parent_cutime: int, child: int | None) -> Snapshot:
+        (tmp_path / "1" / "stat").write_text(
+            f"1 (rank) S 0 {' '.join(['0'] * 9)} 100 0 {parent_cutime} 0 20 0 1 0 1\n"
+        )
+        (tmp_path / "2").mkdir(exist_ok=True)
+        if child is None:
+            (tmp_path / "2" / "stat").unlink(missing_ok=True)
+            (tmp_path / "2").rmdir()
+        else:
+            (tmp_path / "2" / "stat").write_text(
+                f"2 (w) S 1 {' '.join(['0'] * 9)} {child} 0 0 0 20 0 1 0 2\n"
+            )
+        return Snapshot.take(tmp_path)
+
+    gains = Gains()
+    for parent_cutime, child, want in [
+        (0, 50, 0.0),  # first sight
+        (0, 50 + TICK, 1.0),  # the child works
+        (50 + TICK + TICK // 2, None, 0.5),  # reaped: the half second since it was seen
+        (50 + TICK + TICK // 2 + 3 * TICK, None, 3.0),  # a child never seen, in full
+    ]:
+        snap = stat(parent_cutime, child)
+        assert gains.seconds(snap, {0: snap.tree([1])}) == {0: want}
