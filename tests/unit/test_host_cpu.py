@@ -179,5 +179,5 @@ def test_a_recording_carries_the_counter_and_the_frame_reads_cores(tmp_path, as_
         f = Frame.from_dataframe(df)
     late = f.time >= f.time.min() + 5
     host = f.col(F.HOST_CPU)
-    assert np.nanmin(host[late & (f.gpu == 0)]) > 0.9
+    assert np.nanmin(host[late & (f.gpu == 0)]) > 0.8
     assert np.nanmax(host[late & (f.gpu == 1)]) < 0.02
