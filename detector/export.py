@@ -27,6 +27,7 @@ from catalogue import logfiles, names, promql, recording
 from clients.prometheus import PromClient, PromError
 from detector import fields as F
 from detector.frame import JOB_RE, NODE_RE
+from detector.ingest import host_cores
 
 FORMAT = recording.FORMAT
 MAX_RANGE_S = 31 * 86400
@@ -128,7 +129,7 @@ def export_recording(
     if not gpu_rows:
         raise ExportError(f"job {job_id}: no DCGM_FI_* series for nodes {nodes} in the range")
     cpu = promql.selector(F.HOST_CPU_COUNTER, node=nodes)  # the GPUs' processes on the host
-    for labels, values in _range(prom, f"irate({cpu}[{F.HOST_CPU_WINDOW_S:.0f}s])", *grid):
+    for labels, values in _range(prom, host_cores(cpu), *grid):
         node, gpu = labels.get("node", ""), labels.get("gpu", "")
         for t, v in values:  # as the detector reads them, onto the GPUs the fields found
             if (t, node, gpu) in gpu_rows:

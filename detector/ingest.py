@@ -35,7 +35,12 @@ NODE_INFO = "goodput_slurm_job_node_info"
 KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
 PER_JOB = (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE)  # log-derived, one value per job
 GPU_COLUMNS = (*F.DCGM_FIELDS, F.HOST_CPU)  # per-GPU answers
-HOST_CPU_WINDOW = f"{F.HOST_CPU_WINDOW_S:.0f}s"
+
+
+def host_cores(selector: str) -> str:
+    """PromQL: the host-side counter of `selector`'s series in cores, as the detector reads it
+    (irate over `fields.HOST_CPU_WINDOW_S`); the service's query and export-recording's."""
+    return f"irate({selector}[{F.HOST_CPU_WINDOW_S:.0f}s])"
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
     cpu = promql.selector(F.HOST_CPU_COUNTER, **gpu_sel)
     own = ", ".join(promql.quote(n) for n in ("node", "none", "gpu", "job_id", "model_name"))
     out[F.HOST_CPU] = (  # its labels are Goodput's: the same key as the fields' for the GPU
-        f'max by ({KEY}) (label_join(irate({cpu}[{HOST_CPU_WINDOW}]), "{KEY}", ",", {own}))'
+        f'max by ({KEY}) (label_join({host_cores(cpu)}, "{KEY}", ",", {own}))'
     )
     out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
     for name in PER_JOB:
