@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_SCRIPT = REPO / "compose" / "local" / "stack.sh"
+LOCK_FILE = "in-use.lock"  # stack.sh's wait_turn reads it too
+HOLDER_ENV = "GOODPUT_STACK_HOLDER"  # the holder's pid, inherited by what it starts
+
+
+class StackBusy(RuntimeError):
+    """Another process held the local stack for longer than we would wait."""
 
 
 def state_dir() -> Path:
@@ -20,6 +29,47 @@ def state_dir() -> Path:
 def run_stack(verb: str) -> int:
     """Run `stack.sh VERB`, streaming its output; returns its exit status."""
     return subprocess.call(["bash", str(STACK_SCRIPT), verb])
+
+
+@contextmanager
+def in_use(wait_s: float | None = None) -> Iterator[None]:
+    """Hold the local stack for this process (a test session), waiting up to `wait_s`
+    (GOODPUT_STACK_WAIT_S, default 1800) for another holder. While it is held, `stack.sh
+    start|stop|restart` from anyone but this process and its children waits. The kernel drops
+    the lock when the process exits, however it exits."""
+    wait_s = float(os.environ.get("GOODPUT_STACK_WAIT_S", 1800)) if wait_s is None else wait_s
+    state_dir().mkdir(parents=True, exist_ok=True)
+    path = state_dir() / LOCK_FILE
+    deadline, told = time.monotonic() + wait_s, False
+    with open(path, "a+") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = path.read_text(errors="replace").strip() or "another process"
+                if time.monotonic() >= deadline:
+                    raise StackBusy(
+                        f"the local stack ({state_dir()}) is in use by pid {holder}; "
+                        f"waited {wait_s:.0f} s (GOODPUT_STACK_WAIT_S)"
+                    ) from None
+                if not told:
+                    print(f"[stack] waiting for pid {holder} to finish", file=sys.__stderr__)
+                    told = True
+                time.sleep(0.5)
+        lock.truncate(0)
+        lock.write(f"{os.getpid()} {' '.join(sys.argv)[:200]}\n")
+        lock.flush()
+        before = os.environ.get(HOLDER_ENV)
+        os.environ[HOLDER_ENV] = str(os.getpid())
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(HOLDER_ENV, None)
+            else:
+                os.environ[HOLDER_ENV] = before
+            lock.truncate(0)
 
 
 def stack_env() -> dict[str, str]:

@@ -65,18 +65,19 @@ def _stack_running() -> bool:
 
 @pytest.fixture(scope="session")
 def local_stack():
-    """The real local stack's environment (SLURM_CONF, URLs). Started here if not running,
-    and stopped at the end only if this session started it."""
-    started = False
-    if not _stack_running():
-        if stack.run_stack("start") != 0:
-            pytest.fail("the local stack failed to start: see compose/local/stack.sh output")
-        started = True
-    env = stack.stack_env()
-    os.environ.update(env)
-    yield env
-    if started and not os.environ.get("GOODPUT_KEEP_STACK"):
-        stack.run_stack("stop")
+    """The real local stack's environment (SLURM_CONF, URLs), held by this session alone.
+    Started here if not running, and stopped at the end only if this session started it."""
+    with stack.in_use():  # one test session on the stack at a time
+        started = False
+        if not _stack_running():
+            if stack.run_stack("start") != 0:
+                pytest.fail("the local stack failed to start: see compose/local/stack.sh output")
+            started = True
+        env = stack.stack_env()
+        os.environ.update(env)
+        yield env
+        if started and not os.environ.get("GOODPUT_KEEP_STACK"):
+            stack.run_stack("stop")
 
 
 @pytest.fixture(scope="session")

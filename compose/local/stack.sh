@@ -32,6 +32,19 @@ PACKAGES=(prometheus prometheus-alertmanager slurm-wlm munge slurmdbd mariadb-se
 say() { printf '[stack] %s\n' "$*"; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
 
+wait_turn() { # start/stop wait while another process holds the stack (goodput.stack.in_use:
+  # a test session); its own children (GOODPUT_STACK_HOLDER, its pid) go on
+  local lock=$STATE/in-use.lock holder waited=0 max=${GOODPUT_STACK_WAIT_S:-1800}
+  [ -f "$lock" ] || return 0
+  holder=$(head -c 200 "$lock" 2>/dev/null | tr -d '\n' || true)
+  [ -n "${GOODPUT_STACK_HOLDER:-}" ] && [ "${holder%% *}" = "$GOODPUT_STACK_HOLDER" ] && return 0
+  until flock -n "$lock" true; do
+    [ "$waited" -ge "$max" ] && die "the stack in $STATE is in use by pid $holder (waited ${max}s; GOODPUT_STACK_WAIT_S)"
+    [ "$waited" = 0 ] && say "waiting for pid $holder to finish with the stack in $STATE"
+    sleep 1; waited=$((waited + 1))
+  done
+}
+
 alive() { # pidfile -> true if the process runs (zombies count as dead)
   local pid; [ -f "$1" ] || return 1; pid=$(cat "$1" 2>/dev/null) || return 1
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
@@ -406,8 +419,9 @@ cmd_status() {
 }
 
 case "${1:-}" in
-  start) cmd_start;; stop) cmd_stop;; status) cmd_status;; env) cat "$STATE/env";;
-  restart) cmd_stop; cmd_start;;
+  start) wait_turn; cmd_start;; stop) wait_turn; cmd_stop;;
+  status) cmd_status;; env) cat "$STATE/env";;
+  restart) wait_turn; cmd_stop; cmd_start;;
   install) install_missing;;                      # the stack's packages, nothing started
   install-test-tools) WITH_TEST_TOOLS=1 install_missing;;  # and what the tests drive (Chromium)
   start-vm) start_victoriametrics; say "victoria-metrics on http://127.0.0.1:$VM_PORT (vmagent :$VMAGENT_PORT, vmalert :$VMALERT_PORT)";;

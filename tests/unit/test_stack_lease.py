@@ -1,0 +1,105 @@
+"""One test session on the local stack at a time (goodput.stack.in_use and stack.sh's
+wait_turn): two runs of the suite on one machine once shared a stack, rewrote each other's
+Slurm hooks and stopped it under each other. Exercised on a private state dir: the lock, not
+the daemons."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from goodput import stack
+
+HOLD = """from goodput import stack; import time
+with stack.in_use():
+    print("held", flush=True)
+    time.sleep({s})"""
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOODPUT_STACK_DIR", str(tmp_path))
+    monkeypatch.delenv(stack.HOLDER_ENV, raising=False)
+    return tmp_path
+
+
+def _holder(seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(s=seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=stack.REPO,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _stack_sh(verb: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(stack.STACK_SCRIPT), verb],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_second_session_is_refused_naming_the_first(state):
+    holder = _holder(60)
+    try:
+        with pytest.raises(stack.StackBusy, match=f"in use by pid {holder.pid} "):
+            with stack.in_use(wait_s=1):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stack_sh_waits_for_the_holder_and_then_gives_up(state):
+    # `stop` stands for start and restart too (one case line): were the wait broken, a start
+    # here would start real daemons
+    holder = _holder(60)
+    try:
+        out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="1")
+        assert out.returncode != 0
+        assert f"in use by pid {holder.pid} " in out.stderr
+        assert "nothing to stop" not in out.stdout  # cmd_stop never ran
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_holders_own_children_go_on(state):
+    holder = _holder(60)
+    try:
+        out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="1", GOODPUT_STACK_HOLDER=str(holder.pid))
+        assert out.returncode == 0 and "nothing to stop" in out.stdout, out.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stack_sh_goes_on_once_the_holder_is_done(state):
+    holder = _holder(2)
+    out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="30")
+    holder.wait()
+    assert out.returncode == 0, out.stderr
+    assert f"waiting for pid {holder.pid} " in out.stdout and "nothing to stop" in out.stdout
+
+
+def test_a_killed_holder_frees_the_stack(state):
+    holder = _holder(60)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    t0 = time.monotonic()
+    out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="30")
+    assert out.returncode == 0 and "nothing to stop" in out.stdout, out.stderr
+    assert time.monotonic() - t0 < 10  # no wait for a dead holder
+    with stack.in_use(wait_s=0):
+        assert os.environ[stack.HOLDER_ENV] == str(os.getpid())
+    assert stack.HOLDER_ENV not in os.environ
