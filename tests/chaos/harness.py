@@ -332,7 +332,21 @@ class Chaos:
         )
 
     def describe(self) -> str:
-        """The incidents and actions of this run, and the receiver log's tail: for failures."""
+        """Slurm's queue and nodes, this run's incidents and actions, and the receiver log's
+        tail: for failures."""
+        return "\n".join([self._slurm_view(), self._store_view()])
+
+    def _slurm_view(self) -> str:
+        views = (["squeue", "-h", "-o", "%i %T %r %N"], ["sinfo", "-h", "-N", "-o", "%N %T %E"])
+        try:
+            return "--- slurm ---\n" + "".join(
+                subprocess.run(v, env=self.env, capture_output=True, text=True, timeout=10).stdout
+                for v in views
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"(slurm unreadable: {exc})"
+
+    def _store_view(self) -> str:
         try:
             with self.engine.connect() as conn:
                 incs = conn.execute(
