@@ -45,7 +45,7 @@ lint: setup
 	$(BIN)/lint-imports --no-cache
 
 test-unit: setup tools
-	$(BIN)/pytest -m "not integration and not browser" -q
+	$(BIN)/pytest -m "not integration and not browser" -q -n 2
 
 test-integration: tools stack
 	GOODPUT_KEEP_STACK=1 $(BIN)/pytest -m "integration or browser" -q

@@ -31,7 +31,7 @@ from bench.online_alerts import OnlineAlerts
 from detector import exposition
 from detector import fields as F
 from detector.baselines import BaselineStore
-from detector.frame import Frame
+from detector.frame import Frame, counter_rate
 from detector.pipeline import Config, Engine
 from exporters.logmetrics.parser import LogState
 from recovery.settings import Settings
@@ -202,7 +202,8 @@ def host_side(trace: Trace, phases: list[tuple[float, str]]) -> Trace:
         per_s[sel] = rate[np.floor(seconds[sel] - at).astype(int) % len(rate)]
     done = np.r_[0.0, np.cumsum(per_s)]  # the counter at each whole second from t0
     scrapes = np.arange(0, len(per_s) + 1, int(SCRAPE_S))  # seconds from t0
-    irate = np.r_[np.nan, np.diff(done[scrapes]) / SCRAPE_S]  # held until the next scrape
+    one_gpu = np.zeros(len(scrapes))
+    irate = counter_rate(t0 + scrapes, one_gpu.astype(object), one_gpu, done[scrapes], SCRAPE_S)
     t = trace.samples.t.to_numpy()
     latest = np.searchsorted(scrapes, np.floor(t - t0), side="right") - 1
     cores = np.where(t >= t0, irate[np.maximum(latest, 0)], np.nan)
