@@ -65,14 +65,17 @@ def _stack_running() -> bool:
 
 @pytest.fixture(scope="session")
 def local_stack():
-    """The real local stack's environment (SLURM_CONF, URLs), held by this session alone.
-    Started here if not running, and stopped at the end only if this session started it."""
+    """The real local stack's environment (SLURM_CONF, URLs), held by this session alone,
+    with no Slurm job on it. Started here if not running, and stopped at the end only if this
+    session started it."""
     with stack.in_use():  # one test session on the stack at a time
         started = False
         if not _stack_running():
             if stack.run_stack("start") != 0:
                 pytest.fail("the local stack failed to start: see compose/local/stack.sh output")
             started = True
+        if stack.run_stack("clear") != 0:  # jobs of a run that died before its stop
+            pytest.fail("could not cancel the jobs left on the local stack")
         env = stack.stack_env()
         os.environ.update(env)
         yield env

@@ -2,7 +2,8 @@
 # Goodput's local stack on loopback, without systemd or Docker:
 #   Prometheus, Alertmanager, MariaDB + slurmdbd, munged, slurmctld, four slurmd (node1..node4,
 #   8 fake GPUs each), and optionally PostgreSQL (for the receiver's PostgreSQL tests).
-# Usage: stack.sh start|stop|restart|status|env|install|install-test-tools|start-vm
+# Usage: stack.sh start|stop|restart|clear|status|env|install|install-test-tools|start-vm
+#   (clear: cancel every Slurm job, the stack kept running)
 #   State lives under $GOODPUT_STACK_DIR.
 # GOODPUT_TSDB=victoriametrics: vmagent -> victoria-metrics -> vmalert -> Alertmanager in place of
 # Prometheus (own ports, so `start-vm` can also run the three beside a running default stack).
@@ -374,14 +375,25 @@ stop_job_leftovers() { # a job step slurmd left running (a job slow to die on sc
   say "stopped ${#pids[@]} job process(es) left running"
 }
 
+cmd_clear() { # cancel every Slurm job; what a stop does first, and a test session's start
+  [ -f "$STATE/slurm/slurm.conf" ] && alive "$STATE/run/slurmctld.pid" || return 0
+  export SLURM_CONF=$STATE/slurm/slurm.conf
+  local ids n=0
+  for _ in $(seq 60); do # by id, again while any is left: a filter cancelled some, not all
+    mapfile -t ids < <(squeue -h -o '%i %t' 2>/dev/null | awk '$2 != "CG" {print $1}')
+    [ ${#ids[@]} -gt 0 ] || break
+    [ $n -gt 0 ] || n=${#ids[@]}
+    scancel --quiet --full "${ids[@]}" 2>/dev/null || true
+    sleep 0.5
+  done
+  [ $n -gt 0 ] && say "cancelled $n Slurm job(s)"
+  for _ in $(seq 60); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && return 0; sleep 0.5; done
+  say "jobs still completing: $(squeue -h -o '%i %T' 2>/dev/null | tr '\n' ' ')"
+}
+
 cmd_stop() {
   [ -d "$STATE/run" ] || { say "nothing to stop"; return 0; }
-  if [ -f "$STATE/slurm/slurm.conf" ] && alive "$STATE/run/slurmctld.pid"; then
-    export SLURM_CONF=$STATE/slurm/slurm.conf
-    scancel --quiet --full --state=pending,running,suspended,requeued 2>/dev/null || true
-    scancel --quiet --full 2>/dev/null || true
-    for _ in $(seq 50); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.1; done
-  fi
+  cmd_clear
   # goodput services first (their pidfiles are written by `goodput`), then the stack in reverse
   local order=(alertmanager vmalert vmagent victoria-metrics prometheus postgres)
   for f in "$STATE"/run/*.pid; do
@@ -419,11 +431,11 @@ cmd_status() {
 }
 
 case "${1:-}" in
-  start) wait_turn; cmd_start;; stop) wait_turn; cmd_stop;;
+  start) wait_turn; cmd_start;; stop) wait_turn; cmd_stop;; clear) wait_turn; cmd_clear;;
   status) cmd_status;; env) cat "$STATE/env";;
   restart) wait_turn; cmd_stop; cmd_start;;
   install) install_missing;;                      # the stack's packages, nothing started
   install-test-tools) WITH_TEST_TOOLS=1 install_missing;;  # and what the tests drive (Chromium)
   start-vm) start_victoriametrics; say "victoria-metrics on http://127.0.0.1:$VM_PORT (vmagent :$VMAGENT_PORT, vmalert :$VMALERT_PORT)";;
-  *) echo "usage: $0 start|stop|restart|status|env|install|install-test-tools|start-vm" >&2; exit 2;;
+  *) echo "usage: $0 start|stop|restart|clear|status|env|install|install-test-tools|start-vm" >&2; exit 2;;
 esac

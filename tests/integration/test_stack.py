@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,8 +12,10 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 from tests.helpers import add_scrape_target, prom_query, slurm
+
+STACK_SH = ROOT / "compose" / "local" / "stack.sh"
 
 
 def test_prometheus_scrapes_a_client_endpoint_and_answers_queries(prometheus_url):
@@ -171,3 +174,23 @@ def test_sacct_shows_the_job_comment(local_stack, batch_script, tmp_path):
 
     row = wait_until(recorded, timeout=30, what="sacct to record the comment")
     assert row.startswith(f"{job_id}|CANCELLED")
+
+
+def test_clear_cancels_every_job_and_keeps_the_stack(local_stack):
+    """`stack.sh clear`, the test session's first step: jobs a run left when it died before
+    its stop (running, pending behind them, held) are all cancelled, and Slurm keeps serving.
+    Its first version cancelled by a state filter, which Slurm 22.05 applied to some jobs only."""
+    submit = ("sbatch", "--parsable", "--output=/dev/null", "--job-name=left-by-a-dead-run")
+    ids = [slurm(*submit, "--gpus=8", "--wrap", "sleep 600").strip() for _ in range(5)]
+    ids.append(slurm(*submit, "--hold", "--gpus=1", "--wrap", "sleep 600").strip())
+    wait_until(
+        lambda: sum(_job(j).get("JobState") == "RUNNING" for j in ids) == 4,
+        timeout=30,
+        what="4 running, 1 pending behind them, 1 held",
+    )
+    out = subprocess.run(
+        ["bash", str(STACK_SH), "clear"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "cancelled 6 Slurm job(s)" in out.stdout
+    assert slurm("squeue", "-h", "-o", "%i").split() == []
+    assert "UP" in slurm("scontrol", "ping")
