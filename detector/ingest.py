@@ -111,9 +111,12 @@ def fetch(
     calls += [partial(client.column, qs[n], KEY) for n in GPU_COLUMNS]
     answers = client.many(calls)
     info, *per_job_raw = [next(answers) for _ in range(1 + len(PER_JOB))]
-    for name, col in zip(F.DCGM_FIELDS, answers, strict=False):
-        rows.add(F.ALL_FIELDS.index(name), *col)
-    rows.join(F.ALL_FIELDS.index(F.HOST_CPU), *next(answers))  # the NVML exporter's
+    for name in GPU_COLUMNS:  # each as it decodes
+        col = F.ALL_FIELDS.index(name), *next(answers)
+        if name == F.HOST_CPU:  # the NVML exporter's: onto the GPUs dcgm found
+            rows.join(*col)
+        else:
+            rows.add(*col)
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in samples(info):
