@@ -58,9 +58,7 @@ preparing): its `idle_hang` allowance and its job's `never_started` one are at l
 `pause_allowance`, and ranks spinning while it works are in a live wait; a job all of whose
 GPUs that do not wait report at most `host_idle_cores` does nothing on the host either, and
 after a milestone has `host_idle_startup_s` for `startup_s` (a first batch and a compile are
-host work), counted from when they last worked on the host, not from the milestone (a first
-batch read after a long checkpoint load rests a moment). Thresholds measured of real PyTorch
-processes (tests/data/real/host-cpu/).
+host work). Thresholds measured of real PyTorch processes (tests/data/real/host-cpu/).
 
 Scores are in the calibrated units (1.0 = alert level). The engine counts a physics score only
 once some rule held on every sample of its persistence window, and then at its latest value.
@@ -192,7 +190,6 @@ class Physics(PerJob):
         self.min_gaps = min_gaps
         self.pauses = pauses  # the detector that learns each job's pauses from its log
         self._busy_last: dict[str, float] = {}  # job -> the latest time it was seen busy
-        self._host_last: dict[str, float] = {}  # job -> the latest time it worked on the host
         self._busy: tuple[np.ndarray, np.ndarray] | None = None  # (jobs, `_busy_rows`)
         self._models: Memo[dict[str, np.ndarray]] = Memo()  # the priors per model (`_rules`)
         self._startup: dict[str, float] = {}  # job -> its start-up as measured (`_measure`)
@@ -249,38 +246,11 @@ class Physics(PerJob):
             self._busy_last.update(zip(uniq[fin].tolist(), prev[fin].tolist(), strict=True))
             self._busy = None
 
-    def _host_worked(self, frame: Frame, worked: np.ndarray) -> np.ndarray:
-        """Per row, the latest time at or before it at which its job worked on the host
-        (`worked`, per row), in this frame or earlier ones (NaN: never); kept per job."""
-        codes, uniq = frame.job_codes
-        get = self._host_last.get
-        last = np.array([get(j, np.nan) for j in uniq.tolist()] + [np.nan])
-        prev, t = last[codes], frame.time
-        with np.errstate(invalid="ignore"):
-            out = np.where(prev <= t, prev, np.nan)  # a sub-frame's rows after its frame's
-        hit = worked & (codes >= 0)
-        if not hit.any():
-            return out
-        t0, span = t.min(), t.max() - t.min() + 1.0
-        keys = np.sort(codes[hit] * span + (t[hit] - t0))  # by (job, time)
-        base = codes * span
-        i = np.searchsorted(keys, base + (t - t0), "right") - 1
-        ok = np.flatnonzero((i >= 0) & (codes >= 0))
-        ok = ok[keys[i[ok]] >= base[ok]]  # the latest hit is the row's own job's
-        out[ok] = np.fmax(out[ok], keys[i[ok]] - base[ok] + t0)
-        latest = np.full(len(uniq), -np.inf)
-        np.maximum.at(latest, codes[hit], t[hit])
-        fin = np.flatnonzero(np.isfinite(latest))
-        later = np.fmax(latest[fin], last[fin]).tolist()
-        self._host_last.update(zip(uniq[fin].tolist(), later, strict=True))
-        return out
-
     def drop_jobs(self, jobs: set[str]) -> None:
         super().drop_jobs(jobs)
         self._write_back()
         for job in jobs:  # a start-up stays: a requeued job keeps its id (`KEEP_ENDED`)
             self._busy_last.pop(job, None)
-            self._host_last.pop(job, None)
         self._unstarted -= jobs
 
     def set_job_state(self, job: str, state: dict[str, Any]) -> None:
@@ -453,8 +423,6 @@ class Physics(PerJob):
             rests = host <= prior("host_idle_cores")
         not_waiting = ~waits
         host_works = _share_of_job(instants, not_waiting & on_host) > 0
-        with np.errstate(invalid="ignore"):
-            worked = _share_of_job(instants, not_waiting & (host > prior("host_idle_cores"))) > 0
         host_rests = (_share_of_job(instants, not_waiting) > 0) & (
             _share_of_job(instants, not_waiting & ~rests) == 0
         )
@@ -516,12 +484,9 @@ class Physics(PerJob):
             lone = ~waits & ~_first_of_node(frame, instants)
             by_main = pre & ~moving & (_share_of_job(instants, lone) == 0)
         since = np.where(paused, since_pause, age)
-        allow, at_rest = self._startup_allowance(
+        allow = self._startup_allowance(
             frame, prior, waiting | by_main, ready, since, instants, (host_works, host_rests)
         )
-        if worked.any() or at_rest.any():  # (kept while it works, read while it rests)
-            rested = frame.time - self._host_worked(frame, worked)  # since it last worked
-            since = np.where(at_rest, np.fmin(since, rested), since)
         out[waiting, wait_col] = np.nan_to_num(since[waiting]) / allow[waiting]
         bm = np.flatnonzero(by_main)
         share = np.nan_to_num(since[bm], nan=np.inf) / allow[bm]
@@ -540,7 +505,7 @@ class Physics(PerJob):
         since: np.ndarray,
         instants: np.ndarray,
         host: tuple[np.ndarray, np.ndarray],
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> np.ndarray:
         """never_started's allowance per row (meant for `rows`, the GPUs idle or waiting
         before the job started): after a milestone (`ready`) the model's short one
         (`host_idle_startup_s` for `startup_s` where the job's processes rest on the host:
@@ -549,12 +514,11 @@ class Physics(PerJob):
         stretched to `startup_factor` x the wait a run ended in (requeued as not started),
         at most `pause_allowance_s`, so a silent compile longer than the allowance costs one
         requeue, not a stop on the same verdict again; else the job's pause allowance
-        (`pause_allowance`), at least that where they work on the host; and the rows whose
-        allowance is the resting one. Notes the waits of `rows` on the way (`_note_waits`)."""
+        (`pause_allowance`), at least that where they work on the host. Notes the waits of
+        `rows` on the way (`_note_waits`)."""
         works, rests = host
         first = np.where(rests, prior("host_idle_startup_s"), prior("startup_s"))
         short = first + prior("startup_per_doubling_s") * _log2_job_size(instants)
-        at_rest = ready & rests
         seen = np.flatnonzero(rows & ready)
         if seen.size:
             jobs, at = np.unique(frame.job_codes[0][seen], return_inverse=True)
@@ -565,16 +529,13 @@ class Physics(PerJob):
             floor = np.broadcast_to(prior("startup_floor_s"), len(frame))[mine]
             factor = np.broadcast_to(prior("startup_factor"), len(frame))
             short[mine] = np.fmax(floor, factor[mine] * own[known])
-            at_rest[mine] = False  # its own start-up's, from the milestone
             self._note_waits(names, at, frame.time[seen], since[seen])
             least = np.array([self._at_least.get(j, np.nan) for j in names], dtype=float)
             longest = np.broadcast_to(prior(PAUSE_ALLOWANCE), len(frame))[seen]
-            stretched = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
-            at_rest[seen[stretched > short[seen]]] = False  # an earlier run's wait's
-            short[seen] = stretched
+            short[seen] = np.fmax(short[seen], np.minimum(factor[seen] * least[at], longest))
         pause = self.pause_allowance(frame)
         allow = np.where(ready, short, pause)
-        return np.where(works, np.fmax(allow, pause), allow), at_rest
+        return np.where(works, np.fmax(allow, pause), allow)
 
     def score(self, frame: Frame) -> np.ndarray:
         s = self._rules(frame)[0]

@@ -181,30 +181,3 @@ def test_a_recording_carries_the_counter_and_the_frame_reads_cores(tmp_path, as_
     host = f.col(F.HOST_CPU)
     assert np.nanmin(host[late & (f.gpu == 0)]) > 0.8
     assert np.nanmax(host[late & (f.gpu == 1)]) < 0.02
-
-
-def _loaded_then_resting() -> Frame:
-    """One GPU idle from its milestone at t=0: its process loads a checkpoint (the recorded
-    torch.load) until t=150 s, then rests (the recorded blocked DataLoader); sampled each 5 s."""
-    f = healthy_frame(jobs=1, nodes=1, gpus=1, steps=40, seed=3)
-    f = Frame(f.time, f.job, f.node, f.gpu, f.values, model=np.full(len(f), H200, object))
-    load = f.time < 150.0
-    _idle(f, np.flatnonzero(load), float(np.median(cores("ckpt_load"))))
-    _idle(f, np.flatnonzero(~load), float(cores("loader_hang").max()))
-    for col in (F.STALL_SECONDS, F.SINCE_PAUSE):
-        f.values[:, COL[col]] = f.time
-    f.values[:, COL[F.ITER_SECONDS]] = np.nan
-    return f
-
-
-def test_a_rest_after_host_work_is_timed_from_when_the_work_ended() -> None:
-    """A first batch read after a 150 s checkpoint load rests a moment: it was a hang at once
-    (150 s since the milestone over the resting job's 20 s); now a hang 20 s into the rest,
-    in one frame (a replay) and one instant at a time (the engine)."""
-    f = _loaded_then_resting()
-    t = f.time
-    want = np.where(t < 150.0, t / 600.0, (t - 145.0) / 20.0)
-    assert Physics().score(f) == pytest.approx(want)
-    one = Physics()
-    each = [one.score(f.take(np.array([i])))[0] for i in range(len(f))]
-    assert each == pytest.approx(want)
