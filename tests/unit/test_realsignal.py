@@ -30,9 +30,15 @@ def test_the_trace_loads_as_recorded() -> None:
 
 def test_healthy_real_runs_raise_nothing(rows) -> None:
     healthy = [r for r in rows.values() if r["kind"] == "healthy"]
-    assert len(healthy) == 6  # the recorded runs, a 10-min job, it restarted, a slow compile
-    # (its restart), a slow compile with its host side measured, long saves (after the first)
+    assert len(healthy) == 8  # the recorded runs, a 10-min job, it restarted, a slow compile
+    # (its restart), a slow compile with its host side measured, long saves (after the first),
+    # a checkpoint load and a first batch resting 20 s; and resting 30 s, a known limit (a
+    # rest after the milestone's 20 s is a hang), left out here and shown in the results
+    limit = [r for r in healthy if "resting 30 s" in r["row"]]
+    assert len(limit) == 1
     for r in healthy:
+        if r in limit:
+            continue
         assert r["false_alerts"] == [], r
 
 
@@ -56,6 +62,14 @@ def test_the_host_side_tells_a_silent_compile_from_a_start_up_that_never_ends(ro
     assert ok["false_alerts"] == []
     (hung,) = [r for name, r in rows.items() if "its process resting on the host" in name]
     assert hung["detected"] and hung["latency_s"] <= 45.0, hung
+
+
+def test_a_short_rest_after_a_checkpoint_load_is_no_hang(rows) -> None:
+    """A 150 s checkpoint load on the host (measured: torch.load), then a first batch read
+    resting on the host for 20 s (measured: a blocked DataLoader), at every scrape phase:
+    nothing raised. (A 30 s rest is taken for a hang: its row in the results says so.)"""
+    (r,) = [r for name, r in rows.items() if "checkpoint load, then" in name and "20 s" in name]
+    assert r["false_alerts"] == [], r
 
 
 def test_a_missed_host_reading_does_not_make_a_compile_a_hang() -> None:
