@@ -8,14 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_SCRIPT = REPO / "compose" / "local" / "stack.sh"
-LOCK_FILE = "in-use.lock"  # stack.sh's wait_turn reads it too
-HOLDER_ENV = "GOODPUT_STACK_HOLDER"  # the holder's pid, inherited by what it starts
+LOCK_FILE = "in-use.lock"  # stack.sh's hold_turn takes it too
+HOLDER_ENV = "GOODPUT_STACK_HOLDER"  # the holder's token (pid-random), inherited by its children
 
 
 class StackBusy(RuntimeError):
@@ -35,8 +36,8 @@ def run_stack(verb: str) -> int:
 def in_use(wait_s: float | None = None) -> Iterator[None]:
     """Hold the local stack for this process (a test session), waiting up to `wait_s`
     (GOODPUT_STACK_WAIT_S, default 1800) for another holder. While it is held, `stack.sh
-    start|stop|restart` from anyone but this process and its children waits. The kernel drops
-    the lock when the process exits, however it exits."""
+    start|stop|restart|clear` from anyone but this process and its children waits. The kernel
+    drops the lock when the process exits, however it exits."""
     wait_s = float(os.environ.get("GOODPUT_STACK_WAIT_S", 1800)) if wait_s is None else wait_s
     state_dir().mkdir(parents=True, exist_ok=True)
     path = state_dir() / LOCK_FILE
@@ -57,11 +58,12 @@ def in_use(wait_s: float | None = None) -> Iterator[None]:
                     print(f"[stack] waiting for pid {holder} to finish", file=sys.__stderr__)
                     told = True
                 time.sleep(0.5)
+        token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # a pid alone: another namespace's
         lock.truncate(0)
-        lock.write(f"{os.getpid()} {' '.join(sys.argv)[:200]}\n")
+        lock.write(f"{token} {' '.join(sys.argv)[:200]}\n")
         lock.flush()
         before = os.environ.get(HOLDER_ENV)
-        os.environ[HOLDER_ENV] = str(os.getpid())
+        os.environ[HOLDER_ENV] = token
         try:
             yield
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -19,6 +20,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/integration/" in str(item.fspath) or "/chaos/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+    if any("local_stack" in getattr(item, "fixturenames", ()) for item in items):
+        _hold_the_stack(config)
+
+
+def _hold_the_stack(config) -> None:
+    """One test session on the local stack at a time (`local_stack`): taken here, before any
+    test's timeout runs, for as long as the session (the process) lasts."""
+    hold = contextlib.ExitStack()
+    try:
+        hold.enter_context(stack.in_use())
+    except stack.StackBusy as exc:
+        pytest.exit(str(exc), returncode=3)
+    config.add_cleanup(hold.close)
 
 
 def strict_ci() -> bool:
@@ -65,22 +79,21 @@ def _stack_running() -> bool:
 
 @pytest.fixture(scope="session")
 def local_stack():
-    """The real local stack's environment (SLURM_CONF, URLs), held by this session alone,
-    with no Slurm job on it. Started here if not running, and stopped at the end only if this
-    session started it."""
-    with stack.in_use():  # one test session on the stack at a time
-        started = False
-        if not _stack_running():
-            if stack.run_stack("start") != 0:
-                pytest.fail("the local stack failed to start: see compose/local/stack.sh output")
-            started = True
-        if stack.run_stack("clear") != 0:  # jobs of a run that died before its stop
-            pytest.fail("could not cancel the jobs left on the local stack")
-        env = stack.stack_env()
-        os.environ.update(env)
-        yield env
-        if started and not os.environ.get("GOODPUT_KEEP_STACK"):
-            stack.run_stack("stop")
+    """The real local stack's environment (SLURM_CONF, URLs), held by this session alone
+    (`_hold_the_stack`), with this checkout's Slurm hooks and no Slurm job on it. Stopped at
+    the end only if it was not running before."""
+    assert os.environ.get(stack.HOLDER_ENV), "the session holds the stack (collection hook)"
+    started = not _stack_running()
+    # start even when running: this checkout's Slurm hooks, not another's
+    if stack.run_stack("start") != 0:
+        pytest.fail("the local stack failed to start: see compose/local/stack.sh output")
+    if stack.run_stack("clear") != 0:  # jobs of a run that died before its stop
+        pytest.fail("could not cancel the jobs left on the local stack")
+    env = stack.stack_env()
+    os.environ.update(env)
+    yield env
+    if started and not os.environ.get("GOODPUT_KEEP_STACK"):
+        stack.run_stack("stop")
 
 
 @pytest.fixture(scope="session")

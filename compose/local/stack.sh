@@ -33,17 +33,20 @@ PACKAGES=(prometheus prometheus-alertmanager slurm-wlm munge slurmdbd mariadb-se
 say() { printf '[stack] %s\n' "$*"; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
 
-wait_turn() { # start/stop wait while another process holds the stack (goodput.stack.in_use:
-  # a test session); its own children (GOODPUT_STACK_HOLDER, its pid) go on
-  local lock=$STATE/in-use.lock holder waited=0 max=${GOODPUT_STACK_WAIT_S:-1800}
-  [ -f "$lock" ] || return 0
+hold_turn() { # VERB ARGS: run this script again holding the stack's lock (flock -o: the
+  # daemons it starts do not inherit it), waiting while another process holds it (a test
+  # session: goodput.stack.in_use); that process's own children (GOODPUT_STACK_HOLDER, the
+  # token in the lock file) and the script run again go on at once
+  local lock=$STATE/in-use.lock holder max=${GOODPUT_STACK_WAIT_S:-1800} rc=0
+  max=${max%%.*}; [[ $max =~ ^[0-9]+$ ]] || max=1800
+  [ -n "${GOODPUT_STACK_LOCKED:-}" ] && return 0
   holder=$(head -c 200 "$lock" 2>/dev/null | tr -d '\n' || true)
   [ -n "${GOODPUT_STACK_HOLDER:-}" ] && [ "${holder%% *}" = "$GOODPUT_STACK_HOLDER" ] && return 0
-  until flock -n "$lock" true; do
-    [ "$waited" -ge "$max" ] && die "the stack in $STATE is in use by pid $holder (waited ${max}s; GOODPUT_STACK_WAIT_S)"
-    [ "$waited" = 0 ] && say "waiting for pid $holder to finish with the stack in $STATE"
-    sleep 1; waited=$((waited + 1))
-  done
+  mkdir -p "$STATE"
+  flock -n "$lock" true || say "waiting for pid ${holder:-another stack.sh} to finish with the stack in $STATE"
+  GOODPUT_STACK_LOCKED=1 flock -o -E 75 -w "$max" "$lock" bash "$HERE/stack.sh" "$@" || rc=$?
+  [ $rc = 75 ] && die "the stack in $STATE is in use by pid ${holder:-another stack.sh} (waited ${max}s; GOODPUT_STACK_WAIT_S)"
+  exit $rc
 }
 
 alive() { # pidfile -> true if the process runs (zombies count as dead)
@@ -378,9 +381,10 @@ stop_job_leftovers() { # a job step slurmd left running (a job slow to die on sc
 cmd_clear() { # cancel every Slurm job; what a stop does first, and a test session's start
   [ -f "$STATE/slurm/slurm.conf" ] && alive "$STATE/run/slurmctld.pid" || return 0
   export SLURM_CONF=$STATE/slurm/slurm.conf
-  local ids n=0
+  local ids out n=0
   for _ in $(seq 60); do # by id, again while any is left: a filter cancelled some, not all
-    mapfile -t ids < <(squeue -h -o '%i %t' 2>/dev/null | awk '$2 != "CG" {print $1}')
+    out=$(squeue -h -o '%i %t' 2>&1) || { say "squeue failed: $out"; return 1; }
+    mapfile -t ids < <(awk '$2 != "CG" {print $1}' <<<"$out")
     [ ${#ids[@]} -gt 0 ] || break
     [ $n -gt 0 ] || n=${#ids[@]}
     scancel --quiet --full "${ids[@]}" 2>/dev/null || true
@@ -388,12 +392,13 @@ cmd_clear() { # cancel every Slurm job; what a stop does first, and a test sessi
   done
   [ $n -gt 0 ] && say "cancelled $n Slurm job(s)"
   for _ in $(seq 60); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && return 0; sleep 0.5; done
-  say "jobs still completing: $(squeue -h -o '%i %T' 2>/dev/null | tr '\n' ' ')"
+  say "jobs still there after 30 s: $(squeue -h -o '%i %T' 2>/dev/null | tr '\n' ' ')"
+  return 1
 }
 
 cmd_stop() {
   [ -d "$STATE/run" ] || { say "nothing to stop"; return 0; }
-  cmd_clear
+  cmd_clear || true  # what is left dies with its slurmd
   # goodput services first (their pidfiles are written by `goodput`), then the stack in reverse
   local order=(alertmanager vmalert vmagent victoria-metrics prometheus postgres)
   for f in "$STATE"/run/*.pid; do
@@ -430,10 +435,11 @@ cmd_status() {
   fi
 }
 
+case "${1:-}" in start|stop|restart|clear) hold_turn "$@";; esac  # one at a time
 case "${1:-}" in
-  start) wait_turn; cmd_start;; stop) wait_turn; cmd_stop;; clear) wait_turn; cmd_clear;;
+  start) cmd_start;; stop) cmd_stop;; clear) cmd_clear;;
   status) cmd_status;; env) cat "$STATE/env";;
-  restart) wait_turn; cmd_stop; cmd_start;;
+  restart) cmd_stop; cmd_start;;
   install) install_missing;;                      # the stack's packages, nothing started
   install-test-tools) WITH_TEST_TOOLS=1 install_missing;;  # and what the tests drive (Chromium)
   start-vm) start_victoriametrics; say "victoria-metrics on http://127.0.0.1:$VM_PORT (vmagent :$VMAGENT_PORT, vmalert :$VMALERT_PORT)";;

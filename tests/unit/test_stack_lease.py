@@ -52,7 +52,7 @@ def _stack_sh(verb: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_a_second_session_is_refused_naming_the_first(state):
     holder = _holder(60)
     try:
-        with pytest.raises(stack.StackBusy, match=f"in use by pid {holder.pid} "):
+        with pytest.raises(stack.StackBusy, match=f"in use by pid {holder.pid}-"):
             with stack.in_use(wait_s=1):
                 pass
     finally:
@@ -60,25 +60,30 @@ def test_a_second_session_is_refused_naming_the_first(state):
         holder.wait()
 
 
-def test_stack_sh_waits_for_the_holder_and_then_gives_up(state):
-    # `stop` stands for start and restart too (one case line): were the wait broken, a start
-    # here would start real daemons
+@pytest.mark.parametrize("verb", ["stop", "clear"])
+def test_stack_sh_waits_for_the_holder_and_then_gives_up(state, verb):
+    # start and restart take the same case line (were it broken, a start here would start
+    # real daemons); a wait given in seconds with a fraction is taken too
     holder = _holder(60)
     try:
-        out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="1")
+        out = _stack_sh(verb, GOODPUT_STACK_WAIT_S="1.5")
         assert out.returncode != 0
-        assert f"in use by pid {holder.pid} " in out.stderr
+        assert f"in use by pid {holder.pid}-" in out.stderr
         assert "nothing to stop" not in out.stdout  # cmd_stop never ran
     finally:
         holder.kill()
         holder.wait()
 
 
-def test_the_holders_own_children_go_on(state):
+def test_the_holders_own_children_go_on_and_no_one_else(state):
     holder = _holder(60)
     try:
-        out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="1", GOODPUT_STACK_HOLDER=str(holder.pid))
+        token = (state / stack.LOCK_FILE).read_text().split()[0]
+        out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="1", GOODPUT_STACK_HOLDER=token)
         assert out.returncode == 0 and "nothing to stop" in out.stdout, out.stderr
+        # the pid alone is no token (the same pid in another PID namespace sharing /tmp)
+        out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="1", GOODPUT_STACK_HOLDER=str(holder.pid))
+        assert out.returncode != 0 and "nothing to stop" not in out.stdout
     finally:
         holder.kill()
         holder.wait()
@@ -89,7 +94,7 @@ def test_stack_sh_goes_on_once_the_holder_is_done(state):
     out = _stack_sh("stop", GOODPUT_STACK_WAIT_S="30")
     holder.wait()
     assert out.returncode == 0, out.stderr
-    assert f"waiting for pid {holder.pid} " in out.stdout and "nothing to stop" in out.stdout
+    assert f"waiting for pid {holder.pid}-" in out.stdout and "nothing to stop" in out.stdout
 
 
 def test_a_killed_holder_frees_the_stack(state):
@@ -101,5 +106,5 @@ def test_a_killed_holder_frees_the_stack(state):
     assert out.returncode == 0 and "nothing to stop" in out.stdout, out.stderr
     assert time.monotonic() - t0 < 10  # no wait for a dead holder
     with stack.in_use(wait_s=0):
-        assert os.environ[stack.HOLDER_ENV] == str(os.getpid())
+        assert os.environ[stack.HOLDER_ENV].startswith(f"{os.getpid()}-")
     assert stack.HOLDER_ENV not in os.environ
