@@ -447,15 +447,13 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
             f"a {LOAD_S:g} s checkpoint load, then its first batch read resting {rest:g} s "
             "(measured: torch.load, then a blocked DataLoader; the worst of 3 scrape phases)"
         )
-        worst = None
+        by_phase = []
         for lag in (0.0, 5.0, 10.0):
             phased = [(start - lag, "train"), (first_iter, "ckpt_load"), (read, "loader_hang")]
             traced = host_side(loaded, [*phased, (read + rest, "train")])
             seen = replay([traced])
-            row = _healthy_row(name, [traced], seen.fired, seen.peak)
-            if worst is None or row["false_alert_samples"] > worst["false_alert_samples"]:
-                worst = row
-        out.append(worst)
+            by_phase.append(_healthy_row(name, [traced], seen.fired, seen.peak))
+        out.append(max(by_phase, key=lambda r: r["false_alert_samples"]))
     restarts = [
         ("straggler", "restart, stored baseline by name", again.runs[0][0]),
         ("idle_hang", "restart that never reaches its first iteration", _first_iteration(again)),
