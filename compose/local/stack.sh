@@ -39,7 +39,7 @@ hold_turn() { # VERB ARGS: run this script again holding the stack's lock (flock
   # token in the lock file) and the script run again go on at once
   local lock=$STATE/in-use.lock holder max=${GOODPUT_STACK_WAIT_S:-1800} rc=0
   max=${max%%.*}; [[ $max =~ ^[0-9]+$ ]] || max=1800
-  [ -n "${GOODPUT_STACK_LOCKED:-}" ] && return 0
+  [ -n "${GOODPUT_STACK_LOCKED:-}" ] && { unset GOODPUT_STACK_LOCKED; return 0; }  # not for daemons
   holder=$(head -c 200 "$lock" 2>/dev/null | tr -d '\n' || true)
   [ -n "${GOODPUT_STACK_HOLDER:-}" ] && [ "${holder%% *}" = "$GOODPUT_STACK_HOLDER" ] && return 0
   mkdir -p "$STATE"
