@@ -20,19 +20,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/integration/" in str(item.fspath) or "/chaos/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-    if any("local_stack" in getattr(item, "fixturenames", ()) for item in items):
-        _hold_the_stack(config)
 
 
-def _hold_the_stack(config) -> None:
-    """One test session on the local stack at a time (`local_stack`): taken here, before any
-    test's timeout runs, for as long as the session (the process) lasts."""
+def pytest_collection_finish(session):
+    """One test session on the local stack at a time: one whose selected tests use
+    `local_stack` holds it from here (before any test's timeout runs) to its exit."""
+    if not any("local_stack" in getattr(i, "fixturenames", ()) for i in session.items):
+        return
     hold = contextlib.ExitStack()
     try:
         hold.enter_context(stack.in_use())
     except stack.StackBusy as exc:
         pytest.exit(str(exc), returncode=3)
-    config.add_cleanup(hold.close)
+    session.config.add_cleanup(hold.close)
 
 
 def strict_ci() -> bool:
@@ -80,8 +80,8 @@ def _stack_running() -> bool:
 @pytest.fixture(scope="session")
 def local_stack():
     """The real local stack's environment (SLURM_CONF, URLs), held by this session alone
-    (`_hold_the_stack`), with this checkout's Slurm hooks and no Slurm job on it. Stopped at
-    the end only if it was not running before."""
+    (`pytest_collection_finish`), with this checkout's Slurm hooks and no Slurm job on it.
+    Stopped at the end only if it was not running before."""
     assert os.environ.get(stack.HOLDER_ENV), "the session holds the stack (collection hook)"
     started = not _stack_running()
     # start even when running: this checkout's Slurm hooks, not another's

@@ -108,3 +108,29 @@ def test_a_killed_holder_frees_the_stack(state):
     with stack.in_use(wait_s=0):
         assert os.environ[stack.HOLDER_ENV].startswith(f"{os.getpid()}-")
     assert stack.HOLDER_ENV not in os.environ
+
+
+def test_a_test_session_holds_the_stack_only_when_its_tests_use_it(state):
+    """The session takes the lock once its tests are selected: a run of tests using
+    `local_stack` is refused while another holds the stack; a unit run (deselected, on every
+    xdist worker) never waits for it."""
+    holder = _holder(60)
+    try:
+
+        def collect(*marks: str) -> subprocess.CompletedProcess[str]:
+            argv = ["--collect-only", "-q", "-p", "no:cacheprovider", *marks, "tests/integration"]
+            return subprocess.run(
+                [sys.executable, "-m", "pytest", *argv],
+                env={**os.environ, "GOODPUT_STACK_WAIT_S": "1"},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=stack.REPO,
+            )
+
+        busy = collect("-m", "integration")
+        assert busy.returncode == 3 and f"in use by pid {holder.pid}-" in busy.stdout
+        assert collect("-m", "not integration").returncode in (0, 5)  # nothing selected: 5
+    finally:
+        holder.kill()
+        holder.wait()
