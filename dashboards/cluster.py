@@ -72,7 +72,7 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "Recovery actions",
-                q("sum by (action, result) (goodput_actions_total)", "{{action}} {{result}}"),
+                q("max by (action, result) (goodput_actions_total)", "{{action}} {{result}}"),
             )
         )
         .with_panel(

@@ -15,7 +15,7 @@ def dashboard() -> d.Dashboard:
             "The recovery receiver: incidents, diagnoses, actions, and goodput accounting.",
         )
         .with_row(d.Row("Goodput accounting"))
-        .with_panel(st("GPU-hours lost", "sum(goodput_gpu_hours_lost_total) or vector(0)", w=6))
+        .with_panel(st("GPU-hours lost", "max(goodput_gpu_hours_lost_total) or vector(0)", w=6))
         .with_panel(
             st(
                 "Mean time to recover",
@@ -34,7 +34,7 @@ def dashboard() -> d.Dashboard:
                 w=6,
             )
         )
-        .with_panel(st("Actions pending", "sum(goodput_actions_pending) or vector(0)", w=3))
+        .with_panel(st("Actions pending", "max(goodput_actions_pending) or vector(0)", w=3))
         .with_panel(
             st("Retrying on the scheduler", "max(goodput_actions_retrying) or vector(0)", w=3)
         )
@@ -53,7 +53,8 @@ def dashboard() -> d.Dashboard:
             ts(
                 "GPU-seconds lost by cause (last hour)",
                 q(
-                    "sum by (cause) (increase(goodput_gpu_seconds_lost_total[1h]))",
+                    "sum by (cause) (max without (instance) "  # HA receivers: counted once
+                    "(increase(goodput_gpu_seconds_lost_total[1h])))",
                     "{{cause}}",
                 ),
                 unit="s",
@@ -101,13 +102,13 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "Actions by kind and result",
-                q("sum by (action, result) (goodput_actions_total)", "{{action}} {{result}}"),
+                q("max by (action, result) (goodput_actions_total)", "{{action}} {{result}}"),
             )
         )
         .with_panel(
             ts(
                 "GPU-hours lost",
-                q("sum(goodput_gpu_hours_lost_total)", "GPU-hours"),
+                q("max(goodput_gpu_hours_lost_total)", "GPU-hours"),
             )
         )
         .with_panel(
