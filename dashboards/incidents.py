@@ -53,7 +53,7 @@ def dashboard() -> d.Dashboard:
             ts(
                 "GPU-seconds lost by cause (last hour)",
                 q(
-                    "sum by (cause) (max without (instance) "  # HA receivers: counted once
+                    "sum by (cause) (max without (instance, pod) "  # HA receivers: counted once
                     "(increase(goodput_gpu_seconds_lost_total[1h])))",
                     "{{cause}}",
                 ),
