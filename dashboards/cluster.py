@@ -33,7 +33,12 @@ def dashboard() -> d.Dashboard:
                 'count(ALERTS{alertstate="firing", alertname=~"Goodput.+"}) or vector(0)',
             )
         )
-        .with_panel(st("Open incidents", 'sum(goodput_incidents{state="open"}) or vector(0)'))
+        .with_panel(
+            st(
+                "Open incidents",
+                'sum(max by (outcome) (goodput_incidents{state="open"})) or vector(0)',
+            )
+        )
         .with_panel(st("ETTR (last hour)", "goodput:cluster_ettr:1h", "percentunit"))
         .with_row(d.Row("Health"))
         .with_panel(
@@ -78,7 +83,7 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "Incidents by state",
-                q("sum by (state) (goodput_incidents)", "{{state}}"),
+                q("sum by (state) (max by (state, outcome) (goodput_incidents))", "{{state}}"),
             )
         )
     )

@@ -53,8 +53,8 @@ def dashboard() -> d.Dashboard:
             ts(
                 "GPU-seconds lost by cause (last hour)",
                 q(
-                    "sum by (cause) (max without (instance, pod) "  # HA receivers: counted once
-                    "(increase(goodput_gpu_seconds_lost_total[1h])))",
+                    # receivers in HA report the same totals: counted once (docs/ha.md)
+                    "max by (cause) (increase(goodput_gpu_seconds_lost_total[1h]))",
                     "{{cause}}",
                 ),
                 unit="s",
@@ -67,9 +67,17 @@ def dashboard() -> d.Dashboard:
             )
         )
         .with_row(d.Row("Incidents"))
-        .with_panel(ts("Incidents by state", q("sum by (state) (goodput_incidents)", "{{state}}")))
         .with_panel(
-            ts("Incidents by outcome", q("sum by (outcome) (goodput_incidents)", "{{outcome}}"))
+            ts(
+                "Incidents by state",
+                q("sum by (state) (max by (state, outcome) (goodput_incidents))", "{{state}}"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Incidents by outcome",
+                q("sum by (outcome) (max by (state, outcome) (goodput_incidents))", "{{outcome}}"),
+            )
         )
         .with_panel(
             ts(

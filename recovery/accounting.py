@@ -206,7 +206,7 @@ class AccountingCollector(Collector):
             with self.engine.connect() as conn:
                 rows = conn.execute(select(incidents)).all()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the DB is busy
-            c, n_retry, rows = {}, 0, []
+            return  # no series this scrape: zeros would read as counter resets to increase()
         n_pending = 0
         for (kind, state), n in sorted(c.items()):
             total.add_metric([kind, state], float(n))

@@ -47,3 +47,16 @@ def test_the_causes_add_up_to_the_lost_gpu_time(stages, expected):
 def test_nothing_counts_before_the_job_runs_again():
     row = _row(onset=100.0, detected_at=130.0, decided_at=150.0)
     assert set(accounting.lost_by_cause(row).values()) == {0.0}
+
+
+def test_an_unreadable_store_exports_no_series_not_zeros(tmp_path):
+    """A scrape while the store cannot be read exports nothing: zeros would read as counter
+    resets, and increase() would then count the store's whole total again at the next scrape
+    (cluster ETTR at 0 for an hour)."""
+    engine = make_engine(f"sqlite:///{tmp_path}/goodput.db")
+    before = {f.name for f in accounting.AccountingCollector(engine).collect()}
+    assert "goodput_gpu_seconds_lost" in before
+    (tmp_path / "goodput.db").unlink()
+    (tmp_path / "goodput.db").mkdir()  # the store cannot be opened
+    engine.dispose()
+    assert list(accounting.AccountingCollector(engine).collect()) == []
