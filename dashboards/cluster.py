@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
-from dashboards.panels import base, q, st, tbl, ts
+from dashboards.panels import INCIDENTS, base, once, q, st, tbl, ts
+
+OPEN = once('goodput_incidents{state="open"}', "outcome")
 
 
 def dashboard() -> d.Dashboard:
@@ -36,7 +38,7 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             st(
                 "Open incidents",
-                'sum(max by (outcome) (goodput_incidents{state="open"})) or vector(0)',
+                f"sum({OPEN}) or vector(0)",
             )
         )
         .with_panel(st("ETTR (last hour)", "goodput:cluster_ettr:1h", "percentunit"))
@@ -77,13 +79,13 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "Recovery actions",
-                q("max by (action, result) (goodput_actions_total)", "{{action}} {{result}}"),
+                q(once("goodput_actions_total", "action, result"), "{{action}} {{result}}"),
             )
         )
         .with_panel(
             ts(
                 "Incidents by state",
-                q("sum by (state) (max by (state, outcome) (goodput_incidents))", "{{state}}"),
+                q(f"sum by (state) ({INCIDENTS})", "{{state}}"),
             )
         )
     )

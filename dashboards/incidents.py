@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
-from dashboards.panels import base, q, st, ts
+from dashboards.panels import INCIDENTS, base, once, q, st, ts
 
 
 def dashboard() -> d.Dashboard:
@@ -15,7 +15,9 @@ def dashboard() -> d.Dashboard:
             "The recovery receiver: incidents, diagnoses, actions, and goodput accounting.",
         )
         .with_row(d.Row("Goodput accounting"))
-        .with_panel(st("GPU-hours lost", "max(goodput_gpu_hours_lost_total) or vector(0)", w=6))
+        .with_panel(
+            st("GPU-hours lost", once("goodput_gpu_hours_lost_total") + " or vector(0)", w=6)
+        )
         .with_panel(
             st(
                 "Mean time to recover",
@@ -34,7 +36,7 @@ def dashboard() -> d.Dashboard:
                 w=6,
             )
         )
-        .with_panel(st("Actions pending", "max(goodput_actions_pending) or vector(0)", w=3))
+        .with_panel(st("Actions pending", once("goodput_actions_pending") + " or vector(0)", w=3))
         .with_panel(
             st("Retrying on the scheduler", "max(goodput_actions_retrying) or vector(0)", w=3)
         )
@@ -53,8 +55,7 @@ def dashboard() -> d.Dashboard:
             ts(
                 "GPU-seconds lost by cause (last hour)",
                 q(
-                    # receivers in HA report the same totals: counted once (docs/ha.md)
-                    "max by (cause) (increase(goodput_gpu_seconds_lost_total[1h]))",
+                    once("increase(goodput_gpu_seconds_lost_total[1h])", "cause"),
                     "{{cause}}",
                 ),
                 unit="s",
@@ -70,13 +71,13 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "Incidents by state",
-                q("sum by (state) (max by (state, outcome) (goodput_incidents))", "{{state}}"),
+                q(f"sum by (state) ({INCIDENTS})", "{{state}}"),
             )
         )
         .with_panel(
             ts(
                 "Incidents by outcome",
-                q("sum by (outcome) (max by (state, outcome) (goodput_incidents))", "{{outcome}}"),
+                q(f"sum by (outcome) ({INCIDENTS})", "{{outcome}}"),
             )
         )
         .with_panel(
@@ -110,13 +111,13 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "Actions by kind and result",
-                q("max by (action, result) (goodput_actions_total)", "{{action}} {{result}}"),
+                q(once("goodput_actions_total", "action, result"), "{{action}} {{result}}"),
             )
         )
         .with_panel(
             ts(
                 "GPU-hours lost",
-                q("max(goodput_gpu_hours_lost_total)", "GPU-hours"),
+                q(once("goodput_gpu_hours_lost_total"), "GPU-hours"),
             )
         )
         .with_panel(

@@ -22,6 +22,15 @@ JOB = 'job_id=~"$job_id"'
 NODE = 'node=~"$node"'
 
 
+def once(expr: str, by: str = "") -> str:
+    """A total read from the receivers' store: every receiver in HA exports the same one, so
+    it is counted once, the max by the metric's own labels (docs/ha.md)."""
+    return f"max by ({by}) ({expr})" if by else f"max({expr})"
+
+
+INCIDENTS = once("goodput_incidents", "state, outcome")  # the store's incidents, counted once
+
+
 def q(expr: str, legend: str = "", instant: bool = False) -> prometheus.Dataquery:
     query = prometheus.Dataquery().expr(expr).datasource(PROM)
     if legend:
