@@ -97,6 +97,7 @@ TYPES = (
     "failed",
     "retry_scheduled",
     "reconciled",
+    "effect_lost",
     "paused",
     "resumed",
     "notified",

@@ -4,7 +4,8 @@
 a scheduler that was down), finishes every action that was ready, approved or executing when a
 process died, against the scheduler's real state, expires overdue approvals and updates the
 recoveries' accounting. Rows waiting out a retry delay are due at once when the scheduler
-answers again (`wake_on_return`). `start` runs it once per process and engine, in a daemon
+answers again (`wake_on_return`); an executed action whose effect a restarted controller
+forgot is due again (`controller_restart`). `start` runs it once per process and engine, in a daemon
 thread.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from recovery import accounting, audit, leases, outbox
+from recovery import accounting, audit, controller_restart, leases, outbox
 from recovery.action_config import config, probe_scheduler, setting
 from recovery.executor import execute, plan
 from recovery.outbox import PLANNABLE, RUNNABLE, actions_table, expire
@@ -51,8 +52,10 @@ def _finish(engine: Engine, settings: Any, r: Any, startup: bool) -> None:
 def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     """Finish what is due: rows with no plan yet (a final diagnosis whose planner died, or one
     waiting for the scheduler), executing rows left by a dead process (`orphaned`), ready or
-    approved rows whose retry time has come."""
+    approved rows whose retry time has come, executed rows whose effect a restarted controller
+    forgot (`controller_restart`)."""
     expire(engine)
+    controller_restart.check(engine, settings)  # after a restart: what it forgot is due again
     now = outbox.now(engine)
     single = engine.dialect.name == "sqlite"
     with engine.connect() as conn:

@@ -113,6 +113,18 @@ def terminate(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+def stop_daemon(pid_file: str | Path, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
+    """Signal a stack daemon by its pid file and wait until the process is gone: a SIGTERMed
+    slurmctld goes on answering some requests while it saves its state."""
+    pid = int(Path(pid_file).read_text())
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} still there {timeout:.0f} s after signal {sig}")
+        time.sleep(0.05)
+
+
 class SlurmJobs:
     """Test jobs (`sleep 600`, one GPU per node, requeueable) on the local stack's real Slurm,
     named `<prefix>-<tag>`; `close` cancels them and resumes the nodes drained with the tag in

@@ -132,7 +132,7 @@ class Scheduler(ABC):
     @abstractmethod
     def _set_exclude(self, job_id: str, exclude: tuple[str, ...] | None, delay_s: float) -> None:
         """Set the excluded nodes (exactly `exclude`, () clears; None: leave them) and begin
-        time of a pending, held job."""
+        time of a pending job."""
 
     @abstractmethod
     def _hold(self, job_id: str) -> None: ...
@@ -142,6 +142,11 @@ class Scheduler(ABC):
 
     @abstractmethod
     def _cancel(self, job_id: str) -> None: ...
+
+    def controller_started(self) -> float | None:
+        """When the scheduler's controller last started (unix seconds), or None where the
+        adapter cannot say (then what it may have forgotten is not checked)."""
+        return None
 
     # ---- the safe public operations -------------------------------------------------------
     def reachable(self) -> bool:
@@ -246,6 +251,12 @@ class Scheduler(ABC):
                 self._release(job_id)
                 return OpResult(True, f"job {job_id} was requeued-held; exclusion set, released")
             return OpResult(False, f"job {job_id} already requeued (restarts {before.restarts})")
+        if before.state.upper() == "PENDING" and not before.held and not hold:
+            # nothing runs (not started yet, or a restarted controller forgot that it had):
+            # the pending job gets the exclusions; never held here, so never left held
+            self._set_exclude(job_id, target, delay_s)
+            changed = target is not None or delay_s > 0
+            return OpResult(changed, f"job {job_id} is pending: excluding {list(want)}")
         self._requeue(job_id, target, hold, delay_s)
 
         def done() -> bool:

@@ -48,6 +48,7 @@ TRANSIENT = re.compile(
 BUSY = re.compile(r"try again|db index is being set|retry momentarily", re.IGNORECASE)
 
 
+_BOOT_TIME = re.compile(r"^BOOT_TIME\s*=\s*(\S+)", re.MULTILINE)
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
 
 
@@ -153,6 +154,12 @@ class SlurmScheduler(Scheduler):
         return out.returncode == 0 and " is UP" in out.stdout
 
     # ---- readers ----------------------------------------------------------------------------
+    def controller_started(self) -> float | None:
+        """slurmctld's `BOOT_TIME` in `scontrol show config` (a backup that took over has its
+        own); None when the line is missing or unreadable."""
+        found = _BOOT_TIME.search(self._run(["scontrol", "show", "config"]))
+        return names.slurm_time(found.group(1)) if found else None
+
     def node_states(self) -> list[NodeState]:
         out = self._run(["sinfo", "-N", "-h", "-o", "%N|%T|%P|%E"])
         nodes: dict[str, NodeState] = {}

@@ -5,7 +5,6 @@ runs at the first reconcile pass after `scontrol ping` answers again, not when i
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from recovery import actions, approvals, outbox, reconciler
 from recovery.store import make_engine
 from tests.chaos.harness import restore_stack
 from tests.conftest import wait_until
-from tests.helpers import SlurmJobs, diagnosis
+from tests.helpers import SlurmJobs, diagnosis, stop_daemon
 
 
 def test_an_action_that_met_the_outage_runs_when_slurmctld_answers(
@@ -32,8 +31,7 @@ def test_an_action_that_met_the_outage_runs_when_slurmctld_answers(
         inc, d = diagnosis(jobs.tag, job, None, "workload_crash", "illegal_address", 0.9)
         a = actions.on_diagnosis(engine, settings, inc, d)
         assert a["state"] == "pending_approval", a
-        pid = int(Path(local_stack["GOODPUT_STACK_DIR"], "run", "slurmctld.pid").read_text())
-        os.kill(pid, signal.SIGTERM)
+        stop_daemon(Path(local_stack["GOODPUT_STACK_DIR"], "run", "slurmctld.pid"))
         try:
             wait_until(lambda: not jobs.sched.reachable(), 30, what="slurmctld down")
             r = approvals.approve(engine, settings, a["id"], "gina")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,33 @@ def test_a_job_requeued_by_someone_else_is_left_alone(monkeypatch, change):
 def test_held_is_read_from_structured_fields_of_every_version(fields):
     assert held({"job_state": "PENDING", "priority": 1, "state_reason": "None", **fields})
     assert not held({"job_state": "PENDING", "priority": 1, "state_reason": "Resources"})
+
+
+def test_a_pending_job_is_not_requeued_its_exclusion_is_set(monkeypatch):
+    """A job that never ran (or whose start a restarted slurmctld forgot): `scontrol requeue`
+    refuses a pending job, so the exclusion is set on it; it is never held, so never left so."""
+    doc = json.loads(json.dumps(HELD_22_05))
+    doc["jobs"][0].update(restart_cnt=0, priority=1, state_reason="Priority")
+    s, fake = _sched(monkeypatch, doc)
+    job_id = str(doc["jobs"][0]["job_id"])
+    r = s.requeue(job_id, ("node1",), expected_restarts=0)
+    assert r.changed and "pending" in r.detail
+    argvs = [c[:2] for c in fake.calls if c[0] == "scontrol"]
+    assert argvs == [["scontrol", "update"]]
+    after = s.job_state(job_id)
+    assert after.excluded == ("node1",) and not after.held and after.restarts == 0
+
+
+def test_the_controller_start_is_read_from_the_real_22_05_config(monkeypatch):
+    text = (FIXTURES / "scontrol-22.05-show-config-head.txt").read_text()
+    answers = iter([text, text.replace("BOOT_TIME", "BOOT_TIMES")])
+
+    def run(argv, **kw):
+        assert argv == ["scontrol", "show", "config"]
+        return subprocess.CompletedProcess(argv, 0, next(answers), "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    s = SlurmScheduler(retries=0)
+    started = s.controller_started()
+    assert started == time.mktime(time.strptime("2026-12-07T13:09:47", "%Y-%m-%dT%H:%M:%S"))
+    assert s.controller_started() is None  # no such line: the adapter cannot say

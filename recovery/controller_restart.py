@@ -1,0 +1,184 @@
+"""After the scheduler's controller restarts: apply again what it forgot.
+
+slurmctld writes its state to disk at most every 5 s (`SAVE_MAX_WAIT` in Slurm's
+state_save.c), so a controller that dies (SIGKILL, the OOM killer, a lost host; a backup taking
+over reads the same files) comes back without the changes of its last seconds: a drain, a
+requeue, a hold that Goodput executed and verified. On the local stack a requeue-hold half a
+second before slurmctld's SIGKILL came back as a running job with no restart counted.
+
+Each reconcile pass reads when the controller started (`Scheduler.controller_started`); the
+store keeps the start it saw last and when (`goodput_switches` row `scheduler_boot`). When the
+start moved, every action executed from `MARGIN_S` before the old controller was last seen is
+checked against the scheduler, and one whose effect is gone is due again: `executed` → `ready`
+(or `approved`), audit event `effect_lost`, so the executor applies it once more with all its
+guards. What Goodput itself undid since (a later action on the same job, a node returned to
+service) is not an effect lost. One receiver does it: the row moves under a compare-and-set in
+the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select, update
+
+from recovery import audit, outbox
+from recovery.action_config import config, probe_scheduler
+from recovery.outbox import actions_table, switches
+from recovery.policy import RESTARTS
+from recovery.scheduler import JobState, NodeState, SchedulerError
+
+SWITCH = "scheduler_boot"
+# A change this long before the controller was last seen answering was saved (5 s at most);
+# the rest is room for a pass that ran late and for a large cluster's slow save.
+MARGIN_S = 30.0
+
+
+def lost(
+    row: Any,
+    job: JobState | None,
+    nodes: dict[str, NodeState],
+    returned: frozenset[str] = frozenset(),
+) -> list[str]:
+    """What of an executed action the scheduler no longer shows (empty: all of it holds).
+
+    A drained node is drained or down (unless Goodput returned it to service since: `returned`);
+    a requeued job counted its restart and is not held; a stopped job is held, ended, or counted
+    its requeue-hold (a person released it); a resumed node is not drained by Goodput again. A
+    restart count never goes down but in a controller that forgot, so a requeue undone by a
+    person is never taken for one lost. A job the scheduler no longer knows, or one that ended,
+    has nothing to apply again."""
+    action = json.loads(row.body)["action"]
+    out = []
+    for n in action.get("nodes", []):
+        s = nodes.get(n)
+        if s is not None and n not in returned and not s.drained and "DOWN" not in s.state.upper():
+            out.append(f"{n} is {s.state}, not drained")
+    for n in action.get("resume", []):
+        s = nodes.get(n)
+        if s is not None and s.drained_by_goodput:
+            out.append(f"{n} is drained by Goodput again")
+    if job is None or not job.active or row.restarts_before is None:
+        return out
+    if row.kind == "stop" and not job.held and job.restarts <= row.restarts_before:
+        out.append(f"job {job.job_id} is {job.state}, not held")
+    elif row.kind in RESTARTS:
+        if job.restarts <= row.restarts_before:
+            out.append(f"job {job.job_id} is {job.state}, restarts {job.restarts}: not requeued")
+        elif job.held:
+            out.append(f"job {job.job_id} is requeued but held")
+    return out
+
+
+def check(engine: Engine, settings: Any) -> list[str]:
+    """Compare the controller's start with the one last seen; after a restart, make the
+    actions whose effect is gone due again. Returns their ids (empty when nothing moved, the
+    scheduler cannot say, or another receiver did it)."""
+    probe = probe_scheduler(settings)
+    try:
+        started = probe.controller_started() if probe is not None else None
+    except SchedulerError:
+        return []
+    if started is None:
+        return []
+    boot, now = f"{started:.0f}", outbox.now(engine)
+    with engine.connect() as conn:
+        seen = conn.execute(select(switches).where(switches.c.name == SWITCH)).first()
+    if seen is None or seen.value == boot:
+        outbox.write(engine, _remember, boot, now)
+        return []
+    rows, passed = _since(engine, seen.updated_at - MARGIN_S)
+    sched = config(settings).scheduler
+    last = {r.job_id: r.id for r in rows if r.job_id}  # rows are oldest first
+    try:
+        nodes = {n.node: n for n in sched.node_states()} if rows else {}
+        found = {
+            r.id: lost(
+                r,
+                sched.job_state(r.job_id) if r.job_id and last[r.job_id] == r.id else None,
+                nodes,
+                _returned(r, rows, passed),
+            )
+            for r in rows
+        }
+    except SchedulerError:
+        return []  # the next pass looks again: the store still has the old start
+    due: list[str] = outbox.write(engine, _reopen, seen, boot, now, rows, found, started)
+    return due
+
+
+def _since(engine: Engine, t: float) -> tuple[list[Any], list[tuple[float, str]]]:
+    """The actions executed since `t` (oldest first) and the nodes' passed checks since."""
+    a, e = actions_table.c, audit.audit.c
+    with engine.connect() as conn:
+        rows = list(
+            conn.execute(
+                select(actions_table)
+                .where(a.state == "executed", a.updated_at >= t)
+                .order_by(a.updated_at)
+            ).all()
+        )
+        checks = conn.execute(select(e.ts, e.payload).where(e.type == "check_passed", e.ts >= t))
+        passed = [(c.ts, str(json.loads(c.payload).get("node"))) for c in checks]
+    return rows, passed
+
+
+def _returned(row: Any, rows: list[Any], passed: list[tuple[float, str]]) -> frozenset[str]:
+    """The nodes Goodput returned to service after `row`: a later resume, a passed check."""
+    later = [
+        json.loads(r.body)["action"].get("resume", [])
+        for r in rows
+        if r.updated_at > row.updated_at
+    ]
+    return frozenset(
+        [n for names in later for n in names] + [n for t, n in passed if t > row.updated_at]
+    )
+
+
+def _remember(conn: Connection, boot: str, now: float) -> None:
+    """The first start seen (a row another receiver wrote first wins), or when it was last
+    seen (each pass: one small write every few seconds)."""
+    s = switches.c
+    if not conn.execute(select(s.name).where(s.name == SWITCH)).first():
+        conn.execute(
+            switches.insert().values(
+                name=SWITCH, value=boot, updated_at=now, updated_by="reconciler"
+            )
+        )
+        return
+    conn.execute(update(switches).where(s.name == SWITCH, s.value == boot).values(updated_at=now))
+
+
+def _reopen(
+    conn: Connection,
+    seen: Any,
+    boot: str,
+    now: float,
+    rows: list[Any],
+    found: dict[str, list[str]],
+    started: float,
+) -> list[str]:
+    moved = conn.execute(
+        update(switches)
+        .where(switches.c.name == SWITCH, switches.c.value == seen.value)
+        .values(value=boot, updated_at=now, updated_by="reconciler")
+    ).rowcount
+    if not moved:
+        return []  # another receiver saw the restart first
+    due = []
+    t = actions_table.c
+    for r in rows:
+        if not found[r.id]:
+            continue
+        back = "approved" if r.decided_by else "ready"
+        done = conn.execute(
+            update(actions_table)
+            .where(t.id == r.id, t.state == "executed", t.updated_at == r.updated_at)
+            .values(state=back, updated_at=now, next_attempt_at=None)
+        ).rowcount
+        if done:
+            payload = {"lost": found[r.id], "controller_started": started, "was": "executed"}
+            audit.append(conn, "effect_lost", payload, **outbox.refs(r))
+            due.append(r.id)
+    return due

@@ -1,0 +1,251 @@
+"""A restarted controller that forgot Goodput's last changes (`recovery.controller_restart`).
+
+The fake simulator stands in for Slurm: `forget` puts its nodes and jobs back as they were
+before the action (what slurmctld does when it restarts from a state saved before it), and
+`started` is the controller's start time. The real slurmctld SIGKILL is in
+tests/integration/test_controller_restart.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import update
+
+from recovery import actions, audit, controller_restart, outbox, reconciler
+from recovery.outbox import actions_table, switches
+from recovery.policy import parse_policy
+from recovery.scheduler import JobState, NodeState, SchedulerUnavailable
+from recovery.scheduler.simulated import SimulatedScheduler
+from recovery.store import make_engine
+from tests.helpers import incident_and_diagnosis
+from tests.unit.actions_fakes import make_fake_sim
+
+
+class Restarting(SimulatedScheduler):
+    started: float | None = 1_000_000.0
+    fail_reads = 0
+
+    def controller_started(self):
+        return self.started
+
+    def job_state(self, job_id):
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise SchedulerUnavailable("slurmctld is starting")
+        return super().job_state(job_id)
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
+    client, st, submit = make_fake_sim()
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    sched = Restarting("http://testserver", session=client)
+    settings = SimpleNamespace(
+        policy=parse_policy({"mode": "act"}, env={}),
+        scheduler_adapter=sched,
+        alertmanager_url=None,
+        prometheus_url=None,
+        action_retry_s=0.0,
+    )
+    submit("42", node="node2")
+
+    def act(iid, outcome="gpu_hardware_fault", nodes=("node2",)):
+        """Execute the policy's action, then restart the controller from the state before it."""
+        reconciler.reconcile(engine, settings)  # the store learns the controller's start
+        saved = copy.deepcopy({k: st[k] for k in ("nodes", "jobs")})
+        now = time.time()
+        inc, d = incident_and_diagnosis(iid, "42", nodes, outcome, "xid79", 0.95, now - 9, now)
+        a = actions.on_diagnosis(engine, settings, inc, d)
+        assert a["state"] == "executed", a
+        calls = len(st["calls"])
+        sched.started += 60
+        return a, saved, calls
+
+    def forget(saved):
+        st.update(copy.deepcopy(saved))
+
+    def lost_events(action_id):
+        events = audit.query(engine, type_="effect_lost", action_id=action_id, limit=100)[0]
+        return [e["payload"] for e in events]
+
+    return SimpleNamespace(
+        engine=engine, st=st, sched=sched, settings=settings, act=act, forget=forget,
+        lost_events=lost_events,
+    )  # fmt: skip
+
+
+def test_the_first_start_seen_is_remembered_and_nothing_is_checked(world):
+    assert controller_restart.check(world.engine, world.settings) == []
+    with world.engine.connect() as conn:
+        row = conn.execute(switches.select().where(switches.c.name == "scheduler_boot")).first()
+    assert row.value == "1000000"
+
+
+def test_a_drain_and_requeue_the_controller_forgot_is_applied_again(world):
+    a, saved, _ = world.act("1")
+    world.forget(saved)
+    assert world.st["jobs"]["42"]["restarts"] == 0 and world.st["nodes"]["node2"]["reason"] == ""
+
+    reconciler.reconcile(world.engine, world.settings)
+    (lost,) = world.lost_events(a["id"])
+    assert lost["lost"] == [
+        "node2 is ALLOCATED, not drained",
+        "job 42 is RUNNING, restarts 0: not requeued",
+    ]
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+    job = world.st["jobs"]["42"]
+    assert job["restarts"] == 1 and job["excluded"] == ["node2"] and job["nodes"] != ["node2"]
+    assert world.st["nodes"]["node2"]["state"].startswith("DRAIN")
+    reconciler.reconcile(world.engine, world.settings)  # the same start: nothing again
+    assert len(world.lost_events(a["id"])) == 1
+    assert world.st["jobs"]["42"]["restarts"] == 1
+    assert audit.verify(world.engine).ok
+
+
+def test_a_stop_the_controller_forgot_holds_the_job_again(world):
+    a, saved, _ = world.act("2", outcome="workload_oom", nodes=())
+    assert a["kind"] == "stop" and world.st["jobs"]["42"]["held"]
+    world.forget(saved)
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"])[0]["lost"] == ["job 42 is RUNNING, not held"]
+    assert world.st["jobs"]["42"]["held"]
+
+
+def test_effects_the_controller_kept_are_left_alone(world):
+    a, _, calls = world.act("3")
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"]) == []
+    assert len(world.st["calls"]) == calls  # nothing done again
+    assert controller_restart.check(world.engine, world.settings) == []
+
+
+def test_actions_long_before_the_restart_are_not_checked(world):
+    """Slurm saved them (within 5 s): a difference now is someone's later change."""
+    a, saved, _ = world.act("4")
+    world.forget(saved)
+    with world.engine.begin() as conn:
+        seen = conn.execute(switches.select().where(switches.c.name == "scheduler_boot")).first()
+        old = seen.updated_at - controller_restart.MARGIN_S - 1
+        conn.execute(
+            update(actions_table).where(actions_table.c.id == a["id"]).values(updated_at=old)
+        )
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"]) == []
+    assert world.st["jobs"]["42"]["restarts"] == 0
+
+
+def test_a_restart_another_receiver_handled_first_is_not_handled_twice(world, monkeypatch):
+    a, saved, _ = world.act("5")
+    world.forget(saved)
+    real = controller_restart.lost
+
+    def meanwhile(*args):  # the other receiver commits between this one's read and write
+        with world.engine.begin() as conn:
+            conn.execute(
+                update(switches).where(switches.c.name == "scheduler_boot").values(value="other")
+            )
+        return real(*args)
+
+    monkeypatch.setattr(controller_restart, "lost", meanwhile)
+    assert controller_restart.check(world.engine, world.settings) == []
+    assert world.lost_events(a["id"]) == []
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+
+
+def test_a_scheduler_failing_while_checking_leaves_it_to_the_next_pass(world):
+    a, saved, _ = world.act("6")
+    world.forget(saved)
+    world.sched.fail_reads = 1
+    assert controller_restart.check(world.engine, world.settings) == []
+    assert world.lost_events(a["id"]) == []
+    assert controller_restart.check(world.engine, world.settings) == [a["id"]]
+
+
+def test_a_scheduler_that_cannot_say_when_it_started_is_not_checked(world):
+    a, saved, _ = world.act("7")
+    world.forget(saved)
+    world.sched.started = None
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"]) == []
+
+
+def test_a_node_returned_through_a_passed_check_since_is_not_drained_again(world):
+    """What Goodput itself undid after the action is not applied again."""
+    a, saved, _ = world.act("8")
+    world.forget(saved)
+    with world.engine.begin() as conn:  # the node came back through a check, a resume action
+        audit.append(conn, "check_passed", {"node": "node2"})
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"])[0]["lost"] == ["job 42 is RUNNING, restarts 0: not requeued"]
+
+
+def test_the_job_is_checked_against_its_latest_action_only(world):
+    """A requeue, then a stop of the same job, both forgotten: the job must end up stopped,
+    and the earlier requeue's job part is not a loss of its own (its drain is)."""
+    a, saved, _ = world.act("9")
+    now = time.time()
+    inc, d = incident_and_diagnosis("10", "42", (), "workload_oom", "cuda_oom", 0.95, now - 1, now)
+    b = actions.on_diagnosis(world.engine, world.settings, inc, d)
+    assert b["state"] == "executed" and b["kind"] == "stop", b
+    world.forget(saved)
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"])[0]["lost"] == ["node2 is ALLOCATED, not drained"]
+    assert world.lost_events(b["id"])[0]["lost"] == ["job 42 is RUNNING, not held"]
+    job = world.st["jobs"]["42"]
+    assert job["held"] and job["state"] == "PENDING" and job["excluded"] == ["node2"]
+    assert world.st["nodes"]["node2"]["state"].startswith("DRAIN")
+
+
+def _row(kind, action, restarts_before=0):
+    return SimpleNamespace(
+        kind=kind, body=json.dumps({"action": action}), restarts_before=restarts_before
+    )
+
+
+def _job(state="RUNNING", restarts=0, held=False):
+    return JobState("42", "train", state, restarts=restarts, held=held)
+
+
+@pytest.mark.parametrize(
+    ("row", "job", "nodes", "want"),
+    [
+        # a drain holds while the node is drained or down, whoever's reason it has
+        (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "DOWN")}, []),
+        (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "DRAINED", "x")}, []),
+        (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "IDLE")},
+         ["n1 is IDLE, not drained"]),
+        (_row("drain", {"nodes": ["gone"]}), None, {}, []),  # a node it no longer knows
+        # a requeue holds once the restart counted and the job is not held
+        (_row("requeue", {}), _job(restarts=1), {}, []),
+        (_row("requeue", {}), _job("PENDING", restarts=0), {},
+         ["job 42 is PENDING, restarts 0: not requeued"]),
+        (_row("requeue", {}), _job("PENDING", restarts=1, held=True), {},
+         ["job 42 is requeued but held"]),
+        (_row("requeue", {}, restarts_before=None), _job(), {}, []),  # nothing to compare
+        (_row("requeue", {}), _job("COMPLETED"), {}, []),  # ended since: nothing to apply
+        # a stop holds while the job is held or ended
+        (_row("stop", {}), _job("PENDING", restarts=1, held=True), {}, []),
+        (_row("stop", {}), _job("CANCELLED"), {}, []),
+        (_row("stop", {}), _job("PENDING", restarts=1), {}, []),  # a person released it
+        (_row("stop", {}), _job("PENDING", restarts=0), {}, ["job 42 is PENDING, not held"]),
+        (_row("stop", {}, restarts_before=None), _job(), {}, []),
+        # a resume holds unless the node is drained by Goodput again
+        (_row("resume_node", {"resume": ["n1"]}), None, {"n1": NodeState("n1", "IDLE")}, []),
+        (_row("resume_node", {"resume": ["n1"]}), None,
+         {"n1": NodeState("n1", "DRAINED", "goodput: x")}, ["n1 is drained by Goodput again"]),
+        (_row("resume_node", {"resume": ["n1"]}), None,
+         {"n1": NodeState("n1", "DRAINED", "rma")}, []),  # a person's drain since
+    ],
+)  # fmt: skip
+def test_what_an_executed_action_left_in_the_scheduler(row, job, nodes, want):
+    assert controller_restart.lost(row, job, nodes) == want
+
+
+def test_a_node_goodput_returned_to_service_since_is_not_a_drain_lost():
+    row, idle = _row("drain", {"nodes": ["n1"]}), {"n1": NodeState("n1", "IDLE")}
+    assert controller_restart.lost(row, None, idle, frozenset(["n1"])) == []
