@@ -114,8 +114,8 @@ def terminate(proc: subprocess.Popen) -> None:
 
 
 def stop_daemon(pid_file: str | Path, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
-    """Signal a stack daemon by its pid file and wait until the process is gone: a SIGTERMed
-    slurmctld goes on answering some requests while it saves its state."""
+    """Signal a stack daemon by its pid file and wait until the process is gone, so that
+    what the test does next meets the daemon down, not stopping."""
     pid = int(Path(pid_file).read_text())
     os.kill(pid, sig)
     deadline = time.monotonic() + timeout

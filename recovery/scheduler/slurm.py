@@ -184,6 +184,10 @@ class SlurmScheduler(Scheduler):
                 raise
             text = ""
         doc = json.loads(text or "{}")
+        errors = json.dumps(doc.get("errors") or "")
+        if doc.get("errors") and "invalid job id" not in errors.lower():
+            # 22.05 with slurmctld down: exit 0, no jobs, an error (not a forgotten job)
+            raise SchedulerUnavailable(f"squeue: {errors[:300]}")
         for j in doc.get("jobs", []):  # Slurm 22.05 ignores -j with --json: filter here
             jid = str(names.slurm_int(j.get("job_id")))
             task = names.slurm_int(j.get("array_task_id"))  # 23.02+: {"set", "number"}

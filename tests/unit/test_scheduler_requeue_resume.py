@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery.scheduler import SchedulerUnavailable
 from recovery.scheduler.slurm import SlurmScheduler, held
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
@@ -127,3 +128,19 @@ def test_the_controller_start_is_read_from_the_real_22_05_config(monkeypatch):
     started = s.controller_started()
     assert started == time.mktime(time.strptime("2026-12-07T13:09:47", "%Y-%m-%dT%H:%M:%S"))
     assert s.controller_started() is None  # no such line: the adapter cannot say
+
+
+def test_squeue_answering_without_its_controller_is_an_outage_not_a_forgotten_job(monkeypatch):
+    """Slurm 22.05's squeue --json exits 0 with no jobs and an error while slurmctld is down;
+    the accounting it would fall back to still said PENDING for a running job."""
+    down = (FIXTURES / "squeue-22.05-controller-down.json").read_text()
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv[0])
+        return subprocess.CompletedProcess(argv, 0, down, "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(SchedulerUnavailable, match="slurm_load_jobs"):
+        SlurmScheduler(retries=0).job_state("136")
+    assert calls == ["squeue"]  # not sacct
