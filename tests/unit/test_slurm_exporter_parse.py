@@ -183,6 +183,20 @@ def test_garbage_from_slurm_is_an_error_not_a_crash():
     assert reg.get_sample_value("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
 
 
+def test_squeue_answering_with_an_error_is_a_failed_scrape_not_an_empty_cluster():
+    """Slurm 22.05's squeue --json while slurmctld is down (real output): exit 0, no jobs and
+    an `errors` entry. Read as an answer, every job's series would vanish."""
+    down = (FIXTURES / "squeue-22.05-controller-down.json").read_text()
+    with pytest.raises(SlurmError, match="slurm_load_jobs"):
+        parse_squeue(down)
+    c, reg = registry_for(FakeSlurm())
+    assert c.refresh()
+    c.runner = FakeSlurm(squeue=down)
+    assert not c.refresh()
+    assert reg.get_sample_value("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
+    assert reg.get_sample_value("goodput_slurm_job_gpus", {"job_id": "101"}) == 16
+
+
 def test_sacct_down_is_best_effort():
     fake = FakeSlurm()
     c, reg = registry_for(fake)
