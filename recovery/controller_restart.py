@@ -11,9 +11,9 @@ store keeps the start it saw last and when (`goodput_switches` row `scheduler_bo
 start moved, every action executed from `MARGIN_S` before the old controller was last seen is
 checked against the scheduler, and one whose effect is gone is due again: `executed` → `ready`
 (or `approved`), audit event `effect_lost`, so the executor applies it once more with all its
-guards. What Goodput itself undid since (a later action on the same job, a node returned to
-service) is not an effect lost. One receiver does it: the row moves under a compare-and-set in
-the same transaction.
+guards. What came after the action is not an effect lost: a later action on the same job, a
+node Goodput returned to service, a restart count that moved on. One receiver does it: the row
+moves under a compare-and-set in the same transaction.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from recovery import audit, outbox
-from recovery.action_config import config, probe_scheduler
+from recovery import audit, outbox, watchdog
+from recovery.action_config import is_paused, probe_scheduler
 from recovery.outbox import actions_table, switches
 from recovery.policy import RESTARTS
 from recovery.scheduler import JobState, NodeState, SchedulerError
@@ -43,60 +43,68 @@ def lost(
 ) -> list[str]:
     """What of an executed action the scheduler no longer shows (empty: all of it holds).
 
-    A drained node is drained or down (unless Goodput returned it to service since: `returned`);
-    a requeued job counted its restart and is not held; a stopped job is held, ended, or counted
-    its requeue-hold (a person released it); a resumed node is not drained by Goodput again. A
-    restart count never goes down but in a controller that forgot, so a requeue undone by a
-    person is never taken for one lost. A job the scheduler no longer knows, or one that ended,
-    has nothing to apply again."""
-    action = json.loads(row.body)["action"]
+    A node it drained is out of service (drained, down, failed, in maintenance or rebooting),
+    unless Goodput returned it to service since (`returned`). A job it requeued or stopped has
+    at least the restart count the action left (`restarts_after` in its result): a count only
+    goes down in a controller that forgot, never by a person's hand, so a later release or
+    requeue by anyone is not taken for a loss. A job Goodput requeued (its count moved) that
+    is pending and held again lost its release. `job` is None where a later action has the
+    job."""
+    action = json.loads(row.body).get("action") or {}
     out = []
     for n in action.get("nodes", []):
         s = nodes.get(n)
-        if s is not None and n not in returned and not s.drained and "DOWN" not in s.state.upper():
+        if s is not None and n not in returned and not _out_of_service(s):
             out.append(f"{n} is {s.state}, not drained")
-    for n in action.get("resume", []):
-        s = nodes.get(n)
-        if s is not None and s.drained_by_goodput:
-            out.append(f"{n} is drained by Goodput again")
-    if job is None or not job.active or row.restarts_before is None:
+    after = json.loads(row.result or "{}").get("restarts_after")
+    if job is None or not isinstance(after, int):
         return out
-    if row.kind == "stop" and not job.held and job.restarts <= row.restarts_before:
-        out.append(f"job {job.job_id} is {job.state}, not held")
-    elif row.kind in RESTARTS:
-        if job.restarts <= row.restarts_before:
-            out.append(f"job {job.job_id} is {job.state}, restarts {job.restarts}: not requeued")
-        elif job.held:
-            out.append(f"job {job.job_id} is requeued but held")
+    if job.restarts < after:
+        out.append(f"job {job.job_id} is {job.state}, restarts {job.restarts} (was {after})")
+    elif (
+        row.kind in RESTARTS
+        and after > (row.restarts_before or 0)
+        and job.restarts == after
+        and job.held
+        and job.state.upper() == "PENDING"
+    ):
+        out.append(f"job {job.job_id} is requeued but held")
     return out
+
+
+def _out_of_service(s: NodeState) -> bool:
+    return s.drained or any(w in s.state.upper() for w in ("DOWN", "FAIL", "MAINT", "REBOOT"))
 
 
 def check(engine: Engine, settings: Any) -> list[str]:
     """Compare the controller's start with the one last seen; after a restart, make the
     actions whose effect is gone due again. Returns their ids (empty when nothing moved, the
-    scheduler cannot say, or another receiver did it)."""
-    probe = probe_scheduler(settings)
+    scheduler cannot say, or another receiver did it). While actions do not run (paused, or
+    the watchdog not acting) the restart waits, and the window with it."""
+    sched = probe_scheduler(settings)  # quick reads, no retries: a slow one waits a pass
+    if sched is None:
+        return []
     try:
-        started = probe.controller_started() if probe is not None else None
+        boot = sched.controller_started()
     except SchedulerError:
         return []
-    if started is None:
+    if boot is None:
         return []
-    boot, now = f"{started:.0f}", outbox.now(engine)
+    now = outbox.now(engine)
     with engine.connect() as conn:
         seen = conn.execute(select(switches).where(switches.c.name == SWITCH)).first()
     if seen is None or seen.value == boot:
         outbox.write(engine, _remember, boot, now)
         return []
-    rows, passed = _since(engine, seen.updated_at - MARGIN_S)
-    sched = config(settings).scheduler
-    last = {r.job_id: r.id for r in rows if r.job_id}  # rows are oldest first
+    if is_paused(engine) or watchdog.current(engine) != watchdog.OK:
+        return []
+    rows, later, passed = _since(engine, seen.updated_at - MARGIN_S)
     try:
         nodes = {n.node: n for n in sched.node_states()} if rows else {}
         found = {
             r.id: lost(
                 r,
-                sched.job_state(r.job_id) if r.job_id and last[r.job_id] == r.id else None,
+                None if not r.job_id or _superseded(r, later) else sched.job_state(r.job_id),
                 nodes,
                 _returned(r, rows, passed),
             )
@@ -104,12 +112,13 @@ def check(engine: Engine, settings: Any) -> list[str]:
         }
     except SchedulerError:
         return []  # the next pass looks again: the store still has the old start
-    due: list[str] = outbox.write(engine, _reopen, seen, boot, now, rows, found, started)
+    due: list[str] = outbox.write(engine, _reopen, seen, boot, now, rows, found)
     return due
 
 
-def _since(engine: Engine, t: float) -> tuple[list[Any], list[tuple[float, str]]]:
-    """The actions executed since `t` (oldest first) and the nodes' passed checks since."""
+def _since(engine: Engine, t: float) -> tuple[list[Any], list[Any], list[tuple[float, str]]]:
+    """The actions executed since `t` (oldest first), every action on their jobs (any state)
+    and the nodes' passed checks since `t`."""
     a, e = actions_table.c, audit.audit.c
     with engine.connect() as conn:
         rows = list(
@@ -119,15 +128,24 @@ def _since(engine: Engine, t: float) -> tuple[list[Any], list[tuple[float, str]]
                 .order_by(a.updated_at)
             ).all()
         )
+        jobs = {r.job_id for r in rows if r.job_id}
+        later = list(
+            conn.execute(select(a.id, a.job_id, a.created_at).where(a.job_id.in_(jobs))).all()
+        )
         checks = conn.execute(select(e.ts, e.payload).where(e.type == "check_passed", e.ts >= t))
         passed = [(c.ts, str(json.loads(c.payload).get("node"))) for c in checks]
-    return rows, passed
+    return rows, later, passed
+
+
+def _superseded(row: Any, actions: list[Any]) -> bool:
+    """Has the job a later action (planned, waiting, executing or done)? It decides the job."""
+    return any(x.job_id == row.job_id and x.created_at > row.created_at for x in actions)
 
 
 def _returned(row: Any, rows: list[Any], passed: list[tuple[float, str]]) -> frozenset[str]:
     """The nodes Goodput returned to service after `row`: a later resume, a passed check."""
     later = [
-        json.loads(r.body)["action"].get("resume", [])
+        json.loads(r.body).get("action", {}).get("resume", [])
         for r in rows
         if r.updated_at > row.updated_at
     ]
@@ -157,7 +175,6 @@ def _reopen(
     now: float,
     rows: list[Any],
     found: dict[str, list[str]],
-    started: float,
 ) -> list[str]:
     moved = conn.execute(
         update(switches)
@@ -178,7 +195,7 @@ def _reopen(
             .values(state=back, updated_at=now, next_attempt_at=None)
         ).rowcount
         if done:
-            payload = {"lost": found[r.id], "controller_started": started, "was": "executed"}
+            payload = {"lost": found[r.id], "controller_started": boot, "was": "executed"}
             audit.append(conn, "effect_lost", payload, **outbox.refs(r))
             due.append(r.id)
     return due

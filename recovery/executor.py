@@ -246,6 +246,7 @@ def execute(
     failpoints.hit("claimed")
     body = json.loads(row.body)
     steps: list[str] = []
+    job_op = None  # the job's step: its restart count after, for `controller_restart`
     outcome = body.get("diagnosis", {}).get("outcome", "")
     capture = cfg.policy.return_to_service.capture
     try:
@@ -258,17 +259,17 @@ def execute(
             failpoints.hit("drained")
         kind = row.kind
         if kind in RESTARTS:
-            steps.append(
-                sched.requeue(
-                    row.job_id,
-                    tuple(action.get("exclude", [])),
-                    expected_restarts=row.restarts_before,
-                    delay_s=float(action.get("delay_s", 0.0)),
-                    drop=tuple(action.get("exclusions_dropped", [])),
-                ).detail
+            job_op = sched.requeue(
+                row.job_id,
+                tuple(action.get("exclude", [])),
+                expected_restarts=row.restarts_before,
+                delay_s=float(action.get("delay_s", 0.0)),
+                drop=tuple(action.get("exclusions_dropped", [])),
             )
         elif kind == "stop" and row.job_id:
-            steps.append(sched.stop(row.job_id, expected_restarts=row.restarts_before).detail)
+            job_op = sched.stop(row.job_id, expected_restarts=row.restarts_before)
+        if job_op is not None:
+            steps.append(job_op.detail)
         elif kind == "resume_node":
             for node in action.get("resume", []):
                 steps.append(sched.resume(node).detail)
@@ -276,7 +277,9 @@ def execute(
         _retry_or_fail(engine, cfg, row, exc, steps)
         return get_action(engine, action_id)
     failpoints.hit("executed")
-    result = {"steps": steps, "verified": _verify(sched, row, action)}
+    result: dict[str, Any] = {"steps": steps, "verified": _verify(sched, row, action)}
+    if job_op is not None and job_op.restarts is not None:
+        result["restarts_after"] = job_op.restarts
     _finish(engine, row, "executed", "executed", result, result=json.dumps(result))
     failpoints.hit("finished")
     if row.kind == "stop":

@@ -55,7 +55,12 @@ def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:
     approved rows whose retry time has come, executed rows whose effect a restarted controller
     forgot (`controller_restart`)."""
     expire(engine)
-    controller_restart.check(engine, settings)  # after a restart: what it forgot is due again
+    try:  # after a controller restart: what it forgot is due again
+        controller_restart.check(engine, settings)
+    except SQLAlchemyError:
+        raise
+    except Exception:  # noqa: BLE001 - a defect there must not stall every pass
+        log.exception("checking for a restarted scheduler controller failed")
     now = outbox.now(engine)
     single = engine.dialect.name == "sqlite"
     with engine.connect() as conn:

@@ -102,6 +102,7 @@ class NodeState:
 class OpResult:
     changed: bool
     detail: str
+    restarts: int | None = None  # a job's restart count as the scheduler showed it after
 
 
 class Scheduler(ABC):
@@ -143,9 +144,10 @@ class Scheduler(ABC):
     @abstractmethod
     def _cancel(self, job_id: str) -> None: ...
 
-    def controller_started(self) -> float | None:
-        """When the scheduler's controller last started (unix seconds), or None where the
-        adapter cannot say (then what it may have forgotten is not checked)."""
+    def controller_started(self) -> str | None:
+        """When the scheduler's controller last started, as the scheduler prints it (compared
+        for equality only), or None where the adapter cannot say (then what a restarted
+        controller may have forgotten is not checked)."""
         return None
 
     # ---- the safe public operations -------------------------------------------------------
@@ -249,18 +251,27 @@ class Scheduler(ABC):
             ):
                 self._set_exclude(job_id, target, delay_s)
                 self._release(job_id)
-                return OpResult(True, f"job {job_id} was requeued-held; exclusion set, released")
-            return OpResult(False, f"job {job_id} already requeued (restarts {before.restarts})")
+                detail = f"job {job_id} was requeued-held; exclusion set, released"
+                return OpResult(True, detail, before.restarts)
+            detail = f"job {job_id} already requeued (restarts {before.restarts})"
+            return OpResult(False, detail, before.restarts)
         if before.state.upper() == "PENDING" and not before.held and not hold:
             # nothing runs (not started yet, or a restarted controller forgot that it had):
             # the pending job gets the exclusions; never held here, so never left held
             self._set_exclude(job_id, target, delay_s)
-            changed = target is not None or delay_s > 0
-            return OpResult(changed, f"job {job_id} is pending: excluding {list(want)}")
+            self._await(
+                lambda: bool((s := self.job_state(job_id)) and set(s.excluded) == set(want)),
+                f"job {job_id} excludes {sorted(want)}",
+            )
+            detail = f"job {job_id} is pending: not requeued, excluding {list(want)}"
+            return OpResult(target is not None or delay_s > 0, detail, before.restarts)
         self._requeue(job_id, target, hold, delay_s)
+
+        after: list[JobState] = []
 
         def done() -> bool:
             s = self.job_state(job_id)
+            after[:] = [s] if s else []
             return bool(
                 s
                 and s.restarts > before.restarts
@@ -269,7 +280,7 @@ class Scheduler(ABC):
             )
 
         self._await(done, f"job {job_id} requeued")
-        return OpResult(True, f"job {job_id} requeued excluding {list(want)}")
+        return OpResult(True, f"job {job_id} requeued excluding {list(want)}", after[0].restarts)
 
     def stop(self, job_id: str, expected_restarts: int | None = None) -> OpResult:
         """Stop: a running job is requeue-held (a person releases or cancels it); a pending
@@ -277,17 +288,16 @@ class Scheduler(ABC):
         check_job(job_id)
         s = self.job_state(job_id)
         if s is None or not s.active:
-            return OpResult(False, f"job {job_id} has ended ({s.state if s else 'gone'})")
+            detail = f"job {job_id} has ended ({s.state if s else 'gone'})"
+            return OpResult(False, detail, s.restarts if s else None)
         if s.held:
-            return OpResult(False, f"job {job_id} is already held")
-        if s.state.upper() == "PENDING":
+            return OpResult(False, f"job {job_id} is already held", s.restarts)
+        if s.state.upper() == "PENDING" or (
+            expected_restarts is not None and s.restarts > expected_restarts
+        ):
             self._hold(job_id)
             self._await(lambda: bool((x := self.job_state(job_id)) and x.held), "job held")
-            return OpResult(True, f"job {job_id} held")
-        if expected_restarts is not None and s.restarts > expected_restarts:
-            self._hold(job_id)
-            self._await(lambda: bool((x := self.job_state(job_id)) and x.held), "job held")
-            return OpResult(True, f"job {job_id} held")
+            return OpResult(True, f"job {job_id} held", s.restarts)
         return self.requeue(job_id, (), hold=True, expected_restarts=s.restarts)
 
     def hold(self, job_id: str) -> OpResult:

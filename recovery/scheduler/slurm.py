@@ -154,11 +154,12 @@ class SlurmScheduler(Scheduler):
         return out.returncode == 0 and " is UP" in out.stdout
 
     # ---- readers ----------------------------------------------------------------------------
-    def controller_started(self) -> float | None:
-        """slurmctld's `BOOT_TIME` in `scontrol show config` (a backup that took over has its
-        own); None when the line is missing or unreadable."""
+    def controller_started(self) -> str | None:
+        """slurmctld's `BOOT_TIME` in `scontrol show config` as printed (a backup that took
+        over has its own; never converted, so receivers in other time zones agree); None when
+        the line is missing."""
         found = _BOOT_TIME.search(self._run(["scontrol", "show", "config"]))
-        return names.slurm_time(found.group(1)) if found else None
+        return found.group(1) if found else None
 
     def node_states(self) -> list[NodeState]:
         out = self._run(["sinfo", "-N", "-h", "-o", "%N|%T|%P|%E"])
@@ -185,7 +186,7 @@ class SlurmScheduler(Scheduler):
             text = ""
         doc = json.loads(text or "{}")
         errors = json.dumps(doc.get("errors") or "")
-        if doc.get("errors") and "invalid job id" not in errors.lower():
+        if doc.get("errors") and not doc.get("jobs") and "invalid job id" not in errors.lower():
             # 22.05 with slurmctld down: exit 0, no jobs, an error (not a forgotten job)
             raise SchedulerUnavailable(f"squeue: {errors[:300]}")
         for j in doc.get("jobs", []):  # Slurm 22.05 ignores -j with --json: filter here

@@ -26,8 +26,13 @@ from tests.unit.actions_fakes import make_fake_sim
 
 
 class Restarting(SimulatedScheduler):
-    started: float | None = 1_000_000.0
+    boots = 1
+    started: str | None = "2026-12-07T13:09:47"
     fail_reads = 0
+
+    def restart(self):
+        self.boots += 1
+        self.started = f"2026-12-07T14:{self.boots:02d}:00"
 
     def controller_started(self):
         return self.started
@@ -63,7 +68,7 @@ def world(tmp_path, monkeypatch):
         a = actions.on_diagnosis(engine, settings, inc, d)
         assert a["state"] == "executed", a
         calls = len(st["calls"])
-        sched.started += 60
+        sched.restart()
         return a, saved, calls
 
     def forget(saved):
@@ -83,7 +88,7 @@ def test_the_first_start_seen_is_remembered_and_nothing_is_checked(world):
     assert controller_restart.check(world.engine, world.settings) == []
     with world.engine.connect() as conn:
         row = conn.execute(switches.select().where(switches.c.name == "scheduler_boot")).first()
-    assert row.value == "1000000"
+    assert row.value == "2026-12-07T13:09:47"  # as Slurm prints it: no time zone involved
 
 
 def test_a_drain_and_requeue_the_controller_forgot_is_applied_again(world):
@@ -95,7 +100,7 @@ def test_a_drain_and_requeue_the_controller_forgot_is_applied_again(world):
     (lost,) = world.lost_events(a["id"])
     assert lost["lost"] == [
         "node2 is ALLOCATED, not drained",
-        "job 42 is RUNNING, restarts 0: not requeued",
+        "job 42 is RUNNING, restarts 0 (was 1)",
     ]
     assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
     job = world.st["jobs"]["42"]
@@ -112,7 +117,7 @@ def test_a_stop_the_controller_forgot_holds_the_job_again(world):
     assert a["kind"] == "stop" and world.st["jobs"]["42"]["held"]
     world.forget(saved)
     reconciler.reconcile(world.engine, world.settings)
-    assert world.lost_events(a["id"])[0]["lost"] == ["job 42 is RUNNING, not held"]
+    assert world.lost_events(a["id"])[0]["lost"] == ["job 42 is RUNNING, restarts 0 (was 1)"]
     assert world.st["jobs"]["42"]["held"]
 
 
@@ -181,7 +186,7 @@ def test_a_node_returned_through_a_passed_check_since_is_not_drained_again(world
     with world.engine.begin() as conn:  # the node came back through a check, a resume action
         audit.append(conn, "check_passed", {"node": "node2"})
     reconciler.reconcile(world.engine, world.settings)
-    assert world.lost_events(a["id"])[0]["lost"] == ["job 42 is RUNNING, restarts 0: not requeued"]
+    assert world.lost_events(a["id"])[0]["lost"] == ["job 42 is RUNNING, restarts 0 (was 1)"]
 
 
 def test_the_job_is_checked_against_its_latest_action_only(world):
@@ -195,15 +200,42 @@ def test_the_job_is_checked_against_its_latest_action_only(world):
     world.forget(saved)
     reconciler.reconcile(world.engine, world.settings)
     assert world.lost_events(a["id"])[0]["lost"] == ["node2 is ALLOCATED, not drained"]
-    assert world.lost_events(b["id"])[0]["lost"] == ["job 42 is RUNNING, not held"]
+    assert world.lost_events(b["id"])[0]["lost"] == ["job 42 is RUNNING, restarts 0 (was 2)"]
     job = world.st["jobs"]["42"]
     assert job["held"] and job["state"] == "PENDING" and job["excluded"] == ["node2"]
     assert world.st["nodes"]["node2"]["state"].startswith("DRAIN")
 
 
-def _row(kind, action, restarts_before=0):
+def test_while_actions_do_not_run_the_restart_waits_with_its_window(world):
+    """Paused, a reopened row would be `skipped`: the check waits until actions run again."""
+    from recovery.action_config import set_paused
+
+    a, saved, _ = world.act("11")
+    world.forget(saved)
+    set_paused(world.engine, True, "gina", "slurm maintenance")
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"]) == []
+    assert outbox.get_action(world.engine, a["id"])["state"] == "executed"
+    set_paused(world.engine, False, "gina")
+    reconciler.reconcile(world.engine, world.settings)
+    assert world.lost_events(a["id"])
+    assert world.st["jobs"]["42"]["restarts"] == 1
+
+
+def test_a_defect_in_the_check_does_not_stall_the_pass(world, monkeypatch):
+    def broken(*_):
+        raise ValueError("unreadable squeue")
+
+    monkeypatch.setattr(controller_restart, "check", broken)
+    reconciler.reconcile(world.engine, world.settings)  # logged, and the pass goes on
+
+
+def _row(kind, action, restarts_before=0, after=None):
     return SimpleNamespace(
-        kind=kind, body=json.dumps({"action": action}), restarts_before=restarts_before
+        kind=kind,
+        body=json.dumps({"action": action}),
+        restarts_before=restarts_before,
+        result=json.dumps({} if after is None else {"restarts_after": after}),
     )
 
 
@@ -214,32 +246,33 @@ def _job(state="RUNNING", restarts=0, held=False):
 @pytest.mark.parametrize(
     ("row", "job", "nodes", "want"),
     [
-        # a drain holds while the node is drained or down, whoever's reason it has
+        # a drain holds while the node is out of service, whoever's reason it has
         (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "DOWN")}, []),
         (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "DRAINED", "x")}, []),
+        (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "MAINT")}, []),
         (_row("drain", {"nodes": ["n1"]}), None, {"n1": NodeState("n1", "IDLE")},
          ["n1 is IDLE, not drained"]),
         (_row("drain", {"nodes": ["gone"]}), None, {}, []),  # a node it no longer knows
-        # a requeue holds once the restart counted and the job is not held
-        (_row("requeue", {}), _job(restarts=1), {}, []),
-        (_row("requeue", {}), _job("PENDING", restarts=0), {},
-         ["job 42 is PENDING, restarts 0: not requeued"]),
-        (_row("requeue", {}), _job("PENDING", restarts=1, held=True), {},
-         ["job 42 is requeued but held"]),
-        (_row("requeue", {}, restarts_before=None), _job(), {}, []),  # nothing to compare
-        (_row("requeue", {}), _job("COMPLETED"), {}, []),  # ended since: nothing to apply
-        # a stop holds while the job is held or ended
-        (_row("stop", {}), _job("PENDING", restarts=1, held=True), {}, []),
-        (_row("stop", {}), _job("CANCELLED"), {}, []),
-        (_row("stop", {}), _job("PENDING", restarts=1), {}, []),  # a person released it
-        (_row("stop", {}), _job("PENDING", restarts=0), {}, ["job 42 is PENDING, not held"]),
-        (_row("stop", {}, restarts_before=None), _job(), {}, []),
-        # a resume holds unless the node is drained by Goodput again
-        (_row("resume_node", {"resume": ["n1"]}), None, {"n1": NodeState("n1", "IDLE")}, []),
+        # a job keeps at least the restart count the action left
+        (_row("requeue", {}, after=1), _job(restarts=1), {}, []),
+        (_row("requeue", {}, after=1), _job(restarts=2, held=True), {}, []),  # moved on
+        (_row("requeue", {}, after=1), _job("PENDING", restarts=0), {},
+         ["job 42 is PENDING, restarts 0 (was 1)"]),
+        (_row("requeue", {}, after=1), _job("FAILED", restarts=0), {},  # ended: still lost
+         ["job 42 is FAILED, restarts 0 (was 1)"]),
+        (_row("requeue", {}, after=1), _job("PENDING", restarts=1, held=True), {},
+         ["job 42 is requeued but held"]),  # the release lost
+        # a pending job's exclusion (no restart counted): a hold since is a person's
+        (_row("requeue", {}, after=0), _job("PENDING", restarts=0, held=True), {}, []),
+        (_row("requeue", {}), _job(), {}, []),  # the count after is not known: not judged
+        (_row("stop", {}, after=1), _job("PENDING", restarts=1, held=True), {}, []),
+        (_row("stop", {}, after=1), _job("PENDING", restarts=1), {}, []),  # released by a person
+        (_row("stop", {}, after=1), _job("RUNNING", restarts=0), {},
+         ["job 42 is RUNNING, restarts 0 (was 1)"]),
+        (_row("stop", {}, after=1), _job("RUNNING", restarts=1), {}, []),
+        # a resume is never applied again (a drain since is not undone)
         (_row("resume_node", {"resume": ["n1"]}), None,
-         {"n1": NodeState("n1", "DRAINED", "goodput: x")}, ["n1 is drained by Goodput again"]),
-        (_row("resume_node", {"resume": ["n1"]}), None,
-         {"n1": NodeState("n1", "DRAINED", "rma")}, []),  # a person's drain since
+         {"n1": NodeState("n1", "DRAINED", "goodput: x")}, []),
     ],
 )  # fmt: skip
 def test_what_an_executed_action_left_in_the_scheduler(row, job, nodes, want):
