@@ -65,13 +65,18 @@ def _act_then_lose_it(local_stack, tmp_path, monkeypatch, jobs, job, outcome, no
     return engine, settings, a
 
 
+def _running(jobs: SlurmJobs) -> tuple[str, str]:
+    """A new test job once it runs: (job id, its node)."""
+    job = jobs.submit()
+    s = wait_until(lambda: (s := jobs.sched.job_state(job)) and s.state == "RUNNING" and s, 30)
+    return job, s.nodes[0]
+
+
 def test_a_requeue_slurmctld_forgot_is_applied_again(local_stack, tmp_path, monkeypatch):
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
     jobs = SlurmJobs("gprestart")
     try:
-        job = jobs.submit()
-        wait_until(lambda: (s := jobs.sched.job_state(job)) and s.state == "RUNNING", 30)
-        node = jobs.sched.job_state(job).nodes[0]
+        job, node = _running(jobs)
         engine, settings, a = _act_then_lose_it(
             local_stack, tmp_path, monkeypatch, jobs, job, "gpu_hardware_fault", node
         )
@@ -98,14 +103,13 @@ def test_a_stop_slurmctld_forgot_is_applied_again(local_stack, tmp_path, monkeyp
     monkeypatch.setenv("GOODPUT_ACTIONS_THREAD", "0")
     jobs = SlurmJobs("gpstop")
     try:
-        job = jobs.submit()
-        wait_until(lambda: (s := jobs.sched.job_state(job)) and s.state == "RUNNING", 30)
+        job, _ = _running(jobs)
         engine, settings, a = _act_then_lose_it(
             local_stack, tmp_path, monkeypatch, jobs, job, "workload_oom", None
         )
         after = jobs.sched.job_state(job)
         print(f"after the restart: {after}")
-        assert not after.held, f"Slurm kept the hold: {after}"
+        assert after.restarts == 0 and not after.held, f"Slurm kept the stop: {after}"
 
         reconciler.reconcile(engine, settings)
         assert _effects_lost(engine, a["id"]), "the lost hold was not seen"

@@ -183,18 +183,25 @@ def test_garbage_from_slurm_is_an_error_not_a_crash():
     assert reg.get_sample_value("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
 
 
-def test_squeue_answering_with_an_error_is_a_failed_scrape_not_an_empty_cluster():
-    """Slurm 22.05's squeue --json while slurmctld is down (real output): exit 0, no jobs and
-    an `errors` entry. Read as an answer, every job's series would vanish."""
-    down = (FIXTURES / "squeue-22.05-controller-down.json").read_text()
+def test_slurm_answering_with_an_error_is_a_failed_scrape_not_an_empty_cluster():
+    """Slurm 22.05's squeue --json and sinfo --json while slurmctld is down (real output): exit
+    0, no jobs or nodes, an `errors` entry. Read as answers, `up` stayed 1 and every job and
+    node series vanished."""
+    squeue = (FIXTURES / "squeue-22.05-controller-down.json").read_text()
+    sinfo = (FIXTURES / "sinfo-22.05-controller-down.json").read_text()
     with pytest.raises(SlurmError, match="slurm_load_jobs"):
-        parse_squeue(down)
+        parse_squeue(squeue)
+    with pytest.raises(SlurmError, match="Unspecified error"):
+        parse_sinfo(sinfo)
     c, reg = registry_for(FakeSlurm())
     assert c.refresh()
-    c.runner = FakeSlurm(squeue=down)
+    c.runner = FakeSlurm(squeue=squeue, sinfo=sinfo)
     assert not c.refresh()
-    assert reg.get_sample_value("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
-    assert reg.get_sample_value("goodput_slurm_job_gpus", {"job_id": "101"}) == 16
+    v = reg.get_sample_value
+    assert v("goodput_slurm_up") == 0
+    assert v("goodput_slurm_scrape_errors_total", {"command": "squeue"}) == 1
+    assert v("goodput_slurm_scrape_errors_total", {"command": "sinfo"}) == 1
+    assert v("goodput_slurm_job_gpus", {"job_id": "101"}) == 16  # the last good values
 
 
 def test_sacct_down_is_best_effort():
