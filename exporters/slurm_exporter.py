@@ -228,7 +228,7 @@ def _json(text: str, what: str) -> dict:
     if not isinstance(data, dict):
         raise SlurmError(f"{what}: JSON is not an object")
     if data.get("errors") and not (data.get("jobs") or data.get("nodes") or data.get("sinfo")):
-        # 22.05's squeue with slurmctld down: exit 0, no jobs, an error
+        # 22.05 with slurmctld down: squeue and sinfo exit 0, no jobs or nodes, an error
         raise SlurmError(f"{what}: {json.dumps(data['errors'])[:300]}")
     return data
 

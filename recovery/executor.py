@@ -268,11 +268,11 @@ def execute(
             )
         elif kind == "stop" and row.job_id:
             job_op = sched.stop(row.job_id, expected_restarts=row.restarts_before)
-        if job_op is not None:
-            steps.append(job_op.detail)
         elif kind == "resume_node":
             for node in action.get("resume", []):
                 steps.append(sched.resume(node).detail)
+        if job_op is not None:
+            steps.append(job_op.detail)
     except (SchedulerError, ValueError) as exc:  # GuardRefused, SchedulerUnavailable included
         _retry_or_fail(engine, cfg, row, exc, steps)
         return get_action(engine, action_id)

@@ -4,8 +4,8 @@
 a scheduler that was down), finishes every action that was ready, approved or executing when a
 process died, against the scheduler's real state, expires overdue approvals and updates the
 recoveries' accounting. Rows waiting out a retry delay are due at once when the scheduler
-answers again (`wake_on_return`); an executed action whose effect a restarted controller
-forgot is due again (`controller_restart`). `start` runs it once per process and engine, in a daemon
+answers again (`wake_on_return`); an executed action whose effect a restarted controller forgot
+is due again (`controller_restart`). `start` runs it once per process and engine, in a daemon
 thread.
 """
 
