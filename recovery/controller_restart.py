@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, select, update
 
 from recovery import audit, outbox, watchdog
 from recovery.action_config import is_paused, probe_scheduler
-from recovery.outbox import actions_table, switches
+from recovery.outbox import OPEN_STATES, actions_table, switches
 from recovery.policy import RESTARTS
 from recovery.scheduler import JobState, NodeState, SchedulerError
 
@@ -48,17 +48,19 @@ def lost(
     at least the restart count the action left (`restarts_after` in its result): a count only
     goes down in a controller that forgot, never by a person's hand, so a later release or
     requeue by anyone is not taken for a loss. A job Goodput requeued (its count moved) that
-    is pending and held again lost its release. `job` is None where a later action has the
-    job."""
+    is pending and held again lost its release. A job that ended after the action is not
+    judged (what it shows is its own end), nor one that a later action has (`job` None)."""
     action = json.loads(row.body).get("action") or {}
     out = []
     for n in action.get("nodes", []):
         s = nodes.get(n)
         if s is not None and n not in returned and not _out_of_service(s):
             out.append(f"{n} is {s.state}, not drained")
-    after = json.loads(row.result or "{}").get("restarts_after")
-    if job is None or not isinstance(after, int):
+    after = _restarts_after(json.loads(row.result or "{}"))
+    if job is None or after is None:
         return out
+    if not job.active and job.end_time is not None and job.end_time > row.updated_at:
+        return out  # it ran and ended after the action: what it shows now is not the action's
     if job.restarts < after:
         out.append(f"job {job.job_id} is {job.state}, restarts {job.restarts} (was {after})")
     elif (
@@ -70,6 +72,15 @@ def lost(
     ):
         out.append(f"job {job.job_id} is requeued but held")
     return out
+
+
+def _restarts_after(result: dict[str, Any]) -> int | None:
+    """The job's restart count the action left: its own record, else (an action executed by an
+    earlier version) the count read back after it."""
+    after = result.get(
+        "restarts_after", ((result.get("verified") or {}).get("job") or {}).get("restarts")
+    )
+    return after if isinstance(after, int) else None
 
 
 def _out_of_service(s: NodeState) -> bool:
@@ -117,8 +128,8 @@ def check(engine: Engine, settings: Any) -> list[str]:
 
 
 def _since(engine: Engine, t: float) -> tuple[list[Any], list[Any], list[tuple[float, str]]]:
-    """The actions executed since `t` (oldest first), every action on their jobs (any state)
-    and the nodes' passed checks since `t`."""
+    """The actions executed since `t` (oldest first), the restarts and stops of their jobs
+    that are open or executed, and the nodes' passed checks since `t`."""
     a, e = actions_table.c, audit.audit.c
     with engine.connect() as conn:
         rows = list(
@@ -130,7 +141,13 @@ def _since(engine: Engine, t: float) -> tuple[list[Any], list[Any], list[tuple[f
         )
         jobs = {r.job_id for r in rows if r.job_id}
         later = list(
-            conn.execute(select(a.id, a.job_id, a.created_at).where(a.job_id.in_(jobs))).all()
+            conn.execute(
+                select(a.id, a.job_id, a.created_at).where(
+                    a.job_id.in_(jobs),
+                    a.kind.in_((*RESTARTS, "stop")),
+                    a.state.in_((*OPEN_STATES, "executed")),
+                )
+            ).all()
         )
         checks = conn.execute(select(e.ts, e.payload).where(e.type == "check_passed", e.ts >= t))
         passed = [(c.ts, str(json.loads(c.payload).get("node"))) for c in checks]
@@ -138,7 +155,7 @@ def _since(engine: Engine, t: float) -> tuple[list[Any], list[Any], list[tuple[f
 
 
 def _superseded(row: Any, actions: list[Any]) -> bool:
-    """Has the job a later action (planned, waiting, executing or done)? It decides the job."""
+    """Has the job a later restart or stop, open or executed? That one decides the job."""
     return any(x.job_id == row.job_id and x.created_at > row.created_at for x in actions)
 
 

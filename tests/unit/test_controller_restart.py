@@ -206,6 +206,18 @@ def test_the_job_is_checked_against_its_latest_action_only(world):
     assert world.st["nodes"]["node2"]["state"].startswith("DRAIN")
 
 
+def test_a_later_action_that_does_nothing_to_the_job_does_not_hide_a_lost_requeue(world):
+    a, saved, _ = world.act("12")
+    now = time.time()
+    inc, d = incident_and_diagnosis("13", "42", (), "healthy", "none", 0.9, now - 1, now)
+    b = actions.on_diagnosis(world.engine, world.settings, inc, d)
+    assert b["kind"] == "none", b
+    world.forget(saved)
+    reconciler.reconcile(world.engine, world.settings)
+    assert "job 42 is RUNNING, restarts 0 (was 1)" in world.lost_events(a["id"])[0]["lost"]
+    assert world.st["jobs"]["42"]["restarts"] == 1
+
+
 def test_while_actions_do_not_run_the_restart_waits_with_its_window(world):
     """Paused, a reopened row would be `skipped`: the check waits until actions run again."""
     from recovery.action_config import set_paused
@@ -230,17 +242,21 @@ def test_a_defect_in_the_check_does_not_stall_the_pass(world, monkeypatch):
     reconciler.reconcile(world.engine, world.settings)  # logged, and the pass goes on
 
 
-def _row(kind, action, restarts_before=0, after=None):
+EXECUTED_AT = 1_800_000_000.0
+
+
+def _row(kind, action, restarts_before=0, after=None, result=None):
     return SimpleNamespace(
         kind=kind,
         body=json.dumps({"action": action}),
         restarts_before=restarts_before,
-        result=json.dumps({} if after is None else {"restarts_after": after}),
+        result=json.dumps(result or ({} if after is None else {"restarts_after": after})),
+        updated_at=EXECUTED_AT,
     )
 
 
-def _job(state="RUNNING", restarts=0, held=False):
-    return JobState("42", "train", state, restarts=restarts, held=held)
+def _job(state="RUNNING", restarts=0, held=False, ended=None):
+    return JobState("42", "train", state, restarts=restarts, held=held, end_time=ended)
 
 
 @pytest.mark.parametrize(
@@ -265,6 +281,13 @@ def _job(state="RUNNING", restarts=0, held=False):
         # a pending job's exclusion (no restart counted): a hold since is a person's
         (_row("requeue", {}, after=0), _job("PENDING", restarts=0, held=True), {}, []),
         (_row("requeue", {}), _job(), {}, []),  # the count after is not known: not judged
+        # executed by an earlier version: the count read back after it
+        (_row("requeue", {}, result={"verified": {"job": {"restarts": 1}}}), _job(), {},
+         ["job 42 is RUNNING, restarts 0 (was 1)"]),
+        # ended after the action (purged: sacct has no count): its own end, not judged
+        (_row("requeue", {}, after=1), _job("COMPLETED", ended=EXECUTED_AT + 60), {}, []),
+        (_row("requeue", {}, after=1), _job("FAILED", ended=EXECUTED_AT - 60), {},
+         ["job 42 is FAILED, restarts 0 (was 1)"]),
         (_row("stop", {}, after=1), _job("PENDING", restarts=1, held=True), {}, []),
         (_row("stop", {}, after=1), _job("PENDING", restarts=1), {}, []),  # released by a person
         (_row("stop", {}, after=1), _job("RUNNING", restarts=0), {},
