@@ -205,11 +205,10 @@ def _reopen(
     for r in rows:
         if not found[r.id]:
             continue
-        back = "approved" if r.decided_by else "ready"
         done = conn.execute(
             update(actions_table)
             .where(t.id == r.id, t.state == "executed", t.updated_at == r.updated_at)
-            .values(state=back, updated_at=now, next_attempt_at=None)
+            .values(state=outbox.runnable_state(r), updated_at=now, next_attempt_at=None)
         ).rowcount
         if done:
             payload = {"lost": found[r.id], "controller_started": boot, "was": "executed"}

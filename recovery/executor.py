@@ -167,7 +167,7 @@ def _finish(
 
 def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
     if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
-        back = "approved" if row.decided_by else "ready"
+        back = outbox.runnable_state(row)
         delay = retry_delay(cfg, exc, row.attempts)
         _finish(
             engine,

@@ -91,6 +91,11 @@ REPLANNABLE = ("no_action", "planned_only", "skipped")
 STATES = (*OPEN_STATES, "executed", "failed", "rejected", "expired", *REPLANNABLE)  # every one
 
 
+def runnable_state(row: Any) -> str:
+    """Where a row waits to run (again): `approved` once a person approved it, else `ready`."""
+    return "approved" if row.decided_by else "ready"
+
+
 def known_state(state: str) -> str:
     """`state` when it is an action state (a filter's value); ValueError naming them all."""
     if state not in STATES:
