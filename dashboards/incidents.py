@@ -54,10 +54,7 @@ def dashboard() -> d.Dashboard:
         .with_panel(
             ts(
                 "GPU-seconds lost by cause (last hour)",
-                q(
-                    once("increase(goodput_gpu_seconds_lost_total[1h])", "cause"),
-                    "{{cause}}",
-                ),
+                q("goodput:gpu_seconds_lost:1h", "{{cause}}"),
                 unit="s",
             )
         )

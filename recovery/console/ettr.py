@@ -10,7 +10,7 @@ from clients.prometheus import PromClient, PromError
 
 CLUSTER = "goodput:cluster_ettr:1h"
 JOBS = "bottomk(50, goodput:job_ettr:1h)"  # the 50 jobs that lost the most
-LOST = "max by (cause) (increase(goodput_gpu_seconds_lost_total[1h]))"  # HA: counted once
+LOST = "goodput:gpu_seconds_lost:1h"  # by cause, counted once across receivers in HA
 TIMEOUT_S = 2.0
 
 
