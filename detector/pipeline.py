@@ -293,15 +293,18 @@ class Engine:
         idx = self._memo["slots"].get((key, slots), lambda: index.get_indexer(key))
         new = np.flatnonzero(idx < 0)
         if len(new):
-            start = len(self.slot_key)
+            # one slot per GPU, also where it first shows with two series (two exporters, two
+            # jobs sharing it): a key twice in the slot index would fail every later cycle
+            fresh, which = np.unique(key[new], return_inverse=True)
+            start, n = len(self.slot_key), len(fresh)
             idx = idx.copy()  # the memo's stays as computed
-            idx[new] = start + np.arange(len(new))
-            self.slot_key = np.concatenate([self.slot_key, key[new]])
-            self.slot_job = np.concatenate([self.slot_job, np.zeros(len(new), np.int32)])
-            self.slot_seen = np.concatenate([self.slot_seen, np.full(len(new), np.nan)])
-            self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(len(new), np.nan)])
+            idx[new] = start + which
+            self.slot_key = np.concatenate([self.slot_key, fresh])
+            self.slot_job = np.concatenate([self.slot_job, np.zeros(n, np.int32)])
+            self.slot_seen = np.concatenate([self.slot_seen, np.full(n, np.nan)])
+            self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(n, np.nan)])
             self.ring = np.concatenate(
-                [self.ring, np.zeros((self.k, len(new), len(self.names)), np.float32)], axis=1
+                [self.ring, np.zeros((self.k, n, len(self.names)), np.float32)], axis=1
             )
         return idx, new, nid
 
@@ -497,7 +500,9 @@ class Engine:
 
     def _missing(self, now: float) -> dict[str, np.ndarray]:
         """GPUs that went silent while labelled with a job (a lost node stops answering; a
-        job that ends leaves its GPUs reporting without the label). Flagged for `hold_s`."""
+        job that ends leaves its GPUs reporting without the label). Flagged for `hold_s`, and
+        only while at least as many nodes answer as went silent (Prometheus that lost its way
+        to a whole cluster or its larger part is not that many lost nodes)."""
         age = now - self.slot_seen
         gone = (self.slot_job > 0) & (age > self.cfg.missing_after_s)
         old = age > 3600.0
@@ -507,6 +512,10 @@ class Engine:
             gone = (self.slot_job > 0) & (age > self.cfg.missing_after_s)
         gone &= age <= self.cfg.missing_after_s + self.cfg.hold_s
         i = np.flatnonzero(gone)
+        if len(i):  # more nodes silent than answering: the way to them failed, not the nodes
+            answering = np.unique(self.slot_key[age <= self.cfg.missing_after_s] // 1024)
+            if len(np.unique(self.slot_key[i] // 1024)) > len(answering):
+                i = i[:0]
         none = np.zeros(0, dtype=object)  # (the usual cycle: no label table is built)
         return {
             "job_id": np.array(self.base.ids, dtype=object)[self.slot_job[i]] if len(i) else none,

@@ -104,6 +104,20 @@ def test_node_lost_marks_missing_node():
     assert nodes.idxmax() == "node1" and nodes["node1"] >= 2.0
 
 
+@pytest.mark.parametrize("silent", [("node1", "node2", "node3"), ("node1", "node2")])
+def test_more_nodes_silent_than_answering_is_the_way_to_them_not_lost_nodes(silent):
+    """A scrape-side outage (Prometheus answers, the exporters' series are gone) must not
+    score every job and node at twice the alert level: that restarts a whole cluster."""
+    f = scenario(checkpoints=False)
+    f = f.take(np.flatnonzero(~((f.time >= 900) & np.isin(f.node, silent))))
+    eng, _ = run(f.take(np.flatnonzero(f.time < 900)))
+    later = f.take(np.flatnonzero(f.time >= 900))
+    at = [later.take(np.flatnonzero(later.time == t)) for t in range(900, 1100, 5)]
+    results = [eng.step(x, t) for x, t in zip(at, range(900, 1100, 5), strict=True)]
+    assert all("missing" not in set(r.jobs.detector) for r in results)
+    assert max((r.nodes.score.max() for r in results if len(r.nodes)), default=0.0) < 1.0
+
+
 def test_baseline_kept_by_job_name_across_requeue(tmp_path):
     store = BaselineStore(tmp_path)
     eng, _ = run(scenario(checkpoints=False), store, {"100": "llama-70b"})

@@ -138,6 +138,28 @@ def test_cardinality_per_1000_healthy_gpus(tmp_path):
     assert not series(text, "goodput_job_pause_allowance_seconds")  # only while a job pauses
 
 
+def test_a_gpu_first_seen_with_two_series_keeps_the_service_scoring(tmp_path):
+    """A GPU that first shows with two series (two jobs sharing it, two exporters) gets one
+    slot; two slots with one key failed every later cycle, withdrawing every score."""
+    rec = answers(cluster(2), None, 1000.0)
+    for name in ingest.GPU_COLUMNS:
+        answer = orjson.loads(rec[queries()[name]])
+        rows = answer["data"]["result"]
+        if not rows:
+            continue
+        twin = orjson.loads(orjson.dumps(rows[0]))
+        parts = twin["metric"][KEY].split(",")
+        parts[3] = "777"  # the same node and GPU, another job
+        twin["metric"][KEY] = ",".join(parts)
+        rows.append(twin)
+        rec[queries()[name]] = orjson.dumps(answer)
+    svc = make(tmp_path, rec)
+    for t in (1000.0, 1005.0, 1010.0):
+        assert svc.cycle(now=t)
+    assert len(svc.engine.slot_key) == len(set(svc.engine.slot_key.tolist())) == 32
+    assert series(svc.exposition().decode(), "goodput_gpu_anomaly_score")
+
+
 def test_prometheus_down_goes_stale_and_counts_errors(tmp_path):
     svc = make(tmp_path, answers(cluster(2), None, 1000.0))
     assert svc.cycle(now=1000.0)
