@@ -15,7 +15,9 @@ its process works on the host (a compile, a checkpoint load) from one whose proc
 Labels: `gpu`, `UUID`, `device` (nvidiaN), `modelName`, `pci_bus_id`, `Hostname` (Slurm node
 name: `$GOODPUT_NODE_NAME`, else the short host name), `DCGM_FI_DRIVER_VERSION`, and `hpc_job`
 when `--hpc-job-mapping-dir` is given (a file per GPU index holding the job id, as
-dcgm-exporter reads it). Without a GPU or driver, `NvmlUnavailable` says why (exit status 2).
+dcgm-exporter reads it; a file that cannot be read or decoded: no job). Without a GPU or
+driver, `NvmlUnavailable` says why (exit status 2). A GPU NVML cannot answer for at start (lost)
+is left out, logged, and set up again at a later scrape; the node's other GPUs are reported.
 """
 
 from __future__ import annotations
@@ -155,21 +157,44 @@ class NvmlCollector(Collector):
         )
         self.job_map_dir = job_map_dir
         self.driver = _text(nvml.nvmlSystemGetDriverVersion())
+        self.errors = 0  # GPUs that failed to set up, try by try
+        self.missing = dict.fromkeys(range(nvml.nvmlDeviceGetCount()), 0)  # index -> tries
         self.gpus: list[Gpu] = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            labels = [
-                str(i),
-                _text(nvml.nvmlDeviceGetUUID(h)),
-                f"nvidia{i}",
-                _text(nvml.nvmlDeviceGetName(h)),
-                _text(nvml.nvmlDeviceGetPciInfo(h).busId),
-                self.hostname,
-                self.driver,
-            ]
-            self.gpus.append(Gpu(i, h, labels, gpm=self._gpm_supported(h)))
-        self.errors = 0
         self._lock = threading.Lock()
+        self.set_up()
+
+    def set_up(self) -> None:
+        """Set up each GPU not yet set up, one by one: one that NVML cannot answer for (lost
+        at start) is left out, logged and counted in `errors`, and tried again at the next
+        scrape; the node's other GPUs are reported meanwhile."""
+        added = []
+        for i in list(self.missing):
+            try:
+                added.append(self._gpu(i))
+            except self.nvml.NVMLError as exc:
+                self.errors += 1
+                self.missing[i] += 1
+                if self.missing[i] == 1:
+                    log.warning("GPU %d: not set up, tried again at each scrape: %s", i, exc)
+                continue
+            if self.missing.pop(i):
+                log.warning("GPU %d: set up after all", i)
+        if added:  # a new list: a reader of the old one is not disturbed
+            self.gpus = sorted([*self.gpus, *added], key=lambda g: g.index)
+
+    def _gpu(self, i: int) -> Gpu:
+        n = self.nvml
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        labels = [
+            str(i),
+            _text(n.nvmlDeviceGetUUID(h)),
+            f"nvidia{i}",
+            _text(n.nvmlDeviceGetName(h)),
+            _text(n.nvmlDeviceGetPciInfo(h).busId),
+            self.hostname,
+            self.driver,
+        ]
+        return Gpu(i, h, labels, gpm=self._gpm_supported(h))
 
     # ------------------------------------------------------------------ reading
     def _try(self, fn: str, *args: Any) -> Any:
@@ -304,7 +329,7 @@ class NvmlCollector(Collector):
             return ""
         try:
             text = (self.job_map_dir / str(gpu.index)).read_text().split()
-        except OSError:
+        except (OSError, UnicodeDecodeError):  # unreadable or not text: no job
             return ""
         return text[0] if text and JOB_ID.match(text[0]) else ""
 
@@ -321,6 +346,7 @@ class NvmlCollector(Collector):
             "DCGM_EXP_XID_ERRORS_COUNT", "XID errors seen, by code.", labels=labels + ["xid"]
         )
         with self._lock:
+            self.set_up()
             labels_of = {  # each GPU's labels, read once a scrape (the job mapping may change)
                 gpu.index: gpu.labels + ([self.job_of(gpu)] if self.job_map_dir is not None else [])
                 for gpu in self.gpus
@@ -448,8 +474,9 @@ def serve(
     registry.register(collector)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     log.info(
-        "NVML exporter on http://%s:%d/metrics: %d GPU(s), driver %s, GPM on %d",
-        host, port, len(collector.gpus), collector.driver, sum(g.gpm for g in collector.gpus),
+        "NVML exporter on http://%s:%d/metrics: %d GPU(s) (%d not set up), driver %s, GPM on %d",
+        host, port, len(collector.gpus), len(collector.missing), collector.driver,
+        sum(g.gpm for g in collector.gpus),
     )  # fmt: skip
     stop = stop or threading.Event()
     try:

@@ -8,6 +8,9 @@ given: the demo's fresh receiver is not told of an earlier hour's failures). A b
 refreshes every `interval` seconds; a scrape only reads the last snapshot, so a slow Slurm never
 slows a scrape.
 
+sacct failing (no accounting, slurmdbd down): the ended jobs already known stay while they ended
+within `sacct_window_s` (squeue's end time, else when the exporter first saw them ended).
+
 Slurm slow or down: `goodput_slurm_up 0`, `goodput_slurm_scrape_errors_total{command}` rises,
 and the last good values stay exposed (their age is
 `time() - goodput_slurm_last_success_timestamp_seconds`). Never a crash.
@@ -104,6 +107,7 @@ class Job:
     restarts: int | None = None
     exit_code: int | None = None
     gpus: int | None = None
+    ended_at: float | None = None  # squeue's end time, else when the exporter first saw it ended
 
 
 @dataclass
@@ -146,6 +150,7 @@ def parse_squeue(text: str, ended_before: float | None = None) -> dict[str, Job]
             restarts=names.slurm_int(j.get("restart_cnt")) or 0,
             exit_code=_exit_code(j.get("exit_code")) if _ended(state) else None,
             gpus=gpus,
+            ended_at=float(end) if _ended(state) and end else None,
         )
     return jobs
 
@@ -293,6 +298,7 @@ class SlurmCollector(Collector):
             log.warning("%s", exc)
             nodes, results["sinfo"] = None, None
         ended = parse_sacct(results["sacct"]) if results["sacct"] is not None else None
+        now = self.clock()
         with self._lock:
             for name, text in results.items():
                 if text is None:
@@ -300,15 +306,33 @@ class SlurmCollector(Collector):
             ok = jobs is not None and nodes is not None
             if ok:
                 assert jobs is not None and nodes is not None
-                merged = dict(ended or {})
-                if ended is None:  # keep the ended jobs we knew
-                    merged = {k: v for k, v in self.snapshot.jobs.items() if _ended(v.state)}
+                merged = dict(ended) if ended is not None else self._carried(now)
                 merged.update(jobs)  # squeue is fresher (and knows restarts)
+                self._stamp(merged, now)
                 self.snapshot = Snapshot(merged, nodes)
-                self.last_success = self.clock()
+                self.last_success = now
             self.up = 1 if ok else 0
             self.duration = time.perf_counter() - start
         return ok
+
+    def _carried(self, now: float) -> dict[str, Job]:
+        """sacct failed: the ended jobs already known, while they ended within the sacct
+        window (as sacct would list them); kept for good, they piled up where sacct never
+        answers (no accounting)."""
+        cutoff = now - self.sacct_window_s
+        return {
+            k: v
+            for k, v in self.snapshot.jobs.items()
+            if _ended(v.state) and v.ended_at is not None and v.ended_at >= cutoff
+        }
+
+    def _stamp(self, jobs: dict[str, Job], now: float) -> None:
+        """Give each ended job without an end time (sacct's, or squeue's without one) the time
+        the exporter first saw it ended."""
+        for job in jobs.values():
+            if _ended(job.state) and job.ended_at is None:
+                known = self.snapshot.jobs.get(job.job_id)
+                job.ended_at = known.ended_at if known and known.ended_at is not None else now
 
     def run(self, stop: threading.Event, interval: float = 5.0) -> None:
         while not stop.is_set():

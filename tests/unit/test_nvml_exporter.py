@@ -239,3 +239,43 @@ def test_a_gpu_that_fell_off_the_bus_still_gets_its_xid_and_the_watch_goes_on():
     nvml.nvmlDeviceGetUUID = lost
     assert watch_until_two_xids(c)  # the watch was still running
     assert c.gpus[1].xids == {79: 2} and c.gpus[0].xids == {}
+
+
+def test_a_gpu_lost_at_start_is_left_out_and_set_up_later(caplog):
+    """nvmlDeviceGetUUID (or GetHandleByIndex) raising for one GPU at start ended the exporter:
+    none of the node's GPUs reported, as if the whole node were lost."""
+    nvml = fake_nvml(n_gpus=3)
+    uuid, lost = nvml.nvmlDeviceGetUUID, {1}
+
+    def flaky(h):
+        if h in lost:
+            raise NVMLError("GPU is lost")
+        return uuid(h)
+
+    nvml.nvmlDeviceGetUUID = flaky
+    c = NvmlCollector(nvml, hostname="node7")
+    reg = CollectorRegistry()
+    reg.register(c)
+
+    def gpus() -> set[str]:
+        return {s.labels["gpu"] for f in reg.collect() for s in f.samples if "gpu" in s.labels}
+
+    assert gpus() == {"0", "2"}  # the others are reported
+    assert c.errors == 2 and c.missing == {1: 2}  # counted at start and at the scrape
+    assert "GPU 1: not set up" in caplog.text
+    lost.clear()
+    assert gpus() == {"0", "1", "2"} and c.missing == {} and c.errors == 2
+    assert [g.index for g in c.gpus] == [0, 1, 2]
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: (_ for _ in ()).throw(NVMLError("Unknown"))
+    assert NvmlCollector(nvml, hostname="node7").gpus == []  # every GPU lost: no crash
+
+
+def test_an_undecodable_job_map_file_is_no_job(tmp_path: Path):
+    """A job-map file that is not UTF-8 raised UnicodeDecodeError (not an OSError): every
+    scrape failed."""
+    (tmp_path / "0").write_text("1234\n")
+    (tmp_path / "1").write_bytes(b"\xff\xfe5678\n")
+    reg = CollectorRegistry()
+    reg.register(NvmlCollector(fake_nvml(), hostname="node7", job_map_dir=tmp_path))
+    jobs = {s.labels["gpu"]: s.labels["hpc_job"] for f in reg.collect() for s in f.samples}
+    assert jobs == {"0": "1234", "1": ""}

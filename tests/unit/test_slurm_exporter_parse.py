@@ -321,3 +321,37 @@ def test_sinfo_of_slurm_23_02():
     assert nodes["gpu-node-01"] == ("mixed", "", ("gpu",))
     assert nodes["gpu-node-07"] == ("idle+drain", "goodput: XID 79 on GPU 3", ("gpu", "debug"))
     assert nodes["gpu-node-09"][0] == "down+not_responding"
+
+
+def test_without_sacct_ended_jobs_age_out_of_the_window():
+    """sacct failing on every refresh (no accounting): each refresh carried over every ended
+    job already known, so the snapshot and its series grew without bound. They stay while they
+    ended within the sacct window: by squeue's end time, else from when first seen ended."""
+    now = [10_000.0]
+    squeue = {"jobs": [{"job_id": 7, "name": "done", "job_state": ["COMPLETED"],
+                        "partition": "gpu", "nodes": "node1", "end_time": {"set": True, "number": 9_000}}]}  # fmt: skip
+    fake = FakeSlurm(squeue=json.dumps(squeue))
+    c, reg = registry_for(fake, clock=lambda: now[0])
+    assert c.refresh()  # sacct answered once: jobs 90 and 91 (no end time: first seen now)
+
+    def no_sacct(argv, timeout):
+        if argv[0] == "sacct":
+            raise SlurmError("sacct: exit 1: Slurm accounting storage is disabled")
+        return fake(argv, timeout)
+
+    c.runner = no_sacct
+    fake.out["squeue"] = json.dumps({"jobs": []})  # past MinJobAge: squeue forgot job 7
+    assert c.refresh() and sorted(c.snapshot.jobs) == ["7", "90", "91"]
+    now[0] = 9_000.0 + 3600
+    assert c.refresh() and sorted(c.snapshot.jobs) == ["7", "90", "91"]
+    now[0] += 1  # job 7 ended over an hour ago
+    assert c.refresh() and sorted(c.snapshot.jobs) == ["90", "91"]
+    now[0] = 10_000.0 + 3601  # an hour after 90 and 91 were first seen
+    assert c.refresh() and c.snapshot.jobs == {}
+    assert reg.get_sample_value("goodput_slurm_scrape_errors_total", {"command": "sacct"}) == 4
+    for i in range(200):  # a new ended job each minute: the window's worth stays, no more
+        now[0] += 60
+        squeue["jobs"][0].update(job_id=1000 + i, end_time=int(now[0]))
+        fake.out["squeue"] = json.dumps(squeue)
+        assert c.refresh()
+    assert len(c.snapshot.jobs) == 61
