@@ -209,7 +209,7 @@ def blast_radius_violation(
     if not new:
         return None, new
     b = policy.blast_radius
-    recent = sum(1 for t in history.drain_times if history.now - 3600.0 < t <= history.now)
+    recent = sum(1 for t in history.drain_times if t > history.now - 3600.0)
     if recent + sum(1 for n in new if n not in history.reserved) > b.max_drains_per_hour:
         return Reason.BLAST_DRAINS_PER_HOUR, new
     partitions = {p for n in new for p in (views[n].partitions if n in views else ())}

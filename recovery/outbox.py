@@ -68,6 +68,7 @@ actions_table = Table(
 )
 # For the planner's bounded reads (_history, incident_action) and the retry loop's state scans.
 Index("ix_goodput_actions_state_created", actions_table.c.state, actions_table.c.created_at)
+Index("ix_goodput_actions_state_updated", actions_table.c.state, actions_table.c.updated_at)
 Index("ix_goodput_actions_job_state", actions_table.c.job_id, actions_table.c.state)
 Index("ix_goodput_actions_incident", actions_table.c.incident_id, actions_table.c.created_at)
 switches = Table(

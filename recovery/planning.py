@@ -70,16 +70,12 @@ def _history(
             .where(t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS))
             .order_by(t.created_at, t.id)
         ).all()
-        recent = conn.execute(
-            select(t.id, t.state, t.created_at, t.body).where(
-                t.state.in_(outbox.DRAIN_STATES),
-                t.created_at > now - DRAIN_WINDOW_S,
-                t.created_at <= now,
-            )
-        ).all()
-        older_open = conn.execute(
-            select(t.id, t.body).where(
-                t.state.in_(outbox.RESERVING), t.created_at <= now - DRAIN_WINDOW_S
+        # executed drains by when they ran, open plans whatever their age (an approval an
+        # hour late, a scheduler outage); no upper bound: another receiver's clock may run ahead
+        drains = conn.execute(
+            select(t.id, t.state, t.updated_at, t.body).where(
+                (t.state.in_(outbox.RESERVING))
+                | ((t.state == "executed") & (t.updated_at > now - DRAIN_WINDOW_S))
             )
         ).all()
         paused = _paused(conn)
@@ -94,16 +90,13 @@ def _history(
     )
     drain_times: list[float] = []
     reserved: set[str] = set()
-    for r in recent:
+    for r in drains:
         if r.id == exclude_id:
             continue
         drain = json.loads(r.body).get("action", {}).get("nodes", [])
-        drain_times += [r.created_at] * len(drain)
-        if r.state in outbox.RESERVING:
+        if r.state in outbox.RESERVING:  # due to drain: it counts as of now
             reserved.update(drain)
-    for o in older_open:
-        if o.id != exclude_id:
-            reserved.update(json.loads(o.body).get("action", {}).get("nodes", []))
+        drain_times += [r.updated_at if r.state == "executed" else now] * len(drain)
     jv = None
     if job is not None:
         jv = JobView(

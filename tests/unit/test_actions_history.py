@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
 
 from recovery import action_config, clock, outbox, planning, schema
-from recovery.decide import Diagnosis
-from recovery.policy import PolicyError
+from recovery.decide import Diagnosis, NodeView, Reason, blast_radius_violation
+from recovery.policy import BlastRadius, Policy, PolicyError
 from recovery.scheduler.base import NodeState
 from recovery.store import make_engine
 
@@ -63,9 +64,11 @@ def _full_scan(engine, diag):
         ):
             restarts += 1
             same += body.get("cause_key") == diag.cause_key
-        if r.state != "waiting_scheduler":
-            drains += [r.created_at] * len(body["action"].get("nodes", []))
-    recent = sum(1 for t in drains if NOW - 3600 < t <= NOW)
+        if r.state != "waiting_scheduler":  # executed: when it ran; open: due now
+            drains += [r.updated_at if r.state == "executed" else NOW] * len(
+                body["action"].get("nodes", [])
+            )
+    recent = sum(1 for t in drains if t > NOW - 3600)
     return restarts, same, recent
 
 
@@ -91,10 +94,32 @@ def test_history_counts_match_a_full_scan(engine):
     _add(engine, 9, "47", "drain", "rejected", 10, ["node2"])  # never happened
     _add(engine, 10, "42", "stop", "executed", 10, ["node4"])  # a stop that drained
     h = _history(engine, DIAG)
-    recent = sum(1 for t in h.drain_times if h.now - 3600 < t <= h.now)
+    recent = sum(1 for t in h.drain_times if t > h.now - 3600)
     assert (h.restarts_done, h.same_cause_restarts, recent) == (2, 1, 4)
     assert (h.restarts_done, h.same_cause_restarts, recent) == _full_scan(engine, DIAG)
     assert h.now == NOW and len(h.nodes) == 4 and h.paused is False
+
+
+def test_drains_count_by_when_they_ran_and_open_plans_whatever_their_age(engine):
+    """An hour-old plan approved late or held up by a scheduler outage drains now: it counts,
+    and so do the drains it ran minutes ago; a drain stamped by a receiver whose clock runs
+    2 s ahead counts too."""
+    _add(engine, 1, "42", "drain", "executed", 65 * 60, ["node1"])
+    _add(engine, 2, "43", "drain", "executed", 65 * 60, ["node2"])
+    with engine.begin() as conn:  # both ran 5 minutes ago
+        t = outbox.actions_table.c
+        conn.execute(
+            outbox.actions_table.update().where(t.id.in_(["a1", "a2"])).values(updated_at=NOW - 300)
+        )
+    _add(engine, 3, "44", "drain", "approved", 62 * 60, ["node3"])  # planned an hour ago
+    _add(engine, 4, "45", "drain", "executed", -2, ["node4"])  # another receiver's clock
+    h = _history(engine, DIAG)
+    assert sum(1 for t in h.drain_times if t > h.now - 3600) == 4
+    assert set(h.reserved) == {"node3"}
+    views = tuple(NodeView(f"node{i}", "IDLE", ("gpu",)) for i in range(1, 9))
+    policy = Policy(blast_radius=BlastRadius(max_drains_per_hour=4))
+    history = replace(h, nodes=views)
+    assert blast_radius_violation(("node5",), history, policy)[0] == Reason.BLAST_DRAINS_PER_HOUR
 
 
 def test_history_does_not_read_old_or_unrelated_rows(engine):
@@ -121,7 +146,7 @@ def test_upgrade_adds_the_indexes_to_an_existing_outbox(tmp_path):
     assert inspect(eng).get_indexes("goodput_actions") == []
     schema.upgrade(eng)
     names = {ix["name"] for ix in inspect(eng).get_indexes("goodput_actions")}
-    assert names == {ix.name for ix in outbox.actions_table.indexes} and len(names) == 3
+    assert names == {ix.name for ix in outbox.actions_table.indexes} and len(names) == 4
 
 
 # ---- the policy file cache ---------------------------------------------------------------------
