@@ -368,7 +368,11 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         if dropped:
             reasons.append(Reason.EXCLUSIONS_CAPPED)
 
-    mode = policy.mode_for(job.partition if job else None)
+    # the narrowest mode of every partition the action touches: the job's and its drains'
+    views = {v.node: v for v in history.nodes}
+    touched = [job.partition] if job and job.partition else []
+    touched += [p for n in drain_nodes if n in views for p in views[n].partitions]
+    mode = policy.mode_for(",".join(touched))
     if kind == "none" or (kind == "hold_for_person"):
         disposition = "notify" if kind == "hold_for_person" else "none"
     elif history.paused:
@@ -380,7 +384,7 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
     elif mode == "monitor":
         disposition = "plan_only"
         reasons.append(Reason.MODE_MONITOR)
-        if policy.outside_canary(job.partition if job else None):
+        if policy.outside_canary(",".join(touched)):
             reasons.append(Reason.OUTSIDE_CANARY)
     elif mode == "approve":
         disposition = "await_approval"

@@ -8,6 +8,8 @@ Unknown keys, unknown outcomes/actions and out-of-range numbers are errors with 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from functools import reduce
 from pathlib import Path
 from typing import Any, Literal
 
@@ -178,26 +180,44 @@ class Policy(_Frozen):
                 return hint
         return action
 
-    def outside_canary(self, partition: str | None) -> bool:
-        """A canary list is set and `partition` (a job's may be a comma list: all of them) is
-        not on it, nor given a mode of its own."""
-        if not self.canary_partitions or (partition and partition in self.partition_modes):
+    def outside_canary(self, partition: str | Iterable[str] | None) -> bool:
+        """A canary list is set and a partition of `partition` (a job's may be a comma list),
+        or none, is neither on it nor given a mode of its own."""
+        if not self.canary_partitions:
             return False
-        parts = {p.strip() for p in (partition or "").split(",") if p.strip()}
-        return not parts or not parts <= set(self.canary_partitions)
+        parts = _parts(partition)
+        own = set(self.canary_partitions) | set(self.partition_modes)
+        return not parts or not parts <= own
 
-    def mode_for(self, partition: str | None) -> str:
-        """Cluster mode (monitor outside the canary partitions), replaced per partition, then
-        narrowed (or widened) by the job."""
-        mode: str = "monitor" if self.outside_canary(partition) else self.mode
-        if partition and partition in self.partition_modes:
-            mode = self.partition_modes[partition]
+    def mode_for(self, partition: str | Iterable[str] | None) -> str:
+        """The narrowest of its partitions' modes (a job's may be a comma list; a node is in
+        several): a partition's own mode, else monitor outside the canary partitions, else the
+        cluster's; then narrowed (or widened) by the job."""
+        parts = _parts(partition)
+        mode = (
+            reduce(narrower, sorted(map(self._partition_mode, parts)))
+            if parts
+            else ("monitor" if self.canary_partitions else self.mode)
+        )
         if self.job_mode is not None:
             if self.directives.allow_mode_widening:
                 mode = self.job_mode
             else:
                 mode = narrower(mode, self.job_mode)
         return mode
+
+    def _partition_mode(self, partition: str) -> str:
+        own = self.partition_modes.get(partition)
+        if own is not None:
+            return own
+        outside = self.canary_partitions and partition not in self.canary_partitions
+        return "monitor" if outside else self.mode
+
+
+def _parts(partition: str | Iterable[str] | None) -> set[str]:
+    """The partition names of a comma list (as Slurm prints a job's) or of several."""
+    names = partition.split(",") if isinstance(partition, str) else (partition or ())
+    return {p.strip() for p in names if p and p.strip()}
 
 
 def parse_policy(doc: Any, env: dict[str, str] | None = None) -> Policy:

@@ -18,9 +18,8 @@ def diag(outcome, nodes=("node2",), confidence=0.95, job="42", cause="xid79", on
 
 
 def hist(restarts=0, same=0, job=JobView("RUNNING", 0, None, "gpu", 500.0), **kw):
-    return History(
-        now=2000.0, job=job, restarts_done=restarts, same_cause_restarts=same, nodes=NODES, **kw
-    )
+    kw.setdefault("nodes", NODES)
+    return History(now=2000.0, job=job, restarts_done=restarts, same_cause_restarts=same, **kw)
 
 
 EXPECTED_DISPOSITION = {"monitor": "plan_only", "approve": "await_approval", "act": "execute"}
@@ -181,6 +180,19 @@ def test_drains_older_than_an_hour_do_not_count():
         drain_times=(1000.0,),
     )
     assert decide(diag("gpu_hardware_fault"), h, p).kind == "drain_and_requeue"
+
+
+def test_a_drain_takes_the_mode_of_its_nodes_partitions():
+    """A node-only alert (no job) drains a node of a partition kept in monitor: it only
+    plans; so does a job's drain of a node that is also in that partition."""
+    p = parse_policy({"mode": "act", "partition_modes": {"prod": "monitor"}}, env={})
+    nodes = (NodeView("node1", "IDLE", ("prod",)), NodeView("node2", "IDLE", ("gpu", "prod")))
+    nodes += tuple(NodeView(f"node{i}", "IDLE", ("gpu",)) for i in range(3, 9))
+    no_job = decide(diag("gpu_degradation", ("node1",), job=None), History(2000.0, nodes=nodes), p)
+    assert (no_job.kind, no_job.disposition) == ("drain", "plan_only")
+    for culprit, disposition in (("node2", "plan_only"), ("node3", "execute")):
+        a = decide(diag("gpu_hardware_fault", (culprit,)), hist(nodes=nodes), p)
+        assert (a.kind, a.disposition) == ("drain_and_requeue", disposition)
 
 
 def test_unknown_node_states_hold():

@@ -118,6 +118,21 @@ def test_outcomes_are_the_catalogues():
     assert set(policy.OUTCOMES) == set(diagnosis.OUTCOMES) == set(catalogue.outcomes())
 
 
+def test_a_job_in_several_partitions_gets_the_narrowest_mode():
+    p = parse_policy({"mode": "act", "partition_modes": {"prod": "monitor"}}, env={})
+    assert p.mode_for("prod,debug") == p.mode_for(("debug", "prod")) == "monitor"
+    assert p.mode_for("debug") == "act" and p.mode_for(" prod ") == "monitor"
+    wide = parse_policy(
+        {"mode": "monitor", "partition_modes": {"a": "act", "b": "approve"}}, env={}
+    )
+    assert wide.mode_for("a") == "act" and wide.mode_for("a,b") == "approve"
+    canary = parse_policy(
+        {"mode": "act", "canary_partitions": ["c"], "partition_modes": {"d": "approve"}}, env={}
+    )
+    assert canary.mode_for("c,d") == "approve" and not canary.outside_canary("c,d")
+    assert canary.mode_for("c,e") == "monitor" and canary.outside_canary(("c", "e"))
+
+
 def test_canary_partitions_act_and_the_rest_only_monitors():
     p = parse_policy(
         {"mode": "act", "canary_partitions": ["canary"], "partition_modes": {"debug": "approve"}},
