@@ -175,7 +175,8 @@ def plan_row(engine: Engine, cfg: Any, action_id: str) -> tuple[str, Action | No
     """Decide the plan of a `planning`/`waiting_scheduler` row and commit it.
 
     Returns (state, action, row): the state the row is in afterwards (unchanged when another
-    process planned it first), the Action decided here (None if not decided here), the row.
+    process planned it first, or a newer diagnosis replaced the one read here: its enqueuer
+    plans it), the Action decided here (None if not decided here), the row.
     """
     row = outbox.raw(engine, action_id)
     if row is None or row.state not in outbox.PLANNABLE:
@@ -207,6 +208,8 @@ def plan_row(engine: Engine, cfg: Any, action_id: str) -> tuple[str, Action | No
         cur = outbox.raw(conn, action_id)
         if cur is None or cur.state not in outbox.PLANNABLE:
             return (cur.state if cur is not None else "missing"), None
+        if cur.body != row.body:  # a newer diagnosis came meanwhile: its own planning decides
+            return cur.state, None
         action = decide(diag, _history(conn, cfg, diag, job, nodes, exclude_id=action_id), policy)
         state = {
             "execute": "ready",

@@ -14,8 +14,8 @@ from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
 
 from recovery import action_config, clock, outbox, planning, schema
 from recovery.decide import Diagnosis, NodeView, Reason, blast_radius_violation
-from recovery.policy import BlastRadius, Policy, PolicyError
-from recovery.scheduler.base import NodeState
+from recovery.policy import BlastRadius, Policy, PolicyError, parse_policy
+from recovery.scheduler.base import JobState, NodeState
 from recovery.store import make_engine
 
 NOW = 1_800_000_000.0
@@ -135,6 +135,39 @@ def test_history_without_a_job_counts_no_restarts(engine):
     _add(engine, 1, "42", "requeue", "executed", 60)
     h = _history(engine, Diagnosis("98", None, "gpu_degradation", "ecc", ("node2",), 0.9))
     assert h.restarts_done == 0 and h.same_cause_restarts == 0
+
+
+def test_a_diagnosis_replaced_while_the_planner_reads_slurm_is_planned_as_replaced(engine):
+    """The planner reads the row, then waits on Slurm; meanwhile a newer diagnosis (another
+    culprit) replaces the row's body. The planner's decision on the old one is not written:
+    the newer one is planned (its enqueuer's call, or the reconciler's), and n2 drained."""
+    policy = parse_policy({"mode": "act"}, env={})
+    inc = {"id": 7, "opened_at": 0.0}
+    first, newer = (
+        {"outcome": "gpu_hardware_fault", "affected_nodes": [n], "confidence": 0.95, "job_id": "42"}
+        for n in ("n1", "n2")
+    )
+    with engine.begin() as conn:
+        aid = outbox.enqueue(conn, inc, first)
+
+    class Slurm:
+        replaced = False
+
+        def job_state(self, job_id):
+            if not self.replaced:
+                self.replaced = True
+                with engine.begin() as conn:
+                    assert outbox.enqueue(conn, inc, newer) == aid
+            return JobState(job_id, "x", "RUNNING", ("n1", "n2", "n3"), partition="p")
+
+        def node_states(self):
+            return [NodeState(f"n{i}", "IDLE", "", ("p",)) for i in range(10)]
+
+    cfg = SimpleNamespace(scheduler=Slurm(), policy=policy)
+    assert planning.plan_row(engine, cfg, aid)[:2] == ("planning", None)
+    state, action, row = planning.plan_row(engine, cfg, aid)
+    assert state == "ready" and action is not None and action.nodes == ("n2",)
+    assert json.loads(row.body)["action"]["nodes"] == ["n2"]
 
 
 def test_upgrade_adds_the_indexes_to_an_existing_outbox(tmp_path):
