@@ -275,7 +275,11 @@ def _replan(row: Any, diag: Diagnosis) -> bool:
         before.get("affected_nodes") or []
     ) != sorted(diag.affected_nodes)
     plans = int(row.id.rsplit("-", 1)[-1]) if row.id.count("-") > 1 else 1
-    return row.state in REPLANNABLE and changed and plans < MAX_PLANS_PER_INCIDENT
+    # a drain alone left the job as it was: a later verdict on it (the job crashed) is planned
+    did_nothing_to_the_job = row.state in REPLANNABLE or (
+        row.state == "executed" and row.kind == "drain"
+    )
+    return did_nothing_to_the_job and changed and plans < MAX_PLANS_PER_INCIDENT
 
 
 def _next_id(action_id: str) -> str:
@@ -288,7 +292,8 @@ def enqueue(conn: Connection, incident: dict[str, Any], diagnosis: dict[str, Any
     action id to plan, or None (invalid diagnosis, audited; or the incident's plan stands).
 
     A row not yet decided (`planning`, `waiting_scheduler`) takes the newer diagnosis in place;
-    a decided one that did nothing is followed by `inc-<id>-N` when the verdict changed.
+    a decided one that did nothing to the job (nothing at all, or a drain alone) is followed by
+    `inc-<id>-N` when the verdict changed.
     """
     incident_id = str(incident.get("id", diagnosis.get("incident_id", "")))
     job_id = diagnosis.get("job_id") or incident.get("job_id")

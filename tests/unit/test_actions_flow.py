@@ -445,6 +445,18 @@ def test_a_changed_verdict_is_planned_again_only_when_nothing_was_done(world):
     assert outbox.incident_action(world.engine, "3")["id"] == "inc-3-2"
 
 
+def test_a_changed_verdict_after_a_drain_alone_is_planned_again(world):
+    """A degrading GPU's node is drained while the job runs on; the GPU then fails and the job
+    with it, in the same incident: the new verdict is planned (the job is restarted)."""
+    world.submit("42", node="node2")
+    s = world.settings("act")
+    first = actions.on_diagnosis(world.engine, s, *diag(3, outcome="gpu_degradation"))
+    assert (first["id"], first["kind"], first["state"]) == ("inc-3", "drain", "executed")
+    second = actions.on_diagnosis(world.engine, s, *diag(3))
+    assert (second["id"], second["kind"]) == ("inc-3-2", "drain_and_requeue")
+    assert world.st["jobs"]["42"]["restarts"] == 1
+
+
 def test_a_scheduler_down_past_the_retry_budget_fails_the_action(world):
     world.submit("45", node="node3")
     s = world.settings("approve")
