@@ -5,6 +5,7 @@ incident rows, shared with the ingest (`recovery.incidents`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -13,9 +14,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from recovery import clock
+from recovery import clock, leases
 from recovery.store import diagnoses, dumps, incidents
 
+log = logging.getLogger(__name__)
 _LOCK = threading.Lock()  # one writer at a time inside this process (incident creation races)
 
 
@@ -209,21 +211,34 @@ def record_failure(
     max_attempts: int = 5,
     retry_s: float = 10.0,
     now: float | None = None,
-) -> None:
-    """Count a failed diagnosis attempt; retry later, give up after `max_attempts`."""
+    *,
+    owner: str | None = None,
+    gen: int | None = None,
+) -> bool:
+    """Count a failed diagnosis attempt; retry later, give up after `max_attempts`. Only while
+    the claim stands: `owner`'s (by default this process's, `leases.OWNER`), of generation
+    `gen` (when given), still pending. A stale failure (a new alert ended the claim, another
+    receiver took it over or stored its diagnosis) changes nothing: False."""
+    now = clock.now(engine) if now is None else now
+    c, owner = incidents.c, leases.OWNER if owner is None else owner
+    claim = and_(c.id == incident_id, c.diagnosis_owner == owner, c.diagnosis_state == "pending")
+    if gen is not None:
+        claim = and_(claim, c.diagnosis_gen == gen)
     with _LOCK, engine.begin() as conn:
-        row = conn.execute(
-            select(incidents.c.diagnosis_attempts).where(incidents.c.id == incident_id)
-        ).scalar_one()
-        attempts = int(row or 0) + 1
+        row = conn.execute(select(c.diagnosis_attempts).where(claim).with_for_update()).first()
+        if row is None:
+            log.info("incident %s: a stale diagnosis failed; not counted", incident_id)
+            return False
+        attempts = int(row.diagnosis_attempts or 0) + 1
         conn.execute(
             update(incidents)
-            .where(incidents.c.id == incident_id)
+            .where(claim)
             .values(
                 diagnosis_attempts=attempts,
-                diagnosis_due=(clock.now(engine) if now is None else now) + retry_s,
+                diagnosis_due=now + retry_s,
                 diagnosis_state="failed" if attempts >= max_attempts else "pending",
                 diagnosis_owner=None,
                 diagnosis_lease=None,
             )
         )
+    return True

@@ -23,7 +23,13 @@ from sqlalchemy import Column, Engine, Float, Integer, String, Table, Text, func
 
 from recovery import audit, node_health, slurm_hooks
 from recovery.policy import Policy
-from recovery.scheduler.base import REASON_PREFIX, NodeState, Scheduler, SchedulerError
+from recovery.scheduler.base import (
+    REASON_PREFIX,
+    NodeState,
+    Scheduler,
+    SchedulerError,
+    clean_reason,
+)
 from recovery.schema import metadata
 
 log = logging.getLogger(__name__)
@@ -44,30 +50,41 @@ checks = Table(
 )
 FAILED_PREFIX = f"{REASON_PREFIX} failed"  # a check verdict: failed, or failed N times: RMA
 OPEN = ("planned", "running")
+WAIT = ("rma", "held")  # verdicts after which the node waits for a person
 GRACE_S = 60.0  # beyond a check's own time limit before a `running` row counts as abandoned
 
 
 def due(engine: Engine, node: NodeState, recheck_after_s: float | None, now: float) -> bool:
     """Drained by Goodput and empty; after a failed check only once `recheck_after_s` passed,
-    and after an RMA verdict never (that node waits for a person)."""
+    and after an RMA or hold verdict never (that node waits for a person)."""
     if not (node.drained_by_goodput and node.state.upper().startswith("DRAINED")):
         return False
     if node.reason.startswith(node_health.HELD_PREFIX):
         return False  # a repeat offender: a person decides
+    last = _last_finished(engine, node.node)
+    if last is not None and last.state in WAIT and _wrote(last.step, node.reason):
+        return False  # sent to RMA or held, by a rule or by failures: a person decides
     if not node.reason.startswith(FAILED_PREFIX):
-        return True
-    with engine.connect() as conn:
-        last = conn.execute(
-            select(checks.c.state, checks.c.finished_at)
-            .where(checks.c.node == node.node, checks.c.finished_at.is_not(None))
-            .order_by(checks.c.id.desc())
-            .limit(1)
-        ).first()
-    if last is not None and last.state == "rma":
-        return False  # its reason reads "goodput: failed <level> N times: RMA"
+        return True  # a new drain (a person returned the node to service since any verdict)
     if recheck_after_s is None:
         return False
     return last is None or now - last.finished_at >= recheck_after_s
+
+
+def _last_finished(engine: Engine, node: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            select(checks.c.state, checks.c.finished_at, checks.c.step)
+            .where(checks.c.node == node, checks.c.finished_at.is_not(None))
+            .order_by(checks.c.id.desc())
+            .limit(1)
+        ).first()
+
+
+def _wrote(step: str, reason: str) -> bool:
+    """The node's reason is still the verdict this check relabelled it with (the row's `step`
+    starts with it, as `relabel` cleaned it), not a drain that came after."""
+    return bool(reason) and clean_reason(step).startswith(reason)
 
 
 def _open_row(engine: Engine, node: NodeState, now: float, limit_s: float, acting: bool) -> Any:
@@ -130,7 +147,7 @@ def tick(
         history = (events or {}).get(node.node, [])
         level = node_health.check_level(history, cfg, now)
         spec = cfg.checks[level]
-        mode = policy.mode_for(node.partitions[0] if node.partitions else None)
+        mode = policy.mode_for(node.partitions)  # the narrowest of its partitions'
         acting = mode == "act" and not paused
         if _open_row(engine, node, now, spec.timeout_s, acting) is not None:
             continue

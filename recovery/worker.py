@@ -73,7 +73,7 @@ def run_once(
             doc = diagnose(settings, inc)
         except Exception:
             log.exception("diagnosis of incident %s failed", incident_id)
-            incidents.record_failure(engine, incident_id, now=now)
+            incidents.record_failure(engine, incident_id, now=now, owner=leases.OWNER, gen=gen)
             continue
         if metrics is not None:
             metrics.diagnosis_duration.observe(time.monotonic() - t0)

@@ -212,3 +212,26 @@ def test_a_hold_is_lifted_when_a_person_returns_the_node_to_service(world):
     node_checks.tick(engine, sched, pol, hold_dir=holds)
     assert slurm_hooks.held(holds, "node2") is None
     assert _types(engine)[-1] == "hold_released"
+
+
+def test_a_repeat_offender_sent_to_rma_is_not_checked_again_until_drained_anew(world, tmp_path):
+    # a rule's RMA reason ("goodput: repeat offender, RMA (…)") read as a fresh drain: every
+    # tick ran the check again and called the RMA hook again (a new ticket each 10 s)
+    sched, engine, st, holds = world
+    tickets = tmp_path / "tickets"
+    hook = {"argv": [PY, "-c", f"open({str(tickets)!r}, 'a').write('{{node}}\\n')"]}
+    rule = {"name": "ops' three-in-a-week", "incidents": 3, "window_s": 604800, "then": "rma"}
+    pol = _policy("act", passes=True, rma_hook=hook, repeat_offenders=[rule])
+    ev = _incidents(3)
+    [o] = node_checks.tick(engine, sched, pol, hold_dir=holds, events=ev, now=50_000.0)
+    assert o["state"] == "rma"
+    reason = st["nodes"]["node2"]["reason"]  # as the scheduler keeps it: the quote cleaned
+    assert reason.startswith("goodput: repeat offender, RMA (ops  three-in-a-week: 3 incidents")
+    for now in (50_010.0, 50_020.0, 50_030.0):  # the next ticks
+        assert node_checks.tick(engine, sched, pol, hold_dir=holds, events=ev, now=now) == []
+    assert tickets.read_text() == "node2\n"
+    assert _types(engine).count("check_rma") == 1
+    # repaired and resumed by a person, drained by Goodput again: this drain gets its check
+    st["nodes"]["node2"].update(state="DRAINED", reason="goodput: XID 79 incident 9 action 12")
+    [again] = node_checks.tick(engine, sched, pol, hold_dir=holds, now=90_000.0)
+    assert again["state"] == "passed" and st["nodes"]["node2"]["state"] == "IDLE"

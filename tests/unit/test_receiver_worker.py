@@ -205,6 +205,25 @@ def test_a_superseded_diagnosis_plans_nothing(settings, monkeypatch):
     assert len(calls) == 1 and incidents.incident(engine, inc)["diagnosis_state"] == "done"
 
 
+def test_a_failed_diagnosis_leaves_the_one_another_receiver_stored(settings, monkeypatch):
+    # while this receiver diagnosed, a new alert ended its claim and another receiver stored
+    # the new generation's diagnosis; the failure then set the incident back to pending
+    engine = make_engine(settings.db_url)
+    (inc,) = incidents.ingest(engine, settings, [_alert("f1", job_id="93")]).incident_ids
+
+    def another_receiver_wins(st, incident):
+        incidents.ingest(engine, st, [_alert("f2", job_id="93", node="node2")])
+        ((_, gen),) = incidents.claim_diagnoses(engine, "other", 30.0, time.time() + 1)
+        doc = {"outcome": "workload_crash"}
+        assert incidents.store_diagnosis(engine, inc, gen, doc, owner="other") == "done"
+        raise RuntimeError("evidence source gone")
+
+    monkeypatch.setattr(worker, "diagnose", another_receiver_wins)
+    assert worker.run_once(engine, settings) == []
+    assert incidents.incident(engine, inc)["diagnosis_state"] == "done"
+    assert incidents.due_diagnoses(engine, now=time.time() + 3600) == []
+
+
 def test_recheck_settings_are_validated():
     assert Settings.from_env({"GOODPUT_RECEIVER_RECHECK_S": "12"}).recheck_s == 12.0
     with pytest.raises(ValueError, match="GOODPUT_RECEIVER_RECHECK_S must be a number"):
