@@ -158,7 +158,7 @@ class Harness:
                 det[col] = det["job_id"].map(prog[col]) if prog is not None else np.nan
         frame = Frame.from_dataframe(det)
         res = self.engine.step(frame, now, names)
-        self.engine.end_jobs(set(pd.unique(frame.job)) - {""})
+        self.engine.end_jobs(set(pd.unique(frame.job)) - {""}, now)  # as the service does
         frames.update(score_frames(res, now))
         self.alerts.add(now, frames)
         self._track(now)

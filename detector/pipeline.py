@@ -275,7 +275,10 @@ class Engine:
         def table() -> np.ndarray:
             for j in juniq.tolist():
                 if j and j not in base.jobs:
+                    old = base.code.get(j)
                     base.add(j, (names or {}).get(j, j), now)
+                    if old is not None:  # back (a restart): the GPUs it left are held for it
+                        self.slot_job[self.slot_job == old] = base.code[j]
             return np.array([base.code[j] for j in juniq.tolist()] + [0], dtype=np.int32)
 
         return self._memo["job_codes"].get((juniq, base.version), table)
@@ -533,12 +536,33 @@ class Engine:
             setattr(self, a, getattr(self, a)[keep])
         self.ring = self.ring[:, keep]
 
-    def end_jobs(self, running: set[str]) -> None:
+    def end_jobs(self, running: set[str], now: float | None = None) -> None:
         """Forget jobs that are no longer running (`Baselines.end`); their codes are compacted
-        in the slots too when the job table was."""
+        in the slots too when the job table was. With `now` (the service), a job absent while
+        none of its GPUs answered since (a missed scrape, a lost node) is kept for
+        `missing_after_s + hold_s`: a job forgotten on one missed scrape lost what it learned."""
+        if now is not None:
+            running = running | self._unheard(running, now)
         remap = self.base.end(running, self.slot_job)
         if remap is not None:
             self.slot_job = remap[self.slot_job]
+
+    def _unheard(self, running: set[str], now: float) -> set[str]:
+        """The absent jobs whose GPUs all went silent with them, less than the grace ago (a GPU
+        that answered without the job since: it ended, or was requeued)."""
+        absent = [j for j in self.base.jobs if j not in running]
+        if not absent:
+            return set()
+        grace = self.cfg.missing_after_s + self.cfg.hold_s
+        kept = set()
+        for j in absent:
+            mine = self.slot_job == self.base.code[j]
+            if not mine.any():
+                continue
+            with_job = self.slot_job_seen[mine]
+            if (self.slot_seen[mine] <= with_job).all() and now - with_job.max() <= grace:
+                kept.add(j)
+        return kept
 
     def state_bytes_per_gpu(self) -> float:
         n = max(len(self.slot_key), 1)

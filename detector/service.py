@@ -122,10 +122,9 @@ class Service:
         try:
             frame, names = fetch(self.client, self.cfg.host_map, now, self.cfg.shard)
             t1, c1 = time.perf_counter(), time.thread_time()
-            res = self.engine.step(
-                frame, float(frame.time[0]) if len(frame) else time.time(), names
-            )
-            self.engine.end_jobs(set(frame.job_codes[1].tolist()) - {""})
+            now_s = float(frame.time[0]) if len(frame) else time.time()
+            res = self.engine.step(frame, now_s, names)
+            self.engine.end_jobs(set(frame.job_codes[1].tolist()) - {""}, now_s)
             t2, c2 = time.perf_counter(), time.thread_time()
             text = self.renderer.render(res, self.gpu_level)
         except (PromError, FrameError, ValueError, KeyError) as exc:

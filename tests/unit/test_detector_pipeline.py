@@ -280,3 +280,40 @@ def test_ended_jobs_are_forgotten_and_codes_compacted():
     assert [eng.base.ids[i.code] for i in eng.base.jobs.values()] == list(eng.base.jobs)
     res = eng.step(f, 60.0)  # the live jobs still score, under their remapped codes
     assert set(res.jobs.job_id) == set(f.job) and res.jobs.score.max() < 1.0
+
+
+def test_a_job_absent_from_one_scrape_keeps_what_it_learned():
+    """The service's end of a cycle (`end_jobs(running, now)`): a job none of whose GPUs
+    answered (a missed scrape, a lost node) is kept for missing_after_s + hold_s; one whose
+    GPUs answered without it (it ended, or was requeued) is forgotten at once."""
+    f = scenario(steps=100, checkpoints=False)
+    eng, _ = run(f)
+    job = str(f.job[0])
+    seen = eng.base.jobs[job].first_seen
+    eng.step(f.take(np.zeros(0, dtype=int)), 505.0)  # nothing answered
+    eng.end_jobs(set(), 505.0)
+    assert eng.base.jobs[job].first_seen == seen
+    eng.end_jobs(set(), 505.0 + eng.cfg.missing_after_s + eng.cfg.hold_s)  # silent too long
+    assert job not in eng.base.jobs
+    eng, _ = run(f)
+    unlabelled = f.take(np.flatnonzero(f.time == f.time.max()))
+    unlabelled.job[:] = ""  # the GPUs answer, without the job: it ended
+    eng.step(unlabelled, 505.0)
+    eng.end_jobs(set(), 505.0)
+    assert job not in eng.base.jobs
+
+
+def test_a_job_back_on_other_nodes_is_one_series():
+    """A job requeued onto other GPUs under its id: the GPUs it left (held for it for hold_s)
+    and its new ones are one job, one series per detector (two were exposed, the stale run's
+    first, so Prometheus kept that one)."""
+    f = scenario(steps=100, checkpoints=False)
+    eng, _ = run(f)
+    left = f.take(np.flatnonzero(f.time == f.time.max()))
+    left.job[:] = ""
+    eng.step(left, 505.0)
+    eng.end_jobs(set(), 505.0)
+    back = healthy_frame(jobs=1, nodes=1, steps=1, start=510.0, first_job=int(f.job[0]))
+    back.node[:] = "node9"
+    res = eng.step(back, 510.0)
+    assert not res.jobs.duplicated(["job_id", "detector"]).any()
