@@ -113,6 +113,14 @@ class HardwareEvents(Detector):
             self.keys_, self.base_ = keys_all[order], base_all[order]
         return self
 
+    def fell(self, frame: Frame) -> np.ndarray:
+        """Rows whose counter fell below its baseline: reset (a reboot, a GPU reset, a board
+        swapped), so the baseline must follow it down or new errors stay under the old count."""
+        self._ensure()
+        base, _ = self._base_rows(frame)
+        with np.errstate(invalid="ignore"):
+            return (frame.cols(_COUNTERS).T < base).any(axis=0)
+
     def known(self, frame: Frame) -> np.ndarray:
         """Which rows' GPUs have a counter baseline."""
         self._ensure()

@@ -228,8 +228,10 @@ class Engine:
             frame.values[:, frame.fields.index(F.JOB_AGE)] = now - base.first_seen()[job]
         idx, new, nid = self._slots(frame)
         hw = self.det.get("hardware")
-        if isinstance(hw, HardwareEvents) and len(new):  # counter baseline: first sight
-            hw.fit(frame.take(new))
+        if isinstance(hw, HardwareEvents) and len(frame):  # counter baseline: first sight,
+            reset = np.flatnonzero(hw.fell(frame))  # and down after a counter reset
+            if len(new) or len(reset):
+                hw.fit(frame.take(np.union1d(new, reset)))
         with frame.unchanged():  # the detectors share what they derive from it
             raw = (
                 np.column_stack([self.det[n].score(frame) for n in self.names])

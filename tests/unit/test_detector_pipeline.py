@@ -317,3 +317,20 @@ def test_a_job_back_on_other_nodes_is_one_series():
     back.node[:] = "node9"
     res = eng.step(back, 510.0)
     assert not res.jobs.duplicated(["job_id", "detector"]).any()
+
+
+def test_a_counter_reset_moves_the_hardware_baseline_down():
+    """Volatile ECC counters go back to 0 on a GPU reset (the slot is kept): two new
+    double-bit errors after it must score, though they stay under the count first seen."""
+    f = healthy_frame(jobs=1, nodes=1, steps=40, seed=0)
+    dbe = COL["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]
+    g0 = f.gpu == 0
+    f.values[:, dbe] = 0.0
+    f.values[g0, dbe] = 3.0  # at first sight
+    f.values[g0 & (f.time >= 50), dbe] = 0.0  # reset
+    f.values[g0 & (f.time >= 100), dbe] = 2.0  # two new errors
+    eng, results = run(f)
+    hw = eng.names.index("hardware")
+    late = [r.gpu[r.frame.gpu == 0, hw].max() for r in results if r.frame.time[0] >= 100]
+    early = [r.gpu[:, hw].max() for r in results if r.frame.time[0] < 100]
+    assert max(early) == 0.0 and min(late) >= 1.0
