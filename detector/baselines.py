@@ -8,15 +8,18 @@ load (format, detector names, shapes) and a bad file is ignored with a reason, n
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 FORMAT = "goodput-baseline/1"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -30,14 +33,16 @@ class BaselineStore:
     """The files, written at once (`save`), or by one writer thread (`background=True`, the
     service's: a cycle never waits on the disk). In the background the latest state of a
     name wins (one saved twice before the writer reached it is written once), `load` sees a
-    save not written yet, `flush` waits for the writes, and a failed write is kept in
-    `errors`; a killed service loses at most the saves not written yet (a file is replaced
-    whole, never left half written). While a caller is `busy` (the service's cycle), the
-    writer starts no write: it takes the time between cycles, not a cycle's."""
+    save not written yet, `flush` waits for the writes, and a failed write or load is logged,
+    counted (`error_count`) and the latest ones kept in `errors`; a killed service loses at
+    most the saves not written yet (a file is replaced whole, never left half written). While a
+    caller is `busy` (the service's cycle), the writer starts no write: it takes the time
+    between cycles, not a cycle's."""
 
     def __init__(self, directory: str | Path | None = None, background: bool = False) -> None:
         self.dir = Path(directory) if directory else default_dir()
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=100)  # the latest; a full disk must not grow it
+        self.error_count = 0
         self.background = background
         self._pending: dict[str, dict[str, dict[str, Any]]] = {}  # name -> states to write
         self._changed = threading.Condition()
@@ -98,8 +103,8 @@ class BaselineStore:
                 name, states = next(iter(self._pending.items()))  # the longest waiting
             try:
                 self._write(name, states)
-            except OSError as exc:
-                self.errors.append(f"{self.path(name).name}: not saved: {exc}")
+            except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any write
+                self.error(f"{self.path(name).name}: not saved: {exc}")
             with self._changed:
                 if self._pending.get(name) is states:  # else saved again meanwhile: once more
                     del self._pending[name]
@@ -140,5 +145,10 @@ class BaselineStore:
                 raise ValueError("detector state is not an object")
             return states
         except (OSError, ValueError) as exc:
-            self.errors.append(f"{path.name}: {exc}")
+            self.error(f"{path.name}: {exc}")
             return None
+
+    def error(self, text: str) -> None:
+        log.warning("baselines: %s", text)
+        self.errors.append(text)
+        self.error_count += 1

@@ -90,7 +90,7 @@ class Baselines:
             info.loaded = True
             info.fitted_at = now
         except (KeyError, TypeError, ValueError) as exc:
-            self.store.errors.append(f"{name}: {exc}")
+            self.store.error(f"{name}: {exc}")
 
     def first_seen(self) -> np.ndarray:
         """Per job code, when the engine first saw the job (NaN for code 0 and ended jobs);

@@ -48,6 +48,7 @@ class Scores(Collector):
         self.phases_cpu = dict.fromkeys(PHASES, 0.0)  # this thread's CPU seconds (not exposed)
         self.series = 0
         self.errors = 0
+        self.baseline_errors = 0  # the store's, read at each cycle's end
         self.last_cycle = 0.0
         self.shard = shard
         self.lock = threading.Lock()
@@ -74,6 +75,11 @@ class Scores(Collector):
             )
             yield CounterMetricFamily(
                 "goodput_detector_query_errors", "Failed Prometheus queries or cycles.", self.errors
+            )
+            yield CounterMetricFamily(
+                "goodput_detector_baseline_errors",
+                "Baselines not saved or not loaded (a full disk, a bad file; see the log).",
+                self.baseline_errors,
             )
             yield GaugeMetricFamily(
                 "goodput_detector_last_cycle_timestamp_seconds",
@@ -141,6 +147,7 @@ class Service:
             self.scores.phases = {"fetch": t1 - t0, "score": t2 - t1, "render": t3 - t2}
             self.scores.phases_cpu = {"fetch": c1 - c0, "score": c2 - c1, "render": c3 - c2}
             self.scores.last_cycle = time.time()
+            self.scores.baseline_errors = self.store.error_count
         return True
 
     def guarded_cycle(self) -> bool:

@@ -62,6 +62,22 @@ def test_a_failed_write_is_kept_in_errors(tmp_path):
     assert store.flush(10.0) and len(store.errors) == 2
 
 
+def test_errors_are_counted_and_only_the_latest_kept(tmp_path, monkeypatch):
+    """A full disk fails every save for hours: the count goes on (the service exports it),
+    the texts kept stay bounded, and a write that fails other than with OSError does not
+    stop the writer thread (saves piled up unwritten)."""
+    store = BaselineStore(tmp_path, background=True)
+
+    def broken(name, states):
+        raise TypeError("not serialisable")
+
+    monkeypatch.setattr(store, "_write", broken)
+    for i in range(150):
+        store.save(f"train-{i}", state(1.0))
+    assert store.flush(10.0) and store.pending == 0
+    assert store.error_count == 150 and len(store.errors) == 100
+
+
 def test_without_background_a_save_is_written_at_once(tmp_path):
     store = BaselineStore(tmp_path)
     store.save("train-a", state(3.0))

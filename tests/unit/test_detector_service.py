@@ -168,6 +168,7 @@ def test_prometheus_down_goes_stale_and_counts_errors(tmp_path):
     assert not svc.cycle(now=1010.0)
     text = svc.exposition().decode()
     assert "goodput_detector_query_errors_total 2.0" in text
+    assert "goodput_detector_baseline_errors_total 0.0" in text
     assert "goodput_gpu_anomaly_score{" not in text
     svc.client.down = False
     assert svc.cycle(now=1015.0)
