@@ -184,6 +184,8 @@ class LokiShipper(Collector):
                 if path.exists():
                     now.setdefault(str(path), [*ident, offset, self._last_ns.get(path)])
         write_atomic(self.positions_path, json.dumps(now, sort_keys=True).encode())
+        # files no longer followed (a job's log deleted): forgotten, not kept for good
+        self._last_ns = {p: t for p, t in self._last_ns.items() if str(p) in now}
 
     # ------------------------------------------------------------------ sending
     def send_once(self) -> int:

@@ -44,7 +44,16 @@ _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 def _stream(text: str) -> Labels:
     """Loki's label string `{a="1", b="2"}` as sorted pairs."""
-    return tuple(sorted((k, json.loads(f'"{v}"')) for k, v in _PAIR.findall(text)))
+    return tuple(sorted((k, _unquote(v)) for k, v in _PAIR.findall(text)))
+
+
+def _unquote(value: str) -> str:
+    """A Go-quoted label value; one JSON cannot read (Go's `\x07`, `\a`) is kept as quoted:
+    it matches no entry, where an exception failed the batch at every try."""
+    try:
+        return str(json.loads(f'"{value}"'))
+    except ValueError:
+        return value
 
 
 def _ns(text: str) -> int | None:

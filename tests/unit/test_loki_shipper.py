@@ -292,6 +292,31 @@ def test_refused_knows_nothing_of_an_answer_it_cannot_read():
     assert refused(body, entries) == {0: "too_old"}
 
 
+def test_refused_reads_a_stream_whose_label_go_quoted_json_cannot_read():
+    """Go quotes a bell as \\x07, which JSON cannot read: the answer's other entries are
+    still judged (an exception failed the spool's batch at every try, shipping nothing)."""
+    body = (
+        "entry for stream '{job=\"a\\x07b\"}' has timestamp too new: 2030-01-01T00:00:00Z\n"
+        "entry for stream '{foo=\"bar2\"}' has timestamp too old: 2019-10-11T18:23:58Z, "
+        "oldest acceptable timestamp is: 2024-01-18T08:00:00Z\n"
+    )
+    entries = [(FOO, _ns("2019-10-11T18:23:58Z"), "old"), (FOO, _ns("2024-01-25T08:00:00Z"), "ok")]
+    assert refused(body, entries) == {0: "too_old"}
+
+
+def test_a_deleted_log_is_forgotten(loki, logs):
+    """The last time stamp kept per file goes with the file (one per job, for good, before)."""
+    path = logs / "jobs" / "slurm-17.out"
+    write(path, f"{iso(NOW)} a\n")
+    s = shipper(loki.url, logs)
+    s.poll_once()
+    assert path in s._last_ns
+    path.unlink()
+    s.poll_once()
+    s.poll_once()
+    assert path not in s._last_ns
+
+
 def test_an_unreadable_400_is_resent_once_then_counted(loki, logs):
     write(logs / "jobs" / "slurm-16.out", f"{iso(NOW)} a\n{iso(NOW)} b\n")
     loki.script = [400, 400]
