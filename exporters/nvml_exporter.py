@@ -300,7 +300,10 @@ class NvmlCollector(Collector):
     def _gpm(self, gpu: Gpu) -> dict[str, float]:
         n = self.nvml
         sample = self._try("nvmlGpmSampleAlloc")
-        if sample is None or self._try("nvmlGpmSampleGet", gpu.handle, sample) is None:
+        if sample is None:
+            return {}
+        if self._try("nvmlGpmSampleGet", gpu.handle, sample) is None:
+            self._try("nvmlGpmSampleFree", sample)  # else one leaks a scrape while it fails
             return {}
         prev, gpu.gpm_sample = gpu.gpm_sample, sample
         if prev is None:

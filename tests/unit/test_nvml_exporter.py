@@ -279,3 +279,25 @@ def test_an_undecodable_job_map_file_is_no_job(tmp_path: Path):
     reg.register(NvmlCollector(fake_nvml(), hostname="node7", job_map_dir=tmp_path))
     jobs = {s.labels["gpu"]: s.labels["hpc_job"] for f in reg.collect() for s in f.samples}
     assert jobs == {"0": "1234", "1": ""}
+
+
+def test_a_gpm_sample_that_cannot_be_read_is_freed():
+    """A GPU whose GPM sample read fails (lost, reset) leaked one allocated sample a scrape."""
+    nvml = fake_nvml(n_gpus=1)
+    live: set[int] = set()
+
+    def alloc():
+        live.add(len(live) + 100)
+        return max(live)
+
+    def sample_get(h, s):
+        raise NVMLError("GPU is lost")
+
+    nvml.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=1)
+    nvml.nvmlGpmSampleAlloc, nvml.nvmlGpmSampleGet = alloc, sample_get
+    nvml.nvmlGpmSampleFree = live.discard
+    c = NvmlCollector(nvml, hostname="node1")
+    assert c.gpus[0].gpm
+    for _ in range(5):
+        assert c._gpm(c.gpus[0]) == {}
+    assert live == set()
