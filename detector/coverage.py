@@ -150,7 +150,7 @@ class Coverage:
             if name == "peer" and seen.most_gpus < min_peers:
                 reason = f"{seen.most_gpus} GPU(s) at a time: peer comparison needs {min_peers}"
             if name in ("progress", "pace") and not seen.progress:
-                reason = "no progress input (no job metrics and no job log)"
+                reason = "no progress seen (no job metrics, or no progress line in the log)"
             if name == "hardware" and not seen.hardware:
                 reason = "no XID or error-counter field in the input"
             why[name] = reason

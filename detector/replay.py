@@ -18,6 +18,7 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
+from catalogue.columns import columns
 from catalogue.recording import gzip_checked, read_meta
 from detector import fields as F
 from detector import samples
@@ -69,14 +70,14 @@ def _read_dir(p: Path, derive: Derive | None) -> Loaded:
     )
     if gpu_path is None:
         raise FrameError(f"{p}: no gpu_metrics.csv.gz (is it a recording? see goodput import)")
-    gpu = _csv(gpu_path, dtype={"job_id": str, "node": str})
+    gpu = _csv(gpu_path, {"job_id": str, "node": str}, ("timestamp", "node", "gpu"))
     notes = [f"metrics: {gpu_path.name} ({len(gpu)} rows)"]
     gpu = _once(gpu, gpu_path, notes)
     job_path = next(
         (q for q in (p / "job_metrics.csv.gz", p / "job_metrics.csv") if q.exists()), None
     )
     if job_path is not None:
-        gpu = join_progress(gpu, _csv(job_path, dtype={"job_id": str}))
+        gpu = join_progress(gpu, _csv(job_path, {"job_id": str}, ("timestamp", "job_id")))
         notes.append(f"job metrics: {job_path.name}")
     else:
         gpu = _derived(p, gpu, derive, notes)
@@ -85,17 +86,26 @@ def _read_dir(p: Path, derive: Derive | None) -> Loaded:
     return Loaded(Frame.from_dataframe(gpu), names, float(interval) if interval else None, notes)
 
 
-def _csv(path: Path, dtype: dict[str, Any]) -> pd.DataFrame:
-    """A recording's CSV (gzipped when named .gz); a damaged gzip is a FrameError naming it."""
+def _csv(path: Path, dtype: dict[str, Any], keys: tuple[str, ...]) -> pd.DataFrame:
+    """A recording's CSV (gzipped when named .gz), its columns under the names the frame
+    accepts (`frame.ALIASES`: `time`, `Hostname`, ...); a FrameError naming it when it is
+    damaged, empty or without one of the columns `keys`."""
     with gzip_checked(path, FrameError):
-        return pd.read_csv(path, dtype=dtype)
+        try:
+            df = pd.read_csv(path, dtype=dtype)
+        except pd.errors.EmptyDataError:
+            raise FrameError(f"{path}: empty (want a CSV with a header line)") from None
+        except ValueError as exc:  # pandas' parser errors, text that is no UTF-8
+            raise FrameError(f"{path}: cannot read: {exc}") from None
+    names = {c: "timestamp" if a == "time" else a for c, a in ALIASES.items() if c in df}
+    df = df.rename(columns={c: a for c, a in names.items() if a not in df or c == a})
+    if missing := [k for k in keys if k not in df]:
+        raise FrameError(f"{path}: no {missing[0]} column")
+    return df
 
 
 def _once(gpu: pd.DataFrame, path: Path, notes: list[str]) -> pd.DataFrame:
-    """`gpu` with each (timestamp, node, gpu) once (`samples.merge_repeats`), noted; the
-    columns under the names the frame accepts (`frame.ALIASES`: `time`, `Hostname`, ...)."""
-    names = {c: "timestamp" if a == "time" else a for c, a in ALIASES.items() if c in gpu}
-    gpu = gpu.rename(columns={c: a for c, a in names.items() if a not in gpu or c == a})
+    """`gpu` with each (timestamp, node, gpu) once (`samples.merge_repeats`), noted."""
     gpu, merged = samples.merge_repeats(gpu, str(path))
     notes += [f"{path.name}: {note}" for _, note in merged]
     return gpu
@@ -243,8 +253,14 @@ def replay(
     if min_score is not None and not (math.isfinite(min_score) and min_score >= 0):
         raise ValueError(f"min_score must be a number >= 0, not {min_score!r}")
     got = read(src, derive)
-    if job is not None and job not in (ids := sorted(str(j) for j in got.frame.job_codes[1] if j)):
-        raise ValueError(f"no job {job} in the recording; jobs: {ids or 'none'}")
+    ids = sorted(str(j) for j in got.frame.job_codes[1] if j)
+    if not ids:  # the detectors score jobs: a run over none would look like a healthy one
+        raise FrameError(
+            f"{src}: no row names a job (accepted job columns: {columns().accepted('job_id')}); "
+            "a file without one goes through `goodput import --node NAME --job-id ID` first"
+        )
+    if job is not None and job not in ids:
+        raise ValueError(f"no job {job} in the recording; jobs: {ids}")
     frame, step, note = on_one_grid(got.frame, got.interval)
     if note:
         got.notes.append(note)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,13 @@ def normalise(
                 what = role or f"the metric {long}s"
                 notes.append(f"column {col!r} read as {what}")
     df = df.rename(columns=rename)
+    if "name" in df.columns and "value" not in df.columns:
+        orig = next((k for k, v in rename.items() if v == "name"), "name")
+        if orig != "name" or _names_metrics(df["name"]):
+            raise SampleError(
+                f"{where}: no value column for the metric names of column {orig!r} (a long "
+                f"table); accepted: {c.accepted('value')}"
+            )
     if "name" in df.columns and "value" not in df.columns and MODEL not in df.columns:
         df = df.rename(columns={"name": MODEL})  # nvidia-smi --query-gpu=name: the GPU model
         notes.append(f"column 'name' read as {MODEL} (a wide table: nvidia-smi's GPU name)")
@@ -255,27 +264,67 @@ def _model_of_gpu(df: pd.DataFrame) -> pd.Series:
 
 
 def _times(col: pd.Series, where: str, notes: list[str]) -> np.ndarray:
+    """Unix seconds of a time column (numbers in s, ms, us or ns, or dates); a SampleError
+    quoting the first value that is no time, or none from 1970 to a day from now."""
     num = pd.to_numeric(col, errors="coerce")
     if num.notna().all() and len(num):
-        t = num.to_numpy(dtype=float)
-        med = float(np.nanmedian(t))
-        for limit, div, unit in ((1e17, 1e9, "ns"), (1e14, 1e6, "us"), (1e11, 1e3, "ms")):
-            if med > limit:
-                notes.append(f"timestamps read as unix {unit}")
-                return t / div
-        return t
-    try:
-        dt = pd.to_datetime(col.astype(str).str.replace("/", "-", n=2), utc=False, format="mixed")
-    except (ValueError, TypeError) as exc:
-        bad = next((v for v in col if pd.isna(pd.to_datetime(v, errors="coerce"))), col.iloc[0])
+        t = _unix(num.to_numpy(dtype=float), notes)
+    else:
+        t = _dates(col, where, notes)
+    ok = (t >= 0) & (t <= time.time() + 86400)  # NaN (a blank date) fails too
+    if not ok.all():
+        bad = col.iloc[int(np.argmin(ok))]
         raise SampleError(
-            f"{where}: column 'timestamp': cannot read {bad!r} as a time "
-            "(accepted: unix seconds or milliseconds, ISO 8601, nvidia-smi's YYYY/MM/DD HH:MM:SS)"
+            f"{where}: column 'timestamp': {_cell(bad)!r} is not a time from 1970 to a day from now"
+        )
+    return t
+
+
+def _unix(t: np.ndarray, notes: list[str]) -> np.ndarray:
+    """Unix times in seconds, by the median's size: ns, us and ms are divided down."""
+    med = float(np.nanmedian(t))
+    for limit, div, unit in ((1e17, 1e9, "ns"), (1e14, 1e6, "us"), (1e11, 1e3, "ms")):
+        if med > limit:
+            notes.append(f"timestamps read as unix {unit}")
+            return t / div
+    return t
+
+
+def _dates(col: pd.Series, where: str, notes: list[str]) -> np.ndarray:
+    text = col.astype(str).str.replace("/", "-", n=2)
+    try:
+        dt = pd.to_datetime(text, utc=False, format="mixed")
+    except (ValueError, TypeError) as exc:
+        raise SampleError(
+            f"{where}: column 'timestamp': {_no_time(col, exc)} (accepted: unix seconds or "
+            "milliseconds, ISO 8601, nvidia-smi's YYYY/MM/DD HH:MM:SS)"
         ) from exc
     if dt.dt.tz is None:
         notes.append("timestamps without a zone read as UTC")
         dt = dt.dt.tz_localize("UTC")
-    return (dt - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float)
+    us = dt.dt.tz_convert(None).to_numpy(dtype="datetime64[us]")  # (ns ends in 2262)
+    return np.where(np.isnat(us), np.nan, us.astype(np.int64) / 1e6)
+
+
+def _no_time(col: pd.Series, exc: Exception) -> str:
+    """Why `col` is no time column: its first value neither a number nor a date, or (each
+    reads alone) that it mixes the two."""
+    num = pd.to_numeric(col, errors="coerce")
+    text = col[num.isna().to_numpy()]
+    dates = pd.to_datetime(
+        text.astype(str).str.replace("/", "-", n=2), errors="coerce", format="mixed", utc=True
+    )
+    bad = text[dates.isna().to_numpy()]
+    if len(bad):
+        return f"cannot read {_cell(bad.iloc[0])!r} as a time"
+    if num.notna().any():
+        return f"mixes numbers ({col[num.notna()].iloc[0]!r}) and dates ({text.iloc[0]!r})"
+    return f"cannot read it as times ({exc})"
+
+
+def _cell(value: Any) -> str:
+    """A cell as its file shows it ('' for a blank one)."""
+    return "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
 
 
 def _nodes(df: pd.DataFrame, where: str, node: str | None, notes: list[str]) -> np.ndarray:
@@ -370,29 +419,59 @@ def _prom_json(path: Path, doc: Any) -> pd.DataFrame:
     c = columns()
     rows: list[tuple[Any, ...]] = []
     for d in doc if isinstance(doc, list) else [doc]:
-        if not isinstance(d, dict) or d.get("status") != "success" or "data" not in d:
-            raise SampleError(
-                f'{path}: not a Prometheus answer (want {{"status": "success", "data": '
-                '{"resultType": "matrix", "result": [...]}}, or a list of them)'
-            )
-        for s in d["data"].get("result", []):
-            m = s.get("metric", {})
-            ids = {c.role(k): v for k, v in m.items() if c.role(k)}
-            pts = s.get("values") or ([s["value"]] if "value" in s else [])
-            for t, v in pts:
-                rows.append(
-                    (
-                        float(t),
-                        ids.get("node"),
-                        ids.get("gpu"),
-                        ids.get("job_id", ""),
-                        m.get("__name__", ""),
-                        v,
-                    )
-                )
+        for m, t, v in _prom_points(path, d):
+            ids = {c.role(k): val for k, val in m.items() if c.role(k)}
+            rows.append(
+                (t, ids.get("node"), ids.get("gpu"), ids.get("job_id", ""), ids.get(MODEL, ""),
+                 m.get("__name__", ""), v)
+            )  # fmt: skip
     if not rows:
         raise SampleError(f"{path}: the Prometheus answer holds no series")
-    return pd.DataFrame(rows, columns=["timestamp", "node", "gpu", "job_id", "metric", "value"])
+    head = ["timestamp", "node", "gpu", "job_id", MODEL, "metric", "value"]
+    return pd.DataFrame(rows, columns=head)
+
+
+def _prom_points(path: Path, d: Any) -> Iterator[tuple[dict[str, Any], Any, Any]]:
+    """(labels, time, value) of each sample of one answer; a SampleError naming what is not
+    a successful matrix or vector answer."""
+    data = d.get("data") if isinstance(d, dict) and d.get("status") == "success" else None
+    if not isinstance(data, dict):
+        raise SampleError(
+            f'{path}: not a Prometheus answer (want {{"status": "success", "data": '
+            '{"resultType": "matrix", "result": [...]}}, or a list of them)'
+        )
+    kind, result = data.get("resultType", "matrix"), data.get("result", [])
+    if kind not in ("matrix", "vector") or not isinstance(result, list):
+        raise SampleError(
+            f"{path}: a Prometheus answer of resultType {kind!r}: want 'matrix' or 'vector' "
+            "(a query of series, not of one number)"
+        )
+    for s in result:
+        pts = _points(s)
+        if pts is None:
+            raise SampleError(
+                f'{path}: a series is not {{"metric": {{...}}, "values": [[time, "value"], ...]}}: '
+                f"{json.dumps(s)[:60]}"
+            )
+        yield from ((s.get("metric", {}), t, v) for t, v in pts)
+
+
+def _points(s: Any) -> list[list[Any]] | None:
+    """The [time, value] samples of a matrix ("values") or vector ("value") result item; None
+    when it is not one."""
+    if not isinstance(s, dict) or not isinstance(s.get("metric", {}), dict):
+        return None
+    pts = s.get("values") or ([s["value"]] if "value" in s else [])
+    ok = isinstance(pts, list) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], (int, float, str)) for p in pts
+    )
+    return pts if ok else None
+
+
+def _names_metrics(col: pd.Series) -> bool:
+    """Whether a `name` column names metrics (a long table's), not GPU models (nvidia-smi's)."""
+    c = columns()
+    return any(c.field(v) is not None or v in JOB_COLUMNS for v in pd.unique(col.astype(str)))
 
 
 def label(gpu: pd.DataFrame, job_id: str, start: float | None, end: float | None) -> int:

@@ -136,6 +136,15 @@ def kernel_lines(
 JOURNAL_MAX_S = 253402300800.0  # year 10000: beyond it no calendar (or gmtime) has a date
 
 
+def seconds(value: Any) -> float:
+    """Unix seconds from a number or its text; a ValueError unless 0 <= t < year 10000 (NaN and
+    infinity are none: `iso_utc` could not write them)."""
+    t = float(value)
+    if not 0 <= t < JOURNAL_MAX_S:
+        raise ValueError(f"{value!r} is not a time")
+    return t
+
+
 def _journal_json(line: str, where: str, n: int) -> str:
     try:
         doc = json.loads(line)
@@ -215,7 +224,7 @@ def slurm_state(text: str, where: str, job_id: str | None = None) -> dict[str, A
             raise ImportFailure(f"{where}: exit_code {kv['exit_code']!r}: want N or N:SIGNAL")
         out["exit_code"] = 128 + int(sig) if sig.isdigit() and int(sig) else int(code)
     if "nodes" in kv:
-        out["nodes"] = names.expand_hostlist(kv["nodes"], skip_invalid=True)
+        out["nodes"] = _as(_hostlist, kv["nodes"], where, "NodeList", None)
     if "state" in kv:
         out["state"] = kv["state"].split()[0].upper()
     for key in ("start", "end"):
@@ -265,7 +274,9 @@ def _exported(j: Any, where: str, restarts: bool = False) -> dict[str, Any]:
     return _clean(out, where)
 
 
-def _json_job(j: dict[str, Any], where: str) -> dict[str, Any]:
+def _json_job(j: Any, where: str) -> dict[str, Any]:
+    if not isinstance(j, dict):
+        raise ImportFailure(f"{where}: 'jobs' holds {json.dumps(j)[:40]}: want job objects")
     if "job_state" in j:  # squeue --json: the exporter's own parser
         parsed = slurm_exporter.parse_squeue(json.dumps({"jobs": [j]}))
         if not parsed:
@@ -275,34 +286,64 @@ def _json_job(j: dict[str, Any], where: str) -> dict[str, Any]:
     current = state.get("current") if isinstance(state, dict) else state
     current = current[0] if isinstance(current, list) and current else current
     ec = j.get("exit_code", {})
-    code = ec.get("return_code") if isinstance(ec, dict) else ec
-    code = code.get("number") if isinstance(code, dict) else code
-    sig = ec.get("signal", {}).get("id") if isinstance(ec, dict) else None
-    sig = sig.get("number") if isinstance(sig, dict) else sig
+    code = _number(ec.get("return_code") if isinstance(ec, dict) else ec)
+    sig = ec.get("signal", {}) if isinstance(ec, dict) else None
+    sig = _number(sig.get("id") if isinstance(sig, dict) else sig)
+    code = _as(int, code, where, "exit_code", "a whole number")
+    sig = _as(int, sig, where, "exit_code.signal.id", "a signal number")
     t = j.get("time", {}) if isinstance(j.get("time"), dict) else {}
+    nodes = j.get("nodes")
+    nodes = ",".join(map(str, nodes)) if isinstance(nodes, list) else str(nodes or "")
     out = {
         "job_id": str(j.get("job_id", "")),
         "name": str(j.get("name", ""))[:128],
         "state": str(current or "").upper() or None,
-        "exit_code": 128 + int(sig) if sig else (int(code) if code is not None else None),
-        "nodes": names.expand_hostlist(str(j.get("nodes") or ""), skip_invalid=True),
-        "start": float(t["start"]) if t.get("start") else None,
-        "end": float(t["end"]) if t.get("end") else None,
-        "restarts": j.get("restart_cnt"),
+        "exit_code": 128 + sig if sig else code,
+        "nodes": _as(_hostlist, nodes, where, "nodes", None),
+        "start": _as(seconds, _number(t.get("start")) or None, where, "time.start", _SECONDS),
+        "end": _as(seconds, _number(t.get("end")) or None, where, "time.end", _SECONDS),
+        "restarts": _as(int, _number(j.get("restart_cnt")), where, "restart_cnt", "a count"),
     }
     return _clean(out, where)
+
+
+_SECONDS = "unix seconds (from 1970 to the year 9999)"
+
+
+def _number(value: Any) -> Any:
+    """A number of Slurm's JSON as it is, or Slurm 23.02's `{"set": ..., "number": N}`'s N (None
+    when unset)."""
+    if isinstance(value, dict) and "number" in value:
+        return value["number"] if value.get("set", True) else None
+    return value
+
+
+def _hostlist(text: str) -> list[str]:
+    return names.expand_hostlist(text, skip_invalid=True)
+
+
+def _as(convert: Callable[[Any], Any], value: Any, where: str, key: str, want: str | None) -> Any:
+    """`convert(value)` (None for None or ""), or an ImportFailure naming the file, the field,
+    the value and what is wanted (`want`; None: the converter's own words)."""
+    if value is None or value == "":
+        return None
+    try:
+        return convert(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        why = f": {exc}" if want is None else f" {json.dumps(value)[:40]}: want {want}"
+        raise ImportFailure(f"{where}: {key}{why}") from None
 
 
 def _when(text: str, where: str, key: str) -> float | None:
     if text in ("", "Unknown", "None", "N/A"):
         return None
     try:
-        return float(text)
+        return seconds(text)
     except ValueError:
         pass
     t, kind = line_time(text, time.time())
     if t is None or kind != "iso":
-        raise ImportFailure(f"{where}: {key}={text!r}: want unix seconds or ISO 8601")
+        raise ImportFailure(f"{where}: {key}={text!r}: want {_SECONDS} or ISO 8601")
     return t
 
 

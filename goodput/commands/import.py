@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -208,6 +207,7 @@ def _fields(job: dict[str, Any]) -> str:
 
 
 def _boot(text: str, importer: Any) -> float:
+    """--boot-time as unix seconds: a time in the past (a day's grace for clocks)."""
     try:
         value = float(text)
     except ValueError:
@@ -217,8 +217,10 @@ def _boot(text: str, importer: Any) -> float:
                 f"--boot-time {text!r}: want unix seconds or ISO 8601"
             ) from None
         value = float(t)
-    if not math.isfinite(value) or value < 0:
-        raise importer.ImportFailure(f"--boot-time {text!r}: want unix seconds >= 0 or ISO 8601")
+    if not 0 <= value <= time.time() + 86400:  # NaN fails too
+        raise importer.ImportFailure(
+            f"--boot-time {text!r}: want a time in the past: unix seconds >= 0 or ISO 8601"
+        )
     return value
 
 

@@ -29,15 +29,34 @@ def read_truth(directory: Path) -> list[dict[str, Any]]:
     return data if isinstance(data, list) else data.get("faults", [])
 
 
-def _rows(path: Path) -> Any:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with gzip_checked(path), opener(path, "rt", newline="") as f:  # type: ignore[operator]
-        yield from csv.DictReader(f)
-
-
 PRESENCE = "DCGM_FI_DEV_GPU_UTIL"
 GPU_FILES = ("gpu_metrics.csv.gz", "gpu_metrics.csv")
 JOB_FILES = ("job_metrics.csv.gz", "job_metrics.csv")
+_KEYS = {  # the columns a recording's CSV must have (docs/contracts.md)
+    **dict.fromkeys(GPU_FILES, ("timestamp", "node", "gpu")),
+    **dict.fromkeys(JOB_FILES, ("timestamp", "job_id")),
+}
+
+
+def _rows(path: Path) -> Any:
+    """The CSV's rows as dicts; a ValueError naming `path` when it is empty or lacks a column
+    its kind must have (`_KEYS`)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with gzip_checked(path), opener(path, "rt", newline="") as f:  # type: ignore[operator]
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            raise ValueError(f"{path}: empty (want a CSV with a header line)")
+        if missing := [k for k in _KEYS.get(path.name, ()) if k not in reader.fieldnames]:
+            raise ValueError(f"{path}: no {missing[0]} column")
+        yield from reader
+
+
+def _number(row: dict[str, Any], col: str, path: Path) -> float:
+    """`row[col]` as a number, or a ValueError naming the file, the column and the value."""
+    try:
+        return float(row[col])
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: column {col!r}: {row[col]!r} is not a number") from None
 
 
 def _series(path: Path, job_id: str | None, nodes: set[str]) -> list[Series]:
@@ -48,7 +67,7 @@ def _series(path: Path, job_id: str | None, nodes: set[str]) -> list[Series]:
         if nodes and node in nodes and row.get(PRESENCE) not in ("", None):
             # node_presence: is the node answering at all, whatever runs there
             acc.setdefault(("node_presence", node, row.get("gpu") or None), []).append(
-                (float(row["timestamp"]), float(row[PRESENCE]))
+                (_number(row, "timestamp", path), _number(row, PRESENCE, path))
             )
         if job_id is not None and row_job != job_id:
             continue
@@ -57,7 +76,7 @@ def _series(path: Path, job_id: str | None, nodes: set[str]) -> list[Series]:
         if node is not None and not validate.NODE.fullmatch(node):
             continue
         gpu = row.get("gpu") or None
-        t = float(row["timestamp"])
+        t = _number(row, "timestamp", path)
         for col, value in row.items():
             if col in _ID_COLS or value in ("", None):
                 continue

@@ -303,3 +303,78 @@ def test_import_counts_the_rows_the_samples_already_gave_the_job(tmp_path):
     assert (
         f"{ROWS} rows of job 4242 ({ROWS} labelled so in the samples, 0 given it: all)" in r.output
     )
+
+
+# 10. a recording missing a column, or empty
+
+
+@pytest.fixture
+def rec_with_jobs(tmp_path) -> Path:
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--job-log", DATA / "app.log.gz"))
+    assert r.exit_code == 0, r.output
+    return tmp_path / "rec"
+
+
+@pytest.mark.parametrize(
+    ("name", "column"),
+    [
+        ("gpu_metrics.csv.gz", "timestamp"),
+        ("gpu_metrics.csv.gz", "node"),
+        ("gpu_metrics.csv.gz", "gpu"),
+        ("job_metrics.csv.gz", "timestamp"),
+        ("job_metrics.csv.gz", "job_id"),
+    ],
+)
+def test_a_recording_missing_a_column_is_named_by_replay_and_attribute(
+    rec_with_jobs, tmp_path, name, column
+):
+    """A KeyError traceback in both before (or, attribute without node or job_id, rows of no
+    node or no job read without a word)."""
+    path = rec_with_jobs / name
+    pd.read_csv(path, dtype=str).drop(columns=[column]).to_csv(path, index=False)
+    r = _cli("replay", rec_with_jobs, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and f"replay: {path}: no {column} column\n" == r.output, r.output
+    r = _cli("attribute", "--recording", rec_with_jobs)
+    assert r.exit_code == 2 and f"attribute: {path}: no {column} column\n" == r.output, r.output
+
+
+def test_an_empty_job_metrics_file_is_named(rec_with_jobs, tmp_path):
+    path = rec_with_jobs / "job_metrics.csv.gz"
+    path.write_bytes(gzip.compress(b""))
+    r = _cli("replay", rec_with_jobs, "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and f"replay: {path}: empty (want a CSV" in r.output, r.output
+    r = _cli("attribute", "--recording", rec_with_jobs)
+    assert r.exit_code == 2 and f"attribute: {path}: empty (want a CSV" in r.output, r.output
+
+
+# 11. Slurm values and a boot time that are no time
+
+
+@pytest.mark.parametrize(
+    ("slurm", "error"),
+    [
+        ('{"jobs": [{"job_id": 4242, "time": {"start": "abc"}}]}', 'time.start "abc": want'),
+        ('{"jobs": [{"job_id": 4242, "time": {"start": 1e400}}]}', "time.start Infinity: want"),
+        ('{"jobs": [1, 2]}', "'jobs' holds 1: want job objects"),
+        ("JobId=4242 JobState=FAILED NodeList=gpu[3-1]", "NodeList: hostlist item 'gpu[3-1]'"),
+        ("JobId=4242 JobState=FAILED StartTime=nan", "start='nan': want unix seconds"),
+    ],
+)
+def test_a_bad_slurm_value_is_one_line_naming_the_file(tmp_path, slurm, error):
+    path = tmp_path / "j.json"
+    path.write_text(slurm)
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=("--slurm", path))
+    assert r.exit_code == 2 and r.output.startswith(f"import: {path}: {error}"), r.output
+    assert not (tmp_path / "rec").exists()
+
+
+@pytest.mark.parametrize("boot", ["99999999999999999999", "2999-01-01T00:00:00Z"])
+def test_a_boot_time_in_the_future_is_refused(tmp_path, boot):
+    """An OverflowError traceback before (the first, past any calendar), or kernel lines
+    placed centuries ahead (the second)."""
+    k = tmp_path / "k.log"
+    k.write_text("[  100.250000] NVRM: Xid 79\n")
+    extra = ("--kernel-log", f"{NODE}={k}", "--boot-time", boot)
+    r = _import(tmp_path, _cut(tmp_path / "m.csv"), extra=extra)
+    assert r.exit_code == 2, r.output
+    assert f"import: --boot-time {boot!r}: want a time in the past" in r.output

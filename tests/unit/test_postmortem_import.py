@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -375,3 +376,77 @@ def test_a_broken_job_beside_the_one_asked_for_does_not_refuse_the_file():
         importer.slurm_state(text, "d.json", "1")
     with pytest.raises(importer.ImportFailure, match="d.json: job 1: its end"):
         importer.slurm_state(text, "d.json")
+
+
+@pytest.mark.parametrize("bad", ["99999999999999999999", "-5", "inf", "2999-01-01 00:00:00"])
+def test_a_time_outside_1970_to_tomorrow_is_refused(tmp_path, bad):
+    """One row at 1e20 s was kept (the recording's end 1e+20) and gave a false
+    gpu_hardware_fault; a negative or infinite time was kept too, and a date past 2262 was an
+    OutOfBoundsDatetime traceback."""
+    good = "2026-11-29 19:01:37" if "-" in bad[1:] else "1795978897"  # a date, or a number
+    p = tmp_path / "t.csv"
+    p.write_text(f"ts,host,gpu,DCGM_FI_DEV_GPU_UTIL\n{good},n1,0,99\n{bad},n1,0,98\n")
+    with pytest.raises(samples.SampleError) as exc:
+        samples.read(p, job_id="1")
+    assert str(exc.value) == (
+        f"{p}: column 'timestamp': {bad!r} is not a time from 1970 to a day from now"
+    )
+
+
+@pytest.mark.parametrize(("bad", "shown"), [("abc", "abc"), ("", "")])
+def test_an_unreadable_time_is_quoted_not_the_first_good_one(tmp_path, bad, shown):
+    """A digit string reads as no date, so the first (good) value was quoted."""
+    p = tmp_path / "t.csv"
+    p.write_text(f"ts,host,gpu,DCGM_FI_DEV_GPU_UTIL\n1795978897,n1,0,99\n{bad},n1,0,98\n")
+    with pytest.raises(samples.SampleError, match=f"column 'timestamp': cannot read '{shown}' as"):
+        samples.read(p, job_id="1")
+
+
+def test_a_long_table_without_a_value_column_says_so(tmp_path):
+    """It said "no gpu column ... several rows per node and time": the metric names were read
+    as nvidia-smi's GPU model column."""
+    p = tmp_path / "long.csv"
+    p.write_text(
+        "timestamp,node,metric\n1795978897,n1,DCGM_FI_DEV_GPU_UTIL\n"
+        "1795978897,n1,DCGM_FI_DEV_POWER_USAGE\n"
+    )
+    with pytest.raises(samples.SampleError, match="no value column for the metric names of colu"):
+        samples.read(p, job_id="1")
+    p.write_text("timestamp,node,name\n1795978897,n1,DCGM_FI_DEV_GPU_UTIL\n")
+    with pytest.raises(samples.SampleError, match="accepted: value, val, reading"):
+        samples.read(p, job_id="1")
+
+
+def _prom(result, kind="matrix") -> str:
+    return json.dumps({"status": "success", "data": {"resultType": kind, "result": result}})
+
+
+@pytest.mark.parametrize(
+    ("doc", "error"),
+    [
+        (_prom([1, "2"], "scalar"), "a Prometheus answer of resultType 'scalar': want 'matrix'"),
+        (_prom({"a": 1}), "a Prometheus answer of resultType 'matrix': want"),
+        (_prom([1]), 'a series is not {"metric"'),
+        (_prom([{"metric": [], "values": []}]), 'a series is not {"metric"'),
+        (_prom([{"metric": {}, "values": [5]}]), 'a series is not {"metric"'),
+        (_prom([{"metric": {}, "values": [[{}, "1"]]}]), 'a series is not {"metric"'),
+        ('{"status": "success", "data": 3}', "not a Prometheus answer"),
+    ],
+)
+def test_a_prometheus_answer_that_is_not_series_is_refused(tmp_path, doc, error):
+    p = tmp_path / "q.json"
+    p.write_text(doc)
+    with pytest.raises(samples.SampleError, match=f"^{p}: {re.escape(error)}"):
+        samples.read(p, job_id="1")
+
+
+def test_a_prometheus_answer_keeps_dcgms_model_name(tmp_path):
+    labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "n1", "gpu": "0"}
+    series = [
+        {"metric": {**labels, "modelName": "NVIDIA H200"}, "values": [[1795978800, "5"]]},
+        {"metric": {**labels, "gpu": "1"}, "values": [[1795978800, "6"]]},  # no model label
+    ]
+    p = tmp_path / "q.json"
+    p.write_text(_prom(series))
+    got = samples.read(p, job_id="1").gpu
+    assert got.modelName.fillna("").tolist() == ["NVIDIA H200", ""]

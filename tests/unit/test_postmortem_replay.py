@@ -18,6 +18,7 @@ from goodput.cli import app
 
 runner = CliRunner()
 T0 = 1795978800.0
+NO_PROGRESS = "no progress seen (no job metrics, or no progress line in the log)"
 
 
 def _table(frame, names=("timestamp", "node", "gpu", "job_id")):
@@ -85,7 +86,7 @@ def test_a_blind_run_says_why(tmp_path):
     assert not d["deviation"]["ran"] and d["deviation"]["why_not"] == "no baseline yet"
     assert d["peer"]["why_not"] == "2 GPU(s) at a time: peer comparison needs 3"
     assert d["shift"]["why_not"] == "1 node: shift compares the job's nodes (needs 2)"
-    assert d["progress"]["why_not"] == "no progress input (no job metrics and no job log)"
+    assert d["progress"]["why_not"] == NO_PROGRESS
     assert d["hardware"]["why_not"] == "no XID or error-counter field in the input"
 
 
@@ -217,3 +218,24 @@ def test_gpus_whose_timestamps_do_not_line_up_are_put_on_one_grid(tmp_path):
     _table(f).to_csv(tmp_path / "a.csv", index=False)  # on one grid: as it is
     a = replay(tmp_path / "a.csv", io.StringIO())
     assert a["instants"] == 24 and not any("line up" in n for n in a["inputs"])
+
+
+def test_a_job_log_without_progress_is_not_called_absent(tmp_path):
+    """A job whose log never logged a step was said to have "no job metrics and no job log"."""
+    rec = _recording(tmp_path / "rec", steps=6, log=["[2026-11-29 19:00:00] loading data"])
+    s = _summary(tmp_path, rec)
+    assert any("derived from logs/jobs/slurm-100.out (0 samples)" in n for n in s["inputs"])
+    assert s["jobs"]["100"]["detectors"]["progress"]["why_not"] == NO_PROGRESS
+
+
+def test_a_file_whose_rows_name_no_job_is_refused(tmp_path):
+    """The detectors score jobs: a file without a job column printed "0 detections", exit 0,
+    as a healthy run would."""
+    f = healthy_frame(jobs=1, nodes=1, gpus=2, steps=6, start=T0)
+    _table(f).drop(columns=["job_id"]).to_csv(tmp_path / "nojob.csv", index=False)
+    r = _replay(tmp_path / "nojob.csv", "--out", tmp_path / "d.jsonl")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert (
+        f"replay: {tmp_path / 'nojob.csv'}: no row names a job (accepted job columns:" in r.output
+    )
+    assert "goodput import --node NAME --job-id ID" in r.output
