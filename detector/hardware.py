@@ -119,7 +119,8 @@ class HardwareEvents(Detector):
         self._ensure()
         base, _ = self._base_rows(frame)
         with np.errstate(invalid="ignore"):
-            return (frame.cols(_COUNTERS).T < base).any(axis=0)
+            below: np.ndarray = np.asarray(frame.cols(_COUNTERS).T < base)
+        return np.asarray(below.any(axis=0), dtype=bool)
 
     def known(self, frame: Frame) -> np.ndarray:
         """Which rows' GPUs have a counter baseline."""
