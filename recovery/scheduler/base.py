@@ -32,6 +32,11 @@ class SchedulerBusy(SchedulerUnavailable):
     """The scheduler answered but asked to be asked again shortly (Slurm: "try again")."""
 
 
+class NotConfirmed(SchedulerBusy):
+    """A change was asked for and not seen yet (a requeued job still completing: a stuck CUDA
+    process, a long epilog); the action is tried again soon, its guards see what was done."""
+
+
 class GuardRefused(SchedulerError):
     """A safety rule refused the request (e.g. resuming a node a person drained)."""
 
@@ -162,11 +167,14 @@ class Scheduler(ABC):
     def node_state(self, node: str) -> NodeState | None:
         return next((n for n in self.node_states() if n.node == node), None)
 
-    def _await(self, check: Callable[[], bool], what: str) -> None:
+    def _await(self, check: Callable[[], bool], what: str, retry: bool = False) -> None:
+        """Wait for `check`; past `verify_timeout_s` a SchedulerError, or where the step is
+        known to come (`retry`: a requeue-hold while the job completes) NotConfirmed."""
         deadline = time.monotonic() + self.verify_timeout_s
         while not check():
             if time.monotonic() > deadline:
-                raise SchedulerError(f"not confirmed within {self.verify_timeout_s}s: {what}")
+                error = NotConfirmed if retry else SchedulerError
+                raise error(f"not confirmed within {self.verify_timeout_s}s: {what}")
             time.sleep(self.verify_interval_s)
 
     def drain(self, node: str, reason: str) -> OpResult:
@@ -243,12 +251,10 @@ class Scheduler(ABC):
         if before.exit_code == 93 and not before.active:
             raise GuardRefused(f"job {job_id} exited with 93: do not requeue")
         if expected_restarts is not None and before.restarts > expected_restarts:
-            if (
-                before.held
-                and before.state.upper() == "PENDING"
-                and before.restarts == expected_restarts + 1
-                and not hold
-            ):
+            ours = before.held and before.restarts == expected_restarts + 1 and not hold
+            if ours and before.active and before.state.upper() != "PENDING":
+                raise NotConfirmed(f"job {job_id} is {before.state}: its requeue-hold completes")
+            if ours and before.state.upper() == "PENDING":
                 self._set_exclude(job_id, target, delay_s)
                 self._release(job_id)
                 detail = f"job {job_id} was requeued-held; exclusion set, released"

@@ -277,9 +277,10 @@ class SlurmScheduler(Scheduler):
             self._run(["scontrol", "requeue", job_id])
             return
         self._run(["scontrol", "requeuehold", job_id])
-        self._await(
+        self._await(  # a job whose processes are slow to die (the fault) completes later
             lambda: bool((s := self.job_state(job_id)) and s.held and s.state == "PENDING"),
             f"job {job_id} requeue-held",
+            retry=True,
         )
         failpoints.hit("requeue_held")
         if exclude is not None or delay_s > 0:

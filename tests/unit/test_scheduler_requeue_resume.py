@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from recovery.scheduler import SchedulerUnavailable
+from recovery.scheduler.base import NotConfirmed
 from recovery.scheduler.slurm import SlurmScheduler, held
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
@@ -143,3 +144,33 @@ def test_squeue_answering_without_its_controller_is_an_outage_not_a_forgotten_jo
     with pytest.raises(SchedulerUnavailable, match="slurm_load_jobs"):
         SlurmScheduler(retries=0).job_state("136")
     assert calls == ["squeue"]  # not sacct
+
+
+def test_a_requeue_slow_to_complete_is_tried_again_not_failed(monkeypatch):
+    """requeuehold on a job whose processes are slow to die (a stuck CUDA process, a long
+    epilog): not confirmed in time is NotConfirmed (the action is retried soon), and the retry
+    waits while the job still completes, then sets the exclusion and releases it. Before, a
+    plain SchedulerError failed the action for good and left the job held."""
+    doc = json.loads(json.dumps(HELD_22_05))
+    job = doc["jobs"][0]
+    job.update(job_state="RUNNING", restart_cnt=0, priority=1, state_reason="None")
+    s, fake = _sched(monkeypatch, doc)
+    job_id = str(job["job_id"])
+
+    def completing(argv, **kw):
+        out = FakeSlurm.__call__(fake, argv, **kw)
+        if argv[:2] == ["scontrol", "requeuehold"]:
+            job.update(job_state="COMPLETING", priority=0, state_reason="JobHeldUser")
+        return out
+
+    monkeypatch.setattr(subprocess, "run", completing)
+    with pytest.raises(NotConfirmed):
+        s.requeue(job_id, ("node1",), expected_restarts=0)
+    with pytest.raises(NotConfirmed, match="COMPLETING"):  # the retry, still completing
+        s.requeue(job_id, ("node1",), expected_restarts=0)
+    job["job_state"] = "PENDING"  # done completing: held, pending, one restart on
+    r = s.requeue(job_id, ("node1",), expected_restarts=0)
+    assert r.changed and "released" in r.detail
+    after = s.job_state(job_id)
+    assert not after.held and after.excluded == ("node1",) and after.restarts == 1
+    assert [c[:2] for c in fake.calls].count(["scontrol", "requeuehold"]) == 1
