@@ -122,30 +122,47 @@ def lost_by_cause(row: Any) -> dict[str, float]:
     return {c: gpus * span for c, span in zip(CAUSES, spans, strict=True)}
 
 
+DAY = 86400.0  # an incident whose job has not run again in a day: closed, not polled
+
+
 def update_recoveries(engine: Engine, scheduler: Any) -> int:
-    """Fill in `running_again_at` for jobs that run again after their incident's onset."""
+    """Fill in `running_again_at` for jobs that run again after their incident's onset: the
+    job's latest incident before that start takes it; its earlier ones (the job ran on through
+    them: a hold, a drain alone) close with nothing lost (`gpu_hours_lost` 0, no recovery), as
+    does one whose job ended (stopped, gone from Slurm) or has not run again in a `DAY`: days
+    of running are never charged to an old incident, and old ones are not polled for ever."""
+    c = incidents.c
     with engine.connect() as conn:
         rows = conn.execute(
             select(incidents).where(
-                incidents.c.running_again_at.is_(None), incidents.c.job_id.is_not(None)
+                c.running_again_at.is_(None), c.gpu_hours_lost.is_(None), c.job_id.is_not(None)
             )
         ).all()
-    n = 0
-    for r in rows:
-        job = scheduler.job_state(r.job_id)
-        start = job.start_time if job else None
-        ref = r.onset or r.detected_at or 0.0
-        if not job or job.state != "RUNNING" or not start or start <= ref:
-            continue
-        lost = gpu_hours_lost(r.onset, start, job.gpus, r.checkpoint_at)
-        with engine.begin() as conn:
-            conn.execute(
-                update(incidents)
-                .where(incidents.c.incident_id == r.incident_id)
-                .values(running_again_at=start, gpus=job.gpus, gpu_hours_lost=lost)
-            )
-        n += 1
+    now, n = clock.now(engine), 0
+    for job_id in dict.fromkeys(r.job_id for r in rows):
+        mine = [r for r in rows if r.job_id == job_id]
+        job = scheduler.job_state(job_id)
+        start: float = job.start_time if job and job.state == "RUNNING" and job.start_time else 0.0
+        before = sorted((r for r in mine if start > _since(r)), key=_since)
+        for r in mine:
+            if before and r is before[-1]:
+                lost = gpu_hours_lost(r.onset, start, job.gpus, r.checkpoint_at)
+                _close(engine, r, running_again_at=start, gpus=job.gpus, gpu_hours_lost=lost)
+                n += 1
+            elif r in before or not (job and job.active) or now - (r.detected_at or now) > DAY:
+                _close(engine, r, gpu_hours_lost=0.0)
     return n
+
+
+def _since(row: Any) -> float:
+    return float(row.onset or row.detected_at or 0.0)
+
+
+def _close(engine: Engine, row: Any, **values: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            update(incidents).where(incidents.c.incident_id == row.incident_id).values(**values)
+        )
 
 
 def get(engine: Engine, incident_id: str) -> dict[str, Any] | None:

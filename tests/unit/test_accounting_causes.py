@@ -3,10 +3,13 @@ stage is missing or out of order (rows as the receiver stores them, on a real SQ
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from sqlalchemy import select
 
-from recovery import accounting
+from recovery import accounting, clock
+from recovery.scheduler.base import JobState
 from recovery.store import make_engine
 
 
@@ -60,3 +63,32 @@ def test_an_unreadable_store_exports_no_series_not_zeros(tmp_path):
     (tmp_path / "goodput.db").mkdir()  # the store cannot be opened
     engine.dispose()
     assert list(accounting.AccountingCollector(engine).collect()) == []
+
+
+def test_a_restart_is_charged_to_its_own_incident_and_old_ones_close():
+    """A straggler held for a person at day 0 (the job ran on), a crash requeued at day 3: the
+    restart is the crash's, not 3 days of running charged to the straggler; an incident whose
+    job has not run again in a day closes. Closed ones are not polled again."""
+    h = 3600.0
+    engine = make_engine("sqlite://", clock=clock.ManualClock(72 * h + 700))
+    for iid, onset in (("1", 0.0), ("2", 72 * h), ("3", 1.0)):
+        job = "43" if iid == "3" else "42"
+        diag = SimpleNamespace(incident_id=iid, job_id=job, onset=onset)
+        accounting.open_incident(engine, {"opened_at": onset + 60}, diag, None)
+    asked = []
+
+    class Slurm:
+        def job_state(self, job_id):
+            asked.append(job_id)
+            start = 72 * h + 600 if job_id == "42" else -10 * h  # 43: never restarted
+            return JobState(job_id, "t", "RUNNING", start_time=start, gpus=64)
+
+    assert accounting.update_recoveries(engine, Slurm()) == 1
+    got = {i: accounting.get(engine, i) for i in ("1", "2", "3")}
+    assert got["2"]["running_again_at"] == 72 * h + 600
+    assert round(got["2"]["gpu_hours_lost"], 2) == round(64 * 600 / h, 2)
+    assert got["1"]["gpu_hours_lost"] == 0.0 and got["1"]["running_again_at"] is None
+    assert got["3"]["gpu_hours_lost"] == 0.0  # open for three days: closed
+    asked.clear()
+    accounting.update_recoveries(engine, Slurm())
+    assert asked == []
