@@ -5,16 +5,18 @@
 against the blast radius under the budget lock), capture diagnostics, drain, requeue or stop,
 verify, record. The row's id is the idempotency key and the scheduler port's guards (expected
 restart count, drained-by-whom) make a repeated step a no-op, so a row a dead process left
-`executing` is finished by running it again (`recovery.reconciler`). Failpoints:
-`recovery.failpoints`.
+`executing` is finished by running it again (`recovery.reconciler`), paused or not, once its
+lease expired; each write is conditional on the row as this process read or claimed it, so a
+late owner records nothing. Failpoints: `recovery.failpoints`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
-from sqlalchemy import Connection, Engine, update
+from sqlalchemy import Connection, Engine, and_, false, or_, update
 
 from recovery import (
     accounting,
@@ -33,7 +35,9 @@ from recovery.outbox import PLANNABLE, actions_table, get_action
 from recovery.policy import RESTARTS
 from recovery.scheduler import Scheduler, SchedulerError, SchedulerUnavailable
 
+log = logging.getLogger("goodput.actions")
 MAX_ATTEMPTS = 50
+ONE_RECEIVER = ("sqlite",)  # stores one receiver serves (`reconciler.orphaned`)
 
 
 def _needs_person(engine: Engine, cfg: Config, action_id: str, text: str) -> None:
@@ -105,6 +109,25 @@ def plan(engine: Engine, settings: Any, action_id: str) -> dict[str, Any] | None
     return get_action(engine, action_id)
 
 
+def _as_read(row: Any) -> list[Any]:
+    """SQL: the row is still as this process read (or claimed) it: its state and owner."""
+    t = actions_table.c
+    return [t.id == row.id, t.state == row.state, t.owner.is_not_distinct_from(row.owner)]
+
+
+def _orphan(conn: Connection, owner: str | None) -> Any:
+    """SQL: an `executing` row this process may take over: held by `owner` (the process
+    `reconcile` saw holding it) with no live lease (expired, or none), or by this process, or
+    on a store one receiver serves (SQLite: another owner is a dead one). Checked in the
+    claim's UPDATE: the reconciler's read can be old, and an owner that renewed since lives."""
+    t = actions_table.c
+    if owner is None:
+        return false()
+    if owner == leases.OWNER or conn.dialect.name in ONE_RECEIVER:
+        return t.owner == owner
+    return and_(t.owner == owner, or_(t.lease_until.is_(None), t.lease_until < outbox.now(conn)))
+
+
 def _claim(
     engine: Engine,
     cfg: Config,
@@ -114,23 +137,22 @@ def _claim(
     owner: str | None = None,
 ) -> tuple[Any, str | None]:
     """Move the row to `executing` (ours, leased); with its drains checked against the blast
-    radius under the budget lock. An `executing` row is taken over only from `owner` (the dead
-    process `reconcile` saw holding it). Returns (row or None, the limit it would break)."""
+    radius under the budget lock. An `executing` row is taken over only from `owner` once its
+    lease expired (`_orphan`). Returns (row or None, the limit it would break)."""
 
     def write(conn: Connection) -> tuple[Any, str | None]:
         planning.lock_budget(conn)
         cur = outbox.raw(conn, action_id)
         if cur is None or cur.state not in from_states:
             return None, None
-        if cur.state == "executing" and (owner is None or cur.owner != owner):
-            return None, None  # its owner lives, or another receiver took it over first
         if nodes is not None and cur.state != "executing":
             why = planning.budget_violation(conn, cur, nodes, cfg.policy)
             if why is not None:
                 return cur, str(why)
+        takeover = [_orphan(conn, owner)] if cur.state == "executing" else []
         n = conn.execute(
             update(actions_table)
-            .where(actions_table.c.id == action_id, actions_table.c.state.in_(from_states))
+            .where(*_as_read(cur), *takeover)
             .values(
                 state="executing",
                 owner=leases.OWNER,
@@ -140,6 +162,8 @@ def _claim(
             )
         ).rowcount
         if not n:
+            if takeover:
+                log.info("action %s: %s holds it (a live lease): left to it", action_id, cur.owner)
             return None, None
         row = outbox.raw(conn, action_id)
         audit.append(conn, "executing", {"attempt": row.attempts}, **outbox.refs(row))
@@ -151,18 +175,25 @@ def _claim(
 
 def _finish(
     engine: Engine, row: Any, state: str, type_: str, payload: dict[str, Any], **values: Any
-) -> None:
-    """Record a step's outcome with its audit event (again after a lost audit-seq race)."""
+) -> bool:
+    """Record a step's outcome with its audit event (again after a lost audit-seq race) while
+    the row is as this process read or claimed it; False (logged) when it moved on: a late
+    owner whose row was taken over records nothing over the winner's outcome."""
 
-    def write(conn: Connection) -> None:
-        conn.execute(
+    def write(conn: Connection) -> bool:
+        n = conn.execute(
             update(actions_table)
-            .where(actions_table.c.id == row.id)
+            .where(*_as_read(row))
             .values(state=state, updated_at=outbox.now(conn), **values)
-        )
-        audit.append(conn, type_, payload, **outbox.refs(row))
+        ).rowcount
+        if n:
+            audit.append(conn, type_, payload, **outbox.refs(row))
+        return bool(n)
 
-    outbox.write(engine, write)
+    done = bool(outbox.write(engine, write))
+    if not done:
+        log.warning("action %s moved on (taken over?): its %s not recorded", row.id, type_)
+    return done
 
 
 def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
@@ -179,9 +210,9 @@ def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps:
             next_attempt_at=outbox.now(engine) + delay,
         )
         return
-    _finish(
-        engine, row, "failed", "failed", {"error": str(exc), "steps": steps}, last_error=str(exc)
-    )
+    payload = {"error": str(exc), "steps": steps}
+    if not _finish(engine, row, "failed", "failed", payload, last_error=str(exc)):
+        return
     _needs_person(
         engine,
         cfg,
@@ -200,17 +231,16 @@ def execute(
     """Execute one ready or approved action (a no-op if someone else holds it), or finish an
     executing one that `owner`, a dead process, left."""
     cfg = config(settings)
-    if is_paused(engine):
-        r = outbox.raw(engine, action_id)
-        if r is not None and r.state in from_states:
-            _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
-        return get_action(engine, action_id)
-    # fail-open: while the watchdog does not act, ready and approved actions wait; one a dead
-    # process left executing is finished (a drained node without its requeue helps nobody)
-    if "executing" not in from_states and watchdog.current(engine) != watchdog.OK:
-        return get_action(engine, action_id)
     r = outbox.raw(engine, action_id)
     if r is None or r.state not in from_states:
+        return get_action(engine, action_id)
+    # paused, ready and approved actions are skipped; while the watchdog does not act, they
+    # wait. One a dead process left executing is finished either way: a step of it may be done
+    # (a drained node without its requeue, a job left held helps nobody)
+    if r.state != "executing" and is_paused(engine):
+        _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
+        return get_action(engine, action_id)
+    if r.state != "executing" and watchdog.current(engine) != watchdog.OK:
         return get_action(engine, action_id)
     sched = cfg.scheduler
     action = json.loads(r.body)["action"]
@@ -227,14 +257,11 @@ def execute(
     if row is None:
         return get_action(engine, action_id)
     if over is not None:
-        _finish(
-            engine,
-            row,
-            "failed",
-            "failed",
-            {"error": f"blast radius: {over}", "steps": []},
-            last_error=f"blast radius: {over}",
-        )
+        why = f"blast radius: {over}"
+        if not _finish(
+            engine, row, "failed", "failed", {"error": why, "steps": []}, last_error=why
+        ):
+            return get_action(engine, action_id)
         _needs_person(
             engine,
             cfg,
@@ -280,9 +307,9 @@ def execute(
     result: dict[str, Any] = {"steps": steps, "verified": _verify(sched, row, action)}
     if job_op is not None and job_op.restarts is not None:
         result["restarts_after"] = job_op.restarts
-    _finish(engine, row, "executed", "executed", result, result=json.dumps(result))
+    done = _finish(engine, row, "executed", "executed", result, result=json.dumps(result))
     failpoints.hit("finished")
-    if row.kind == "stop":
+    if done and row.kind == "stop":
         notify(
             engine,
             cfg,

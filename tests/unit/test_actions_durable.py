@@ -17,6 +17,7 @@ import requests
 from sqlalchemy import select
 
 from recovery import (
+    action_config,
     actions,
     approvals,
     audit,
@@ -65,7 +66,8 @@ class Dying(SimulatedScheduler):
 
     def _requeue(self, *a, **k):
         self._maybe_die("_requeue")
-        return super()._requeue(*a, **k)
+        super()._requeue(*a, **k)
+        self._maybe_die("_requeued")  # Slurm requeued it; the process died before it saw
 
 
 class Down:
@@ -223,3 +225,34 @@ def test_redelivered_diagnosis_after_restart_plans_nothing_new(world):
     again = actions.on_diagnosis(world.engine, world.settings(), current, {**DOC})
     assert again["id"] == f"inc-{inc}"
     _check_once(world, inc)
+
+
+@pytest.mark.parametrize(
+    "die_at",
+    [None, ("_requeue", 1), ("_requeued", 1)],  # None: the `drained` failpoint
+)
+def test_pausing_after_a_death_mid_action_still_finishes_it(world, die_at):
+    """Paused after the process died mid-action (node drained; the job not requeued yet, or
+    requeued unseen): the restart finishes it, not `skipped` with the node drained for nothing."""
+    inc = world.alert()
+    if die_at is None:
+        failpoints.arm("drained")
+    world.sched.die_at = die_at
+    with pytest.raises(Crash):
+        worker.run_once(world.engine, world.settings())
+    action_config.set_paused(world.engine, True, "oncall", "investigating")
+    world.restart()
+    _check_once(world, inc)
+    assert not audit.query(world.engine, type_="skipped")[0]
+
+
+def test_pausing_skips_an_action_that_has_not_begun(world):
+    """A `ready` row (its planner died) is skipped while paused: nothing touches Slurm."""
+    inc = world.alert()
+    failpoints.arm("planned")
+    with pytest.raises(Crash):
+        worker.run_once(world.engine, world.settings())
+    action_config.set_paused(world.engine, True, "oncall", "investigating")
+    world.restart()
+    assert outbox.incident_action(world.engine, str(inc))["state"] == "skipped"
+    assert not [c for c in world.st["calls"] if c[0] in ("drain", "requeue")]
