@@ -77,11 +77,14 @@ def _decide_pending(
                     f"approving {action_id} now would break the blast radius ({why}); "
                     "it stays pending"
                 )
-        conn.execute(
+        t = actions_table.c
+        moved = conn.execute(  # a person's verdict or an expiry on another receiver may be first
             update(actions_table)
-            .where(actions_table.c.id == action_id)
+            .where(t.id == action_id, t.state == "pending_approval")
             .values(state=verdict, decided_by=who, updated_at=outbox.now(conn))
-        )
+        ).rowcount
+        if not moved:
+            raise ActionError(f"action {action_id} was decided meanwhile, not {verdict}")
         audit.append(conn, verdict, {"comment": comment[:1000]}, **outbox.refs(row), actor=who)
 
     outbox.write(engine, write)

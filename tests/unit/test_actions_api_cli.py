@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import Connection, update
 from typer.testing import CliRunner
 
 from goodput.cli import app as cli
@@ -113,3 +113,32 @@ def test_cli_reject_and_pause(api, tmp_path):
     assert again.exit_code == 2 and "not pending approval" in again.output
     runner.invoke(cli, ["actions", "pause", "--who", "zoe", "--db", db])
     assert action_config.is_paused(app.state.engine)
+
+
+def test_a_verdict_after_another_receivers_expiry_changes_nothing(api, monkeypatch):
+    """Between this receiver's read and its write another one expired the action (or a person
+    approved it): the rejection is refused (409) instead of written over that state."""
+    client, app, _st = api
+    a = plan(app)
+    real_now = outbox.now
+
+    def expired_meanwhile(db):
+        if isinstance(db, Connection):  # inside the verdict's write, after its read
+            db.execute(
+                update(outbox.actions_table)
+                .where(outbox.actions_table.c.id == a["id"])
+                .values(state="expired")
+            )
+        return real_now(db)
+
+    monkeypatch.setattr(outbox, "now", expired_meanwhile)
+    r = client.post(f"/api/v1/actions/{a['id']}/reject", json={"who": "bob"})
+    assert r.status_code == 409 and "meanwhile" in r.text
+    monkeypatch.setattr(outbox, "now", real_now)
+    assert (
+        outbox.get_action(app.state.engine, a["id"])["state"] == "pending_approval"
+    )  # rolled back
+    events = [
+        e["type"] for e in client.get("/api/v1/audit", params={"job_id": "42"}).json()["events"]
+    ]
+    assert "rejected" not in events

@@ -68,6 +68,23 @@ def test_lone_surrogate_anywhere_is_a_400_and_nothing_is_stored(app, client, whe
     assert _stored(app) == 0
 
 
+@pytest.mark.parametrize("where", ["alertname", "severity", "annotation", "groupKey"])
+def test_a_nul_character_is_a_400_and_nothing_is_stored(app, client, where):
+    """PostgreSQL's text and jsonb hold no NUL: the insert failed with a 500, retried by
+    Alertmanager for ever, and failed the group commit's whole batch each time."""
+    a = alert()
+    if where in ("alertname", "severity"):
+        a["labels"][where] = "Gpu\x00X"
+    elif where == "annotation":
+        a["annotations"]["description"] = "x\x00"
+    doc = payload(a)
+    if where == "groupKey":
+        doc["groupKey"] = '{}:{alertname="x\x00"}'
+    r = _post(client, doc)
+    assert r.status_code == 400 and "NUL" in r.json()["error"], r.text
+    assert _stored(app) == 0
+
+
 def test_valid_astral_characters_are_fine(client):
     a = alert()
     a["annotations"]["summary"] = "GPU on fire \U0001f525"  # a surrogate *pair* in JSON
