@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recovery import incidents, retention, validate
@@ -313,7 +314,7 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     async def _http_error(req: Request, exc: StarletteHTTPException) -> Any:
         if _in_console(req):  # a person's browser: the console's page, not a JSON document
             message = "no such page" if exc.status_code == 404 else str(exc.detail)
-            resp = console_error(req, exc.status_code, message)
+            resp = await run_in_threadpool(console_error, req, exc.status_code, message)
         else:
             resp = _error(exc.status_code, str(exc.detail))
         for k, v in (exc.headers or {}).items():

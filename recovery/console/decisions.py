@@ -16,7 +16,7 @@ from recovery.console import actions_port
 from recovery.console.page import (
     can_read,
     engine_of,
-    error,
+    error_page,
     login_redirect,
     mutation,
     render,
@@ -37,7 +37,7 @@ async def _decision(request: Request, what: str) -> tuple[Any, dict[str, str], s
     try:
         return who, form, validate.reason(form.get("reason", ""))
     except ValueError as exc:
-        return error(request, 400, str(exc))
+        return await error_page(request, 400, str(exc))
 
 
 @router.get("/approvals")
@@ -63,27 +63,29 @@ def approvals_page(request: Request) -> Response:
 async def decide_action(request: Request, action_id: str, verdict: str) -> Response:
     settings = settings_of(request)
     if verdict not in ("approve", "reject"):
-        return error(request, 404, "unknown verdict")
+        return await error_page(request, 404, "unknown verdict")
     if (
         not action_id
         or len(action_id) > 64
         or not all(c.isalnum() or c in "-_:." for c in action_id)
     ):
-        return error(request, 404, "no such action")
+        return await error_page(request, 404, "no such action")
     checked = await _decision(request, "decide actions")
     if isinstance(checked, Response):
         return checked
     who, form, reason = checked
     if verdict == "reject" and not reason:
-        return error(request, 400, "a rejection needs a reason")
+        return await error_page(request, 400, "a rejection needs a reason")
     try:
         message = await run_in_threadpool(
             actions_port.decide, engine_of(request), settings, action_id, verdict, who.actor, reason
         )
     except (LookupError, ValueError) as exc:
-        return error(request, 409, f"{verdict} refused: {exc}"[:500])
+        return await error_page(request, 409, f"{verdict} refused: {exc}"[:500])
     except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry
-        return error(request, 409, f"{verdict} failed: {type(exc).__name__}: {exc}"[:500])
+        return await error_page(
+            request, 409, f"{verdict} failed: {type(exc).__name__}: {exc}"[:500]
+        )
     done = f"{verdict}d {action_id}: {message}"
     return secure(RedirectResponse("/console/approvals?" + urlencode({"done": done}), 303))
 
@@ -96,13 +98,13 @@ async def pause_switch(request: Request) -> Response:
         return checked
     who, form, reason = checked
     if form.get("paused") not in ("on", "off") or not reason:
-        return error(request, 400, "say on or off, and give a reason")
+        return await error_page(request, 400, "say on or off, and give a reason")
     try:
         await run_in_threadpool(
             actions_port.set_paused, engine_of(request), form["paused"] == "on", who.actor, reason
         )
     except LookupError as exc:
-        return error(request, 409, str(exc))
+        return await error_page(request, 409, str(exc))
     return secure(RedirectResponse("/console/policy", 303))
 
 
@@ -111,22 +113,22 @@ async def resume_node(request: Request, node: str) -> Response:
     """Return a node Goodput drained (its repair done) to service: audited with who and why."""
     settings = settings_of(request)
     if not validate.NODE.fullmatch(node):
-        return error(request, 404, "no such node")
+        return await error_page(request, 404, "no such node")
     checked = await _decision(request, "return nodes to service")
     if isinstance(checked, Response):
         return checked
     who, form, reason = checked
     if not reason:
-        return error(request, 400, "say why the node may return (what was repaired)")
+        return await error_page(request, 400, "say why the node may return (what was repaired)")
     try:
         message = await run_in_threadpool(
             actions_port.resume_node, engine_of(request), settings, node, who.actor, reason
         )
     except approvals.UnknownNode as exc:
-        return error(request, 404, str(exc))
+        return await error_page(request, 404, str(exc))
     except approvals.ActionError as exc:  # not drained, or a person's drain: nothing recorded
-        return error(request, 409, str(exc))
+        return await error_page(request, 409, str(exc))
     except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry
-        return error(request, 409, f"resume refused: {type(exc).__name__}: {exc}"[:500])
+        return await error_page(request, 409, f"resume refused: {type(exc).__name__}: {exc}"[:500])
     done = f"resume {node}: {message}"
     return secure(RedirectResponse("/console/policy?" + urlencode({"done": done}), 303))

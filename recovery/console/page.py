@@ -1,6 +1,11 @@
 """Rendering a console page and guarding it: security headers, the CSRF cookie, the watchdog
 banner. Reads need credentials unless `GOODPUT_CONSOLE_OPEN_READ=1`; every mutation needs
-credentials and passes the CSRF checks in `security` (`mutation`)."""
+credentials and passes the CSRF checks in `security` (`mutation`).
+
+Everything here that touches the store (`logouts`, `watchdog`) or the secret files is
+synchronous: plain `def` pages run in FastAPI's threadpool; an `async def` handler (it must be,
+to await its form) reaches them only through `run_in_threadpool` (`identify`, `error_page`),
+never on the event loop, where a busy database would stall the Alertmanager webhook too."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from recovery import logouts, watchdog
 from recovery.console import security
@@ -101,6 +107,16 @@ def error(request: Request, status: int, message: str) -> HTMLResponse:
     return render(request, "error.html", status=status, message=message)
 
 
+async def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    """`error` for an `async def` handler: rendering reads the store, so off the event loop."""
+    return await run_in_threadpool(error, request, status, message)
+
+
+async def identify(request: Request) -> security.Identity | None:
+    """`who` for an `async def` handler, off the event loop."""
+    return await run_in_threadpool(who, request)
+
+
 async def read_form(request: Request) -> dict[str, str] | None:
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
@@ -124,13 +140,13 @@ def prom_link(base: str | None, expr: str) -> str | None:
 
 async def mutation(request: Request, what: str) -> tuple[Any, dict[str, str]] | Response:
     """Who may change things, and their form: logged in, readable form, CSRF token and Origin."""
-    person = who(request)
+    person = await identify(request)
     if person is None:
-        return error(request, 401, f"log in with the receiver's credentials to {what}")
+        return await error_page(request, 401, f"log in with the receiver's credentials to {what}")
     form = await read_form(request)
     if form is None:
-        return error(request, 400, "the form could not be read")
+        return await error_page(request, 400, "the form could not be read")
     problem = security.csrf_problem(request, form.get("csrf_token"))
     if problem:
-        return error(request, 403, problem)
+        return await error_page(request, 403, problem)
     return person, form

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from recovery import logouts, validate
 from recovery.console import security
-from recovery.console.page import engine_of, error, read_form, render, secure, settings_of
+from recovery.console.page import (
+    engine_of,
+    error,
+    error_page,
+    read_form,
+    render,
+    secure,
+    settings_of,
+)
 from recovery.console.templating import HERE
 
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
@@ -38,10 +47,16 @@ def login_page(request: Request, next: str = "") -> Response:  # noqa: A002
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    settings = settings_of(request)
     form = await read_form(request)
     if form is None:
-        return error(request, 400, "the form could not be read")
+        return await error_page(request, 400, "the form could not be read")
+    return await run_in_threadpool(_login, request, form)
+
+
+def _login(request: Request, form: dict[str, str]) -> Response:
+    """The rest of `login`, in the threadpool: it reads the secret files and renders pages
+    (the store: `page.who`, the watchdog banner)."""
+    settings = settings_of(request)
     problem = security.csrf_problem(request, form.get("csrf_token"))
     nxt = security.safe_next(form.get("next"))
     if problem:
@@ -81,6 +96,12 @@ async def login(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     """End the session everywhere (a copy of its cookie stops working too), then drop it."""
     form = await read_form(request)
+    return await run_in_threadpool(_logout, request, form)
+
+
+def _logout(request: Request, form: dict[str, str] | None) -> Response:
+    """The rest of `logout`, in the threadpool: it reads the secret files and writes the store
+    (`logouts.record`, which may wait behind the webhook's writer)."""
     problem = security.csrf_problem(request, (form or {}).get("csrf_token"))
     if problem:
         return error(request, 403, problem)
