@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from catalogue import priors as physics_priors
@@ -83,9 +84,12 @@ def _metric_symptoms(
         kind = rule.get("kind")
         metric = rule.get("metric", "")
         if kind == "xid":
+            held = _xid_held(series)
             for s in _by_name(series, metric):
-                prev = 0
+                prev = int(s.points[0][1]) if held(s) and math.isfinite(s.points[0][1]) else 0
                 for t, v in s.points:
+                    if not math.isfinite(v):
+                        continue
                     code = int(v)
                     xk = _xid_symptom(code) if code and code != prev else None
                     if xk is not None:
@@ -175,6 +179,40 @@ def _metric_symptoms(
             stalls = [s for s in out if s.id in rule["stalls"]]
             out += _overrun(pause, stalls, moved, series, rule)
     return out
+
+
+def _xid_held(series: list[Series]) -> Callable[[Series], bool]:
+    """Whether an XID gauge's first sample is a value it held before (its baseline) rather
+    than a new XID. DCGM_FI_DEV_XID_ERRORS holds the LAST XID seen on the GPU, from this job or
+    one long gone (`detector.fields`: the detector and the GoodputGPUFatalXid rule judge the
+    GPU by that held value, and date nothing): an XID is dated where the value changed. So the
+    first sample is a baseline when the series was there as the window opened (no later than
+    the earliest first sample of the other series: Prometheus answers a series present at the
+    query's start with a point there), or when the same GPU reported in another series before
+    it (a series labelled with the job starts with the job, holding the GPU's last XID from
+    before it). A series that starts after the window opened on a GPU not seen before it (a GPU
+    or an exporter that appeared: a rebooted node's gauge starts afresh) reads its first
+    non-zero value as new; so does a lone series, with nothing to tell when the window
+    opened."""
+    firsts = sorted(s.points[0][0] for s in series if s.points)
+    seen: dict[tuple[str | None, str | None], float] = {}
+    for s in series:
+        if s.points and s.gpu is not None:
+            key = (s.node, s.gpu)
+            seen[key] = min(seen.get(key, math.inf), s.points[0][0])
+
+    def held(s: Series) -> bool:
+        t0 = s.points[0][0]
+        # the earliest first sample of the other series (this one's own left out once); a
+        # series within one of its steps of it (samples scraped, not on a query's grid) was
+        # there too
+        opened = firsts[1] if len(firsts) > 1 and firsts[0] == t0 else firsts[0]
+        step = s.points[1][0] - t0 if len(s.points) > 1 else 0.0
+        if len(firsts) > 1 and t0 <= opened + min(max(step, 1.0), 60.0):
+            return True
+        return s.gpu is not None and seen.get((s.node, s.gpu), math.inf) < t0
+
+    return held
 
 
 def _overrun(pause: Pause, stalls: list[Sym], moved: float, series: list[Series],

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from catalogue import logfiles, logstreams, logtime
+from catalogue import logfiles, logstreams, logtime, promql
 from clients.loki import LokiClient, LokiError
 from recovery import validate
 from recovery.evidence import Bundle, Context, LogLine, Report
@@ -161,37 +161,84 @@ def collect(ctx: Context, settings: Settings) -> Bundle:
     return collect_dir(ctx, log_dir)
 
 
-def loki_queries(ctx: Context) -> list[tuple[str, str, str | None]]:
-    """(LogQL, kind, node): the job's stream and each node's kernel stream."""
-    out: list[tuple[str, str, str | None]] = []
+LOKI_NODES = 100  # nodes per kernel-stream query: a 512-node job asks 6 queries, not 512
+
+
+def _loki_streams(ctx: Context, chunk: int = LOKI_NODES) -> list[tuple[str, str, list[str]]]:
+    """(LogQL, kind, nodes): the job's stream, then the nodes' kernel streams, `chunk` nodes
+    to a query: `node="n1"` for one, else the anchored RE2 alternation `node=~"n1|n2"` that
+    LogQL's stream selectors take as PromQL's do (`catalogue.promql`: values escaped)."""
+    out: list[tuple[str, str, list[str]]] = []
     if ctx.job_id:
-        out.append((logstreams.job_selector(validate.job_id(ctx.job_id)), "job", None))
-    for n in ctx.nodes:
-        out.append((logstreams.kernel_selector(validate.node(n)), "kernel", n))
+        out.append((logstreams.job_selector(validate.job_id(ctx.job_id)), "job", []))
+    nodes = list(dict.fromkeys(validate.node(n) for n in ctx.nodes))
+    for i in range(0, len(nodes), max(1, chunk)):
+        group = nodes[i : i + max(1, chunk)]
+        if len(group) == 1:
+            query = logstreams.kernel_selector(group[0])
+        else:
+            labels = logstreams.stream_labels(logstreams.KERNEL, group[0])
+            del labels[logstreams.NODE]  # {source="kernel", node=~"n1|n2"}
+            query = promql.selector("", promql.matcher(logstreams.NODE, group), **labels)
+        out.append((query, "kernel", group))
     return out
 
 
-def collect_loki(ctx: Context, settings: Settings, limit: int = 5000) -> Bundle:
-    """Lines from Loki's query_range API, and a report of what each stream gave."""
+def loki_queries(ctx: Context, chunk: int = LOKI_NODES) -> list[tuple[str, str, str | None]]:
+    """(LogQL, kind, node): the job's stream and the nodes' kernel streams, `chunk` nodes to a
+    query (node: the one node a query names, else None)."""
+    return [
+        (q, k, nodes[0] if len(nodes) == 1 else None) for q, k, nodes in _loki_streams(ctx, chunk)
+    ]
+
+
+def _named(query: str, nodes: list[str]) -> str:
+    """A query for a report: one naming several nodes is shortened to their count and ends."""
+    if len(nodes) < 2:
+        return query
+    return f'{{source="kernel", node=~<{len(nodes)} nodes: {nodes[0]} .. {nodes[-1]}>}}'
+
+
+def collect_loki(
+    ctx: Context, settings: Settings, limit: int = 5000, chunk: int = LOKI_NODES
+) -> Bundle:
+    """Lines from Loki's query_range API, and a report of what each stream gave.
+
+    Each query takes the NEWEST `limit` lines of the window (`direction=backward`: the fault
+    and its traceback are near the alert, at the window's end; a file is read from its tail
+    likewise), put back in time order. The kernel streams of up to `chunk` nodes are one query.
+    A query Loki refuses costs only its own lines; one it does not answer (down, timed out)
+    ends the collection, since the next would wait as long; either is named in the report,
+    `error` only when nothing came back."""
     if not settings.loki_url:
         return Bundle(reports=[Report("loki", "error", "Loki is not configured")])
     lines: list[LogLine] = []
     counts: list[str] = []
+    failed: list[str] = []
     loki = LokiClient(settings.loki_url, timeout=settings.http_timeout_s)
-    for query, kind, node in loki_queries(ctx):
+    streams = _loki_streams(ctx, chunk)
+    for i, (query, kind, nodes) in enumerate(streams):
         try:
-            got = loki.query_range(query, ctx.start, ctx.end, limit, "forward")
+            got = loki.query_range(query, ctx.start, ctx.end, limit, "backward")
         except LokiError as exc:
-            reason = f"{query}: {exc}"[:300]
-            return Bundle(lines=lines, reports=[Report("loki", "error", reason)])
+            said = str(exc) if exc.status is None else f"answered {exc.status}: {exc.reason}"
+            failed.append(f"{_named(query, nodes)}: {said[:100]}")
+            if exc.status is None and i + 1 < len(streams):  # no answer: the rest would wait
+                failed.append(f"{len(streams) - i - 1} more queries not sent")
+                break
+            continue
         full = " (limit reached)" if len(got) >= limit else ""
-        counts.append(f"{len(got)} {kind} lines{full}" + (f" ({node})" if node else ""))
-        for e in got:
+        node = nodes[0] if len(nodes) == 1 else None
+        mine: dict[str | None, list[LogLine]] = {n: [] for n in nodes} if nodes else {None: []}
+        for e in sorted(reversed(got), key=lambda e: e.ts_ns):  # oldest first, as Loki wrote
             n = e.labels.get("node") or node
             n = n if validate.NODE.fullmatch(n or "") else node
-            lines.append(
+            if nodes and n not in mine:
+                continue  # not a node this query named
+            where = logstreams.kernel_selector(n) if nodes and n else query
+            mine[n if nodes else None].append(
                 LogLine(
-                    path=f"loki:{query}",
+                    path=f"loki:{where}",
                     line=None,
                     text=e.line[:8192],
                     time=e.ts_ns / 1e9,
@@ -200,5 +247,13 @@ def collect_loki(ctx: Context, settings: Settings, limit: int = 5000) -> Bundle:
                     kind=kind,
                 )
             )
+        for n, got_n in mine.items():  # the job's lines, or each node's in the job's order
+            lines += got_n
+            counts.append(f"{len(got_n)} {kind} lines{full}" + (f" ({n})" if n else ""))
+    if failed and not lines:
+        return Bundle(reports=[Report("loki", "error", "; ".join(failed)[:300])])
     status = "ok" if lines else "empty"
-    return Bundle(lines=lines, reports=[Report("loki", status, ", ".join(counts) or "no streams")])
+    reason = ", ".join(counts) or "no streams"
+    if failed:
+        reason = f"failed: {'; '.join(failed)}; got: {reason}"
+    return Bundle(lines=lines, reports=[Report("loki", status, reason)])

@@ -390,3 +390,49 @@ def test_slurm_evidence_says_when_an_ended_job_ended(monkeypatch):
     _squeue(monkeypatch, job_state="FAILED", exit_code=1 << 8, start_time=end - 86400, end_time=end)
     facts = slurm_evidence.job_facts("12", 1.0)
     assert facts["end_time"] == end and facts["exit_code"] == 1
+
+
+# ------------------------------------------------------- the XID gauge holds the last XID seen
+
+
+def _xid_doc(*series: Series, start_time: float = T - 6 * 3600) -> dict:
+    """An incident at T over [T-900, T+60] for job 12, running since `start_time`."""
+    job = {"state": "RUNNING", "nodes": ["node1", "node2"], "start_time": start_time}
+    b = Bundle(series=list(series), reports=list(OK), slurm=SlurmFacts(job, {}))
+    ctx = Context(job_id="12", nodes=["node1", "node2"], start=T - 900, end=T + 60)
+    return attribution.attribute(b, ctx)
+
+
+def _gauge(node: str, gpu: str, values, start: float = T - 900, name: str = "") -> Series:
+    pts = [(start + 15 * i, float(v)) for i, v in enumerate(values)]
+    return Series(name or "DCGM_FI_DEV_XID_ERRORS", pts, node=node, gpu=gpu, job_id="12")
+
+
+def test_an_xid_the_gauge_held_before_the_window_is_no_new_xid():
+    """DCGM_FI_DEV_XID_ERRORS holds the last XID seen on the GPU, maybe hours or a job ago.
+    Old code read the window's first sample as a new XID, dated after the run's start: a
+    gauge still at 79 drained node1 for a job running fine on it for six hours."""
+    held = _gauge("node1", "3", [79] * 64)
+    doc = _xid_doc(held, _gauge("node2", "0", [0] * 64))
+    assert doc["outcome"] != "gpu_hardware_fault" and doc["affected_nodes"] == [], doc
+    # the same gauge changing inside the window is an XID, dated where it changed
+    for before in (0, 13):  # from no XID, or from an older one
+        rose = _gauge("node1", "3", [before] * 40 + [79] * 24)
+        doc = _xid_doc(rose, _gauge("node2", "0", [0] * 64))
+        assert _verdict(doc) == ("gpu_hardware_fault", ["node1"]), doc
+        assert doc["onset"] == T - 900 + 15 * 40
+
+
+def test_a_job_series_starts_with_the_gpus_held_xid_but_a_new_gpu_with_its_own():
+    """A series labelled with the job (dcgm-exporter's hpc_job) starts when the job does,
+    holding the XID the GPU last saw under an earlier job: not this run's XID while the GPU
+    reported before it (its presence series). A GPU that appears in the window, seen by no
+    series before, reads its first XID as new."""
+    presence = _gauge("node1", "3", [100] * 64, name="node_presence")
+    others = _gauge("node2", "0", [0] * 64)
+    started = T - 600  # the run started inside the window
+    job_series = _gauge("node1", "3", [79] * 44, start=started)
+    doc = _xid_doc(presence, others, job_series, start_time=started)
+    assert doc["outcome"] != "gpu_hardware_fault" and doc["affected_nodes"] == [], doc
+    doc = _xid_doc(others, job_series, start_time=started)  # node1's GPU 3 appeared then
+    assert _verdict(doc) == ("gpu_hardware_fault", ["node1"]), doc

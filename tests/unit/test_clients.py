@@ -340,6 +340,16 @@ def test_loki_push_and_query_range(loki):
     assert [g.line for g in forward] == ["a NCCL", "b NCCL"]
 
 
+def test_loki_backward_limit_keeps_the_newest_lines(loki):
+    """What the receiver's Loki evidence relies on: `direction=backward` with a limit answers
+    the window's newest lines (the ones near an alert), newest first."""
+    now = time.time_ns()
+    key = labels_key({"source": "job", "job_id": "8"})
+    LokiClient(loki.url).push([(key, now - 1000 * i, f"line {i}") for i in range(10)])
+    got = LokiClient(loki.url).query_range('{source="job", job_id="8"}', limit=3)
+    assert [g.line for g in got] == ["line 0", "line 1", "line 2"]
+
+
 def test_loki_refusals_keep_status_body_and_headers(loki):
     client = LokiClient(loki.url)
     old = (labels_key({"source": "job", "job_id": "7"}), 10**9, "from 1970")
