@@ -5,14 +5,17 @@ Rules:
   nothing; a status change (firing → resolved) updates the stored alert only;
 - an alert with `job_id` joins the job's open incident (one is opened if none);
 - an alert with only `node` joins the open incidents of the jobs on that node (asked from
-  Slurm before the ingest lock is taken, plus open incidents that already name the node);
-  with none, a node incident;
+  Slurm before the ingest lock is taken; when Slurm is off or fails, the open incidents with
+  an alert on the node that started within `settings.lookback_s` before it); with none, a node
+  incident;
 - Goodput's restart of a job (`requeue`, `drain_and_requeue`, executed) ends the job's run: an
   alert that started after it is the new run's and joins a new incident, whose evidence starts
   at the restart (`recovery.worker`); a late alert of the ended run joins that run's incident
-  without diagnosing it again (the verdict the restart was planned on stands), and so does a
-  job-level alert (no `node`) that started within `settings.restart_grace_s` of the restart:
-  the detector relearning the new run (new nodes, slow first iterations) is not a new fault;
+  without diagnosing it again (the verdict the restart was planned on stands), and so does an
+  alert that started within `settings.restart_grace_s` of the restart, when it is job-level
+  (no `node`: the detector relearning the new run, new nodes and slow first iterations, is not
+  a new fault) or names a node the restart excluded that Slurm does not place the job on now
+  (the ended run's detector alert firing after its `for`);
 - each new alert in an incident schedules a diagnosis after `settings.settle_s`;
 - receivers sharing a PostgreSQL store ingest one at a time (an advisory lock: no two open
   incidents for one job) and claim a due diagnosis with a lease (`claim_diagnoses`), so each
@@ -96,13 +99,18 @@ class IngestResult:
     incident_ids: list[int] = field(default_factory=list)
 
 
+def _no_slurm(_node: str) -> list[str]:
+    """Slurm is off: no answer (the incidents with a recent alert on the node stand in)."""
+    return []
+
+
 def default_node_jobs(settings: Settings) -> NodeJobs:
-    """Slurm's answer to "which jobs run on this node" (empty when Slurm is off or fails)."""
+    """Slurm's answer to "which jobs run on this node" (it raises when Slurm fails)."""
     sources = getattr(settings, "sources", None)  # a Settings, or a test's stand-in
     if sources is not None:
         return sources.jobs_on_node
     if not settings.slurm_enabled:
-        return lambda _node: []
+        return _no_slurm
 
     def lookup(node: str) -> list[str]:
         from recovery.evidence import slurm
@@ -201,7 +209,7 @@ def _fold(
             t = now if starts is None else starts
             if not doc["labels"].get("node"):  # a job-level detector alert: its new run's
                 t -= settings.restart_grace_s  # first minutes are relearned, not a new fault
-            for inc, again in _incidents_for(conn, doc, p.on_node, now, t, links, open_):
+            for inc, again in _incidents_for(conn, settings, doc, p.on_node, now, t, links, open_):
                 links.add(inc, alert_id, now, settings.settle_s if again else None, starts)
                 touched.add(inc)
         elif is_new or changed:
@@ -238,10 +246,10 @@ def _jobs_on_nodes(
 ) -> dict[str, list[str]]:
     """Slurm's jobs on each node named by a new firing alert that has no job_id, asked before
     the ingest lock and transaction are taken, so a slow or unreachable Slurm delays only this
-    request. A redelivered alert asks nothing; after one failed lookup the remaining nodes
-    fall back on the open incidents that already name them."""
+    request. A redelivered alert asks nothing; with Slurm off, or after one failed lookup, the
+    nodes left unanswered fall back on the open incidents that recently named them."""
     wanted = node_lookups(docs)
-    if not wanted:
+    if not wanted or lookup is _no_slurm:
         return {}
     fps = {fp for ids in wanted.values() for fp, _ in ids}
     with engine.connect() as conn:
@@ -312,16 +320,19 @@ def _job_incident(
     t: float,
     open_: _OpenOfJobs,
     node: str | None = None,
+    grace: float = 0.0,
 ) -> tuple[int, bool]:
     """The incident of the job that an alert started at `t` (on `node`) joins, and whether it
     is diagnosed again. `t` falls in one of the job's runs, which Goodput's restarts end: the
     current run's alert joins the job's open incident that no restart ended (a new one if
-    none); a late alert of an ended run, or one on a node a restart took the job off (a
-    detector's alert that fires after its `for`), joins the open incident whose restart ended
-    that run, without a new diagnosis."""
+    none); a late alert of an ended run, or one that started within `grace` of a restart on a
+    node the restart took the job off (a detector's alert that fires after its `for`), joins
+    the open incident whose restart ended that run, without a new diagnosis."""
     rows = open_.of(conn, job_id)
     for r in rows:
-        if node is not None and r.restarted_at is not None and node in excluded(conn, r.id):
+        if r.restarted_at is None or t > r.restarted_at + grace:
+            continue
+        if node is not None and node in excluded(conn, r.id):
             return int(r.id), False
     ended = min((r.restarted_at for r in rows if (r.restarted_at or 0) > t), default=None)
     for r in rows:
@@ -358,6 +369,7 @@ def _new_incident(conn: Connection, now: float, job_id: str | None, node: str | 
 
 def _incidents_for(
     conn: Connection,
+    settings: Settings,
     doc: dict[str, Any],
     on_node: dict[str, list[str]],
     now: float,
@@ -370,11 +382,27 @@ def _incidents_for(
     labels = doc["labels"]
     job_id, node = labels.get("job_id") or None, labels.get("node") or None
     if job_id:
-        return [_job_incident(conn, now, job_id, t, open_, node)]
+        placed = job_id in on_node.get(node or "", ())  # Slurm runs the job there now
+        grace = settings.restart_grace_s
+        return [_job_incident(conn, now, job_id, t, open_, None if placed else node, grace)]
     if not node:
         return [(_node_incident(conn, now, ""), True)]  # cluster-level alert: one bucket
-    links.flush(conn)  # the jobs' incidents that already name the node, by their links
-    jobs: set[str] = set(on_node.get(node, ()))
+    if node in on_node:  # Slurm answered: a job that ended or left the node is not there
+        jobs = set(on_node[node])
+    else:
+        jobs = _recent_jobs(conn, links, node, t, settings.lookback_s)
+    if not jobs:
+        return [(_node_incident(conn, now, node), True)]
+    return [_job_incident(conn, now, j, t, open_) for j in sorted(jobs)]
+
+
+def _recent_jobs(
+    conn: Connection, links: ingest_rows.Links, node: str, t: float, within: float
+) -> set[str]:
+    """Slurm's stand-in: the jobs whose open incident has an alert on `node` that started
+    within `within` before `t` (a diagnosis's evidence window), and no restart before `t`
+    (the job has left the node since); older, the job may have ended or left the node."""
+    links.flush(conn)  # the incidents that name the node, by their links
     known = conn.execute(
         select(incidents.c.job_id)
         .select_from(incidents.join(incident_alerts).join(alerts))
@@ -383,16 +411,13 @@ def _incidents_for(
                 incidents.c.state == "open",
                 alerts.c.node == node,
                 incidents.c.job_id.is_not(None),
-                # not a run a restart ended before the alert: the job has left the node since
                 or_(_RESTARTED_AT.is_(None), _RESTARTED_AT > t),
             )
         )
-        .distinct()
+        .group_by(incidents.c.id, incidents.c.job_id)
+        .having(func.max(alerts.c.starts_ts) >= t - within)
     ).scalars()
-    jobs.update(j for j in known if j)
-    if not jobs:
-        return [(_node_incident(conn, now, node), True)]
-    return [_job_incident(conn, now, j, t, open_) for j in sorted(jobs)]
+    return {j for j in known if j}
 
 
 def _linked_incidents(conn: Connection, alert_id: int) -> list[int]:

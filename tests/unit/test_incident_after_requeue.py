@@ -173,3 +173,37 @@ def test_a_job_level_alert_soon_after_the_restart_is_the_new_run_settling(receiv
     post({**_alert("e2", "", "2020-09-13T12:33:00Z"), "labels": anomaly})
     assert diagnose() == [2]
     assert incidents.incident(engine, 2)["job_id"] == "42"
+
+
+def test_a_job_alert_on_the_excluded_node_long_after_the_restart_is_a_new_fault(receiver):
+    """The excluded node's case is the ended run's alert firing after its `for`: one that
+    starts later than restart_grace_s after the restart (the job back on the node a week on)
+    is a new fault. Failed before: it joined incident 1, undiagnosed, nothing done."""
+    engine, st, post, diagnose, clock, _ = receiver
+    post(_alert("a1", "node2", "2020-09-13T12:26:40Z", job_id="42"))
+    assert diagnose() == [1]  # a1 never resolves
+
+    clock.t += 7 * 86400
+    st["jobs"]["42"]["nodes"] = ["node2"]  # exclusion dropped: the job runs on node2 again
+    post(_alert("f1", "node2", "2020-09-20T12:26:40Z", job_id="42", alertname="GoodputJobHang"))
+    assert diagnose() == [2]
+    assert len(incidents.incident(engine, 1)["alerts"]) == 1
+    assert incidents.incident(engine, 2)["job_id"] == "42"
+
+
+def test_a_job_alert_on_the_excluded_node_slurm_places_the_job_on_is_the_new_runs(receiver):
+    """Within the grace, but Slurm (asked for a node alert of the same payload) runs the job
+    on the node again: the alert is the new run's. Failed before: it joined incident 1."""
+    engine, st, post, diagnose, clock, _ = receiver
+    post(_alert("a1", "node2", "2020-09-13T12:26:40Z", job_id="42"))
+    assert diagnose() == [1]
+
+    clock.t += 60
+    st["jobs"]["42"]["nodes"] = ["node2"]  # a person requeued it onto node2
+    post(
+        _alert("b2", "node2", "2020-09-13T12:27:50Z", alertname="GoodputNodeHot"),
+        _alert("c2", "node2", "2020-09-13T12:27:50Z", job_id="42", alertname="GoodputJobHang"),
+    )
+    assert diagnose() == [2]
+    assert len(incidents.incident(engine, 1)["alerts"]) == 1
+    assert len(incidents.incident(engine, 2)["alerts"]) == 2

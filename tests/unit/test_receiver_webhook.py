@@ -164,6 +164,40 @@ def test_node_alert_joins_incidents_of_jobs_on_that_node(settings):
     assert inc["job_id"] is None and inc["node"] == "node3"
 
 
+def test_node_alert_skips_a_job_slurm_no_longer_runs_there(settings):
+    """Job 100's incident named node4, then the job ended; Slurm runs job 300 there now.
+    Failed before: the node alert joined job 100's stale incident too."""
+    from recovery.store import make_engine
+
+    engine = make_engine(settings.db_url)
+    r1 = incidents.ingest(engine, settings, [alert(fp="20", job_id="100", node="node4")])
+    node_alert = alert(fp="21", node="node4", alertname="GoodputNodeLost")
+    r2 = incidents.ingest(engine, settings, [node_alert], node_jobs=lambda n: ["300"])
+    assert r1.incident_ids[0] not in r2.incident_ids
+    assert [incidents.incident(engine, i)["job_id"] for i in r2.incident_ids] == ["300"]
+
+
+def test_without_slurm_a_node_alert_joins_only_recent_job_incidents(settings):
+    """Slurm off or failing: a job incident stands in for Slurm's answer while its last alert on
+    the node started within lookback_s (900 s) before the node alert. Failed before: a day
+    later, it still joined."""
+    from recovery.store import make_engine
+
+    engine = make_engine(settings.db_url)
+    r1 = incidents.ingest(engine, settings, [alert(fp="30", job_id="100", node="node4")])
+    soon = alert(fp="31", starts="2026-01-01T00:10:00Z", node="node4", alertname="NodeHot")
+    assert incidents.ingest(engine, settings, [soon]).incident_ids == r1.incident_ids
+
+    def down(node):
+        raise RuntimeError("squeue: timed out")
+
+    late = alert(fp="32", starts="2026-01-02T00:10:00Z", node="node4", alertname="NodeLost")
+    r3 = incidents.ingest(engine, settings, [late], node_jobs=down)
+    inc = incidents.incident(engine, r3.incident_ids[0])
+    assert r3.incident_ids != r1.incident_ids and inc["node"] == "node4"
+    assert inc["job_id"] is None
+
+
 @pytest.mark.parametrize(
     "label,value",
     [
