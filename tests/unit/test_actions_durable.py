@@ -105,6 +105,8 @@ def world(tmp_path, monkeypatch):
             recheck_max=0,
             slurm_enabled=False,
             settle_s=0.0,
+            restart_grace_s=120.0,
+            lookback_s=900.0,
         )
 
     def restart(mode="act"):
