@@ -5,9 +5,9 @@ Rules:
   nothing; a status change (firing → resolved) updates the stored alert only;
 - an alert with `job_id` joins the job's open incident (one is opened if none);
 - an alert with only `node` joins the open incidents of the jobs on that node (asked from
-  Slurm before the ingest lock is taken; when Slurm is off or fails, the open incidents with
-  an alert on the node that started within `settings.lookback_s` before it); with none, a node
-  incident;
+  Slurm before the ingest lock is taken) and of the jobs whose open incident has an alert on the
+  node that started within `settings.lookback_s` before it (a job the fault ended has left
+  Slurm's list); with none, a node incident;
 - Goodput's restart of a job (`requeue`, `drain_and_requeue`, executed) ends the job's run: an
   alert that started after it is the new run's and joins a new incident, whose evidence starts
   at the restart (`recovery.worker`); a late alert of the ended run joins that run's incident
@@ -387,10 +387,9 @@ def _incidents_for(
         return [_job_incident(conn, now, job_id, t, open_, None if placed else node, grace)]
     if not node:
         return [(_node_incident(conn, now, ""), True)]  # cluster-level alert: one bucket
-    if node in on_node:  # Slurm answered: a job that ended or left the node is not there
-        jobs = set(on_node[node])
-    else:
-        jobs = _recent_jobs(conn, links, node, t, settings.lookback_s)
+    # Slurm's jobs there, and the jobs whose incident had an alert on the node lately: a job
+    # the fault itself ended (its node failed) has left Slurm's list, not the incident
+    jobs = set(on_node.get(node, ())) | _recent_jobs(conn, links, node, t, settings.lookback_s)
     if not jobs:
         return [(_node_incident(conn, now, node), True)]
     return [_job_incident(conn, now, j, t, open_) for j in sorted(jobs)]
@@ -399,9 +398,9 @@ def _incidents_for(
 def _recent_jobs(
     conn: Connection, links: ingest_rows.Links, node: str, t: float, within: float
 ) -> set[str]:
-    """Slurm's stand-in: the jobs whose open incident has an alert on `node` that started
-    within `within` before `t` (a diagnosis's evidence window), and no restart before `t`
-    (the job has left the node since); older, the job may have ended or left the node."""
+    """The jobs whose open incident has an alert on `node` that started within `within` before
+    `t` (a diagnosis's evidence window), and no restart before `t` (the job has left the node
+    since); older, the job may have ended or left the node long ago."""
     links.flush(conn)  # the incidents that name the node, by their links
     known = conn.execute(
         select(incidents.c.job_id)

@@ -164,15 +164,21 @@ def test_node_alert_joins_incidents_of_jobs_on_that_node(settings):
     assert inc["job_id"] is None and inc["node"] == "node3"
 
 
-def test_node_alert_skips_a_job_slurm_no_longer_runs_there(settings):
-    """Job 100's incident named node4, then the job ended; Slurm runs job 300 there now.
-    Failed before: the node alert joined job 100's stale incident too."""
+def test_node_alert_skips_a_job_that_left_the_node_long_ago(settings):
+    """Job 100's incident named node4, then the job ended; a day later Slurm runs job 300
+    there. Failed before: the node alert joined job 100's stale incident too. Minutes after
+    the job's own alert it joins, though Slurm no longer lists the job: the fault (a node lost)
+    ended it."""
     from recovery.store import make_engine
 
     engine = make_engine(settings.db_url)
     r1 = incidents.ingest(engine, settings, [alert(fp="20", job_id="100", node="node4")])
-    node_alert = alert(fp="21", node="node4", alertname="GoodputNodeLost")
-    r2 = incidents.ingest(engine, settings, [node_alert], node_jobs=lambda n: ["300"])
+    lost = alert(fp="22", starts="2026-01-01T00:05:00Z", node="node4", alertname="GoodputNodeLost")
+    assert incidents.ingest(engine, settings, [lost], node_jobs=lambda n: []).incident_ids == (
+        r1.incident_ids
+    )
+    later = alert(fp="21", starts="2026-01-02T00:00:00Z", node="node4", alertname="NodeHot")
+    r2 = incidents.ingest(engine, settings, [later], node_jobs=lambda n: ["300"])
     assert r1.incident_ids[0] not in r2.incident_ids
     assert [incidents.incident(engine, i)["job_id"] for i in r2.incident_ids] == ["300"]
 
