@@ -173,7 +173,7 @@ def store_payloads(conn: Connection, bodies: list[tuple[str, str, str]], now: fl
             continue
         rows[digest] = {
             "received_at": now,
-            "group_key": group_key[:4096],
+            "group_key": validate.column(group_key[:4096]),
             "status": status,
             "body": body,
             "digest": digest,

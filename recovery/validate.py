@@ -2,9 +2,9 @@
 
 Every label value that the receiver uses — in a query, a path, a Slurm argv — passes one of
 these first. The functions return the value or raise `ValueError` with a clear message.
-Every string the receiver's API takes must be Unicode scalar values without NUL
-(`scalar_values`: JSON's `"\\ud800"` escapes decode to lone surrogates that no database or
-response can encode, and PostgreSQL stores no `"\\u0000"`); ids in
+Every string the receiver's API takes must be Unicode scalar values (`scalar_values`: JSON's
+`"\\ud800"` escapes decode to lone surrogates that no database or response can encode); a value
+for a text column has no NUL (`column`); ids in
 paths and queries must fit the database's integer (`DB_INT_MAX`, `db_int`). Stored data read back
 goes through `scrub`, so a bad row stored before these checks never breaks a page.
 """
@@ -41,16 +41,19 @@ MAX_DEPTH = 32
 
 
 def text(value: object, kind: str = "value") -> str:
-    """A string of Unicode scalar values (no lone surrogate) without NUL (PostgreSQL's text
-    and jsonb cannot hold it: a 500 at the insert)."""
+    """A string of Unicode scalar values (no lone surrogate)."""
     if not isinstance(value, str):
         raise ValueError(f"{kind} must be a string")
     m = _SURROGATE.search(value)
     if m:
         raise ValueError(f"{kind} is not valid Unicode: lone surrogate at character {m.start()}")
-    if "\x00" in value:
-        raise ValueError(f"{kind} holds a NUL character at {value.index(chr(0))}")
     return value
+
+
+def column(value: str) -> str:
+    """A value for a text column: NUL, which PostgreSQL's text cannot hold (a 500 at the
+    insert), becomes U+FFFD; the JSON kept beside it has the value as sent."""
+    return value.replace("\x00", "\ufffd")
 
 
 def scalar_values(doc: Any, where: str = "body", depth: int = 0) -> Any:

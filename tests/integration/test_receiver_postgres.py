@@ -83,7 +83,8 @@ def test_webhook_incidents_and_diagnosis_on_postgres(pg_url, tmp_path):
 def test_no_input_answers_5xx_on_postgres(pg_url, tmp_path):
     """PostgreSQL stores no NUL in text: a `%00` in a filter or an id, or a NUL in a decision's
     name or comment, answered 500 (psycopg DataError) where SQLite answered 200; a NUL in an
-    alert's label is kept (the payload is JSON text)."""
+    alert's label is kept (the payload is JSON text), and read as U+FFFD in the columns of
+    alertname, severity and groupKey (a NUL there answered 500)."""
     s = Settings(db_url=pg_url, require_auth=False, slurm_enabled=False, settle_s=3600,
                  log_dir=str(tmp_path), prometheus_url=None)  # fmt: skip
     app = create_app(s, start_worker=False)
@@ -95,7 +96,8 @@ def test_no_input_answers_5xx_on_postgres(pg_url, tmp_path):
              ("/api/v1/actions/x%00/approve", {"who": "ops"}),
              ("/api/v1/nodes/node1/resume", {"who": "a\u0000"})]  # fmt: skip
     alert = {"status": "firing", "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "abc0",
-             "labels": {"alertname": "GoodputJobHung", "job_id": "77", "rack": "r\u00001"},
+             "labels": {"alertname": "GoodputJobHung\u0000", "severity": "crit\u0000",
+                        "job_id": "77", "rack": "r\u00001"},
              "annotations": {"summary": "a\u0000b"}}  # fmt: skip
     with TestClient(app, raise_server_exceptions=False) as c:
         for url in gets:
@@ -103,6 +105,7 @@ def test_no_input_answers_5xx_on_postgres(pg_url, tmp_path):
         for url, body in posts:
             r = c.post(url, json=body)
             assert r.status_code in (400, 404, 422), (url, r.status_code, r.text)
-        r = c.post("/api/v1/alerts", json={"version": "4", "status": "firing", "alerts": [alert]})
+        body = {"version": "4", "status": "firing", "alerts": [alert], "groupKey": "{}:\u0000"}
+        r = c.post("/api/v1/alerts", json=body)
         assert r.status_code == 200, r.text
         assert c.get("/api/v1/incidents?job_id=77").json()["total"] == 1
