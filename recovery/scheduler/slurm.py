@@ -46,6 +46,12 @@ TRANSIENT = re.compile(
 # later"), SLURMCTLD_COMMUNICATIONS_BACKOFF (23.02+'s RPC rate limit: "Rate limit exceeded,
 # please retry momentarily").
 BUSY = re.compile(r"try again|db index is being set|retry momentarily", re.IGNORECASE)
+# Failures that say the request never took effect: the client could not connect, or the
+# controller refused it for now. Any other transient failure (a timeout, a dropped answer)
+# may follow a request that was applied.
+NOT_APPLIED = re.compile(
+    r"unable to contact slurm controller|connection refused|" + BUSY.pattern, re.IGNORECASE
+)
 
 
 _BOOT_TIME = re.compile(r"^BOOT_TIME\s*=\s*(\S+)", re.MULTILINE)
@@ -109,7 +115,11 @@ class SlurmScheduler(Scheduler):
         self.backoff_s = backoff_s
         self.env = dict(os.environ if env is None else env)
 
-    def _run(self, argv: Sequence[str]) -> str:
+    def _run(self, argv: Sequence[str], once: bool = False) -> str:
+        """Run a Slurm command, retrying transient failures. `once`: a command that must not
+        run twice (a requeue increments the restart count and a second one is refused); it is
+        retried only where it certainly did not take effect, else the caller decides from
+        the job's state (`Scheduler.requeue`'s restart count)."""
         argv = list(argv)
         last = ""
         for attempt in range(self.retries + 1):
@@ -132,6 +142,8 @@ class SlurmScheduler(Scheduler):
                 last = (out.stderr or out.stdout).strip()[:500]
                 if not TRANSIENT.search(last):
                     raise SchedulerError(f"{' '.join(argv[:2])} failed: {last}")
+            if once and not NOT_APPLIED.search(last):
+                break
             if attempt < self.retries:
                 time.sleep(self.backoff_s * (2**attempt))
         kind = SchedulerBusy if BUSY.search(last) else SchedulerUnavailable
@@ -274,9 +286,9 @@ class SlurmScheduler(Scheduler):
         self, job_id: str, exclude: tuple[str, ...] | None, hold: bool, delay_s: float
     ) -> None:
         if exclude is None and not hold and delay_s <= 0:
-            self._run(["scontrol", "requeue", job_id])
+            self._run(["scontrol", "requeue", job_id], once=True)
             return
-        self._run(["scontrol", "requeuehold", job_id])
+        self._run(["scontrol", "requeuehold", job_id], once=True)
         self._await(  # a job whose processes are slow to die (the fault) completes later
             lambda: bool((s := self.job_state(job_id)) and s.held and s.state == "PENDING"),
             f"job {job_id} requeue-held",

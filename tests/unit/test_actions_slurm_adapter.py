@@ -121,11 +121,19 @@ def test_reachable_is_one_scontrol_ping(monkeypatch, answer, up):
 
 
 def test_a_controller_stopping_mid_call_is_retried(monkeypatch):
-    """slurmctld stopped while `scontrol requeue` was in flight (the chaos suite's outage)."""
+    """slurmctld stopped while a call was in flight (the chaos suite's outage): retried; a
+    requeue, which may have been applied, is left to the action's retry instead."""
+    from recovery.scheduler.base import SchedulerUnavailable
+
     r = Runner([(1, "", "Unexpected message received for job 17"), (0, "", "")])
     monkeypatch.setattr(subprocess, "run", r)
-    assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "requeue", "17"]) == ""
+    assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "release", "17"]) == ""
     assert len(r.calls) == 2
+    r = Runner([(1, "", "Unexpected message received for job 17"), (0, "", "")])
+    monkeypatch.setattr(subprocess, "run", r)
+    with pytest.raises(SchedulerUnavailable, match="Unexpected message"):
+        SlurmScheduler(backoff_s=0.0)._run(["scontrol", "requeue", "17"], once=True)
+    assert len(r.calls) == 1
 
 
 def test_permanent_failure_is_not_retried(monkeypatch):

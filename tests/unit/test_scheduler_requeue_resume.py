@@ -174,3 +174,54 @@ def test_a_requeue_slow_to_complete_is_tried_again_not_failed(monkeypatch):
     after = s.job_state(job_id)
     assert not after.held and after.excluded == ("node1",) and after.restarts == 1
     assert [c[:2] for c in fake.calls].count(["scontrol", "requeuehold"]) == 1
+
+
+@pytest.mark.parametrize(
+    "lost", [("timeout", ""), (1, "slurm_receive_msg: Socket timed out on send/recv operation")]
+)
+def test_a_requeue_whose_answer_was_lost_is_not_sent_twice(monkeypatch, lost):
+    """slurmctld applied the requeuehold but its answer never came back (a timeout, a socket
+    timeout): sent again, Slurm refuses it (the job no longer runs), which failed the action
+    for good with the job left held. Now it is not retried in place: the
+    action's retry reads the restart count that moved by one and finishes it."""
+    doc = json.loads(json.dumps(HELD_22_05))
+    job = doc["jobs"][0]
+    job.update(job_state="RUNNING", restart_cnt=0, priority=1, state_reason="None")
+    fake = FakeSlurm(doc)
+    rc, err = lost
+
+    def applied_then_lost(argv, **kw):
+        out = fake(argv, **kw)
+        if argv[:2] != ["scontrol", "requeuehold"]:
+            return out
+        job.update(job_state="PENDING", priority=0, state_reason="JobHeldUser")
+        if rc == "timeout":
+            raise subprocess.TimeoutExpired(argv, kw["timeout"])
+        return subprocess.CompletedProcess(argv, rc, "", err)
+
+    monkeypatch.setattr(subprocess, "run", applied_then_lost)
+    s = SlurmScheduler(retries=3, backoff_s=0.0)
+    s.verify_timeout_s, s.verify_interval_s = 1.0, 0.01
+    job_id = str(job["job_id"])
+    with pytest.raises(SchedulerUnavailable):
+        s.requeue(job_id, ("node1",), expected_restarts=0)
+    assert [c[:2] for c in fake.calls].count(["scontrol", "requeuehold"]) == 1
+    r = s.requeue(job_id, ("node1",), expected_restarts=0)  # the action's retry
+    assert r.changed and "released" in r.detail
+    after = s.job_state(job_id)
+    assert not after.held and after.excluded == ("node1",) and after.restarts == 1
+    assert [c[:2] for c in fake.calls].count(["scontrol", "requeuehold"]) == 1
+
+
+def test_a_requeue_that_never_reached_the_controller_is_retried_in_place(monkeypatch):
+    r = [(1, "", "Unable to contact slurm controller (connect failure)"), (0, "", "")]
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        rc, out, err = r.pop(0)
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "requeue", "17"], once=True) == ""
+    assert len(calls) == 2
