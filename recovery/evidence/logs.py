@@ -164,7 +164,7 @@ def collect(ctx: Context, settings: Settings) -> Bundle:
 LOKI_NODES = 100  # nodes per kernel-stream query: a 512-node job asks 6 queries, not 512
 
 
-def _loki_streams(ctx: Context, chunk: int = LOKI_NODES) -> list[tuple[str, str, list[str]]]:
+def loki_streams(ctx: Context, chunk: int = LOKI_NODES) -> list[tuple[str, str, list[str]]]:
     """(LogQL, kind, nodes): the job's stream, then the nodes' kernel streams, `chunk` nodes
     to a query: `node="n1"` for one, else the anchored RE2 alternation `node=~"n1|n2"` that
     LogQL's stream selectors take as PromQL's do (`catalogue.promql`: values escaped)."""
@@ -182,14 +182,6 @@ def _loki_streams(ctx: Context, chunk: int = LOKI_NODES) -> list[tuple[str, str,
             query = promql.selector("", promql.matcher(logstreams.NODE, group), **labels)
         out.append((query, "kernel", group))
     return out
-
-
-def loki_queries(ctx: Context, chunk: int = LOKI_NODES) -> list[tuple[str, str, str | None]]:
-    """(LogQL, kind, node): the job's stream and the nodes' kernel streams, `chunk` nodes to a
-    query (node: the one node a query names, else None)."""
-    return [
-        (q, k, nodes[0] if len(nodes) == 1 else None) for q, k, nodes in _loki_streams(ctx, chunk)
-    ]
 
 
 def _named(query: str, nodes: list[str]) -> str:
@@ -216,7 +208,7 @@ def collect_loki(
     counts: list[str] = []
     failed: list[str] = []
     loki = LokiClient(settings.loki_url, timeout=settings.http_timeout_s)
-    streams = _loki_streams(ctx, chunk)
+    streams = loki_streams(ctx, chunk)
     for i, (query, kind, nodes) in enumerate(streams):
         try:
             got = loki.query_range(query, ctx.start, ctx.end, limit, "backward")

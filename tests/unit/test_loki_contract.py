@@ -21,7 +21,7 @@ import yaml
 from catalogue import logstreams
 from exporters.loki import LokiShipper
 from recovery.evidence import Context, timed
-from recovery.evidence.logs import collect_loki, loki_queries
+from recovery.evidence.logs import collect_loki, loki_streams
 from recovery.settings import Settings
 from tests.lokifake import FakeLoki
 
@@ -141,12 +141,12 @@ def test_a_failing_loki_is_an_error_report(loki):
 
 def test_queries_come_from_the_contract_and_validated_values():
     ctx = Context(job_id="7", nodes=["node1"], start=0, end=1)
-    assert [q for q, _k, _n in loki_queries(ctx)] == [
+    assert [q for q, _k, _n in loki_streams(ctx)] == [
         '{source="job", job_id="7"}',
         '{source="kernel", node="node1"}',
     ]
     with pytest.raises(ValueError):
-        loki_queries(Context(job_id=None, nodes=['node1"} or {a="b'], start=0, end=1))
+        loki_streams(Context(job_id=None, nodes=['node1"} or {a="b'], start=0, end=1))
     with pytest.raises(ValueError):
         logstreams.stream_labels("kernel", "../etc")
 
