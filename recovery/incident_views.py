@@ -28,10 +28,7 @@ def _alert_dict(row: Any) -> dict[str, Any]:
     }
 
 
-def _incident_dict(row: Any, alert_rows: list[Any]) -> dict[str, Any]:
-    names: dict[str, int] = {}
-    for a in alert_rows:
-        names[a.alertname] = names.get(a.alertname, 0) + 1
+def _incident_dict(row: Any, summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": row.id,
         "job_id": row.job_id,
@@ -43,14 +40,40 @@ def _incident_dict(row: Any, alert_rows: list[Any]) -> dict[str, Any]:
         "first_alert_at": row.first_alert_ts,
         "outcome": row.outcome,
         "diagnosis_state": row.diagnosis_state,
-        "alerts": [_alert_dict(a) for a in alert_rows],
-        "alert_summary": {
-            "total": len(alert_rows),
-            "firing": sum(1 for a in alert_rows if a.status == "firing"),
-            "by_name": names,
-            "nodes": sorted({a.node for a in alert_rows if a.node}),
-        },
+        "alert_summary": summary,
     }
+
+
+def _summaries(conn: Connection, ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Each incident's alert summary (total, firing, count by name, nodes), counted by the
+    database: a page of incidents of a thousand-node job loads no alert rows."""
+    out: dict[int, dict[str, Any]] = {
+        i: {"total": 0, "firing": 0, "by_name": {}, "nodes": []} for i in ids
+    }
+    if not ids:
+        return out
+    link = alerts.join(incident_alerts)
+    mine = incident_alerts.c.incident_id.in_(ids)
+    for incident_id, name, status, n in conn.execute(
+        select(incident_alerts.c.incident_id, alerts.c.alertname, alerts.c.status, func.count())
+        .select_from(link)
+        .where(mine)
+        .group_by(incident_alerts.c.incident_id, alerts.c.alertname, alerts.c.status)
+    ):
+        summary = out[incident_id]
+        summary["total"] += n
+        summary["firing"] += n if status == "firing" else 0
+        summary["by_name"][name] = summary["by_name"].get(name, 0) + n
+    for incident_id, node in conn.execute(
+        select(incident_alerts.c.incident_id, alerts.c.node)
+        .select_from(link)
+        .where(mine, alerts.c.node.is_not(None), alerts.c.node != "")
+        .group_by(incident_alerts.c.incident_id, alerts.c.node)
+    ):
+        out[incident_id]["nodes"].append(node)
+    for summary in out.values():
+        summary["nodes"].sort()
+    return out
 
 
 def _alerts_of(conn: Connection, incident_id: int) -> list[Any]:
@@ -70,7 +93,9 @@ def incident(engine: Engine, incident_id: int) -> dict[str, Any] | None:
         row = conn.execute(select(incidents).where(incidents.c.id == incident_id)).first()
         if row is None:
             return None
-        return _incident_dict(row, _alerts_of(conn, incident_id))
+        found = _incident_dict(row, _summaries(conn, [incident_id])[incident_id])
+        found["alerts"] = [_alert_dict(a) for a in _alerts_of(conn, incident_id)]
+        return found
 
 
 def latest_diagnosis(engine: Engine, incident_id: int) -> dict[str, Any] | None:
@@ -114,9 +139,6 @@ def list_incidents(
             .limit(limit)
             .offset(offset)
         ).all()
-        items = []
-        for r in rows:
-            d = _incident_dict(r, _alerts_of(conn, r.id))
-            d.pop("alerts")
-            items.append(d)
+        summaries = _summaries(conn, [r.id for r in rows])
+        items = [_incident_dict(r, summaries[r.id]) for r in rows]
     return {"items": items, "total": int(total or 0), "limit": limit, "offset": offset}
