@@ -555,16 +555,18 @@ class Engine:
         absent = [j for j in self.base.jobs if j not in running]
         if not absent:
             return set()
+        n = max(len(self.base.ids), int(self.slot_job.max(initial=0)) + 1)
+        wanted = np.zeros(n, bool)
+        wanted[[self.base.code[j] for j in absent]] = True
+        sel = wanted[self.slot_job]  # the slots of absent jobs, all in one pass
+        codes, with_job = self.slot_job[sel], self.slot_job_seen[sel]
+        last = np.full(n, -np.inf)
+        np.maximum.at(last, codes, with_job)  # NaN (never with a job) stays NaN: not kept
+        spoke = np.zeros(n, bool)
+        np.logical_or.at(spoke, codes, ~(self.slot_seen[sel] <= with_job))
         grace = self.cfg.missing_after_s + self.cfg.hold_s
-        kept = set()
-        for j in absent:
-            mine = self.slot_job == self.base.code[j]
-            if not mine.any():
-                continue
-            with_job = self.slot_job_seen[mine]
-            if (self.slot_seen[mine] <= with_job).all() and now - with_job.max() <= grace:
-                kept.add(j)
-        return kept
+        kept = wanted & ~spoke & (now - last <= grace)
+        return {j for j in absent if kept[self.base.code[j]]}
 
     def state_bytes_per_gpu(self) -> float:
         n = max(len(self.slot_key), 1)

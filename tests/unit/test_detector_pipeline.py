@@ -303,6 +303,22 @@ def test_a_job_absent_from_one_scrape_keeps_what_it_learned():
     assert job not in eng.base.jobs
 
 
+def test_absent_jobs_are_judged_each_by_its_own_gpus():
+    """Three jobs absent in one cycle: one whose GPUs went silent with it is kept, one whose
+    GPUs answered without it is forgotten, one silent too long is forgotten."""
+    f = healthy_frame(jobs=3, nodes=1, steps=100, seed=1)
+    eng, _ = run(f)
+    silent, ended, old = (str(j) for j in sorted(set(f.job)))
+    t = float(f.time.max()) + 5.0
+    last = f.take(np.flatnonzero((f.time == f.time.max()) & (f.job.astype(str) == ended)))
+    last.job[:] = ""  # the GPUs answer, without the job
+    eng.step(last, t)
+    eng.slot_job_seen[eng.slot_job == eng.base.code[old]] -= 10_000.0  # silent long since
+    eng.end_jobs(set(), t)
+    assert silent in eng.base.jobs
+    assert ended not in eng.base.jobs and old not in eng.base.jobs
+
+
 def test_a_job_back_on_other_nodes_is_one_series():
     """A job requeued onto other GPUs under its id: the GPUs it left (held for it for hold_s)
     and its new ones are one job, one series per detector (two were exposed, the stale run's
