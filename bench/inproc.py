@@ -82,6 +82,10 @@ def score_frames(res: Any, now: float) -> dict[str, pd.DataFrame]:
     return {"gpu_score": gpu, "job_score": jobs, "node_score": nodes, "job_exported": job}
 
 
+# the frames each exporter gives (the scenario's gap sources)
+_SOURCE = {"log": "logs", "xid": "logs", "slurm_job": "slurm", "slurm_node": "slurm"}
+
+
 class Harness:
     """One scenario run. `step()` advances one interval; `run_until(t)` loops."""
 
@@ -146,6 +150,8 @@ class Harness:
         dcgm = self._dcgm(now)
         jobm = self._job_metrics(now)
         frames = {"dcgm": dcgm, "jobm": jobm, **self._log_frames(now), **self._slurm_frames(now)}
+        frames = self._scraped(frames, self.sim.elapsed + self.interval_s)
+        dcgm, jobm = frames["dcgm"], frames["jobm"]
         # faults due at `now` begin after this sample (Simulation.step's order: tick, then due)
         self.sim.elapsed += self.interval_s
         self.sim._due()  # noqa: SLF001
@@ -163,6 +169,15 @@ class Harness:
         self.alerts.add(now, frames)
         self._track(now)
         self.rx.step(now, self.alerts.firing(now))
+
+    def _scraped(self, frames: dict[str, pd.DataFrame], t: float) -> dict[str, pd.DataFrame]:
+        """The frames Prometheus got at scenario time `t`: an unscraped exporter's (the
+        scenario's gaps) are empty, its series stale, as after a failed scrape."""
+        gaps = self.sim.scenario
+        return {
+            name: df.iloc[0:0] if gaps.unscraped(_SOURCE.get(name, name), t) else df
+            for name, df in frames.items()
+        }
 
     def run_until(self, t: float) -> None:
         while self.now + 1e-6 < t:

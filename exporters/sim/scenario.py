@@ -96,6 +96,26 @@ class FaultSpec(_Strict):
         return _check_job_id(v)
 
 
+GAP_SOURCES = ("dcgm", "jobm", "logs", "slurm")
+
+
+class GapSpec(_Strict):
+    """A monitoring gap: the named exporters go unscraped (their series go stale) from at_s
+    for duration_s; the cluster and its jobs run on as before. Not a fault: nothing is to
+    blame, and nothing should be drained, requeued or stopped. The in-process benchmark
+    gaps every source; the live simulator closes its DCGM listeners (the other sources are
+    the real log and Slurm exporters)."""
+
+    at_s: float = Field(ge=0)
+    duration_s: float = Field(gt=0, le=86400)
+    sources: list[Literal["dcgm", "jobm", "logs", "slurm"]] = Field(
+        default_factory=lambda: list(GAP_SOURCES), min_length=1
+    )
+
+    def covers(self, source: str, t: float) -> bool:
+        return source in self.sources and self.at_s <= t < self.at_s + self.duration_s
+
+
 class Scenario(_Strict):
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
@@ -108,6 +128,7 @@ class Scenario(_Strict):
     model_name: str = "NVIDIA H200"
     jobs: list[JobSpec] = Field(default_factory=list)
     faults: list[FaultSpec] = Field(default_factory=list)
+    gaps: list[GapSpec] = Field(default_factory=list)
     expect: str | None = Field(default=None, description="'healthy' for a no-fault scenario")
 
     @model_validator(mode="after")
@@ -126,7 +147,14 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.{i}.node: no node {f.node!r} (node1..node{self.nodes})")
             if f.at_s > self.duration_s:
                 raise ValueError(f"faults.{i}.at_s: after the end of the scenario")
+        for i, g in enumerate(self.gaps):
+            if g.at_s > self.duration_s:
+                raise ValueError(f"gaps.{i}.at_s: after the end of the scenario")
         return self
+
+    def unscraped(self, source: str, t: float) -> bool:
+        """Whether `source`'s exporters go unscraped at scenario time `t`."""
+        return any(g.covers(source, t) for g in self.gaps)
 
 
 def _explain(err: ValidationError, where: str) -> ScenarioError:

@@ -26,7 +26,8 @@ _404 = b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\nnot found\n"
 
 
 class NodeEndpoint:
-    """One node's /metrics listener; closed (connections dropped) while the node is dead."""
+    """One node's /metrics listener; closed (connections dropped) while the node is dead or
+    the scenario's DCGM exporters go unscraped (a gap)."""
 
     def __init__(self, server: SimServer, node: Node, host: str, port: int) -> None:
         self.server, self.node, self.host, self.port = server, node, host, port
@@ -116,11 +117,13 @@ class SimServer:
             except Exception:  # one bad tick must not freeze the simulated cluster
                 log.exception("simulator tick failed")
             last = now
+            gap = self.sim.scenario.unscraped("dcgm", self.sim.elapsed)
             for e in self.endpoints:
                 e.body = None
-                if e.node.alive and e.listener is None:
+                up = e.node.alive and not gap
+                if up and e.listener is None:
                     await e.open()
-                elif not e.node.alive and e.listener is not None:
+                elif not up and e.listener is not None:
                     await e.close()
             self.stats["tick_seconds"] = time.perf_counter() - t0
 

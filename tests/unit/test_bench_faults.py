@@ -28,7 +28,12 @@ def test_plan_varies_job_size_and_covers_every_kind() -> None:
     assert kinds == set(FAULT_KINDS) - {"healthy"}
     assert {r.job_nodes for r in fault} == {1, 2, 3}
     healthy = [r.scenario for r in runs if r.healthy]
-    assert healthy == ["healthy-long", "healthy-rank0-evals", "healthy-rank0-saves"]
+    assert healthy == [
+        "healthy-long",
+        "healthy-monitoring-gap",
+        "healthy-rank0-evals",
+        "healthy-rank0-saves",
+    ]
     quick = P.plan(quick=True)
     assert len(quick) == len(P.QUICK) and {r.seed_index for r in quick} == {0}
     cold = P.plan_cold(seeds=2)
@@ -165,3 +170,31 @@ def test_bad_scenario_glob_is_a_clear_error(tmp_path: Path) -> None:
         app, ["bench", "faults", "--scenario", "nothing-like-this*", "--out", str(tmp_path)]
     )
     assert res.exit_code != 0 and "no scenario matches" in res.output
+
+
+def test_a_monitoring_gap_is_no_incident(tmp_path: Path) -> None:
+    """Every exporter unscraped for 60 s, then the DCGM exporters alone for 90 s, under two
+    healthy jobs: their series go stale (the harness gives empty frames, as Prometheus after a
+    failed scrape) and nothing may be opened. Before the detector's guard (GPUs gone silent
+    are `missing` only while as many nodes answer), the healthy jobs were scored 2.0 and an
+    incident opened on them."""
+    from bench.inproc import Harness
+    from exporters.sim import load_scenario
+    from exporters.sim.scenario import ScenarioError, parse_scenario
+
+    sc = load_scenario(P.SCENARIOS / "healthy-monitoring-gap.yaml")
+    assert sc.unscraped("slurm", 600.0) and not sc.unscraped("slurm", 960.0)
+    assert sc.unscraped("dcgm", 1049.0) and not sc.unscraped("dcgm", 1050.0)
+    h = Harness(sc, sc.seed, tmp_path)
+    try:
+        silent = []
+        while h.sim.elapsed < 1100:
+            h.step()
+            if not len(h.alerts.hist["dcgm"][-1][1]):
+                silent.append(h.sim.elapsed)
+        assert len(silent) == 12 + 18  # the gaps took effect: 60 s and 90 s of 5 s samples
+        assert h.incidents == []
+    finally:
+        h.close()
+    with pytest.raises(ScenarioError, match="gaps.0.sources"):
+        parse_scenario(sc.model_dump() | {"gaps": [{"at_s": 1, "duration_s": 5, "sources": ["x"]}]})
