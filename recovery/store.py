@@ -110,6 +110,8 @@ incident_alerts = Table(
     Column("alert_id", Integer, ForeignKey("receiver_alerts.id"), nullable=False),
     UniqueConstraint("incident_id", "alert_id", name="uq_incident_alert"),
 )
+# an alert's incidents, looked up on each status change of it (`incidents._linked_incidents`)
+Index("ix_incident_alerts_alert", incident_alerts.c.alert_id)
 
 diagnoses = Table(
     "receiver_diagnoses",

@@ -7,7 +7,18 @@ import threading
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Float, MetaData, String, Table, create_engine, inspect, select, text
+from sqlalchemy import (
+    Column,
+    Float,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.pool import StaticPool
 
 from recovery import accounting, audit, logouts, node_checks, outbox, schema, store  # noqa: F401
@@ -48,7 +59,7 @@ def test_a_fresh_database_gets_every_table_and_the_head_revision():
     engine = make_engine("sqlite://")
     tables = set(inspect(engine).get_table_names())
     assert set(schema.metadata.tables) <= tables and len(schema.metadata.tables) == 13
-    assert schema.current(engine) == schema.head() == "0003"
+    assert schema.current(engine) == schema.head() == "0004"
     with engine.connect() as conn:
         assert conn.execute(select(outbox.switches.c.value)).scalars().all() == ["lock"]
     assert _diffs(engine) == []
@@ -62,7 +73,7 @@ def test_a_database_made_before_migrations_is_completed_and_keeps_its_rows(tmp_p
             conn.execute(text(sql))
     old.dispose()
     engine = make_engine(url)
-    assert schema.current(engine) == "0003"
+    assert schema.current(engine) == "0004"
     cols = {t: {c["name"] for c in inspect(engine).get_columns(t)} for t in schema.metadata.tables}
     assert {"diagnosis_owner", "diagnosis_lease"} <= cols["receiver_incidents"]
     assert {"digest", "deliveries", "last_seen"} <= cols["receiver_payloads"]
@@ -75,7 +86,7 @@ def test_a_database_made_before_migrations_is_completed_and_keeps_its_rows(tmp_p
     assert names == {ix.name for ix in outbox.actions_table.indexes}
     assert _diffs(engine) == []
     make_engine(url)  # a second start finds nothing to do
-    assert schema.current(make_engine(url)) == "0003"
+    assert schema.current(make_engine(url)) == "0004"
 
 
 def test_a_database_made_by_create_all_is_stamped_without_change(tmp_path):
@@ -86,10 +97,11 @@ def test_a_database_made_by_create_all_is_stamped_without_change(tmp_path):
     schema.metadata.create_all(old, tables=baseline)  # exactly what the ensure() calls made
     with old.begin() as conn:
         conn.execute(text("DROP INDEX ix_goodput_actions_state_updated"))  # revision 0003's
+        conn.execute(text("DROP INDEX ix_incident_alerts_alert"))  # revision 0004's
         conn.execute(text("INSERT INTO goodput_audit_anchor VALUES (1, 5, 'h', 1.0)"))
     old.dispose()
     engine = make_engine(url)
-    assert schema.current(engine) == "0003" and _diffs(engine) == []
+    assert schema.current(engine) == "0004" and _diffs(engine) == []
     with engine.connect() as conn:
         assert conn.execute(select(audit.anchor.c.seq)).scalars().all() == [5]
 
@@ -118,7 +130,7 @@ def test_an_in_memory_engine_on_a_static_pool_is_migrated_once_for_every_thread(
     t = threading.Thread(target=lambda: seen.append(schema.current(engine)))
     t.start()
     t.join()
-    assert seen == ["0003"]
+    assert seen == ["0004"]
     with engine.connect() as conn:
         assert conn.execute(select(accounting.incidents)).all() == []
 
@@ -132,9 +144,9 @@ def test_the_cli_reports_and_runs_the_migration(tmp_path):
     runner = CliRunner()
     before = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
     assert before.exit_code == 1 and "not migrated" in before.output
-    assert runner.invoke(cli, ["receiver", "db", "upgrade", "--db-url", url]).output == "at 0003\n"
+    assert runner.invoke(cli, ["receiver", "db", "upgrade", "--db-url", url]).output == "at 0004\n"
     after = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
-    assert after.exit_code == 0 and after.output == "0003 (head 0003)\n"
+    assert after.exit_code == 0 and after.output == "0004 (head 0004)\n"
 
 
 def test_nothing_migrates_lazily_so_a_store_never_migrated_fails_naming_its_table(tmp_path):
@@ -151,3 +163,18 @@ def test_nothing_migrates_lazily_so_a_store_never_migrated_fails_naming_its_tabl
     with pytest.raises(OperationalError, match="no such table: goodput_switches"):
         action_config.is_paused(engine)
     assert schema.current(engine) is None
+
+
+def test_an_alerts_incidents_are_found_by_index_not_by_a_scan_of_the_links():
+    """Each status change of an alert looks up its incidents (`incidents._linked_incidents`);
+    the link table is never pruned, so a scan grew with every alert ever linked."""
+    from recovery.incidents import _linked_incidents
+
+    engine = make_engine("sqlite://")
+    with engine.connect() as conn:
+        seen: list[str] = []
+        event.listen(conn, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        _linked_incidents(conn, 7)
+        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + seen[-1], (7,)).all()
+    detail = " ".join(str(row[-1]) for row in plan)
+    assert "ix_incident_alerts_alert" in detail and "SCAN" not in detail, detail
