@@ -17,8 +17,11 @@ reads the stamp at the start of a line (after a launcher's rank prefix: `[defaul
 - `mmdd`: `INFO 02-22 08:52:08 __init__.py:190]` (vLLM, SGLang);
 - `embedded`: an ISO time later in the first 200 characters (`CANCELLED AT 2024-05-01T12:00:00`).
 
-A stamp without a zone is in `utc_offset_s` (the node's zone; default UTC). A stamp without a
-year gets the year that puts it at most a day after `ref` (a December line read in January).
+A stamp without a zone (syslog, Python logging, glog and `dmesg -T` print local time) is in
+`zone`, with the offset of the stamp's own date (DST); default UTC. The shipper and the
+receiver pass the nodes' zone (`GOODPUT_LOG_TIMEZONE`): `named_zone(name)` for an IANA name,
+`named_zone("")` for the host's local zone. A stamp with its own zone (`Z`, `+02:00`) keeps
+it. A stamp without a year gets the year that puts it at most a day after `ref` (a December line read in January).
 A monotonic stamp becomes a time with the node's boot time when known (`boot_time`), else its
 `time` is None and `BootClock.place` sets it from when the lines were read.
 
@@ -44,6 +47,8 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 _MON = "|".join(MONTHS)
@@ -65,6 +70,48 @@ DAY_S = 86400.0
 EMBED_S = 3600.0
 
 
+class HostZone(tzinfo):
+    """The host's local zone as the C library has it (`TZ`, /etc/localtime), its offset
+    looked up for each date (`time.mktime`), so a stamp on either side of a DST change gets
+    its own."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        if dt is None:
+            return timedelta(seconds=-time.timezone)
+        fields = (dt.year, dt.month, dt.day, dt.hour, dt.minute, dt.second)
+        try:
+            return timedelta(seconds=calendar.timegm(fields) - time.mktime((*fields, 0, 0, -1)))
+        except (OverflowError, ValueError):
+            return timedelta(seconds=-time.timezone)
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "host-local"
+
+    def __repr__(self) -> str:
+        return "HostZone()"
+
+
+HOST_ZONE = HostZone()
+
+
+def named_zone(name: str | None = "") -> tzinfo:
+    """The zone a setting names: an IANA name (`America/New_York`, `UTC`), or empty for the
+    host's local zone. An unknown name is a ValueError saying so."""
+    name = (name or "").strip()
+    if not name:
+        return HOST_ZONE
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(
+            f"unknown time zone {name!r}: want an IANA name such as 'UTC' or "
+            "'America/New_York', or empty for the host's local zone"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class Stamp:
     time: float | None  # unix seconds (UTC); None: monotonic and no boot time known
@@ -73,33 +120,34 @@ class Stamp:
 
 
 def parse(
-    text: str, ref: float, boot_time: float | None = None, utc_offset_s: float = 0.0
+    text: str, ref: float, boot_time: float | None = None, zone: tzinfo | None = None
 ) -> Stamp | None:
-    """The stamp `text` starts with (see the module table), or None."""
+    """The stamp `text` starts with (see the module table), or None. A stamp without a zone
+    is in `zone` (None: UTC)."""
     head = text[:240]
     while m := PREFIX.match(head):  # a launcher may stack prefixes: `[default0]:[rank0]:`
         head = head[m.end() :]
     head = head.lstrip()
     if m := _ISO.match(head):
-        return _iso(m, "iso", utc_offset_s)
+        return _iso(m, "iso", zone)
     if m := _CTIME.match(head):
         mon, d, h, mi, s, y = m.groups()
-        t = _wall(int(y), MONTHS[mon], int(d), int(h), int(mi), int(s), None)
-        return None if t is None else Stamp(t - utc_offset_s, "ctime")
+        t = _wall(int(y), MONTHS[mon], int(d), int(h), int(mi), int(s), None, zone)
+        return None if t is None else Stamp(t, "ctime")
     if m := _MONO.match(head):
         mono = float(m.group(1))
         return Stamp(None if boot_time is None else boot_time + mono, "monotonic", mono)
     if m := _SYSLOG.match(head):
         mon, d, h, mi, s, frac = m.groups()
-        return _yearless(ref, MONTHS[mon], d, h, mi, s, frac, "syslog", utc_offset_s)
+        return _yearless(ref, MONTHS[mon], d, h, mi, s, frac, "syslog", zone)
     if m := _GLOG.match(head):
         md, h, mi, s, frac = m.groups()  # month is not zero-padded by c10: `E321` is 03-21
-        return _yearless(ref, int(md[:-2]), md[-2:], h, mi, s, frac, "glog", utc_offset_s)
+        return _yearless(ref, int(md[:-2]), md[-2:], h, mi, s, frac, "glog", zone)
     if m := _MMDD.match(head):
         mo, d, h, mi, s = m.groups()
-        return _yearless(ref, int(mo), d, h, mi, s, None, "mmdd", utc_offset_s)
+        return _yearless(ref, int(mo), d, h, mi, s, None, "mmdd", zone)
     if m := _ISO.search(text[:200]):
-        return _iso(m, "embedded", utc_offset_s)
+        return _iso(m, "embedded", zone)
     return None
 
 
@@ -128,9 +176,11 @@ def message(text: str) -> str:
     return head
 
 
-def line_time(text: str, ref: float, boot_time: float | None = None) -> float | None:
+def line_time(
+    text: str, ref: float, boot_time: float | None = None, zone: tzinfo | None = None
+) -> float | None:
     """`parse(...).time`, or None."""
-    s = parse(text, ref, boot_time)
+    s = parse(text, ref, boot_time, zone)
     return None if s is None else s.time
 
 
@@ -144,36 +194,50 @@ def trusted(stamp: Stamp | None, previous: float | None) -> float | None:
     return stamp.time
 
 
-def _iso(m: re.Match[str], form: str, utc_offset_s: float) -> Stamp | None:
-    y, mo, d, h, mi, s, frac, zone = m.groups()
-    t = _wall(int(y), int(mo), int(d), int(h), int(mi), int(s), frac)
+def _iso(m: re.Match[str], form: str, zone: tzinfo | None) -> Stamp | None:
+    y, mo, d, h, mi, s, frac, own = m.groups()
+    t = _wall(int(y), int(mo), int(d), int(h), int(mi), int(s), frac, None if own else zone)
     if t is None:
         return None
-    if zone and zone != "Z":
-        digits = zone[1:].replace(":", "")
+    if own and own != "Z":  # the stamp's own offset, whatever the node's zone
+        digits = own[1:].replace(":", "")
         offset = int(digits[:2]) * 3600 + int(digits[2:4] or 0) * 60
-        t -= offset if zone[0] == "+" else -offset
-    elif not zone:
-        t -= utc_offset_s
+        t -= offset if own[0] == "+" else -offset
     return Stamp(t, form)
 
 
 def _yearless(
-    ref: float, mo: int, d: str, h: str, mi: str, s: str, frac: str | None, form: str, off: float
+    ref: float,
+    mo: int,
+    d: str,
+    h: str,
+    mi: str,
+    s: str,
+    frac: str | None,
+    form: str,
+    zone: tzinfo | None,
 ) -> Stamp | None:
     year = time.gmtime(ref).tm_year
-    t = _wall(year, mo, int(d), int(h), int(mi), int(s), frac)
-    if t is not None and t - off > ref + DAY_S:
-        t = _wall(year - 1, mo, int(d), int(h), int(mi), int(s), frac)
-    return None if t is None else Stamp(t - off, form)
+    t = _wall(year, mo, int(d), int(h), int(mi), int(s), frac, zone)
+    if t is not None and t > ref + DAY_S:
+        t = _wall(year - 1, mo, int(d), int(h), int(mi), int(s), frac, zone)
+    return None if t is None else Stamp(t, form)
 
 
-def _wall(y: int, mo: int, d: int, h: int, mi: int, s: int, frac: str | None) -> float | None:
+def _wall(
+    y: int, mo: int, d: int, h: int, mi: int, s: int, frac: str | None, zone: tzinfo | None
+) -> float | None:
+    """Unix time of a wall-clock time in `zone` (None: UTC), its offset for that date."""
     if not (1 <= y <= 9999 and 1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1]):
         return None
     if h > 23 or mi > 59 or s > 60:
         return None
-    return calendar.timegm((y, mo, d, h, mi, s)) + (float("0." + frac) if frac else 0.0)
+    t = calendar.timegm((y, mo, d, h, mi, s)) + (float("0." + frac) if frac else 0.0)
+    if zone is not None:
+        # a leap second (:60) takes the offset of the second before it
+        offset = datetime(y, mo, d, h, mi, min(s, 59), tzinfo=zone).utcoffset()
+        t -= offset.total_seconds() if offset is not None else 0.0
+    return t
 
 
 @dataclass

@@ -231,12 +231,12 @@ def list_actions(
 
 
 def counts(engine: Engine) -> dict[tuple[str, str], int]:
-    """(kind, state) -> number of actions: for metrics."""
-    out: dict[tuple[str, str], int] = {}
+    """(kind, state) -> number of actions: for metrics, counted by the database (every
+    scrape asks, and the table keeps every action ever planned)."""
+    t = actions_table.c
+    q = select(t.kind, t.state, func.count()).group_by(t.kind, t.state)
     with engine.connect() as conn:
-        for r in conn.execute(select(actions_table.c.kind, actions_table.c.state)).all():
-            out[(r.kind, r.state)] = out.get((r.kind, r.state), 0) + 1
-    return out
+        return {(kind, state): int(n) for kind, state, n in conn.execute(q)}
 
 
 def retrying(engine: Engine) -> int:

@@ -13,6 +13,8 @@
 | | longest symptom window, 30 s) |
 | `GOODPUT_PROMETHEUS_URL` | unset: Prometheus evidence off |
 | `GOODPUT_LOG_DIR` | `$GOODPUT_STACK_DIR/logs/cluster` |
+| `GOODPUT_LOG_TIMEZONE` | unset: the host's local zone (the IANA zone, e.g. `America/New_York`, |
+| | that log stamps without a zone are in: syslog, Python logging, glog, `dmesg -T`) |
 | `GOODPUT_LOKI_URL` | unset: Loki evidence off |
 | `GOODPUT_RECEIVER_SLURM` | `1` (ask Slurm for evidence and node → jobs) |
 | `GOODPUT_RECEIVER_LOOKBACK_S` | `900` (evidence window before the first alert) |
@@ -27,9 +29,11 @@ import math
 import os
 import time
 from dataclasses import dataclass, field, replace
+from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from catalogue import logtime
 from recovery.clock import WALL, Clock
 
 if TYPE_CHECKING:
@@ -58,6 +62,7 @@ class Settings:
     worker_poll_s: float = 0.5
     prometheus_url: str | None = None
     log_dir: str | None = None
+    log_timezone: str = ""  # IANA zone of stamps without one; "": the host's local zone
     loki_url: str | None = None
     slurm_enabled: bool = True
     slurm_timeout_s: float = 10.0
@@ -84,6 +89,10 @@ class Settings:
             )
         if not 0.3 <= self.lease_s <= 3600.0:
             raise ValueError(f"GOODPUT_RECEIVER_LEASE_S must be 0.3..3600, not {self.lease_s}")
+        try:
+            logtime.named_zone(self.log_timezone)
+        except ValueError as exc:
+            raise ValueError(f"GOODPUT_LOG_TIMEZONE: {exc}") from None
         if not self.db_url:
             object.__setattr__(self, "db_url", default_db_url())
 
@@ -110,6 +119,7 @@ class Settings:
             "prometheus_url": opt("GOODPUT_PROMETHEUS_URL"),
             "log_dir": opt("GOODPUT_LOG_DIR")
             or str(Path(e.get("GOODPUT_STACK_DIR", str(_stack_dir()))) / "logs" / "cluster"),
+            "log_timezone": opt("GOODPUT_LOG_TIMEZONE") or "",
             "loki_url": opt("GOODPUT_LOKI_URL"),
             "slurm_enabled": (opt("GOODPUT_RECEIVER_SLURM") or "1") not in ("0", "false", "no"),
             "lookback_s": float(opt("GOODPUT_RECEIVER_LOOKBACK_S") or 900.0),
@@ -122,6 +132,11 @@ class Settings:
         }
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def log_zone(self) -> tzinfo:
+        """The zone of log stamps without one (`GOODPUT_LOG_TIMEZONE`)."""
+        return logtime.named_zone(self.log_timezone)
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import Column, MetaData, String, Table, create_engine, inspect
+from sqlalchemy import Column, MetaData, String, Table, create_engine, event, inspect
 
 from recovery import action_config, clock, outbox, planning, schema
 from recovery.decide import Diagnosis, NodeView, Reason, blast_radius_violation
@@ -224,3 +224,17 @@ def test_config_reads_the_policy_file_again_only_when_it_changed(tmp_path, monke
 def test_config_names_a_missing_policy_file(tmp_path):
     with pytest.raises(PolicyError, match="cannot read policy file"):
         action_config.config(_settings(tmp_path / "gone.yaml"))
+
+
+def test_action_counts_by_kind_and_state_are_counted_by_the_database(engine):
+    rows = [("requeue", "executed")] * 3 + [("drain_and_requeue", "failed"), ("stop", "ready")]
+    for i, (kind, state) in enumerate(rows):
+        _add(engine, i, str(40 + i), kind, state, 60)
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    assert outbox.counts(engine) == {
+        ("requeue", "executed"): 3,
+        ("drain_and_requeue", "failed"): 1,
+        ("stop", "ready"): 1,
+    }
+    assert len(seen) == 1 and "GROUP BY" in seen[0]  # one row per (kind, state), not per action
