@@ -3,7 +3,8 @@
 `LokiShipper(url, log_dir, state_dir)` follows `<log_dir>/jobs/slurm-<job_id>.out` and
 `<log_dir>/kernel/<node>.log` (the log-metrics exporter's layout) and labels lines by the
 contract in `catalogue/logstreams.py`. Each line keeps the time it carries
-(`catalogue/logtime.py`); a line without one (a traceback, a wrapped message) takes the
+(`catalogue/logtime.py`; a stamp without a zone is in `log_zone`, default the host's local
+zone, as syslog, Python logging and glog print it); a line without one (a traceback, a wrapped message) takes the
 previous line's time plus 1 ns per line, and the first lines of a file without any take the
 time they were read. A monotonic kernel stamp uses the node's boot time when given
 (`boot_times`), else a boot time learned from when the lines were read.
@@ -27,6 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,12 @@ class LokiShipper(Collector):
         timeout: float = 10.0,
         session: requests.Session | None = None,
         clock: Callable[[], float] = time.time,
+        log_zone: tzinfo | str | None = None,
     ) -> None:
+        # the zone of stamps without one: a tzinfo, an IANA name, or None/"" for the host's
+        self.log_zone = (
+            log_zone if isinstance(log_zone, tzinfo) else logtime.named_zone(log_zone or "")
+        )
         self.static_labels = dict(static_labels or {})
         for name, value in self.static_labels.items():
             if not LABEL_NAME.match(name) or name in (logstreams.SOURCE, "job_id", "node"):
@@ -127,7 +134,7 @@ class LokiShipper(Collector):
         """Entries for lines of one file read at `read_at`, each with its own time."""
         labels = labels_key({**self.static_labels, **logstreams.stream_labels(kind, key)})
         boot = self.boot_times.get(key) if kind == logstreams.KERNEL else None
-        stamps = [logtime.parse(line, read_at, boot) for line in lines]
+        stamps = [logtime.parse(line, read_at, boot, self.log_zone) for line in lines]
         mono = [
             (i, s.monotonic)
             for i, s in enumerate(stamps)

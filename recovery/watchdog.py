@@ -7,7 +7,10 @@ sources the policy requires (those configured), and the alert flow (a webhook de
 mode (reason `watchdog`), ready and approved actions wait, `goodput_receiver_acting{reason}`
 is 0, the console shows a banner and on-call gets `GoodputReceiverNotActing`. One good probe
 resumes acting. Both changes are audited. The state is the `watchdog` switch in the outbox,
-shared by every receiver on the store.
+shared by every receiver on the store: a receiver that stops acting keeps its stop fresh
+while its probes stay bad, and only it resumes, or anyone once the stop is `STALE_INTERVALS`
+intervals old (its receiver gone). So receivers that see different things do not flip the
+switch every tick, and one restarted while stopped stays stopped until a good probe.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, func, select, update
 
-from recovery import action_config, audit, notifier, outbox, store
+from recovery import action_config, audit, leases, notifier, outbox, store
 from recovery.policy import WatchdogPolicy
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,7 @@ OK = "ok"
 # The metric's reason label takes only these values.
 REASONS = (OK, "scheduler_unreachable", "evidence_unreachable", "alert_flow_stopped")
 SWITCH = "watchdog"
+STALE_INTERVALS = 3  # a stop its receiver has not renewed for this many intervals is anyone's
 
 
 @dataclass(frozen=True)
@@ -90,19 +94,42 @@ def current(engine: Engine) -> str:
         return reason_in(conn)
 
 
-def _write(engine: Engine, reason: str, detail: str, who: str) -> None:
-    def write(conn: Connection) -> None:
+def _stop_of(conn: Connection) -> tuple[str | None, float]:
+    """Who wrote the switch, and when."""
+    row = conn.execute(
+        select(outbox.switches.c.updated_by, outbox.switches.c.updated_at).where(
+            outbox.switches.c.name == SWITCH
+        )
+    ).first()
+    return (row.updated_by, float(row.updated_at or 0.0)) if row else (None, 0.0)
+
+
+def _write(
+    engine: Engine, reason: str, detail: str, who: str, stale_s: float | None = None
+) -> bool:
+    """Set the switch to `reason` (audited); a stop is renewed by its writer. With `stale_s`,
+    another receiver's stop is left alone unless not renewed for that long. Whether the
+    switch now says `reason`."""
+
+    def write(conn: Connection) -> bool:
         was = reason_in(conn)
-        if was == reason:
-            return
+        by, at = _stop_of(conn)
+        now = outbox.now(conn)
         t = outbox.switches
-        values = {"value": reason, "updated_at": outbox.now(conn), "updated_by": who[:128]}
+        if was == reason:
+            if reason != OK and by == who:  # still stopped: renew it
+                conn.execute(update(t).where(t.c.name == SWITCH).values(updated_at=now))
+            return True
+        if stale_s is not None and was != OK and by != who and now - at <= stale_s:
+            return False  # another receiver's stop, renewed lately: theirs to end
+        values = {"value": reason, "updated_at": now, "updated_by": who[:128]}
         if not conn.execute(update(t).where(t.c.name == SWITCH).values(**values)).rowcount:
             conn.execute(t.insert().values(name=SWITCH, **values))
         event = "watchdog_resumed" if reason == OK else "watchdog_stopped"
         audit.append(conn, event, {"reason": reason, "was": was, "detail": detail[:1000]})
+        return True
 
-    outbox.write(engine, write)
+    return bool(outbox.write(engine, write))
 
 
 def last_delivery(engine: Engine) -> float | None:
@@ -123,12 +150,14 @@ class Watchdog:
         policy: Callable[[], WatchdogPolicy],
         probe: Callable[[], list[dict[str, Any]]] | None = None,
         clock: Callable[[], float] | None = None,
+        owner: str | None = None,
     ) -> None:
         self.engine, self.settings, self.policy = engine, settings, policy
         self.clock = clock or (lambda: outbox.now(engine))  # the store's clock by default
         self.probe = probe or self._probe
         self.started_at = self.clock()
-        self.state = State()
+        self.who = f"goodput-watchdog {owner or leases.OWNER}"
+        self.state: State | None = None  # read from the store at the first tick
 
     def _probe(self) -> list[dict[str, Any]]:
         from recovery.console import health
@@ -140,7 +169,7 @@ class Watchdog:
         pol = self.policy()
         if not pol.enabled:
             self.state = State()
-            _write(self.engine, OK, "watchdog disabled", "goodput-watchdog")
+            _write(self.engine, OK, "watchdog disabled", self.who)
             return self.state
         now = self.clock()
         last = None
@@ -148,10 +177,15 @@ class Watchdog:
             last = max(last_delivery(self.engine) or self.started_at, self.started_at)
         reason, detail = verdict(self.probe(), pol, last, now)
         before = current(self.engine)
+        if self.state is None:  # a restart while stopped stays stopped until a good probe
+            stopped = State(False, before, pol.failures_before_stop)
+            self.state = stopped if before != OK else State()
         self.state = step(self.state, reason, pol.failures_before_stop)
         after = self.state.reason if not self.state.acting else OK
-        if after != before:
-            _write(self.engine, after, detail, "goodput-watchdog")
+        stale_s = STALE_INTERVALS * pol.interval_s
+        if after == before and after == OK:
+            return self.state
+        if _write(self.engine, after, detail, self.who, stale_s) and after != before:
             self._tell(after, detail)
         return self.state
 

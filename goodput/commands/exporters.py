@@ -40,10 +40,21 @@ def logs(
     loki_state_dir: Path = typer.Option(
         None, help="Loki shipper's read positions and spool (default: $GOODPUT_STATE_DIR/loki)"
     ),
+    log_timezone: str = typer.Option(
+        "",
+        envvar="GOODPUT_LOG_TIMEZONE",
+        help="IANA zone (e.g. America/New_York) of log stamps without one, for the Loki "
+        "shipper; default: this host's local zone",
+    ),
 ) -> None:
     """Follow job output and kernel logs; expose progress and error-pattern metrics."""
+    from catalogue import logtime
     from exporters.logmetrics.exporter import default_log_dir, serve
 
+    try:
+        zone = logtime.named_zone(log_timezone)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-timezone") from None
     shipper = None
     if loki_url:
         from exporters.loki import LokiShipper, host_boot_time
@@ -57,7 +68,7 @@ def logs(
         )
         shipper = LokiShipper(
             loki_url, log_dir or default_log_dir(), state,
-            boot_times={host: boot} if boot is not None else None,
+            boot_times={host: boot} if boot is not None else None, log_zone=zone,
         ).start()  # fmt: skip
     try:
         serve(

@@ -4,7 +4,8 @@ Files live at `<log_dir>/jobs/slurm-<job_id>.out` and `<log_dir>/kernel/<node>.l
 are built only from validated ids. Each line gets a time: its own timestamp when it carries
 one (`catalogue/logtime.py`: ISO, `dmesg -T`, journald, syslog, PyTorch/glog, ...; a monotonic
 `dmesg` stamp is placed by the file's mtime, when its last line was written), else the previous
-line's. Only the tail of a big file is read; a `.gz` one (a rotated log) is decompressed.
+line's. A stamp without a zone is in the nodes' zone (`GOODPUT_LOG_TIMEZONE`, default the
+host's: `Settings.log_zone`); files read without settings (a recording) take UTC. Only the tail of a big file is read; a `.gz` one (a rotated log) is decompressed.
 Loki streams follow `catalogue/logstreams.py`.
 """
 
@@ -14,6 +15,7 @@ import calendar
 import gzip
 import time
 from collections.abc import Iterable
+from datetime import tzinfo
 from pathlib import Path
 
 from catalogue import logfiles, logstreams, logtime, promql
@@ -28,14 +30,18 @@ MAX_LINES = 500_000
 SLACK_S = 120.0
 
 
-def line_time(text: str, year: int) -> float | None:
+def line_time(text: str, year: int, zone: tzinfo | None = None) -> float | None:
     """The timestamp a log line carries, a stamp without a year taken in `year`, or None."""
-    return logtime.line_time(text, ref=calendar.timegm((year, 12, 31, 23, 59, 59)))
+    ref = calendar.timegm((year, 12, 31, 23, 59, 59))
+    return logtime.line_time(text, ref=ref, zone=zone)
 
 
-def _times(lines: list[str], ref: float, mtime: float) -> list[float | None]:
-    """Each line's own time; monotonic stamps placed so the last was written at `mtime`."""
-    stamps = [logtime.parse(raw, ref) for raw in lines]
+def _times(
+    lines: list[str], ref: float, mtime: float, zone: tzinfo | None = None
+) -> list[float | None]:
+    """Each line's own time (a stamp without a zone in `zone`, None: UTC); monotonic stamps
+    placed so the last was written at `mtime`."""
+    stamps = [logtime.parse(raw, ref, zone=zone) for raw in lines]
     mono = [(i, s.monotonic) for i, s in enumerate(stamps) if s and s.monotonic is not None]
     walls = logtime.BootClock().place([m for _i, m in mono], mtime)
     placed = {i: t for (i, _m), t in zip(mono, walls, strict=True)}
@@ -80,9 +86,11 @@ def read_lines(
     start: float | None = None,
     end: float | None = None,
     follow: bool = True,
+    zone: tzinfo | None = None,
 ) -> list[LogLine]:
     """Lines of one log file with their times, kept when inside [start-slack, end+slack];
-    unless `follow`, only a regular file, not through a link."""
+    unless `follow`, only a regular file, not through a link. Stamps without a zone are in
+    `zone` (None: UTC)."""
     mtime = path.stat().st_mtime if follow else path.lstat().st_mtime
     data, skip = _tail(path, follow)
     text = data.decode("utf-8", "replace")
@@ -94,7 +102,7 @@ def read_lines(
     raws = text.splitlines()[-MAX_LINES:]
     out: list[LogLine] = []
     last: float | None = None
-    for i, (raw, t) in enumerate(zip(raws, _times(raws, end or time.time(), mtime), strict=True)):
+    for i, (raw, t) in enumerate(zip(raws, _times(raws, end or time.time(), mtime, zone), strict=True)):
         if t is not None:
             last = t
         t = last
@@ -125,7 +133,12 @@ def files_for(ctx: Context, log_dir: Path) -> Iterable[tuple[Path, str, str | No
         yield log_dir / "kernel" / f"{validate.node(n)}.log", "kernel", n
 
 
-def collect_dir(ctx: Context, log_dir: Path, connector: str = "logs") -> Bundle:
+def collect_dir(
+    ctx: Context, log_dir: Path, connector: str = "logs", zone: tzinfo | None = None
+) -> Bundle:
+    """The job's and its nodes' log lines in the incident's window; stamps without a zone
+    are in `zone` (None: the host's local zone)."""
+    zone = logtime.HOST_ZONE if zone is None else zone
     lines: list[LogLine] = []
     missing = []
     run_start: float | None = None  # the job's current run: its output file starts there
@@ -138,7 +151,9 @@ def collect_dir(ctx: Context, log_dir: Path, connector: str = "logs") -> Bundle:
             # a node's older kernel lines belong to earlier jobs or runs, not this incident
             start = max(start, run_start - SLACK_S)
         try:
-            got = read_lines(path, kind, node, ctx.job_id, start, ctx.end, follow=False)
+            got = read_lines(
+                path, kind, node, ctx.job_id, start, ctx.end, follow=False, zone=zone
+            )
         except (OSError, ValueError) as exc:  # one unreadable file costs only its own lines
             missing.append(f"{path.name} ({type(exc).__name__})")
             continue
@@ -158,7 +173,7 @@ def collect(ctx: Context, settings: Settings) -> Bundle:
     log_dir = Path(settings.log_dir)
     if not log_dir.is_dir():
         return Bundle(reports=[Report("logs", "error", f"log directory {log_dir} not found")])
-    return collect_dir(ctx, log_dir)
+    return collect_dir(ctx, log_dir, zone=settings.log_zone)
 
 
 LOKI_NODES = 100  # nodes per kernel-stream query: a 512-node job asks 6 queries, not 512

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import calendar
 import time
+from datetime import timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
@@ -191,11 +193,91 @@ def test_plain_dmesg_is_monotonic_and_uses_the_boot_time_when_known():
 
 def test_a_node_zone_applies_to_stamps_without_one():
     line = "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13"
-    assert parse(line, REF, utc_offset_s=7200).time == utc("2024-08-30 09:43:09")
+    plus2 = timezone(timedelta(hours=2))
+    assert parse(line, REF, zone=plus2).time == utc("2024-08-30 09:43:09")
     # a stamp with its own zone ignores the node's
-    assert parse("2023-09-08T17:20:30+0200 x", REF, utc_offset_s=7200).time == utc(
+    assert parse("2023-09-08T17:20:30+0200 x", REF, zone=plus2).time == utc(
         "2023-09-08 15:20:30"
     )
+
+
+NY = ZoneInfo("America/New_York")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2026-03-08 {hms} node1 kernel: NVRM: Xid",  # ISO without a zone
+        "[2026-03-08 {hms},123] torch.distributed.elastic: [ERROR] failed",  # Python logging
+        "[Sun Mar  8 {hms} 2026] NVRM: Xid (PCI:0000:2b:00): 79",  # dmesg -T
+        "Mar  8 {hms} node1 kernel: NVRM: Xid",  # syslog
+        "E0308 {hms}.315197062 ProcessGroupNCCL.cpp:565] watchdog",  # glog
+        "INFO 03-08 {hms} __init__.py:190] vLLM",  # mmdd
+    ],
+)
+def test_each_stamp_takes_the_offset_of_its_own_date_across_a_dst_change(line):
+    """America/New_York springs forward at 2026-03-08 02:00 EST: 01:59 is UTC-5, 03:01 UTC-4
+    (one fixed offset for all lines would misdate one side by an hour)."""
+    ref = utc("2026-03-09 00:00:00")
+    before = parse(line.format(hms="01:59:00"), ref, zone=NY)
+    after = parse(line.format(hms="03:01:00"), ref, zone=NY)
+    assert int(before.time) == utc("2026-03-08 06:59:00")
+    assert int(after.time) == utc("2026-03-08 07:01:00")
+    # and in autumn (2026-11-01 02:00 EDT -> 01:00 EST) a November stamp is UTC-5
+    assert parse("2026-11-02 12:00:00 x", ref, zone=NY).time == utc("2026-11-02 17:00:00")
+
+
+def test_a_stamp_with_its_own_offset_ignores_the_node_zone():
+    for line, want in [
+        ("2026-03-08T01:59:00-05:00 node1 kernel: x", "2026-03-08 06:59:00"),
+        ("2026-03-08T03:01:00Z node1 kernel: x", "2026-03-08 03:01:00"),
+        ("2023-12-22T12:26:24,559615-08:00 kernel: x", "2023-12-22 20:26:24"),
+        ("2023-09-08T17:20:30.655028+0200 host kernel: x", "2023-09-08 15:20:30"),
+    ]:
+        for zone in (None, NY, ZoneInfo("Asia/Kolkata"), logtime.HOST_ZONE):
+            assert int(parse(line, REF, zone=zone).time) == utc(want), (line, zone)
+
+
+def test_a_year_less_stamp_in_a_zone_west_of_utc_keeps_the_year_near_ref():
+    """Dec 31 23:30 in New York is Jan 1 04:30 UTC: read just after, it is last year's."""
+    ref = utc("2027-01-01 05:00:00")
+    assert parse("Dec 31 23:30:00 node1 kernel: x", ref, zone=NY).time == utc(
+        "2027-01-01 04:30:00"
+    )
+
+
+def test_an_unknown_zone_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus_Mons'"):
+        logtime.named_zone("Mars/Olympus_Mons")
+    with pytest.raises(ValueError, match="unknown time zone"):
+        logtime.named_zone("../../etc/passwd")
+    assert logtime.named_zone("America/New_York") == NY
+    assert logtime.named_zone("") is logtime.HOST_ZONE
+    assert logtime.named_zone(None) is logtime.HOST_ZONE
+
+
+@pytest.fixture
+def host_tz(monkeypatch):
+    """Set the host's zone (TZ) for one test, restored after."""
+
+    def set_tz(name: str) -> None:
+        monkeypatch.setenv("TZ", name)
+        time.tzset()
+
+    yield set_tz
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_the_default_zone_is_the_hosts_with_its_dst(host_tz):
+    host_tz("America/New_York")
+    host = logtime.named_zone("")
+    ref = utc("2026-03-09 00:00:00")
+    assert parse("Mar  8 01:59:00 n kernel: x", ref, zone=host).time == utc("2026-03-08 06:59:00")
+    assert parse("Mar  8 03:01:00 n kernel: x", ref, zone=host).time == utc("2026-03-08 07:01:00")
+    host_tz("Europe/Berlin")
+    assert parse("2026-07-01 12:00:00 x", ref, zone=host).time == utc("2026-07-01 10:00:00")
+    assert parse("2026-07-01T12:00:00Z x", ref, zone=host).time == utc("2026-07-01 12:00:00")
 
 
 def test_impossible_dates_are_no_time():

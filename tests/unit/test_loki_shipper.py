@@ -11,7 +11,9 @@ from __future__ import annotations
 import calendar
 import os
 import time
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -51,6 +53,7 @@ def logs(tmp_path):
 
 def shipper(url: str, logs: Path, clock: Clock | None = None, **kw) -> LokiShipper:
     kw.setdefault("backoff_base", 0.01)
+    kw.setdefault("log_zone", "UTC")  # the stamps below are written in UTC, whatever the host's
     return LokiShipper(url, logs, logs.parent / "state", clock=clock or Clock(), **kw)
 
 
@@ -90,6 +93,30 @@ def test_lines_keep_their_own_time(loki, logs):
         (t0 + 60) * 1e9
     )
     assert s.times == {"read_time": 1, "previous": 1, "line": 3}
+
+
+def test_local_time_stamps_are_read_in_the_configured_zone(logs):
+    """Old: a stamp without a zone (syslog, Python logging, glog, dmesg -T print local time)
+    was read as UTC, so on a New York node a line written a minute ago went to Loki 5 hours in
+    the past, outside the receiver's query window."""
+    ny = ZoneInfo("America/New_York")
+    written = NOW - 60
+    local = datetime.fromtimestamp(written, ny)
+    lines = [
+        local.strftime("%b %e %H:%M:%S") + " node1 kernel: NVRM: Xid (PCI:0000:2b:00): 79",
+        local.strftime("[%a %b %e %H:%M:%S %Y]") + " NVRM: Xid (PCI:0000:2b:00): 79",
+        local.strftime("[%Y-%m-%d %H:%M:%S") + ",000] torch.distributed.elastic: failed",
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(written)) + " its own zone: kept",
+    ]
+    s = shipper("http://127.0.0.1:9", logs, log_zone="America/New_York")
+    entries = s.stamp("kernel", "node1", logs / "kernel" / "node1.log", lines, NOW)
+    # each its own time (a line equal to the one before is put 1 ns after it, in file order)
+    assert [e[1] // 10**9 for e in entries] == [int(written)] * 4
+    assert s.times == {"line": 4}
+    # the same shipper by tzinfo; an unknown zone name fails at construction, not per line
+    assert shipper("http://127.0.0.1:9", logs, log_zone=ny).log_zone == ny
+    with pytest.raises(ValueError, match="unknown time zone 'America/Nowhere'"):
+        shipper("http://127.0.0.1:9", logs, log_zone="America/Nowhere")
 
 
 def test_monotonic_kernel_lines_use_the_boot_time_or_the_arrival(loki, logs):

@@ -192,3 +192,72 @@ def test_the_watchdog_runs_on_the_receivers_clock(tmp_path, monkeypatch):
     iso = datetime.fromtimestamp(t, UTC).isoformat()
     assert [a["startsAt"] for a in sent] == [iso, iso]
     assert sent[1]["endsAt"] == datetime.fromtimestamp(t + 1.0, UTC).isoformat()
+
+
+def _shared_store(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from recovery import notifier
+    from recovery.clock import ManualClock
+    from recovery.policy import parse_policy
+    from recovery.store import make_engine
+
+    clock = ManualClock(1_600_000_000.0)
+    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}", clock=clock)
+    monkeypatch.setattr(
+        notifier.requests, "post", lambda url, json, timeout: SimpleNamespace(status_code=200)
+    )
+    settings = SimpleNamespace(
+        policy=parse_policy({"mode": "act"}, env={}),
+        scheduler_adapter=object(),
+        alertmanager_url="http://am.invalid",
+        prometheus_url=None,
+    )
+    return engine, settings, clock
+
+
+def _switch_events(engine) -> list[str]:
+    return [e["type"] for e in audit.query(engine, limit=1000)[0] if "watchdog" in e["type"]]
+
+
+BAD = rows(scheduler="ok", prometheus="error")
+GOOD = rows(scheduler="ok", prometheus="ok", loki="ok")
+
+
+def test_a_receiver_restarted_while_stopped_stays_stopped_on_a_bad_probe(tmp_path, monkeypatch):
+    """The new process began as `acting`: its first bad probe (one of two needed) resumed
+    acting while Prometheus was still down."""
+    engine, settings, clock = _shared_store(tmp_path, monkeypatch)
+    dog = watchdog.Watchdog(engine, settings, lambda: POL, probe=lambda: BAD, owner="a")
+    dog.tick()
+    dog.tick()
+    assert watchdog.current(engine) == "evidence_unreachable"
+    again = watchdog.Watchdog(engine, settings, lambda: POL, probe=lambda: BAD, owner="a2")
+    again.tick()
+    assert watchdog.current(engine) == "evidence_unreachable"
+    assert _switch_events(engine) == ["watchdog_stopped"]
+    again.probe = lambda: GOOD
+    again.tick()  # the old process's stop, fresh: not this one's to end yet
+    assert watchdog.current(engine) == "evidence_unreachable"
+    clock.t += watchdog.STALE_INTERVALS * POL.interval_s + 1
+    again.tick()  # a good probe once the stop is stale
+    assert watchdog.current(engine) == "ok"
+
+
+def test_receivers_that_disagree_do_not_flip_the_switch(tmp_path, monkeypatch):
+    """One receiver cannot reach Prometheus, one can: the one that stopped acting keeps its
+    stop fresh and the other leaves it alone (before: stopped, resumed, stopped ... each tick,
+    each with a notice); once its stop goes stale (that receiver gone), the other resumes."""
+    engine, settings, clock = _shared_store(tmp_path, monkeypatch)
+    a = watchdog.Watchdog(engine, settings, lambda: POL, probe=lambda: BAD, owner="a")
+    b = watchdog.Watchdog(engine, settings, lambda: POL, probe=lambda: GOOD, owner="b")
+    for _ in range(4):
+        a.tick()
+        b.tick()
+        clock.t += POL.interval_s
+    assert watchdog.current(engine) == "evidence_unreachable"
+    assert _switch_events(engine) == ["watchdog_stopped"]
+    clock.t += watchdog.STALE_INTERVALS * POL.interval_s + 1  # a is gone
+    b.tick()
+    assert watchdog.current(engine) == "ok"
+    assert _switch_events(engine) == ["watchdog_stopped", "watchdog_resumed"]
