@@ -27,12 +27,18 @@ def _selector(metric: str, labels: tuple[tuple[str, str], ...], extra: str = "")
     return f"{metric}{{{', '.join(parts)}}}" if parts else metric
 
 
+# The detector's shard label (compose/*/prometheus.yml: hashmod of the job id at scrape time):
+# like hpc_job it follows the job, not the GPU, so a GPU's series are compared without it.
+SHARD = "goodput_shard"
+
+
 def dcgm_map(expr: str) -> str:
-    """dcgm-exporter labels -> Goodput's: Hostname/hostname -> node, hpc_job -> job_id."""
+    """dcgm-exporter labels -> Goodput's: Hostname/hostname -> node, hpc_job -> job_id (the
+    shard label, which follows the job, is dropped)."""
     e = f'label_replace({expr}, "node", "$1", "Hostname", "(.+)")'
     e = f'label_replace({e}, "node", "$1", "hostname", "(.+)")'
     e = f'label_replace({e}, "job_id", "$1", "hpc_job", "(.+)")'
-    return f"max without (Hostname, hostname, hpc_job) ({e})"
+    return f"max without (Hostname, hostname, hpc_job, {SHARD}) ({e})"
 
 
 def job_join(expr_with: str, expr_without: str | None = None) -> str:
@@ -67,8 +73,8 @@ def _core(c: Condition, hpc: str) -> str:
         # fault, so increase() per series misses it. Instead: the GPU's value now minus its
         # lowest value within the window, whatever the job (a counter reset gives 0, not a rise).
         every = _selector(c.metric, c.labels)
-        low = f"min without (hpc_job) (min_over_time({every}[{c.window}]))"
-        return mapped(_compare(f"({sel} - ignoring (hpc_job) group_left {low})", c))
+        low = f"min without (hpc_job, {SHARD}) (min_over_time({every}[{c.window}]))"
+        return mapped(_compare(f"({sel} - ignoring (hpc_job, {SHARD}) group_left {low})", c))
     if c.kind == "increase":
         core = _compare(f"increase({sel}[{c.window}])", c)
         if c.new_series:
