@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import doctest
 import math
+import re
+import time
 
 import pytest
 
@@ -65,6 +67,18 @@ VARIANTS = [
     ("kernel", "node4 kernel: NVRM: Xid (PCI:0000:5d:00): 74, pid=1, name=python, NVLink: fatal error detected on link 3(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)", "nvrm_xid", {"xid": 74}),
     ("kernel", "kernel: NVRM: Xid (PCI:0000:2b:00): 79, pid=0, name=, GPU has fallen off the bus.", "nvrm_gpu_off_bus", {"pci": "0000:2b:00"}),
     ("kernel", "May 18 19:02:39 kernel: NVRM: GPU at PCI:0000:2b:00: GPU-0b11d014-1685-04bd-26ed-5fc0bc1c44ae", "nvrm_gpu_identity", {"pci": "0000:2b:00", "gpu_uuid": "GPU-0b11d014-1685-04bd-26ed-5fc0bc1c44ae"}),
+    # a MIG-enabled GPU: the GPU instance (and compute instance) after the PCI address (NVIDIA
+    # open-gpu-kernel-modules, kern_gpu_error_cont_ga100.c); the exporter counts the xid group
+    ("kernel", "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No", "nvrm_xid", {"xid": 94, "pci": "0000:01:00"}),
+    ("kernel", "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 48, pid=9, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.", "nvrm_xid", {"xid": 48, "pci": "0000:3b:00"}),
+    ("kernel", "NVRM: Xid (PCI:0000:2b:00 GPU-I:03): 79, pid=0, name=, GPU has fallen off the bus.", "nvrm_gpu_off_bus", {"pci": "0000:2b:00"}),
+    ("kernel", "NVRM: Xid (PCI:0018:01:00 GPU-I:02): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2)", "nvrm_xid_nvlink_nonfatal", {"xid": 145}),
+    ("kernel", "NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", "nvrm_xid_reset_required", {"xid": 154}),
+    # the Hugging Face Trainer's log dict: a nan loss, and a nan grad norm beside the 0.0 it logs
+    # when every step since the last log was nan (https://github.com/AnswerDotAI/ModernBERT/issues/233)
+    ("job", "{'loss': nan, 'grad_norm': nan, 'learning_rate': 9.773696745450087e-06, 'epoch': 0.53}", "nan_loss", {}),
+    ("job", "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 9.773696745450087e-06, 'epoch': 0.53}", "nan_loss", {}),
+    ("job", "{'loss': 0.0, 'grad_norm': inf, 'learning_rate': 2e-05, 'epoch': 0.01}", "nan_loss", {}),
 ]  # fmt: skip
 
 HEALTHY = [
@@ -74,7 +88,12 @@ HEALTHY = [
     ("job", "torch.distributed: initialized process group with timeout 0:30:00"),
     ("kernel", "kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15"),
     ("kernel", "kernel: mlx5_core 0000:c1:00.0 ibp193s0: Link up"),
-]
+    # fp16 steps the loss scaler skipped: grad norm nan or inf, the loss finite (mmengine, mmcv,
+    # the Hugging Face Trainer)
+    ("job", "10/30 22:19:57 - mmengine - INFO - Epoch(train) [1][240/735]  lr: 1.9813e-04  eta: 2:44:49  time: 2.8874  data_time: 0.0042  memory: 10762  loss: 2.5128  grad_norm: nan"),
+    ("job", " Epoch [1][100/62598]\tlr: 1.000e-03, eta: 6 days, 15:22:46, time: 0.539, data_time: 0.051, memory: 7239, loss_ce: 1.2757, horizon_bbox_loss: 0.2828, vertical_bbox_loss: 0.3507, loss: 1.9091, grad_norm: nan"),
+    ("job", "{'loss': 0.2051, 'grad_norm': inf, 'learning_rate': 9.774074342405685e-06, 'epoch': 0.53}"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -222,3 +241,104 @@ def test_real_step_lines_behind_a_logger_header_are_progress():
     for line in lines:
         (m,) = [m for m in match_line(line, "job") if m.pattern == "generic_progress"]
         assert m.groups["iteration"] > 0 and m.groups["loss"] > 0, line
+
+
+# ---------------------------------------------------------------- backtracking on long lines
+try:  # the regex parser: a regex's own literal text, to build lines it fails on slowly
+    import re._constants as _sc
+    import re._parser as _sp
+except ImportError:  # Python < 3.11
+    import sre_constants as _sc  # type: ignore[no-redef]
+    import sre_parse as _sp  # type: ignore[no-redef]
+
+_CATEGORY = {
+    _sc.CATEGORY_DIGIT: r"\d", _sc.CATEGORY_NOT_DIGIT: r"\D", _sc.CATEGORY_SPACE: r"\s",
+    _sc.CATEGORY_NOT_SPACE: r"\S", _sc.CATEGORY_WORD: r"\w", _sc.CATEGORY_NOT_WORD: r"\W",
+}  # fmt: skip
+_REPEATS = {_sc.MAX_REPEAT, _sc.MIN_REPEAT, getattr(_sc, "POSSESSIVE_REPEAT", _sc.MAX_REPEAT)}
+
+
+def _in_set(items, ch: str) -> bool:
+    neg = hit = False
+    for op, av in items:
+        if op is _sc.NEGATE:
+            neg = True
+        elif op is _sc.LITERAL:
+            hit |= ord(ch) == av
+        elif op is _sc.RANGE:
+            hit |= av[0] <= ord(ch) <= av[1]
+        elif op is _sc.CATEGORY and av in _CATEGORY:
+            hit |= re.fullmatch(_CATEGORY[av], ch) is not None
+    return hit != neg
+
+
+def _render(items, alt: int) -> str:
+    """A string `items` match: literals as they are, one character for a class or `.`, each
+    repeat once (or its minimum), alternative `alt` of each alternation."""
+    out = []
+    for op, av in items:
+        if op is _sc.LITERAL:
+            out.append(chr(av))
+        elif op is _sc.NOT_LITERAL:
+            out.append("b" if chr(av) == "a" else "a")
+        elif op is _sc.ANY:
+            out.append(" ")
+        elif op is _sc.IN:
+            own = [
+                chr(a if o is _sc.LITERAL else a[0]) for o, a in av if o in (_sc.LITERAL, _sc.RANGE)
+            ]
+            pool = [*own, *"a1 :_-./=,x(|"]
+            out.append(next((c for c in pool if _in_set(av, c)), ""))
+        elif op in _REPEATS:
+            lo, hi, sub = av
+            out.append(_render(sub, alt) * min(max(lo, 1), hi))
+        elif op is _sc.SUBPATTERN:
+            out.append(_render(av[-1], alt))
+        elif op is getattr(_sc, "ATOMIC_GROUP", None):
+            out.append(_render(av, alt))
+        elif op is _sc.BRANCH:
+            out.append(_render(av[1][alt], alt))
+    return "".join(out)
+
+
+def _adversarial_units(pattern: str) -> set[str]:
+    """Each literal prefix of what `pattern` matches, cut before each of its top-level parts:
+    repeated along a line, every copy starts a match attempt that fails late."""
+    parsed = list(_sp.parse(pattern))
+    units = set()
+    for alt in (0, -1):
+        for k in range(1, len(parsed)):
+            if parsed[k][0] is _sc.LITERAL and parsed[k - 1][0] is _sc.LITERAL:
+                continue  # cut between the parts, not inside a literal run
+            unit = _render(parsed[:k], alt)
+            if unit.strip():
+                units |= {unit, unit + " "}
+    return units
+
+
+def test_every_pattern_is_fast_on_adversarial_8k_lines():
+    """A line of up to 8 KiB (the matcher's cap) made of one pattern's own prefix repeated (many
+    ranks writing `NET/IB : Got completion ...` into one line without newlines) makes a regex
+    with two unbounded gaps in a row backtrack cubically. Failed before: `nccl_ib_port_error`'s
+    `NET/IB\\w*\\s*:.*?(?:...|[Cc]ompletion).*?\\b(?:error|status=)` took 3-5 s on such a line,
+    `nccl_ib_flush_error` up to 6 s (the gaps are now `[^\\n]{0,200}?`)."""
+    cat = catalogue.default()
+    slow = []
+    for p in cat.patterns:
+        sources = ("job", "kernel") if p.source == "any" else (p.source,)
+        for rx in p.regexes:
+            for unit in sorted(_adversarial_units(rx.pattern)):
+                line = (unit * (8192 // len(unit) + 1))[:8192]
+                for source in sources:
+                    t = time.perf_counter()
+                    cat.match_line(line, source)
+                    took = time.perf_counter() - t
+                    if took > 0.25:  # generous (a loaded CI runner): a fast one takes < 0.1 s
+                        slow.append((round(took, 2), p.id, source, unit[:60]))
+    assert slow == [], slow
+
+
+def test_the_adversarial_lines_reach_the_old_nccl_ib_regex():
+    """The generator builds the line that made the old regex slow (a guard for the test)."""
+    old = r"NET/IB\w*\s*:.*?(?:[Gg]ot completion from peer|[Cc]ompletion).*?\b(?:error|status=)\s*(?P<rc>\d+)"
+    assert "NET/IBa : Completion " in _adversarial_units(old)
