@@ -92,7 +92,7 @@ def read_by() -> dict[str, set[str]]:
     spec = A.load()
     for a in spec.alerts:
         for c in a.conditions:
-            add(names_in(rules.condition_expr(c)), f"alert {a.name}")
+            add(names_in(rules.condition_expr(c)) - LABELS, f"alert {a.name}")
     for r in spec.recording:
         add(names_in(r["expr"]), f"recording {r['record']}")
     for file, model in build.build_all().items():
