@@ -21,7 +21,8 @@ A stamp without a zone (syslog, Python logging, glog and `dmesg -T` print local 
 `zone`, with the offset of the stamp's own date (DST); default UTC. The shipper and the
 receiver pass the nodes' zone (`GOODPUT_LOG_TIMEZONE`): `named_zone(name)` for an IANA name,
 `named_zone("")` for the host's local zone. A stamp with its own zone (`Z`, `+02:00`) keeps
-it. A stamp without a year gets the year that puts it at most a day after `ref` (a December line read in January).
+it. A stamp without a year gets the year that puts it at most a day after `ref` (a December
+line read in January).
 A monotonic stamp becomes a time with the node's boot time when known (`boot_time`), else its
 `time` is None and `BootClock.place` sets it from when the lines were read.
 

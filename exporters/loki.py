@@ -4,18 +4,20 @@
 `<log_dir>/kernel/<node>.log` (the log-metrics exporter's layout) and labels lines by the
 contract in `catalogue/logstreams.py`. Each line keeps the time it carries
 (`catalogue/logtime.py`; a stamp without a zone is in `log_zone`, default the host's local
-zone, as syslog, Python logging and glog print it); a line without one (a traceback, a wrapped message) takes the
-previous line's time plus 1 ns per line, and the first lines of a file without any take the
-time they were read. A monotonic kernel stamp uses the node's boot time when given
-(`boot_times`), else a boot time learned from when the lines were read.
+zone, as syslog, Python logging and glog print it); a line without one (a traceback, a
+wrapped message) takes the previous line's time plus 1 ns per line, and the first lines of a
+file without any take the time they were read. A monotonic kernel stamp uses the node's boot
+time when given (`boot_times`), else a boot time learned from when the lines were read.
 
 Read lines go to a spool on disk (`<state_dir>/spool`, one JSON file per batch, at most
 `spool_max_bytes`; when it is full the shipper stops reading, so the log files hold the rest)
 and only then is the read position saved (`<state_dir>/positions.json`: path -> device, inode,
-offset), so a restart resumes and a rotated or truncated file is read from its start. A batch
-leaves the spool when Loki took it: 429, 5xx, timeouts and connection errors keep it and back
-off (honouring `Retry-After`); a 400 drops the entries Loki's answer names (counted by reason)
-and sends the rest once more (Loki keeps one copy of a repeated entry); a 413 splits the batch.
+offset, last time, fingerprint of the bytes read), so a restart resumes and a rotated or
+truncated file (also one truncated and written past the offset again) is read from its start.
+A batch leaves the spool when Loki took it: 429, 5xx, timeouts and connection errors keep it
+and back off (honouring `Retry-After`); a 400 drops the entries Loki's answer names (counted
+by reason) and sends the rest once more (Loki keeps one copy of a repeated entry); a 413 splits
+the batch.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from prometheus_client.registry import Collector
 from catalogue import logstreams, logtime
 from clients.loki import Entry, LokiClient, LokiError, labels_key
 from exporters.logmetrics.exporter import JOB_FILE, KERNEL_FILE
-from exporters.logmetrics.tailer import DirectoryFollower
+from exporters.logmetrics.tailer import DirectoryFollower, Position
 from exporters.lokiapi import refused, retry_after
 from exporters.lokispool import Spool, write_atomic
 
@@ -165,12 +167,12 @@ class LokiShipper(Collector):
             self._last_ns[path] = last
         return out
 
-    def _load_positions(self) -> dict[Path, tuple[tuple[int, int], int]]:
+    def _load_positions(self) -> dict[Path, Position]:
         try:
             data = json.loads(self.positions_path.read_text())
             out = {}
-            for p, (d, i, o, last) in data.items():
-                out[Path(p)] = ((int(d), int(i)), int(o))
+            for p, (d, i, o, last, *fp) in data.items():  # fp: none in an older file
+                out[Path(p)] = ((int(d), int(i)), int(o), str(fp[0]) if fp and fp[0] else None)
                 if last is not None:
                     self._last_ns[Path(p)] = int(last)
             return out
@@ -186,10 +188,10 @@ class LokiShipper(Collector):
             for path, f in follower.followers.items():
                 pos = f.position()
                 if pos is not None:
-                    now[str(path)] = [*pos[0], pos[1], self._last_ns.get(path)]
-            for path, (ident, offset) in follower.resume.items():  # not reopened yet
+                    now[str(path)] = [*pos[0], pos[1], self._last_ns.get(path), pos[2]]
+            for path, (ident, offset, fp) in follower.resume.items():  # not reopened yet
                 if path.exists():
-                    now.setdefault(str(path), [*ident, offset, self._last_ns.get(path)])
+                    now.setdefault(str(path), [*ident, offset, self._last_ns.get(path), fp])
         write_atomic(self.positions_path, json.dumps(now, sort_keys=True).encode())
         # files no longer followed (a job's log deleted): forgotten, not kept for good
         self._last_ns = {p: t for p, t in self._last_ns.items() if str(p) in now}

@@ -76,8 +76,11 @@ def start_services(db_url: str, since: float) -> None:
     Slurm exporter reports no job that ended before `since` (the receiver's database is new)."""
     env = {"GOODPUT_SIM_URL": SIM_URL}
     stack.start_service("sim", goodput_argv("sim", "serve", "--scheduler", "slurm"), SIM_URL, env)
-    stack.start_service(
-        "log-exporter", goodput_argv("exporter", "logs"), "http://127.0.0.1:19411/metrics"
+    stack.start_service(  # its read state lives and goes with the stack (and its job ids)
+        "log-exporter",
+        goodput_argv("exporter", "logs"),
+        "http://127.0.0.1:19411/metrics",
+        {"GOODPUT_STATE_DIR": str(stack.state_dir() / "state")},
     )
     stack.start_service(
         "slurm-exporter",

@@ -6,11 +6,36 @@ a valid job id / node are ignored. A job's series live as long as its log file: 
 file (log retention) removes them. A background thread polls the files; `collect()` reads the
 state at scrape time. An optional `on_lines(kind, key, lines)` hook (e.g. the Loki shipper)
 receives every batch of lines; it must not block.
+
+With a `state_file` (the CLI's `--state-file`, default `$GOODPUT_STATE_DIR/logmetrics/state.json`)
+a restart neither counts old lines again nor resets a counter: every `SAVE_SECONDS` (when
+something changed) and at shutdown, the read positions (the tailer's `position()`, as the Loki
+shipper's `positions.json`: device, inode, offset, fingerprint; paths relative to the log dir)
+and the whole parsed state (every exported counter and gauge) are written together, atomically
+(tmp + rename), between two polls, so they always agree. On start the state is restored and each
+file resumes at its saved position, so after a rotation the counters go on from their totals
+(4 -> 5, not 4 -> 1) and an outage re-reads nothing. Decisions:
+
+- a file with no saved position (or whose saved one no longer fits: another inode, shorter,
+  another fingerprint) is read from its start, whatever its age (and `from_end` is ignored):
+  its lines were not in the saved totals (it appeared, was rotated in or copy-truncated after
+  the last save), so they are new to the counters and counted once;
+- a job's or a node's restored series are dropped when its log file is gone (deleted or moved
+  aside while the exporter was down), as a restart before this state file did;
+- lines read after the last periodic save and before a crash are read again from the saved
+  positions on top of the saved totals, so they count once; `serve` polls once before it
+  answers scrapes, so Prometheus never sees the restored (lower) totals as a reset;
+- no state file, an unreadable or corrupt one, another version, or one written for another log
+  dir: a warning, and the exporter starts as before (every file from its start, or its end with
+  `from_end`); the next save replaces it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import math
 import os
 import re
 import threading
@@ -22,13 +47,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from catalogue import names
-from exporters.logmetrics.parser import JOB_ID, NODE, LogState
-from exporters.logmetrics.tailer import DirectoryFollower, TailStats
+from exporters.logmetrics.parser import JOB_ID, NODE, JobState, LogState
+from exporters.logmetrics.tailer import DirectoryFollower, Position, TailStats
+from exporters.lokispool import write_atomic
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 19411
 JOB_FILE = re.compile(rf"\Aslurm-(?P<job_id>{names.JOB_ID_PATTERN})\.out\Z")
 KERNEL_FILE = re.compile(rf"\A(?P<node>{names.NODE_PATTERN})\.log\Z")
+STATE_VERSION = 1
+SAVE_SECONDS = 5.0  # between saves of the state file (and at shutdown)
 
 LineHook = Callable[[str, str, list[str]], None]
 
@@ -41,23 +69,57 @@ def default_log_dir() -> Path:
     return Path(stack) / "logs" / "cluster"
 
 
+def default_state_file() -> Path:
+    """`$GOODPUT_LOG_STATE_FILE`, else `$GOODPUT_STATE_DIR/logmetrics/state.json` (the state dir
+    the Loki shipper keeps its positions in; default `~/.local/state/goodput`)."""
+    env = os.environ.get("GOODPUT_LOG_STATE_FILE")
+    if env:
+        return Path(env).expanduser()
+    state = Path(os.environ.get("GOODPUT_STATE_DIR", "~/.local/state/goodput")).expanduser()
+    return state / "logmetrics" / "state.json"
+
+
 class LogMetrics(Collector):
-    """Owns the followers and the state; `poll_once()` reads, `collect()` exposes."""
+    """Owns the followers and the state; `poll_once()` reads, `collect()` exposes;
+    `save_state()` writes `state_file` (when given), which the next start restores."""
 
     def __init__(
-        self, log_dir: Path, from_end: bool = False, on_lines: LineHook | None = None
+        self,
+        log_dir: Path,
+        from_end: bool = False,
+        on_lines: LineHook | None = None,
+        state_file: Path | None = None,
+        save_seconds: float = SAVE_SECONDS,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.state = LogState()
-        self.jobs = DirectoryFollower(self.log_dir / "jobs", "slurm-*.out", from_end)
-        self.kernel = DirectoryFollower(self.log_dir / "kernel", "*.log", from_end)
+        self.state_file = None if state_file is None else Path(state_file)
+        self.save_seconds = save_seconds
+        self.restored_tail = TailStats()  # truncated lines and read errors before the restart
+        self.restored = False
+        resume = self._restore() if self.state_file is not None else {}
+        skip = from_end and not self.restored  # a file the saved state lacks is new: all of it
+        jobs, kernel = self.log_dir / "jobs", self.log_dir / "kernel"
+        self.jobs = DirectoryFollower(
+            jobs, "slurm-*.out", skip, {p: v for p, v in resume.items() if p.parent == jobs}
+        )
+        self.kernel = DirectoryFollower(
+            kernel, "*.log", skip, {p: v for p, v in resume.items() if p.parent == kernel}
+        )
         self.on_lines = on_lines
         self.ignored_files: set[str] = set()
         self.poll_seconds = 0.0
         self._lock = threading.Lock()
+        self._poll_lock = threading.RLock()  # a save sees no poll half done
+        self._saved: bytes | None = None
+        self._saved_at = time.monotonic()
 
     def poll_once(self, now: float | None = None) -> int:
         """Read every followed file once; returns the number of lines read."""
+        with self._poll_lock:
+            return self._poll_once(now)
+
+    def _poll_once(self, now: float | None) -> int:
         start = time.perf_counter()
         wall = time.time() if now is None else now
         count = 0
@@ -97,15 +159,84 @@ class LogMetrics(Collector):
         return count
 
     def run(self, stop: threading.Event, interval: float = 0.5) -> None:
-        while not stop.is_set():
-            try:
-                self.poll_once()
-            except Exception:  # keep following whatever one bad poll did
-                log.exception("log poll failed")
-            stop.wait(interval)
+        try:
+            while not stop.is_set():
+                try:
+                    self.poll_once()
+                except Exception:  # keep following whatever one bad poll did
+                    log.exception("log poll failed")
+                if time.monotonic() - self._saved_at >= self.save_seconds:
+                    self._saved_at = time.monotonic()
+                    self.save_state()
+                stop.wait(interval)
+        finally:
+            self.save_state()
+
+    # ------------------------------------------------------------------ state file
+    def save_state(self) -> bool:
+        """Write the positions and the parsed state to `state_file` (when it changed);
+        False when there is none or it could not be written (logged, never raised)."""
+        if self.state_file is None:
+            return False
+        try:
+            with self._poll_lock, self._lock:
+                blob = json.dumps(self._snapshot(), sort_keys=True).encode()
+            if blob != self._saved:
+                self.state_file.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.state_file, blob)
+                self._saved = blob
+        except Exception as exc:  # the exporter goes on; the next save tries again
+            log.warning("could not save the log-metrics state to %s: %s", self.state_file, exc)
+            return False
+        return True
+
+    def _snapshot(self) -> dict:
+        s = self.state
+        positions = {}
+        for follower in (self.jobs, self.kernel):
+            for path, (ident, offset, fingerprint) in follower.positions().items():
+                rel = f"{follower.directory.name}/{path.name}"
+                positions[rel] = [*ident, offset, fingerprint]
+        t = self.tail_stats()
+        return {
+            "version": STATE_VERSION,
+            "log_dir": os.path.abspath(self.log_dir),
+            "positions": positions,
+            "jobs": {job_id: _job_to_json(job) for job_id, job in s.jobs.items()},
+            "pattern_matches": [[*key, n] for key, n in s.pattern_matches.items()],
+            "xids": [[*key, n] for key, n in s.xids.items()],
+            "lines": dict(s.lines),
+            "tail": {"truncated_lines": t.truncated_lines, "read_errors": t.read_errors},
+        }
+
+    def _restore(self) -> dict[Path, Position]:
+        """The saved state into `self.state`; the saved positions (empty when none)."""
+        path = self.state_file
+        assert path is not None
+        try:
+            data = json.loads(path.read_bytes())
+            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+                raise ValueError(f"not a version {STATE_VERSION} state")
+            if data["log_dir"] != os.path.abspath(self.log_dir):
+                raise ValueError(f"written for another log dir, {data['log_dir']}")
+            state, positions = _state_from_json(data, self.log_dir)
+        except FileNotFoundError:
+            log.warning("no state file %s: every log is read from its start", path)
+            return {}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("unusable state file %s (%s): every log is read from its start", path, exc)
+            return {}
+        self.state = state
+        tail = data.get("tail") or {}
+        self.restored_tail.truncated_lines = int(tail.get("truncated_lines", 0))
+        self.restored_tail.read_errors = int(tail.get("read_errors", 0))
+        self.restored = True
+        log.info("restored %s: %d jobs, %d positions", path, len(state.jobs), len(positions))
+        return positions
 
     def tail_stats(self) -> TailStats:
         total = TailStats()
+        total.add(self.restored_tail)
         total.add(self.jobs.retired)
         total.add(self.kernel.retired)
         for follower in (*self.jobs.followers.values(), *self.kernel.followers.values()):
@@ -201,6 +332,84 @@ class LogMetrics(Collector):
         yield from (nan, skipped, patterns, xids, lines, truncated, errors, files, poll)
 
 
+def _job_to_json(job: JobState) -> dict:
+    out = {}
+    for f in dataclasses.fields(JobState):
+        value = getattr(job, f.name)
+        if isinstance(value, set):
+            value = sorted(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
+
+
+def _count(value: object) -> float:
+    n = _number(value)
+    if not (math.isfinite(n) and n >= 0):
+        raise ValueError(f"not a count: {value!r}")
+    return n
+
+
+def _job_from_json(data: dict) -> JobState:
+    job = JobState()
+    for f in dataclasses.fields(JobState):
+        if f.name not in data:
+            continue
+        value, default = data[f.name], getattr(job, f.name)
+        if isinstance(default, dict):
+            value = {str(k): _number(v) for k, v in value.items()}
+        elif isinstance(default, set):
+            value = {str(v) for v in value}
+        elif f.name == "_samples":
+            value = None if value is None else tuple(value)
+        elif value is not None:
+            value = _number(value)
+        setattr(job, f.name, value)
+    return job
+
+
+def _state_from_json(data: dict, log_dir: Path) -> tuple[LogState, dict[Path, Position]]:
+    """The saved state, less the series of jobs and nodes whose log file is gone."""
+    state = LogState()
+    for job_id, job in data["jobs"].items():
+        if not JOB_ID.match(job_id):
+            raise ValueError(f"invalid job_id {job_id!r}")
+        if (log_dir / "jobs" / f"slurm-{job_id}.out").exists():
+            state.jobs[job_id] = _job_from_json(job)
+    nodes: dict[str, bool] = {}
+
+    def node_log(node: str) -> bool:
+        if not NODE.match(node):
+            raise ValueError(f"invalid node {node!r}")
+        if node not in nodes:
+            nodes[node] = (log_dir / "kernel" / f"{node}.log").exists()
+        return nodes[node]
+
+    for job_id, node, pattern, n in data["pattern_matches"]:
+        if (job_id in state.jobs) if job_id else node_log(str(node)):
+            state.pattern_matches[(str(job_id), str(node), str(pattern))] = _count(n)
+    for node, xid, n in data["xids"]:
+        if node_log(str(node)):
+            state.xids[(str(node), str(xid))] = _count(n)
+    for source, n in data["lines"].items():
+        state.lines[str(source)] = _count(n)
+    positions: dict[Path, Position] = {}
+    for rel, (dev, ino, offset, fingerprint) in data["positions"].items():
+        kind, _, name = str(rel).partition("/")
+        if kind not in ("jobs", "kernel") or not name or "/" in name:
+            raise ValueError(f"invalid position path {rel!r}")
+        fp = None if fingerprint is None else str(fingerprint)
+        positions[log_dir / kind / name] = ((int(dev), int(ino)), int(offset), fp)
+    return state, positions
+
+
 def _mtime(path: Path, default: float) -> float:
     try:
         return path.stat().st_mtime
@@ -217,11 +426,20 @@ def serve(
     stop: threading.Event | None = None,
     on_lines: LineHook | None = None,
     extra_collectors: tuple[Collector, ...] = (),
+    state_file: Path | None = None,
 ) -> None:
-    """Expose /metrics on host:port and follow the logs until `stop` is set."""
+    """Expose /metrics on host:port and follow the logs until `stop` is set; with `state_file`,
+    resume from it and keep it (module docstring)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    metrics = LogMetrics(log_dir or default_log_dir(), from_end=from_end, on_lines=on_lines)
+    metrics = LogMetrics(
+        log_dir or default_log_dir(), from_end=from_end, on_lines=on_lines, state_file=state_file
+    )
+    if metrics.restored:  # catch up on what the last save missed before the first scrape
+        try:
+            metrics.poll_once()
+        except Exception:
+            log.exception("log poll failed")
     registry = CollectorRegistry()
     registry.register(metrics)
     for collector in extra_collectors:
@@ -236,4 +454,12 @@ def serve(
         server.shutdown()
 
 
-__all__ = ["JOB_ID", "NODE", "DEFAULT_PORT", "LogMetrics", "default_log_dir", "serve"]
+__all__ = [
+    "JOB_ID",
+    "NODE",
+    "DEFAULT_PORT",
+    "LogMetrics",
+    "default_log_dir",
+    "default_state_file",
+    "serve",
+]

@@ -9,12 +9,14 @@ from typing import IO
 
 
 def _ts(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+    """A zone-less stamp in the node's local time, as Python logging and glog write them
+    (read back in GOODPUT_LOG_TIMEZONE, by default the host's zone)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _torch_ts(t: float, level: str = "E") -> str:
     us = int((t % 1) * 1e9)
-    return f"{level}{time.strftime('%m%d %H:%M:%S', time.gmtime(t))}.{us:09d}"
+    return f"{level}{time.strftime('%m%d %H:%M:%S', time.localtime(t))}.{us:09d}"
 
 
 def kernel(t: float, node: str, text: str) -> str:
@@ -223,7 +225,7 @@ def node_fail_cancel(t: float, job_id: str, node: str) -> str:
 
 
 def cancelled(t: float, job_id: str, node: str, reason: str = "") -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))  # slurmstepd: local time
     tail = f" {reason}" if reason else ""
     return f"slurmstepd: error: *** JOB {job_id} ON {node} CANCELLED AT {when}{tail} ***"
 

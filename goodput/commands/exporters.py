@@ -35,7 +35,14 @@ def logs(
     port: int = typer.Option(19411),
     host: str = typer.Option("127.0.0.1"),
     interval: float = typer.Option(0.5, help="seconds between polls of the files"),
-    from_end: bool = typer.Option(False, help="skip what the files already hold"),
+    from_end: bool = typer.Option(
+        False, help="skip what the files already hold (when there is no state file to resume)"
+    ),
+    state_file: Path = typer.Option(
+        None,
+        help="read positions and counters kept across restarts (default: "
+        "$GOODPUT_LOG_STATE_FILE, else $GOODPUT_STATE_DIR/logmetrics/state.json)",
+    ),
     loki_url: str = typer.Option("", help="also ship the job and kernel logs to this Loki"),
     loki_state_dir: Path = typer.Option(
         None, help="Loki shipper's read positions and spool (default: $GOODPUT_STATE_DIR/loki)"
@@ -49,7 +56,7 @@ def logs(
 ) -> None:
     """Follow job output and kernel logs; expose progress and error-pattern metrics."""
     from catalogue import logtime
-    from exporters.logmetrics.exporter import default_log_dir, serve
+    from exporters.logmetrics.exporter import default_log_dir, default_state_file, serve
 
     try:
         zone = logtime.named_zone(log_timezone)
@@ -74,6 +81,7 @@ def logs(
         serve(
             log_dir, port, host, interval, from_end, _stop_event(),
             extra_collectors=(shipper,) if shipper else (),
+            state_file=state_file or default_state_file(),
         )  # fmt: skip
     finally:
         if shipper is not None:

@@ -5,7 +5,8 @@ are built only from validated ids. Each line gets a time: its own timestamp when
 one (`catalogue/logtime.py`: ISO, `dmesg -T`, journald, syslog, PyTorch/glog, ...; a monotonic
 `dmesg` stamp is placed by the file's mtime, when its last line was written), else the previous
 line's. A stamp without a zone is in the nodes' zone (`GOODPUT_LOG_TIMEZONE`, default the
-host's: `Settings.log_zone`); files read without settings (a recording) take UTC. Only the tail of a big file is read; a `.gz` one (a rotated log) is decompressed.
+host's: `Settings.log_zone`); files read without settings (a recording) take UTC. Only the
+tail of a big file is read; a `.gz` one (a rotated log) is decompressed.
 Loki streams follow `catalogue/logstreams.py`.
 """
 
@@ -102,7 +103,9 @@ def read_lines(
     raws = text.splitlines()[-MAX_LINES:]
     out: list[LogLine] = []
     last: float | None = None
-    for i, (raw, t) in enumerate(zip(raws, _times(raws, end or time.time(), mtime, zone), strict=True)):
+    for i, (raw, t) in enumerate(
+        zip(raws, _times(raws, end or time.time(), mtime, zone), strict=True)
+    ):
         if t is not None:
             last = t
         t = last
@@ -151,9 +154,7 @@ def collect_dir(
             # a node's older kernel lines belong to earlier jobs or runs, not this incident
             start = max(start, run_start - SLACK_S)
         try:
-            got = read_lines(
-                path, kind, node, ctx.job_id, start, ctx.end, follow=False, zone=zone
-            )
+            got = read_lines(path, kind, node, ctx.job_id, start, ctx.end, follow=False, zone=zone)
         except (OSError, ValueError) as exc:  # one unreadable file costs only its own lines
             missing.append(f"{path.name} ({type(exc).__name__})")
             continue

@@ -196,9 +196,7 @@ def test_a_node_zone_applies_to_stamps_without_one():
     plus2 = timezone(timedelta(hours=2))
     assert parse(line, REF, zone=plus2).time == utc("2024-08-30 09:43:09")
     # a stamp with its own zone ignores the node's
-    assert parse("2023-09-08T17:20:30+0200 x", REF, zone=plus2).time == utc(
-        "2023-09-08 15:20:30"
-    )
+    assert parse("2023-09-08T17:20:30+0200 x", REF, zone=plus2).time == utc("2023-09-08 15:20:30")
 
 
 NY = ZoneInfo("America/New_York")
@@ -241,9 +239,7 @@ def test_a_stamp_with_its_own_offset_ignores_the_node_zone():
 def test_a_year_less_stamp_in_a_zone_west_of_utc_keeps_the_year_near_ref():
     """Dec 31 23:30 in New York is Jan 1 04:30 UTC: read just after, it is last year's."""
     ref = utc("2027-01-01 05:00:00")
-    assert parse("Dec 31 23:30:00 node1 kernel: x", ref, zone=NY).time == utc(
-        "2027-01-01 04:30:00"
-    )
+    assert parse("Dec 31 23:30:00 node1 kernel: x", ref, zone=NY).time == utc("2027-01-01 04:30:00")
 
 
 def test_an_unknown_zone_name_is_a_clear_error():

@@ -450,3 +450,21 @@ def test_a_year_zero_date_in_a_line_loses_no_line(loki, logs):
     s.send_once()
     lines = [f"{iso(NOW - 5)} before", "valid_from 0000-01-05T00:00:00", f"{iso(NOW - 4)} after"]
     assert sorted(loki.lines()) == sorted(lines)
+
+
+def test_an_unknown_log_timezone_stops_the_exporter_at_start_up(tmp_path):
+    """`goodput exporter logs --log-timezone` / GOODPUT_LOG_TIMEZONE: a bad name is a usage
+    error before anything is read or served, not a crash on the first line."""
+    from typer.testing import CliRunner
+
+    from goodput.cli import app as cli
+
+    argv = ["exporter", "logs", "--log-dir", str(tmp_path), "--loki-url", "http://127.0.0.1:9"]
+    for args, env in (
+        (["--log-timezone", "Mars/Olympus_Mons"], {}),
+        ([], {"GOODPUT_LOG_TIMEZONE": "Mars/Olympus_Mons"}),
+    ):
+        r = CliRunner().invoke(cli, [*argv, *args], env=env)
+        assert r.exit_code == 2, r.output
+        said = " ".join(r.output.replace("\u2502", " ").split())  # rich's box, wrapped
+        assert "unknown time zone" in said and "Mars/Olympus_Mons" in said

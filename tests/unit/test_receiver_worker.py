@@ -46,6 +46,7 @@ def settings(tmp_path):
         settle_s=0.0,
         worker_poll_s=0.05,
         log_dir=str(logs),
+        log_timezone="UTC",  # the stamps above are UTC, whatever the host's zone
         prometheus_url=f"http://127.0.0.1:{_closed_port()}",
         http_timeout_s=1.0,
         lookback_s=10 * 365 * 86400,
