@@ -30,6 +30,9 @@ def _selector(metric: str, labels: tuple[tuple[str, str], ...], extra: str = "")
 # The detector's shard label (compose/*/prometheus.yml: hashmod of the job id at scrape time):
 # like hpc_job it follows the job, not the GPU, so a GPU's series are compared without it.
 SHARD = "goodput_shard"
+# How far back a `new_series` counter's last value is looked for: one back within this after a
+# gap is the same series, not a new one (all its counts firing again)
+NEW_SERIES_MEMORY = "1h"
 
 
 def dcgm_map(expr: str) -> str:
@@ -78,7 +81,12 @@ def _core(c: Condition, hpc: str) -> str:
     if c.kind == "increase":
         core = _compare(f"increase({sel}[{c.window}])", c)
         if c.new_series:
-            core = f"{core} or ({_compare(sel, c)} unless {sel} offset {c.window})"
+            # the series' last value before the window, within NEW_SERIES_MEMORY: a series back
+            # from a scrape gap (an exporter or Prometheus restart) is not new, and a rise
+            # across the gap counts (as the in-process evaluator compares with the last sample)
+            before = f"last_over_time({sel}[{NEW_SERIES_MEMORY}] offset {c.window})"
+            rise = _compare(f"({sel} - {before})", c)
+            core = f"{core} or {rise} or ({_compare(sel, c)} unless {before})"
         return mapped(core)
     # gone: seen within the window, not now (per `by`), optionally while the coarser group reports
     by = ", ".join(c.by)
