@@ -135,10 +135,13 @@ def _claim(
     from_states: tuple[str, ...],
     nodes: Any,
     owner: str | None = None,
+    reconciled: dict[str, Any] | None = None,
 ) -> tuple[Any, str | None]:
     """Move the row to `executing` (ours, leased); with its drains checked against the blast
     radius under the budget lock. An `executing` row is taken over only from `owner` once its
-    lease expired (`_orphan`). Returns (row or None, the limit it would break)."""
+    lease expired (`_orphan`); `reconciled` (the reconciler's note of what it found) is audited
+    with the claim, so a takeover refused leaves no record of one. Returns (row or None, the
+    limit it would break)."""
 
     def write(conn: Connection) -> tuple[Any, str | None]:
         planning.lock_budget(conn)
@@ -166,6 +169,8 @@ def _claim(
                 log.info("action %s: %s holds it (a live lease): left to it", action_id, cur.owner)
             return None, None
         row = outbox.raw(conn, action_id)
+        if reconciled is not None:
+            audit.append(conn, "reconciled", reconciled, **outbox.refs(row))
         audit.append(conn, "executing", {"attempt": row.attempts}, **outbox.refs(row))
         return row, None
 
@@ -227,9 +232,10 @@ def execute(
     action_id: str,
     from_states: tuple[str, ...] = ("ready", "approved"),
     owner: str | None = None,
+    reconciled: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Execute one ready or approved action (a no-op if someone else holds it), or finish an
-    executing one that `owner`, a dead process, left."""
+    executing one that `owner`, a dead process, left (`reconciled`: audited with the claim)."""
     cfg = config(settings)
     r = outbox.raw(engine, action_id)
     if r is None or r.state not in from_states:
@@ -249,11 +255,11 @@ def execute(
         try:  # the blast radius is checked again with the nodes as they are now
             nodes = sched.node_states()
         except SchedulerError as exc:
-            row, _ = _claim(engine, cfg, action_id, from_states, None, owner)
+            row, _ = _claim(engine, cfg, action_id, from_states, None, owner, reconciled)
             if row is not None:
                 _retry_or_fail(engine, cfg, row, exc, [])
             return get_action(engine, action_id)
-    row, over = _claim(engine, cfg, action_id, from_states, nodes, owner)
+    row, over = _claim(engine, cfg, action_id, from_states, nodes, owner, reconciled)
     if row is None:
         return get_action(engine, action_id)
     if over is not None:

@@ -41,12 +41,12 @@ def _finish(engine: Engine, settings: Any, r: Any, startup: bool) -> None:
     if r.state in PLANNABLE:
         plan(engine, settings, r.id)  # in place: the row is never absent
         return
+    was: dict[str, Any] | None = None
     if startup or r.state == "executing":  # a restart, or a dead owner's lease
-        was: dict[str, Any] = {"was": r.state}
+        was = {"was": r.state}
         if r.state == "executing":
             was["owner"] = r.owner  # the process that died holding it
-        audit.record(engine, "reconciled", was, **outbox.refs(r))
-    execute(engine, settings, r.id, (r.state,), r.owner)
+    execute(engine, settings, r.id, (r.state,), r.owner, was)  # audited only if it claims
 
 
 def reconcile(engine: Engine, settings: Any, startup: bool = False) -> int:

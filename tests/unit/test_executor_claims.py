@@ -58,10 +58,12 @@ def test_an_owner_that_renewed_after_the_read_keeps_its_action(
     row = outbox.raw(world.engine, f"inc-{inc}")
     assert (row.state, row.owner, row.attempts) == ("executing", "receiver-a", 1)
     assert not [c for c in world.st["calls"] if c[0] == "requeue"]
+    assert "reconciled" not in _types(world, inc)  # no record of a takeover that was refused
     monkeypatch.setattr(reconciler, "orphaned", read)
     _expire(world.engine)  # A stops renewing: B takes it over and finishes it
     reconciler.reconcile(world.engine, world.settings())
     _check_once(world, inc)
+    assert _types(world, inc).count("reconciled") == 1
 
 
 def test_a_late_owner_records_nothing_over_the_winners_outcome(
