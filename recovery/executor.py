@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, false, or_, update
@@ -226,6 +230,31 @@ def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps:
     )
 
 
+# The actions this process is executing now (id -> callers). An `executing` row this process
+# owns but holds no more (a store error escaped mid-way) is an orphan like a dead process's:
+# its lease, renewed by this process's heartbeat, would otherwise keep it executing for good.
+_in_hand: Counter[str] = Counter()
+_in_hand_lock = threading.Lock()
+
+
+def in_hand(action_id: str) -> bool:
+    with _in_hand_lock:
+        return _in_hand[action_id] > 0
+
+
+@contextmanager
+def _holding(action_id: str) -> Iterator[None]:
+    with _in_hand_lock:
+        _in_hand[action_id] += 1
+    try:
+        yield
+    finally:
+        with _in_hand_lock:
+            _in_hand[action_id] -= 1
+            if _in_hand[action_id] <= 0:
+                del _in_hand[action_id]
+
+
 def execute(
     engine: Engine,
     settings: Any,
@@ -236,6 +265,18 @@ def execute(
 ) -> dict[str, Any] | None:
     """Execute one ready or approved action (a no-op if someone else holds it), or finish an
     executing one that `owner`, a dead process, left (`reconciled`: audited with the claim)."""
+    with _holding(action_id):
+        return _execute(engine, settings, action_id, from_states, owner, reconciled)
+
+
+def _execute(
+    engine: Engine,
+    settings: Any,
+    action_id: str,
+    from_states: tuple[str, ...],
+    owner: str | None,
+    reconciled: dict[str, Any] | None,
+) -> dict[str, Any] | None:
     cfg = config(settings)
     r = outbox.raw(engine, action_id)
     if r is None or r.state not in from_states:

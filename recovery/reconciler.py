@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from recovery import accounting, audit, controller_restart, leases, outbox
 from recovery.action_config import config, probe_scheduler, setting
-from recovery.executor import execute, plan
+from recovery.executor import execute, in_hand, plan
 from recovery.outbox import PLANNABLE, RUNNABLE, actions_table, expire
 from recovery.scheduler import SchedulerError
 
@@ -143,9 +143,12 @@ def _advance(engine: Engine, r: Any, now: float) -> bool:
 def orphaned(row: Any, now: float, startup: bool, single: bool) -> bool:
     """Is this executing row left by a dead process? Yes once its owner's lease has expired
     (receivers in HA: the owner stopped renewing it), and at start-up when the row has no
-    lease or the store has one receiver only (SQLite): the process that held it is gone."""
-    if row.state != "executing" or row.owner == leases.OWNER:
+    lease or the store has one receiver only (SQLite): the process that held it is gone. One
+    this process owns is an orphan when it is no longer in hand (an error escaped mid-way)."""
+    if row.state != "executing":
         return False
+    if row.owner == leases.OWNER:
+        return not in_hand(row.id)
     if row.lease_until is not None and row.lease_until < now:
         return True
     return startup and (row.lease_until is None or single)

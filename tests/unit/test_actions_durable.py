@@ -258,3 +258,32 @@ def test_pausing_skips_an_action_that_has_not_begun(world):
     world.restart()
     assert outbox.incident_action(world.engine, str(inc))["state"] == "skipped"
     assert not [c for c in world.st["calls"] if c[0] in ("drain", "requeue")]
+
+
+def test_an_action_left_executing_by_an_error_of_this_process_is_finished(world, monkeypatch):
+    """A store error escaping after the requeue (here the `executed` audit write) left the row
+    `executing`, owned by the live process: its heartbeat renewed the lease for good and the
+    reconciler skipped its own rows, so the action never finished while the receiver lived.
+    Now a row this process owns but no longer holds is an orphan: the next pass finishes it,
+    without a second requeue."""
+    from sqlalchemy.exc import OperationalError
+
+    inc = world.alert()
+    real = audit.append
+    failed: list[str] = []
+
+    def flaky(conn, type_, payload, **kw):
+        if type_ == "executed" and not failed:
+            failed.append(type_)
+            raise OperationalError("INSERT", {}, Exception("database is locked"))
+        return real(conn, type_, payload, **kw)
+
+    monkeypatch.setattr(audit, "append", flaky)
+    worker.run_once(world.engine, world.settings())  # the worker logs the error
+    monkeypatch.setattr(audit, "append", real)
+    row = outbox.raw(world.engine, f"inc-{inc}")
+    assert (row.state, row.owner) == ("executing", leases.OWNER)
+    leases.renew(world.engine, 30)  # the heartbeat goes on
+    reconciler.reconcile(world.engine, world.settings())
+    assert outbox.raw(world.engine, f"inc-{inc}").state == "executed"
+    assert len([c for c in world.st["calls"] if c[0] == "requeue"]) == 1
