@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -324,6 +325,14 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, "invalid request", _validation_detail(list(exc.errors())))
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _store_down(_req: Request, exc: Exception) -> JSONResponse:
+        log.warning("store unavailable: %s", exc)
+        resp = _error(503, f"the store is unavailable ({type(exc).__name__}); try again")
+        resp.headers["Retry-After"] = "5"
+        return resp
 
     @app.exception_handler(Exception)
     async def _internal(_req: Request, exc: Exception) -> JSONResponse:

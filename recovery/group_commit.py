@@ -6,8 +6,11 @@ flush each). `GroupCommit.submit` queues a ready payload and returns a future; o
 thread folds everything queued in one transaction and completes the futures of its batch only
 after the commit. The webhook awaits it on the event loop (`ingest`): no worker thread is
 held per waiting request, and a commit wakes only its own batch's requests. If a batch fails,
-its payloads are written again one by one, so one bad payload fails only its own request. The
-writer starts with the first payload and ends after `LINGER_S` without one.
+its payloads are written again one by one, so one bad payload fails only its own request;
+unless the store itself failed it (locked, unreachable: `OperationalError`,
+`InterfaceError`), which would fail each again after as long a wait: then the whole batch
+fails at once (the webhook answers 503 and Alertmanager delivers it again). The writer
+starts with the first payload and ends after `LINGER_S` without one.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from recovery import failpoints, incidents
 from recovery.settings import Settings
 
 MAX_BATCH = 256
 LINGER_S = 1.0  # the writer waits this long for the next payload before it ends
+STORE_DOWN = (OperationalError, InterfaceError)  # the store failed, not one payload
 
 
 @dataclass
@@ -89,8 +94,9 @@ class GroupCommit:
                 self.engine, self.settings, [s.payload for s in batch]
             )
         except Exception as exc:  # noqa: BLE001 - each payload alone: only a bad one fails
-            if len(batch) == 1:
-                batch[0].future.set_exception(exc)
+            if len(batch) == 1 or isinstance(exc, STORE_DOWN):
+                for s in batch:
+                    s.future.set_exception(exc)
                 return
             for s in batch:
                 try:

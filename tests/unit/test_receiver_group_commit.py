@@ -82,6 +82,27 @@ def test_a_bad_payload_fails_alone(gc):
         assert conn.execute(select(func.count()).select_from(alerts)).scalar_one() == 5
 
 
+def test_a_batch_the_store_failed_fails_at_once_not_payload_by_payload(gc, monkeypatch):
+    """The store itself failed the batch (SQLite locked past its busy timeout, PostgreSQL
+    gone): each payload written again alone waited out as long (a full batch at the 30 s
+    timeout: two hours with every request waiting). Now all fail together, once."""
+    from sqlalchemy.exc import OperationalError
+
+    commits, engine, batches = gc
+    real = incidents.ingest_payloads
+
+    def locked(engine, settings, payloads, now=None):
+        if len(batches) >= 1:
+            batches.append(len(payloads))
+            raise OperationalError("INSERT", {}, Exception("database is locked"))
+        return real(engine, settings, payloads, now)
+
+    monkeypatch.setattr(incidents, "ingest_payloads", locked)
+    out = _run(commits, [[_alert(f"{k:x}", "7")] for k in range(6)])
+    failed = [r for r in out if isinstance(r, OperationalError)]
+    assert len(failed) == 5 and len(batches) == 2, (out, batches)  # one failed batch of five
+
+
 def _tables(engine) -> dict[str, list[tuple]]:
     """The ingest's tables, without ids and times (which differ between two stores)."""
     from recovery.store import incident_alerts, incidents, payloads
@@ -191,3 +212,26 @@ def test_the_writer_ends_when_idle_and_starts_again(gc, monkeypatch):
     assert commits._writer is None  # nothing queued: no thread left behind
     assert asyncio.run(commits.ingest([_alert("b", "1")], raw="b")).new == 1
     assert batches == [1, 1]
+
+
+def test_the_webhook_answers_503_while_the_store_is_down(tmp_path, monkeypatch):
+    """Alertmanager delivers a 5xx again; a 503 with Retry-After says the store, not the
+    payload, failed (before: a 500 'internal error')."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy.exc import OperationalError
+
+    from recovery.app import create_app
+
+    app = create_app(
+        Settings(db_url=f"sqlite:///{tmp_path}/w.db", require_auth=False, slurm_enabled=False),
+        start_worker=False,
+    )
+
+    def down(*_a, **_k):
+        raise OperationalError("INSERT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(incidents, "ingest_payloads", down)
+    doc = {"version": "4", "groupKey": "{}:{}", "status": "firing", "receiver": "goodput",
+           "alerts": [_alert("a1", "7")]}  # fmt: skip
+    r = TestClient(app, raise_server_exceptions=False).post("/api/v1/alerts", json=doc)
+    assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
