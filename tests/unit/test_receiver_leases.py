@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, select, update
 
-from recovery import failpoints, incidents, leases, outbox, reconciler
+from recovery import executor, failpoints, incidents, leases, outbox, reconciler
 from recovery.failpoints import Crash
 from recovery.settings import Settings
 from recovery.store import diagnoses, make_engine
@@ -84,12 +84,15 @@ def test_a_restarted_single_receiver_takes_its_dead_claims_back_at_once(store):
 
 
 def _row(state, owner, lease_until):
-    return SimpleNamespace(state=state, owner=owner, lease_until=lease_until)
+    return SimpleNamespace(id="a1", state=state, owner=owner, lease_until=lease_until)
 
 
 def test_orphaned_rows():
     me, now = leases.OWNER, 1000.0
-    assert not reconciler.orphaned(_row("executing", me, 0.0), now, True, True)  # ours
+    with executor._holding("a1"):  # ours, in hand
+        assert not reconciler.orphaned(_row("executing", me, 0.0), now, True, True)
+    # ours, but no longer in hand (an error escaped mid-way): finished like a dead one's
+    assert reconciler.orphaned(_row("executing", me, 9999.0), now, False, False)
     assert not reconciler.orphaned(_row("ready", "x", 0.0), now, True, True)
     assert reconciler.orphaned(_row("executing", "x", 999.0), now, False, False)  # expired
     assert not reconciler.orphaned(_row("executing", "x", 1001.0), now, False, False)
