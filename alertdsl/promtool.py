@@ -9,20 +9,29 @@ from typing import Any
 
 import yaml
 
-from alertdsl.rules import HEADER, Dumper, fmt_number
+from alertdsl.rules import HEADER, Dumper, described, fmt_number
 from alertdsl.spec import AlertsError, Spec, required
 
 _DURATION = re.compile(r"[1-9][0-9]*[smh]")  # one unit: one spelling, one file name per interval
 _TEMPLATE = re.compile(r"\{\{\s*\$(labels\.([a-zA-Z_][a-zA-Z0-9_]*)|value)\s*\}\}")
+# `{{ with $labels.x }} ... {{ . }} ... {{ end }}`: the middle, with `.` as x, where x is set
+_WITH = re.compile(
+    r"\{\{\s*with \$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}(.*?)\{\{\s*end\s*\}\}", re.S
+)
+_DOT = re.compile(r"\{\{\s*\.\s*\}\}")
 
 
 def expand(template: str, labels: Mapping[str, str], value: float) -> str:
-    """Prometheus' annotation templating, for the two forms alerts.yaml uses."""
+    """Prometheus' annotation templating, for the forms alerts.yaml uses."""
 
     def sub(m: re.Match[str]) -> str:
         return fmt_number(value) if m.group(1) == "value" else str(labels.get(m.group(2), ""))
 
-    return _TEMPLATE.sub(sub, template)
+    def with_(m: re.Match[str]) -> str:
+        got = str(labels.get(m.group(1), ""))
+        return _DOT.sub(lambda _: got, m.group(2)) if got else ""
+
+    return _TEMPLATE.sub(sub, _WITH.sub(with_, template))
 
 
 DEFAULT_EVALUATION = "1s"
@@ -87,12 +96,15 @@ def promtool_tests(
                 labels["signal"] = alert.conditions[0].signal
             labels |= {"severity": alert.severity, "scope": alert.scope}
             ann_labels = labels | {"alertname": alert.name}
+            cond = next(c for c in alert.conditions if c.signal == labels["signal"])
             expected.append(
                 {
                     "exp_labels": labels,
                     "exp_annotations": {
                         "summary": expand(alert.summary, ann_labels, value),
-                        "description": expand(alert.description, ann_labels, value),
+                        "description": expand(
+                            described(alert.description, cond), ann_labels, value
+                        ),
                         "runbook_url": spec.runbook_url(alert.name),
                     },
                 }

@@ -112,6 +112,14 @@ def condition_expr(c: Condition) -> str:
     return _core(c, "")
 
 
+def described(text: str, c: Condition) -> str:
+    """The description with `[threshold]` as the condition's threshold (one source: the
+    condition)."""
+    if "[threshold]" in text and c.threshold is None:
+        raise ValueError(f"{c.signal}: `[threshold]` in a description of a condition without one")
+    return text if c.threshold is None else text.replace("[threshold]", fmt_number(c.threshold))
+
+
 def render_rules(spec: Spec) -> dict[str, Any]:
     """The Prometheus rule file (as a dict) for every recording rule and alert condition."""
     recording = []
@@ -132,7 +140,7 @@ def render_rules(spec: Spec) -> dict[str, Any]:
                     "labels": {"severity": a.severity, "scope": a.scope, "signal": c.signal},
                     "annotations": {
                         "summary": a.summary,
-                        "description": a.description,
+                        "description": described(a.description, c),
                         "runbook_url": spec.runbook_url(a.name),
                     },
                 }

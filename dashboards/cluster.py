@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from alertdsl.spec import threshold
 from dashboards.panels import INCIDENTS, base, once, q, st, tbl, ts
 
 OPEN = once('goodput_incidents{state="open"}', "outcome")
@@ -59,7 +60,7 @@ def dashboard() -> d.Dashboard:
         )
         .with_panel(
             ts(
-                "Job anomaly score (combined; 1 = alert threshold)",
+                f"Job anomaly score (combined; alert at {threshold('GoodputJobAnomaly'):g})",
                 q('max by (job_id) (goodput_job_anomaly_score{detector="combined"})', "{{job_id}}"),
             )
         )

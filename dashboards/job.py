@@ -6,6 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as d
 from grafana_foundation_sdk.builders import logs, loki
 
+from alertdsl.spec import threshold
 from dashboards.panels import JOB, LOKI, NODE, base, q, tbl, ts, var
 
 
@@ -58,7 +59,13 @@ def dashboard() -> d.Dashboard:
             )
         )
         .with_panel(ts("Loss", q(f"goodput_job_loss{{{JOB}}}", "{{job_id}}"), w=8))
-        .with_row(d.Row("Anomaly scores (1 = alert threshold)"))
+        .with_row(
+            d.Row(
+                "Anomaly scores (1 = each detector's nominal alarm level; alerts at "
+                f"{threshold('GoodputJobAnomaly'):g} combined, "
+                f"{threshold('GoodputJobHung'):g} progress)"
+            )
+        )
         .with_panel(
             ts(
                 "Job score by detector",
