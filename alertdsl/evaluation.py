@@ -96,7 +96,12 @@ def _active(frame: pd.DataFrame, c: Condition) -> pd.DataFrame:
             v = _increase(v, t, duration_seconds(c.window), c.new_series)
         active = np.isin(v, c.values) if c.op == "in" else OPS[c.op](v, c.threshold)
         parts.append(g[["timestamp", *labels]].assign(active=active))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if c.kind == "threshold" and c.by and not out.empty:
+        # `max by`: one series per group (the job join adds job_id after it)
+        keys = [*c.by, *(["job_id"] if c.join_job and "job_id" in labels else [])]
+        out = out.groupby(["timestamp", *keys], dropna=False, as_index=False)["active"].any()
+    return out
 
 
 def _persist(active: pd.DataFrame, for_s: float) -> pd.DataFrame:

@@ -69,8 +69,9 @@ def _core(c: Condition, hpc: str) -> str:
     """The condition for one selector variant; `hpc` is an extra dcgm matcher or ''."""
     mapped = dcgm_map if c.source == "dcgm" else (lambda e: e)
     sel = _selector(c.metric, c.labels, hpc)
-    if c.kind == "threshold":
-        return mapped(_compare(sel, c))
+    if c.kind == "threshold":  # with `by`: one series per group, whatever else its labels say
+        e = mapped(_compare(sel, c))
+        return f"max by ({', '.join(c.by)}) ({e})" if c.by else e
     if c.kind == "increase" and c.source == "dcgm":
         # A job ending drops hpc_job and starts a new series, often at the very moment of the
         # fault, so increase() per series misses it. Instead: the GPU's value now minus its

@@ -119,6 +119,8 @@ class OnlineAlerts:
         c.cols = self._cols_of(c)
         if c.source == "dcgm":
             c.cols = [k for k in c.cols if k != "job_id"]
+        if cond.kind == "threshold" and cond.by:  # one series per group: its rows whatever else
+            c.cols = [k for k in c.cols if k in cond.by]
         if cur is None or cond.metric not in cur or cur.empty:
             vals, mask = np.zeros(0), np.zeros(0, dtype=bool)
         else:
