@@ -67,7 +67,7 @@ def logs(
         from exporters.loki import LokiShipper, host_boot_time
 
         boot = host_boot_time()  # this host's kernel log (if it is one of them) gets its boot time
-        host = socket.gethostname().split(".")[0]
+        node = socket.gethostname().split(".")[0]
         state = (
             loki_state_dir
             or Path(os.environ.get("GOODPUT_STATE_DIR", "~/.local/state/goodput")).expanduser()
@@ -75,7 +75,7 @@ def logs(
         )
         shipper = LokiShipper(
             loki_url, log_dir or default_log_dir(), state,
-            boot_times={host: boot} if boot is not None else None, log_zone=zone,
+            boot_times={node: boot} if boot is not None else None, log_zone=zone,
         ).start()  # fmt: skip
     try:
         serve(

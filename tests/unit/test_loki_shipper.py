@@ -468,3 +468,20 @@ def test_an_unknown_log_timezone_stops_the_exporter_at_start_up(tmp_path):
         assert r.exit_code == 2, r.output
         said = " ".join(r.output.replace("\u2502", " ").split())  # rich's box, wrapped
         assert "unknown time zone" in said and "Mars/Olympus_Mons" in said
+
+
+def test_with_a_loki_url_the_exporter_still_listens_where_it_is_told(tmp_path, monkeypatch):
+    """`--loki-url` took the machine's host name for the shipper's boot time under the name of
+    the --host option, so /metrics listened on the host name instead of --host."""
+    from typer.testing import CliRunner
+
+    from exporters.logmetrics import exporter
+    from goodput.cli import app as cli
+
+    seen: dict = {}
+    monkeypatch.setattr(exporter, "serve", lambda *a, **k: seen.update(host=a[2]))
+    monkeypatch.setenv("GOODPUT_STATE_DIR", str(tmp_path / "state"))
+    argv = ["exporter", "logs", "--log-dir", str(tmp_path), "--host", "0.0.0.0"]
+    r = CliRunner().invoke(cli, [*argv, "--loki-url", "http://127.0.0.1:9"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"host": "0.0.0.0"}
