@@ -43,7 +43,7 @@ VARIANTS = [
     ("kernel", "Jan  2 03:04:05 node2 kernel: [4242.1] Out of memory: Killed process 31337 (python3) total-vm:100kB", "host_oom", {"pid": 31337, "process": "python3"}),
     ("job", "  traceback : Signal 11 (SIGSEGV) received by PID 99", "segfault", {"pid": 99}),
     ("job", "/var/spool/slurmd/job01/slurm_script: line 9: 4242 Segmentation fault      (core dumped) python train.py", "segfault", {}),
-    ("kernel", "node3 kernel: pt_main_thread[77]: segfault at 8 ip 00007f sp 00007f error 4 in libtorch.so", "segfault", {"pid": 77, "process": "pt_main_thread"}),
+    ("kernel", "node3 kernel: pt_main_thread[77]: segfault at 8 ip 00007f sp 00007f error 4 in libtorch.so", "kernel_segfault", {"pid": 77, "process": "pt_main_thread"}),
     ("job", "  traceback : Signal 6 (SIGABRT) received by PID 2385923", "elastic_exit_sigabrt", {"pid": 2385923}),
     ("job", "  traceback : Signal 9 (SIGKILL) received by PID 5", "signal_received", {"signal": 9, "detail": "SIGKILL"}),
     ("job", "  rank      : 11 (local_rank: 3)", "elastic_child_failed", {"rank": 11, "local_rank": 3}),
@@ -342,3 +342,31 @@ def test_the_adversarial_lines_reach_the_old_nccl_ib_regex():
     """The generator builds the line that made the old regex slow (a guard for the test)."""
     old = r"NET/IB\w*\s*:.*?(?:[Gg]ot completion from peer|[Cc]ompletion).*?\b(?:error|status=)\s*(?P<rc>\d+)"
     assert "NET/IBa : Completion " in _adversarial_units(old)
+
+
+def test_a_node_tools_segfault_in_the_kernel_log_is_evidence_not_an_alert():
+    """The kernel logs a segfault of any process on the node (dcgmi, a health check:
+    NVIDIA/DCGM#134): counted as `kernel_segfault`, which raises no alert, where as `segfault`
+    it fired GoodputJobLogFault and the job on the node, healthy, was requeued. The job's own
+    segfault is in its log and still fires."""
+    import pandas as pd
+
+    from alertdsl import evaluation as E
+
+    line = (
+        "node1 kernel: dcgmi[5133]: segfault at 0 ip 00007f3a sp 00007ffd error 4 in libdcgm.so.3"
+    )
+    assert [m.pattern for m in match_line(line, "kernel")] == ["kernel_segfault"]
+    job_line = "srun: error: node1: task 0: Segmentation fault (core dumped)"
+    assert "segfault" in [m.pattern for m in match_line(job_line, "job")]
+    for pattern, job_id, fires in (("kernel_segfault", "", False), ("segfault", "42", True)):
+        frame = pd.DataFrame(
+            {
+                "timestamp": [0.0, 5.0, 10.0],
+                "job_id": job_id,
+                "node": "node1",
+                "pattern": pattern,
+                "goodput_log_pattern_matches_total": [0.0, 1.0, 1.0],
+            }
+        )
+        assert E.evaluate("GoodputJobLogFault", frame).empty is not fires, pattern
