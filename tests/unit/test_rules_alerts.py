@@ -27,7 +27,7 @@ BRIEF_NAMES = {
     "GoodputJobHung", "GoodputJobSlow", "GoodputJobStraggler", "GoodputJobAnomaly",
     "GoodputGPUAnomaly",
     "GoodputGPUDegradation", "GoodputJobLogFault", "GoodputJobFailed", "GoodputDetectorDown",
-    "GoodputExporterDown", "GoodputActionsRetrying",
+    "GoodputExporterDown", "GoodputActionsRetrying", "GoodputReceiverDown",
 }  # fmt: skip
 
 
