@@ -314,7 +314,7 @@ def record_export(
     engine: Engine, summary: dict[str, Any], destination: str, actor: str = "goodput"
 ) -> dict[str, Any]:
     """Record a durable export (table and `exported` event): its events may now be pruned."""
-    rec = {**summary, "ts": round(time.time(), 6), "destination": destination[:1000]}
+    rec = {**summary, "ts": round(clock.now(engine), 6), "destination": destination[:1000]}
     for attempt in range(20):
         try:
             with engine.begin() as conn:
@@ -332,7 +332,7 @@ def prune(engine: Engine, older_than_days: float, now: float | None = None) -> i
     Only a prefix goes (every row up to the cut is older and exported) and never the newest
     row, so the next `append` still chains on; the anchor keeps the last deleted (seq, hash).
     """
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     cutoff = now - older_than_days * 86400.0
     for attempt in range(20):
         try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Column, Engine, Float, Integer, String, Table, Text, func, select
 
-from recovery import audit, node_health, slurm_hooks
+from recovery import audit, clock, node_health, slurm_hooks
 from recovery.policy import Policy
 from recovery.scheduler.base import (
     REASON_PREFIX,
@@ -135,7 +135,7 @@ def tick(
     cfg = policy.return_to_service
     if not cfg.enabled:
         return []
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     done = []
     for node in scheduler.node_states():
         if hold_dir is not None and not node.drained and slurm_hooks.held(hold_dir, node.node):
@@ -263,7 +263,7 @@ def start(
                 policy, scheduler = current()
                 if not policy.return_to_service.enabled:
                     continue
-                now = time.time()
+                now = clock.now(engine)
                 tick(engine, scheduler, policy, paused=paused(), events=history(now),
                      hold_dir=Path(hold) if hold else None, now=now)  # fmt: skip
             except Exception:  # noqa: BLE001 - the loop outlives any one failure

@@ -7,7 +7,6 @@ week, MTBI, the last check, the repeat-offender rules it breaks — for the cons
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
-from recovery import node_checks, node_health, store
+from recovery import clock, node_checks, node_health, store
 from recovery.diagnosis import CATEGORY
 from recovery.policy import Policy
 
@@ -94,7 +93,7 @@ def lookback_s(policy: Policy) -> float:
 def summary(engine: Engine, policy: Policy, now: float | None = None) -> list[dict[str, Any]]:
     """One row per node with history in the last week (or a rule's window), most incidents
     first; the counts and MTBI are over the last week."""
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     rules = policy.return_to_service.repeat_offenders
     rows = []
     latest = node_checks.latest_states(engine)

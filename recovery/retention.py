@@ -8,13 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
-from recovery import audit, logouts, store
+from recovery import audit, clock, logouts, store
 from recovery.policy import DEFAULT_FILE, Policy, Retention, load_policy
 
 log = logging.getLogger("goodput.receiver.retention")
@@ -22,7 +21,7 @@ log = logging.getLogger("goodput.receiver.retention")
 
 def apply(engine: Engine, rules: Retention, now: float | None = None) -> dict[str, int]:
     """Prune now; returns the rows deleted per kind."""
-    now = time.time() if now is None else now
+    now = clock.now(engine) if now is None else now
     return {
         "payloads": store.prune_payloads(engine, rules.payload_days, now),
         "audit": audit.prune(engine, rules.audit_days, now),

@@ -98,3 +98,23 @@ def test_the_contract_lists_every_audit_event_type():
     para = re.split(r"Table\s+`goodput_audit`", text.split("- **Audit event types**:", 1)[1])[0]
     named = set(re.findall(r"`([a-z_]+)`", para)) - {"reason", "was", "detail"}
     assert named == set(audit.TYPES)
+
+
+def test_exports_pruning_and_retention_read_the_receivers_clock(tmp_path):
+    """The export's time, the prune cut and retention read the store's clock (a simulated
+    one in the benchmark), as every other audit event does, not the wall clock."""
+    import io
+
+    from recovery import retention
+    from recovery.clock import ManualClock
+    from recovery.policy import Retention
+
+    t = 1_600_000_000.0
+    e = make_engine(f"sqlite:///{tmp_path / 'c.db'}", clock=ManualClock(t))
+    for i in range(3):
+        audit.record(e, "diagnosis", {"i": i}, ts=t - 40 * 86400 + i)
+    audit.record(e, "diagnosis", {"i": 3}, ts=t - 1)
+    summary = audit.export(e, io.StringIO())
+    assert audit.record_export(e, summary, "file:x")["ts"] == t
+    pruned = retention.apply(e, Retention(payload_days=30, audit_days=30))
+    assert pruned["audit"] == 3  # 40 days old by the store's clock (the wall clock: years)
