@@ -62,6 +62,10 @@ def clean_reason(text: str) -> str:
     return text[:200]
 
 
+# Reasons slurmctld itself gives a node it marks DOWN because it stopped answering
+SLURM_DOWN_REASONS = ("not responding",)
+
+
 @dataclass(frozen=True)
 class JobState:
     job_id: str
@@ -81,6 +85,7 @@ class JobState:
     node_count: int = 0  # nodes the job asks for (0: unknown)
     signal: int = 0  # the signal that ended it (0: none)
     user: str | None = None  # who submitted it (a valid user name, else None)
+    required: tuple[str, ...] = ()  # nodes it must run on (`--nodelist`)
 
     @property
     def active(self) -> bool:
@@ -101,6 +106,18 @@ class NodeState:
     @property
     def drained_by_goodput(self) -> bool:
         return self.drained and self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def down_by_other(self) -> bool:
+        """DOWN with a reason that is neither Goodput's nor Slurm's own for a node that stopped
+        answering ("Not responding"): a person's (an RMA, maintenance), left to them."""
+        reason = self.reason.strip()
+        return (
+            "DOWN" in self.state.upper()
+            and bool(reason)
+            and not reason.startswith(REASON_PREFIX)
+            and reason.lower() not in SLURM_DOWN_REASONS
+        )
 
 
 @dataclass(frozen=True)
@@ -186,6 +203,9 @@ class Scheduler(ABC):
         if before.drained:
             who = "Goodput" if before.drained_by_goodput else "a person"
             return OpResult(False, f"{node} already drained by {who} ({before.reason})")
+        if before.down_by_other:  # a drain would replace the reason with Goodput's, and
+            # Goodput would later check the node and return it to service
+            return OpResult(False, f"{node} is already down ({before.reason}): left as it is")
         self._drain(node, clean_reason(reason))
         self._await(lambda: bool((s := self.node_state(node)) and s.drained), f"{node} drained")
         return OpResult(True, f"{node} drained")
@@ -250,8 +270,19 @@ class Scheduler(ABC):
         target = want if set(want) != set(before.excluded) else None
         if before.exit_code == 93 and not before.active:
             raise GuardRefused(f"job {job_id} exited with 93: do not requeue")
+        if before.state.upper() == "COMPLETED" and before.exit_code == 0:
+            raise GuardRefused(f"job {job_id} completed (exit 0): not run again")
+        if bad := sorted(set(want) & set(before.required)):
+            raise GuardRefused(f"job {job_id} requires {bad}: excluded, it would never start")
+        if exclude and (unknown := sorted(set(exclude) - {n.node for n in self.node_states()})):
+            raise GuardRefused(f"nodes {unknown} are unknown to the scheduler: not excluded")
         if expected_restarts is not None and before.restarts > expected_restarts:
-            ours = before.held and before.restarts == expected_restarts + 1 and not hold
+            ours = (
+                before.held
+                and before.reason != "JobHeldAdmin"  # a person's hold (Goodput's is JobHeldUser)
+                and before.restarts == expected_restarts + 1
+                and not hold
+            )
             if ours and before.active and before.state.upper() != "PENDING":
                 raise NotConfirmed(f"job {job_id} is {before.state}: its requeue-hold completes")
             if ours and before.state.upper() == "PENDING":

@@ -228,6 +228,7 @@ class SlurmScheduler(Scheduler):
                 gpus=int(gres.group(1)) if gres else 0,
                 end_time=_ended_at(_first(j.get("job_state")), names.slurm_int(j.get("end_time"))),
                 node_count=names.slurm_int(j.get("node_count")) or 0,
+                required=expand_hostlist(j.get("required_nodes")),
             )
         return self._sacct_state(job_id)
 
@@ -296,7 +297,14 @@ class SlurmScheduler(Scheduler):
         )
         failpoints.hit("requeue_held")
         if exclude is not None or delay_s > 0:
-            self._set_exclude(job_id, exclude, delay_s)
+            try:
+                self._set_exclude(job_id, exclude, delay_s)
+            except SchedulerUnavailable:
+                raise  # the action's retry finishes it (held, one restart on)
+            except SchedulerError:
+                if not hold:  # refused for good: a held job would wait for nobody
+                    self._release(job_id)
+                raise
         failpoints.hit("excluded")
         if not hold:
             self._release(job_id)

@@ -188,6 +188,34 @@ def test_never_resumes_a_node_a_person_drained(monkeypatch):
         s.resume("node4")
 
 
+@pytest.mark.parametrize(
+    ("state", "reason", "drains"),
+    [
+        ("DOWN", "alice: bad PSU, RMA pending", False),  # a person's: left as it is
+        ("DOWN", "Not responding", True),  # Slurm's own for a lost node: Goodput drains it
+        ("IDLE", "", True),
+    ],
+)
+def test_a_node_a_person_took_down_is_not_drained_over(monkeypatch, state, reason, drains):
+    """Slurm 22.05 replaces a DOWN node's reason with the drain's: the node then read as
+    Goodput's drain, and the return-to-service check put a node an admin had taken out for
+    an RMA back into service (seen on the local stack: down 'alice: ...' -> drained
+    'goodput: xid79' -> node check passed -> idle)."""
+    s = SlurmScheduler()
+    s.verify_timeout_s = 0.1
+    nodes = [NodeState("node4", state, reason, ("gpu",))]
+    monkeypatch.setattr(s, "node_states", lambda: nodes)
+    drained: list[str] = []
+
+    def drain(node, why):
+        drained.append(node)
+        nodes[0] = NodeState("node4", "DRAINED", why, ("gpu",))
+
+    monkeypatch.setattr(s, "_drain", drain)
+    r = s.drain("node4", "goodput: xid79")
+    assert r.changed is drains and (drained == ["node4"]) is drains, r.detail
+
+
 def test_rejects_unsafe_names():
     s = SlurmScheduler()
     with pytest.raises(ValueError):

@@ -25,6 +25,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 HELD = json.loads((FIXTURES / "squeue-22.05-requeue-held.json").read_text())
 
 
+SINFO = "".join(f"node{i}|idle|gpu*|none\n" for i in range(1, 9))
+
+
 class FakeSlurm:
     """squeue answers from one job's document; scontrol edits it as Slurm 22.05 does."""
 
@@ -47,6 +50,8 @@ class FakeSlurm:
         j = self.job
         if argv[0] == "squeue":
             return subprocess.CompletedProcess(argv, 0, json.dumps(self.doc), "")
+        if argv[0] == "sinfo":  # the nodes Slurm knows (an exclusion must name them)
+            return subprocess.CompletedProcess(argv, 0, SINFO, "")
         if argv[:2] == ["scontrol", "update"]:
             for a in argv[3:]:
                 if a.startswith("ExcNodeList="):

@@ -18,6 +18,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 HELD_22_05 = json.loads((FIXTURES / "squeue-22.05-requeue-held.json").read_text())
 
 
+SINFO = "".join(f"node{i}|idle|gpu*|none\n" for i in range(1, 9))
+
+
 class FakeSlurm:
     """squeue answers from a document that the scontrol calls edit like Slurm does."""
 
@@ -29,6 +32,8 @@ class FakeSlurm:
         job = self.doc["jobs"][0]
         if argv[0] == "squeue":
             return subprocess.CompletedProcess(argv, 0, json.dumps(self.doc), "")
+        if argv[0] == "sinfo":  # the nodes Slurm knows (an exclusion must name them)
+            return subprocess.CompletedProcess(argv, 0, SINFO, "")
         if argv[:2] == ["scontrol", "update"]:
             for a in argv[3:]:
                 if a.startswith("ExcNodeList="):
@@ -82,7 +87,7 @@ def test_a_job_requeued_by_someone_else_is_left_alone(monkeypatch, change):
     s, fake = _sched(monkeypatch, doc)
     r = s.requeue(str(doc["jobs"][0]["job_id"]), ("node1",), expected_restarts=0)
     assert not r.changed and "already requeued" in r.detail
-    assert all(c[0] == "squeue" for c in fake.calls)
+    assert all(c[0] != "scontrol" for c in fake.calls)  # read only
 
 
 @pytest.mark.parametrize(
@@ -225,3 +230,70 @@ def test_a_requeue_that_never_reached_the_controller_is_retried_in_place(monkeyp
     monkeypatch.setattr(subprocess, "run", run)
     assert SlurmScheduler(backoff_s=0.0)._run(["scontrol", "requeue", "17"], once=True) == ""
     assert len(calls) == 2
+
+
+def _running(**fields):
+    doc = json.loads(json.dumps(HELD_22_05))
+    job = doc["jobs"][0]
+    job.update({"job_state": "RUNNING", "restart_cnt": 0, "priority": 1, "state_reason": "None"})
+    job.update(fields)
+    return doc, job
+
+
+def test_an_admins_hold_after_a_finished_requeue_is_left_to_the_admin(monkeypatch):
+    """Seen on Slurm 22.05: Goodput's requeuehold reads JobHeldUser ('job requeued in held
+    state', even as root), an admin's `scontrol hold` JobHeldAdmin. The action's retry found
+    the job held, pending, one restart on, and released the admin's hold."""
+    doc = json.loads(json.dumps(HELD_22_05))
+    doc["jobs"][0].update(state_reason="JobHeldAdmin", state_description="")
+    s, fake = _sched(monkeypatch, doc)
+    r = s.requeue(str(doc["jobs"][0]["job_id"]), ("node1",), expected_restarts=0)
+    assert not r.changed and "already requeued" in r.detail
+    assert all(c[0] != "scontrol" for c in fake.calls)
+
+
+@pytest.mark.parametrize(
+    ("fields", "exclude", "why"),
+    [
+        ({}, ("gpu01.cluster.local",), "unknown to the scheduler"),  # a host label, not Slurm's
+        ({"required_nodes": "node1"}, ("node1",), "requires"),  # --nodelist: never to start
+        ({"job_state": "COMPLETED", "exit_code": 0}, ("node1",), "completed"),
+    ],
+)
+def test_a_requeue_that_could_not_end_well_is_refused_before_anything_runs(
+    monkeypatch, fields, exclude, why
+):
+    """On Slurm 22.05: an unknown name in ExcNodeList ('Invalid node name specified') after
+    the requeuehold left the job held for good; excluding a node the job requires left it
+    pending with BadConstraints, reported as done; a completed job was run again."""
+    from recovery.scheduler.base import GuardRefused
+
+    doc, job = _running(**fields)
+    s, fake = _sched(monkeypatch, doc)
+    with pytest.raises(GuardRefused, match=why):
+        s.requeue(str(job["job_id"]), exclude, expected_restarts=0)
+    assert all(c[0] != "scontrol" for c in fake.calls)
+
+
+def test_an_exclusion_slurm_refuses_after_the_hold_releases_the_job(monkeypatch):
+    """Whatever makes `scontrol update ExcNodeList=` fail for good after the requeuehold, the
+    job is released (it runs again, without the exclusion) rather than left held."""
+    from recovery.scheduler.base import SchedulerError
+
+    doc, job = _running()
+    s, fake = _sched(monkeypatch, doc)
+
+    def refusing(argv, **kw):
+        if argv[:2] == ["scontrol", "update"]:
+            fake.calls.append(argv)
+            return subprocess.CompletedProcess(argv, 1, "", "Invalid node name specified")
+        out = fake(argv, **kw)
+        if argv[:2] == ["scontrol", "requeuehold"]:
+            job.update(job_state="PENDING", priority=0, state_reason="JobHeldUser")
+        return out
+
+    monkeypatch.setattr(subprocess, "run", refusing)
+    with pytest.raises(SchedulerError, match="Invalid node name"):
+        s.requeue(str(job["job_id"]), ("node1",), expected_restarts=0)
+    assert [c[:2] for c in fake.calls if c[0] == "scontrol"][-1] == ["scontrol", "release"]
+    assert not s.job_state(str(job["job_id"])).held
