@@ -139,7 +139,7 @@ def make_engine(url: str, create: bool = True, clock: clocks.Clock | None = None
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
-        if db and db != ":memory:":
+        if create and db and db != ":memory:":
             Path(db).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, future=True

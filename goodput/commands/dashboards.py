@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -57,11 +56,12 @@ def generate(
 @app.command("push")
 def push(
     url: str = typer.Option(
-        os.environ.get("GOODPUT_GRAFANA_URL", "http://127.0.0.1:3000"), help="Grafana base URL."
+        "http://127.0.0.1:3000", envvar="GOODPUT_GRAFANA_URL", help="Grafana base URL."
     ),
     token_file: Path = typer.Option(
-        os.environ.get("GOODPUT_GRAFANA_TOKEN_FILE", ""),
-        help="File holding a Grafana service-account token ($GOODPUT_GRAFANA_TOKEN_FILE).",
+        "",
+        envvar="GOODPUT_GRAFANA_TOKEN_FILE",
+        help="File holding a Grafana service-account token.",
     ),
     folder_uid: str = typer.Option("", help="Grafana folder uid (default: General)."),
 ) -> None:
@@ -69,7 +69,11 @@ def push(
     if not str(token_file) or not token_file.is_file():
         typer.echo("error: --token-file (or GOODPUT_GRAFANA_TOKEN_FILE) must name a file", err=True)
         raise typer.Exit(2)
-    token = token_file.read_text().strip()
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        typer.echo(f"error: --token-file {token_file}: cannot read: {exc}", err=True)
+        raise typer.Exit(2) from None
     failed = 0
     for name, model in _build().build_all().items():
         try:

@@ -195,3 +195,49 @@ def test_a_service_keeps_its_traceback() -> None:
     assert _service(["receiver", "serve"]) and _service(["exporter", "logs"])
     assert _service(["detector", "serve", "--port", "1"]) and _service(["sim", "serve"])
     assert not _service(["audit", "export", "-o", "x"]) and not _service([])
+
+
+def test_receiver_db_commands_say_what_is_wrong_in_one_line(tmp_path) -> None:
+    """`goodput receiver db current` printed a traceback for a bad URL or a store that did not
+    answer, and created the directory and an empty file of a mistyped path."""
+    db = tmp_path / "typo" / "goodput.db"
+    r = runner.invoke(cli, ["receiver", "db", "current", "--db", f"sqlite:///{db}"])
+    assert r.exit_code == 2 and "no database at" in r.output, r.output
+    assert not db.exists() and not db.parent.exists()
+    for url, said in (
+        ("notaurl", "is not a database URL"),
+        ("postgresql://u@127.0.0.1:1/x", "cannot open"),
+    ):
+        r = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    r = runner.invoke(cli, ["receiver", "db", "upgrade", "--db", f"sqlite:///{tmp_path / 'r.db'}"])
+    assert r.exit_code == 0 and r.output.startswith("at "), r.output
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GOODPUT_LOG_TIMEZONE": "Not/AZone"},
+        {"GOODPUT_MODE": "bogus"},
+        {"GOODPUT_POLICY_FILE": "/no/such/policy.yaml"},
+        {"GOODPUT_SCHEDULER": "pbs"},
+    ],
+    ids=lambda e: next(iter(e)),
+)
+def test_a_receiver_with_a_wrong_setting_does_not_start(tmp_path, env, monkeypatch) -> None:
+    """It printed a traceback (a bad setting), or served with loops that failed every pass and
+    a dead watchdog (a bad mode, policy file or scheduler): a receiver that never acts."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)  # served: exit 0, not a hang
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    r = runner.invoke(cli, ["receiver", "serve", "--db-url", db, "--port", "1"], env=env)
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("goodput receiver: ") and "Traceback" not in r.output, r.output
+
+
+def test_dashboards_push_reads_an_unreadable_token_file_as_an_error(tmp_path) -> None:
+    token = tmp_path / "token"
+    token.write_bytes(b"\xff\xfe\x00bad")
+    r = runner.invoke(cli, ["dashboards", "push", "--token-file", str(token)])
+    assert r.exit_code == 2 and "cannot read" in r.output, r.output
