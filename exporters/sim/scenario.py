@@ -96,7 +96,8 @@ class FaultSpec(_Strict):
         return _check_job_id(v)
 
 
-GAP_SOURCES = ("dcgm", "jobm", "logs", "slurm")
+GapSource = Literal["dcgm", "jobm", "logs", "slurm"]
+GAP_SOURCES: tuple[GapSource, ...] = ("dcgm", "jobm", "logs", "slurm")
 
 
 class GapSpec(_Strict):
@@ -108,9 +109,7 @@ class GapSpec(_Strict):
 
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0, le=86400)
-    sources: list[Literal["dcgm", "jobm", "logs", "slurm"]] = Field(
-        default_factory=lambda: list(GAP_SOURCES), min_length=1
-    )
+    sources: list[GapSource] = Field(default_factory=lambda: list(GAP_SOURCES), min_length=1)
 
     def covers(self, source: str, t: float) -> bool:
         return source in self.sources and self.at_s <= t < self.at_s + self.duration_s
