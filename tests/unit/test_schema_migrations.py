@@ -142,6 +142,10 @@ def test_the_cli_reports_and_runs_the_migration(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     runner = CliRunner()
+    missing = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
+    assert missing.exit_code == 2 and "no database at" in missing.output
+    assert not (tmp_path / "cli.db").exists()  # asking created nothing
+    (tmp_path / "cli.db").touch()  # an empty database: there, not migrated
     before = runner.invoke(cli, ["receiver", "db", "current", "--db-url", url])
     assert before.exit_code == 1 and "not migrated" in before.output
     assert runner.invoke(cli, ["receiver", "db", "upgrade", "--db-url", url]).output == "at 0004\n"
