@@ -123,6 +123,7 @@ def lost_by_cause(row: Any) -> dict[str, float]:
 
 
 DAY = 86400.0  # an incident whose job has not run again in a day: closed, not polled
+JOB_SERIES_S = 6 * 3600.0  # a job's lost-time series outlives its last incident by this long
 
 
 def update_recoveries(engine: Engine, scheduler: Any) -> int:
@@ -182,12 +183,28 @@ def get(engine: Engine, incident_id: str) -> dict[str, Any] | None:
     return d
 
 
+def _current_jobs(rows: list[Any], since: float) -> set[str]:
+    """Jobs with an incident still open or touched (detected, decided, running again) since."""
+    return {
+        r.job_id
+        for r in rows
+        if r.job_id
+        and (
+            r.gpu_hours_lost is None
+            or max(r.detected_at or 0.0, r.decided_at or 0.0, r.running_again_at or 0.0) >= since
+        )
+    }
+
+
 class AccountingCollector(Collector):
     """`goodput_actions_total{action,result}`, `goodput_actions_pending`,
     `goodput_actions_retrying`,
     `goodput_incident_time_to_recover_seconds` (summary), `goodput_gpu_hours_lost_total`,
     `goodput_gpu_seconds_lost_total{cause}` and `goodput_job_gpu_seconds_lost_total{job_id,cause}`
-    (the numerator of ETTR; the recording rules `goodput:*_ettr:*` divide)."""
+    (the numerator of ETTR; the recording rules `goodput:*_ettr:*` divide). A job's series is
+    exposed while one of its incidents is open or was last touched within `JOB_SERIES_S`:
+    the hour's `increase()` still sees its last step, and a site's years of jobs do not each
+    keep a series for ever."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -236,10 +253,11 @@ class AccountingCollector(Collector):
         lost.add_metric([], float(sum(r.gpu_hours_lost or 0.0 for r in rows)))
         cluster: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
         jobs: dict[tuple[str, str], float] = {}
+        current = _current_jobs(rows, clock.now(self.engine) - JOB_SERIES_S)
         for r in rows:
             for cause, gpu_s in lost_by_cause(r).items():
                 cluster[cause] += gpu_s
-                if r.job_id:
+                if r.job_id in current:
                     jobs[(r.job_id, cause)] = jobs.get((r.job_id, cause), 0.0) + gpu_s
         for cause, gpu_s in cluster.items():
             by_cause.add_metric([cause], gpu_s)

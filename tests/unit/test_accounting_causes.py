@@ -92,3 +92,34 @@ def test_a_restart_is_charged_to_its_own_incident_and_old_ones_close():
     asked.clear()
     accounting.update_recoveries(engine, Slurm())
     assert asked == []
+
+
+def _job_series(engine):
+    fams = {f.name: f for f in accounting.AccountingCollector(engine).collect()}
+    return {s.labels["job_id"] for s in fams["goodput_job_gpu_seconds_lost"].samples}
+
+
+def test_a_jobs_lost_time_series_ends_hours_after_its_last_incident():
+    """One series per job and cause for every job ever in an incident grew without end (a
+    year of a large site's jobs); a job's series now lasts while an incident of its is open
+    and `JOB_SERIES_S` after the last one was touched: the hour's increase() has seen it by
+    then. The cluster's totals keep every incident."""
+    h = 3600.0
+    t = clock.ManualClock(100 * h)
+    engine = make_engine("sqlite://", clock=t)
+    rows = [  # job 1: recovered long ago; 2: recovered an hour ago; 3: still open, old onset
+        {"incident_id": "a", "job_id": "1", "onset": 0.0, "detected_at": 60.0,
+         "running_again_at": 600.0, "gpus": 8, "gpu_hours_lost": 8 * 600 / h},
+        {"incident_id": "b", "job_id": "2", "onset": 99 * h - 600, "detected_at": 99 * h - 500,
+         "running_again_at": 99 * h, "gpus": 8, "gpu_hours_lost": 8 * 600 / h},
+        {"incident_id": "c", "job_id": "3", "onset": 10.0, "detected_at": 70.0, "gpus": 0},
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        for r in rows:
+            conn.execute(accounting.incidents.insert().values(**r))
+    assert _job_series(engine) == {"2", "3"}
+    fams = {f.name: f for f in accounting.AccountingCollector(engine).collect()}
+    total = sum(s.value for s in fams["goodput_gpu_seconds_lost"].samples)
+    assert total == pytest.approx(2 * 8 * 600)  # job 1 still counts for the cluster
+    t.t = 99 * h + accounting.JOB_SERIES_S + 1
+    assert _job_series(engine) == {"3"}
