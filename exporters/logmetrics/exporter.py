@@ -448,6 +448,12 @@ def serve(
     log.info(
         "log-metrics exporter on http://%s:%d/metrics, following %s", host, port, metrics.log_dir
     )
+    if not metrics.log_dir.is_dir():  # followed once it appears; said now, not found later
+        log.warning(
+            "%s is not a directory (yet): no log is read until it is (--log-dir, "
+            "$GOODPUT_LOG_DIR); goodput_log_files_followed stays 0",
+            metrics.log_dir,
+        )
     try:
         metrics.run(stop or threading.Event(), interval)
     finally:

@@ -212,3 +212,17 @@ def test_a_job_names_a_bounded_number_of_ranks_and_nodes(tmp_path):
         == 50
     )
     assert len(names) < 3 * MAX_LABELS_PER_JOB
+
+
+def test_serving_a_log_dir_that_is_not_there_says_so(tmp_path, caplog):
+    """A mistyped --log-dir served an exporter that read nothing and said nothing."""
+    import logging
+    import threading
+
+    from exporters.logmetrics.exporter import serve
+
+    stop = threading.Event()
+    stop.set()
+    with caplog.at_level(logging.WARNING, logger="exporters.logmetrics.exporter"):
+        serve(tmp_path / "no-such-dir", port=0, stop=stop)
+    assert any("no-such-dir is not a directory" in r.getMessage() for r in caplog.records)
