@@ -109,11 +109,13 @@ class SlurmScheduler(Scheduler):
         retries: int = 3,
         backoff_s: float = 0.5,
         env: dict[str, str] | None = None,
+        json_filters: bool | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.env = dict(os.environ if env is None else env)
+        self._json_filters = json_filters  # None: ask `squeue --version` (`json_filters()`)
 
     def _run(self, argv: Sequence[str], once: bool = False) -> str:
         """Run a Slurm command, retrying transient failures. `once`: a command that must not
@@ -188,8 +190,28 @@ class SlurmScheduler(Scheduler):
             nodes[name] = NodeState(name, state.upper().rstrip("*~#!%$@^-"), reason, parts_all)
         return list(nodes.values())
 
+    def json_filters(self) -> bool:
+        """Whether `squeue --json -j` returns the one job (23.02 and later, from `squeue
+        --version`, asked once); unknown (the command failed) reads as yes, this time."""
+        if self._json_filters is None:
+            try:
+                found = re.search(r"(\d+)\.(\d+)", self._run(["squeue", "--version"]))
+            except SchedulerError:
+                return True
+            self._json_filters = not found or (int(found[1]), int(found[2])) >= (23, 2)
+        return self._json_filters
+
     def job_state(self, job_id: str) -> JobState | None:
         job_id = check_job(job_id)
+        if not self.json_filters():  # 22.05: one job from the text output, not the queue
+            try:
+                found = self._text_state(job_id)
+            except SchedulerError as exc:  # slurmctld forgot it (ended, purged)
+                if "invalid job id" not in str(exc).lower():
+                    raise
+                return self._sacct_state(job_id)
+            if found is not None:
+                return found
         try:
             text = self._run(["squeue", "--json", "-j", job_id])
         except SchedulerError as exc:  # 23.02 and later refuse a job slurmctld forgot
@@ -201,7 +223,7 @@ class SlurmScheduler(Scheduler):
         if doc.get("errors") and not doc.get("jobs") and "invalid job id" not in errors.lower():
             # 22.05 with slurmctld down: exit 0, no jobs, an error (not a forgotten job)
             raise SchedulerUnavailable(f"squeue: {errors[:300]}")
-        for j in doc.get("jobs", []):  # Slurm 22.05 ignores -j with --json: filter here
+        for j in doc.get("jobs", []):  # 22.05 ignores -j with --json (its fallback): filter
             jid = str(names.slurm_int(j.get("job_id")))
             task = names.slurm_int(j.get("array_task_id"))  # 23.02+: {"set", "number"}
             if task is not None and task != names.SLURM_NO_VAL and "_" in job_id:
@@ -231,6 +253,54 @@ class SlurmScheduler(Scheduler):
                 required=expand_hostlist(j.get("required_nodes")),
             )
         return self._sacct_state(job_id)
+
+    # `squeue -O` fields (the `|` after each is its separator); the free text last: a `|` in
+    # the comment stays in it. The excluded nodes (no -O field in 22.05) and the name: -o.
+    TEXT_FIELDS = (
+        "JobArrayID", "State", "RestartCnt", "exit_code", "Reason", "NodeList", "ReqNodes",
+        "UserName", "Partition", "StartTime", "EndTime", "NumNodes", "tres-alloc",
+        "PriorityLong", "Comment",
+    )  # fmt: skip
+
+    def _text_state(self, job_id: str) -> JobState | None:
+        """The job from squeue's text output (Slurm 22.05, whose `--json` ignores `-j`); None
+        where it is not one plain record of this job (an array's pending meta-job, a newline
+        in its comment): the caller reads the JSON then."""
+        spec = ",".join(f"{f}:|" for f in self.TEXT_FIELDS[:-1]) + f",{self.TEXT_FIELDS[-1]}:"
+        out = self._run(["squeue", "-h", "-t", "all", "-j", job_id, "-O", spec])
+        more = self._run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%x|%j"])
+        lines, extra = out.rstrip("\n").split("\n"), more.rstrip("\n").split("\n")
+        fields = lines[0].split("|", len(self.TEXT_FIELDS) - 1)
+        exc = extra[0].split("|", 2)
+        if len(lines) != 1 or len(extra) != 1 or len(fields) != len(self.TEXT_FIELDS):
+            return None
+        if fields[0] != job_id or len(exc) != 3 or exc[0] != job_id:
+            return None
+        f = dict(zip(self.TEXT_FIELDS, fields, strict=True))
+        state, reason = f["State"].upper(), f["Reason"]
+        code = int(f["exit_code"]) if f["exit_code"].isdigit() else None
+        gres = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", f["tres-alloc"])
+        end = names.slurm_time(f["EndTime"])
+        return JobState(
+            job_id=job_id,
+            name=exc[2],
+            state=state,
+            nodes=expand_hostlist(f["NodeList"]),
+            restarts=int(f["RestartCnt"]) if f["RestartCnt"].isdigit() else 0,
+            exit_code=_exit_code(code),
+            signal=names.slurm_exit(code)[1],
+            user=user_name(f["UserName"]),
+            comment="" if f["Comment"] == "(null)" else f["Comment"],
+            excluded=expand_hostlist(exc[1]),
+            held=f["PriorityLong"] == "0" or reason in HELD_REASONS,
+            reason=reason,
+            partition=f["Partition"] or None,
+            start_time=names.slurm_time(f["StartTime"]),
+            gpus=int(gres.group(1)) if gres else 0,
+            end_time=_ended_at(state, int(end) if end else None),
+            node_count=int(f["NumNodes"]) if f["NumNodes"].isdigit() else 0,
+            required=expand_hostlist(f["ReqNodes"]),
+        )
 
     SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Partition,Start,End,User,JobName"
 

@@ -142,12 +142,12 @@ def test_permanent_failure_is_not_retried(monkeypatch):
     r = Runner([(1, "", "slurm_load_jobs error: Access/permission denied")])
     monkeypatch.setattr(subprocess, "run", r)
     with pytest.raises(SchedulerError, match="permission denied"):
-        SlurmScheduler(backoff_s=0.0).job_state("77")
+        SlurmScheduler(backoff_s=0.0, json_filters=True).job_state("77")
     assert len(r.calls) == 1
     # a job squeue no longer knows (23.02+: exit 1) is asked of the accounting, once
     r = Runner([(1, "", "slurm_load_jobs error: Invalid job id specified"), (0, "", "")])
     monkeypatch.setattr(subprocess, "run", r)
-    assert SlurmScheduler(backoff_s=0.0).job_state("77") is None
+    assert SlurmScheduler(backoff_s=0.0, json_filters=True).job_state("77") is None
     assert [c[0] for c in r.calls] == ["squeue", "sacct"]
 
 
@@ -173,7 +173,7 @@ def test_parses_squeue_json_and_filters_by_id(monkeypatch):
         ]
     }
     monkeypatch.setattr(subprocess, "run", Runner([(0, json.dumps(jobs), "")]))
-    j = SlurmScheduler().job_state("77")
+    j = SlurmScheduler(json_filters=True).job_state("77")
     assert j.name == "train" and j.held and j.restarts == 2 and j.excluded == ("node2", "node3")
     assert j.gpus == 8 and j.partition == "gpu"
 
@@ -232,8 +232,8 @@ def test_an_ended_jobs_end_is_known_and_an_active_jobs_time_limit_is_not(monkeyp
         ]
     }
     monkeypatch.setattr(subprocess, "run", Runner([(0, json.dumps(jobs), "")] * 2))
-    assert SlurmScheduler().job_state("8").end_time == 1796129630.0
-    assert SlurmScheduler().job_state("9").end_time is None
+    assert SlurmScheduler(json_filters=True).job_state("8").end_time == 1796129630.0
+    assert SlurmScheduler(json_filters=True).job_state("9").end_time is None
     forgotten = "31|FAILED|1:0|node1|gpu|2026-11-29T20:40:00|2026-11-29T20:41:12|ana|train\n"
     no_comment = "31|\n"
     monkeypatch.setattr(
@@ -241,7 +241,7 @@ def test_an_ended_jobs_end_is_known_and_an_active_jobs_time_limit_is_not(monkeyp
         "run",
         Runner([(0, '{"jobs": []}', ""), (0, forgotten, ""), (0, no_comment, "")]),
     )
-    j = SlurmScheduler().job_state("31")
+    j = SlurmScheduler(json_filters=True).job_state("31")
     assert (
         j.state == "FAILED"
         and j.comment == ""

@@ -147,7 +147,7 @@ def test_squeue_answering_without_its_controller_is_an_outage_not_a_forgotten_jo
 
     monkeypatch.setattr(subprocess, "run", run)
     with pytest.raises(SchedulerUnavailable, match="slurm_load_jobs"):
-        SlurmScheduler(retries=0).job_state("136")
+        SlurmScheduler(retries=0, json_filters=True).job_state("136")
     assert calls == ["squeue"]  # not sacct
 
 

@@ -22,6 +22,8 @@ def answer(monkeypatch, squeue: dict, sacct: dict[str, str] | None = None) -> li
     calls: list[list[str]] = []
 
     def run(self, argv):
+        if argv == ["squeue", "--version"]:
+            return "slurm 23.11.4\n"  # whose --json filters by -j
         calls.append(list(argv))
         if argv[0] == "squeue":
             return json.dumps(squeue)
@@ -145,3 +147,68 @@ def test_the_evidence_writes_a_jobs_end_as_slurm_does():
     assert _exit_text({"exit_code": None, "signal": 9}) == "0:9"
     assert _exit_text({"exit_code": 3, "signal": 0}) == "3:0"
     assert _exit_text({}) == "?:0"  # unknown
+
+
+# Real answers of Slurm 22.05.8 here (`squeue -h -t all -j J -O <TEXT_FIELDS>` then `-o %i|%x|%j`)
+TEXT_22_05 = {
+    "107": (
+        "107|CANCELLED|0|15|None|node1||root|gpu|2026-12-07T22:20:05|2026-12-07T22:20:44|1|"
+        "cpu=1,node=1,billing=1|4294901587|goodput: JobState=COMPLETED Restarts=9\n",
+        "107||we ird UserId=x(1) name\n",
+    ),
+    "108": (
+        "108|FAILED|0|768|NonZeroExitCode|node2||root|gpu|2026-12-07T22:20:45|"
+        "2026-12-07T22:20:47|1|cpu=1,node=1,billing=1,gres/gpu=8|4294901586|(null)\n",
+        "108||wrap\n",
+    ),
+    "110": (
+        "110|PENDING|1|0|JobHeldUser||node1|root|gpu|N/A|N/A|1|cpu=1,mem=62.50G,node=1,"
+        "billing=1|0|(null)\n",
+        "110|node[2-3]|train\n",
+    ),
+    "111": ("111_[1-3]|PENDING|0|0|JobHeldUser||||gpu|N/A|N/A|1||0|(null)\n", "111_[1-3]||a\n"),
+}
+
+
+def _slurm_22_05(monkeypatch):
+    calls: list[list[str]] = []
+
+    def run(self, argv):
+        calls.append(list(argv))
+        if argv == ["squeue", "--version"]:
+            return "slurm-wlm 22.05.8\n"
+        if argv[:2] == ["squeue", "--json"]:
+            return json.dumps({"jobs": [{"job_id": 111, "job_state": "PENDING", "name": "a"}]})
+        out, more = TEXT_22_05[argv[5]]
+        return out if argv[6] == "-O" else more
+
+    monkeypatch.setattr(SlurmScheduler, "_run", run)
+    return calls
+
+
+def test_slurm_22_05_lookups_read_one_job_not_the_whole_queue(monkeypatch):
+    """22.05's `squeue --json -j J` ignores -j: each lookup downloaded the whole queue (tens of
+    MB at a large site, polled every 0.2 s while an action is confirmed). Its text output
+    filters; the free text (comment, name) comes last and forges nothing."""
+    calls = _slurm_22_05(monkeypatch)
+    s = SlurmScheduler()
+    forged = s.job_state("107")
+    assert (forged.state, forged.restarts, forged.signal, forged.exit_code) == (
+        "CANCELLED", 0, 15, None,
+    )  # fmt: skip
+    assert forged.comment == "goodput: JobState=COMPLETED Restarts=9"
+    assert forged.name == "we ird UserId=x(1) name" and forged.user == "root"
+    failed = s.job_state("108")
+    assert (failed.exit_code, failed.gpus, failed.nodes, failed.end_time is not None) == (
+        3, 8, ("node2",), True,
+    )  # fmt: skip
+    held = s.job_state("110")
+    assert (held.held, held.restarts, held.excluded, held.required) == (
+        True, 1, ("node2", "node3"), ("node1",),
+    )  # fmt: skip
+    assert held.start_time is None and held.end_time is None and held.comment == ""
+    assert not any(c[:2] == ["squeue", "--json"] for c in calls)
+    assert sum(c == ["squeue", "--version"] for c in calls) == 1  # asked once
+    # an array's pending meta-job is no one record of "111": the JSON answers it
+    assert s.job_state("111").state == "PENDING"
+    assert calls[-1][:2] == ["squeue", "--json"]
