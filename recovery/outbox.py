@@ -256,6 +256,7 @@ def diag_dict(d: Diagnosis) -> dict[str, Any]:
         "affected_nodes": list(d.affected_nodes),
         "onset": d.onset,
         "cause_key": d.cause_key,
+        "action_hint": d.hint,
     }
 
 

@@ -633,3 +633,15 @@ def test_a_hang_that_follows_the_job_to_the_node_it_was_moved_to_stops_it(world)
     second = actions.on_diagnosis(world.engine, s, inc, d | {"cause_key": key})
     assert second["kind"] == "stop", second["body"]["action"]
     assert "sticky_root_cause" in second["body"]["action"]["reasons"]
+
+
+def test_the_catalogues_action_hint_reaches_the_planner(world):
+    """The outbox kept the diagnosis without its action_hint, so honour_catalogue_hints never
+    applied in the receiver: a contained XID 94 (hint: requeue) drained its node."""
+    world.submit("42", node="node2", state="FAILED", exit_code=1)
+    world.st["jobs"]["42"]["end_time"] = time.time() - 5
+    incident, d = diag(12, outcome="gpu_degradation", cause="xid 94")
+    d["action_hint"] = "requeue"
+    a = actions.on_diagnosis(world.engine, world.settings("act"), incident, d)
+    assert a["kind"] == "requeue", a["body"]["action"]["reasons"]
+    assert not world.st["nodes"]["node2"]["state"].startswith("DRAIN")
