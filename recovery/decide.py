@@ -181,6 +181,7 @@ class Action:
     delay_s: float = 0.0
     default_kind: str = "none"
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    partitions: tuple[str, ...] = ()  # those whose mode it was decided in (the job's, drains')
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,6 +196,7 @@ class Action:
             "delay_s": self.delay_s,
             "default_kind": self.default_kind,
             "reasons": list(self.reasons),
+            "partitions": list(self.partitions),
         }
 
 
@@ -404,6 +406,7 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
         delay_s=delay if kind in RESTARTS else 0.0,
         default_kind=default,
         reasons=tuple(str(r) for r in reasons),
+        partitions=tuple(dict.fromkeys(p for t in touched for p in t.split(",") if p)),
     )
 
 

@@ -36,7 +36,7 @@ from recovery.action_config import Config, config, is_paused, retry_delay
 from recovery.decide import Diagnosis
 from recovery.notifier import notify
 from recovery.outbox import PLANNABLE, actions_table, get_action
-from recovery.policy import RESTARTS
+from recovery.policy import MODES, RESTARTS, narrower
 from recovery.scheduler import Scheduler, SchedulerError, SchedulerUnavailable
 
 log = logging.getLogger("goodput.actions")
@@ -182,6 +182,33 @@ def _claim(
     return result
 
 
+def mode_now(policy: Any, row: Any) -> str:
+    """The row's mode narrowed by the policy as it is now: an operator who turned Goodput
+    back to monitor or approve after the action was planned is obeyed (never widened)."""
+    parts = json.loads(row.body).get("action", {}).get("partitions") or []
+    now = policy.mode_for(",".join(parts))
+    return narrower(row.mode, now) if row.mode in MODES else now
+
+
+def _narrowed(engine: Engine, cfg: Config, row: Any) -> bool:
+    """A ready or approved row of the policy's whose mode is narrower now: skipped (monitor),
+    or waiting for approval (a `ready` one, now approve); a person's own request (a node
+    returned to service) runs in any mode. True when it was not executed for it."""
+    action = json.loads(row.body).get("action", {})
+    if "requested_by_person" in (action.get("reasons") or []):
+        return False
+    mode = mode_now(cfg.policy, row)
+    if mode == "monitor":
+        _finish(engine, row, "skipped", "skipped", {"reason": "mode_monitor", "mode": mode})
+        return True
+    if mode == "approve" and row.state == "ready":
+        expires = outbox.now(engine) + cfg.policy.approval_expiry_s
+        payload = {"reason": "mode_approve", "expires_at": expires}
+        _finish(engine, row, "pending_approval", "pending_approval", payload, expires_at=expires)
+        return True
+    return False
+
+
 def _finish(
     engine: Engine, row: Any, state: str, type_: str, payload: dict[str, Any], **values: Any
 ) -> bool:
@@ -288,6 +315,8 @@ def _execute(
         _finish(engine, r, "skipped", "skipped", {"reason": "paused"})
         return get_action(engine, action_id)
     if r.state != "executing" and watchdog.current(engine) != watchdog.OK:
+        return get_action(engine, action_id)
+    if r.state != "executing" and _narrowed(engine, cfg, r):
         return get_action(engine, action_id)
     sched = cfg.scheduler
     action = json.loads(r.body)["action"]

@@ -645,3 +645,51 @@ def test_the_catalogues_action_hint_reaches_the_planner(world):
     a = actions.on_diagnosis(world.engine, world.settings("act"), incident, d)
     assert a["kind"] == "requeue", a["body"]["action"]["reasons"]
     assert not world.st["nodes"]["node2"]["state"].startswith("DRAIN")
+
+
+def _ready_after_a_blip(world, iid):
+    """An act-mode plan whose drain met a scheduler blip: `ready`, waiting for its retry."""
+    sched = world.sched
+    real, down = sched._drain, {"on": True}
+
+    def flaky(node, reason):
+        if down["on"]:
+            raise executor.SchedulerUnavailable("slurmctld not responding")
+        return real(node, reason)
+
+    sched._drain = flaky
+    a = actions.on_diagnosis(world.engine, world.settings("act"), *diag(iid))
+    down["on"] = False
+    assert a["state"] == "ready"
+    return a
+
+
+def test_an_action_planned_in_act_does_not_run_after_a_turn_to_monitor(world):
+    """The mode was read at planning only: an action planned in act that met a scheduler
+    blip ran after the receiver was restarted in monitor mode ("monitor changes nothing")."""
+    world.submit("42", node="node2")
+    a = _ready_after_a_blip(world, 40)
+    reconciler.reconcile(world.engine, world.settings("monitor"), startup=True)
+    assert outbox.get_action(world.engine, a["id"])["state"] == "skipped"
+    assert world.st["jobs"]["42"]["restarts"] == 0
+    assert not world.st["nodes"]["node2"]["state"].startswith("DRAIN")
+    assert audit.verify(world.engine).ok
+
+
+def test_an_action_planned_in_act_waits_for_a_person_after_a_turn_to_approve(world):
+    world.submit("42", node="node2")
+    a = _ready_after_a_blip(world, 41)
+    reconciler.reconcile(world.engine, world.settings("approve"))
+    assert outbox.get_action(world.engine, a["id"])["state"] == "pending_approval"
+    assert world.st["jobs"]["42"]["restarts"] == 0
+    r = approvals.approve(world.engine, world.settings("approve"), a["id"], "alice")
+    assert r["state"] == "executed" and world.st["jobs"]["42"]["restarts"] == 1
+
+
+def test_an_approval_given_after_a_turn_to_monitor_executes_nothing(world):
+    world.submit("42", node="node2")
+    a = actions.on_diagnosis(world.engine, world.settings("approve"), *diag(42))
+    assert a["state"] == "pending_approval"
+    r = approvals.approve(world.engine, world.settings("monitor"), a["id"], "alice")
+    assert r["state"] == "skipped" and world.st["jobs"]["42"]["restarts"] == 0
+    assert not world.st["nodes"]["node2"]["state"].startswith("DRAIN")
