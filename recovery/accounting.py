@@ -7,7 +7,7 @@ checkpoint before the onset, from the log metrics when Prometheus has them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
@@ -183,7 +183,7 @@ def get(engine: Engine, incident_id: str) -> dict[str, Any] | None:
     return d
 
 
-def _current_jobs(rows: list[Any], since: float) -> set[str]:
+def _current_jobs(rows: Sequence[Any], since: float) -> set[str]:
     """Jobs with an incident still open or touched (detected, decided, running again) since."""
     return {
         r.job_id
