@@ -39,6 +39,7 @@ log = logging.getLogger("goodput.receiver")
 MAX_ALERTS = 1000
 MAX_LABELS = 64
 MAX_ANNOTATION = 8192
+MAX_GENERATOR_URL = 65536
 MAX_TRUNCATED = 1_000_000  # alerts Alertmanager left out (its max_alerts); more is not real
 LabelMap = dict[str, str]
 DbId = Annotated[int, Path(ge=0, le=validate.DB_INT_MAX)]  # larger ids: 422, not an overflow
@@ -77,7 +78,9 @@ class AlertIn(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
     startsAt: str = Field(max_length=40)  # noqa: N815 - Alertmanager's field names
     endsAt: str = Field(default="0001-01-01T00:00:00Z", max_length=40)  # noqa: N815
-    generatorURL: str = Field(default="", max_length=2048)  # noqa: N815
+    # Prometheus' link to the rule's expression, URL-escaped: over 5,000 characters for
+    # Goodput's own XID rule; bounded by the body limit, never read.
+    generatorURL: str = Field(default="", max_length=MAX_GENERATOR_URL)  # noqa: N815
     fingerprint: str = Field(max_length=64)
 
     @field_validator("labels", "annotations")
@@ -366,20 +369,28 @@ def create_app(settings: Settings | None = None, start_worker: bool = True) -> F
     )
     async def post_alerts(request: Request) -> Any:
         """Accept Alertmanager's v4 webhook; the payload is durable before the 200."""
+        # every refusal is counted: Alertmanager does not retry a 4xx, so these alerts are lost
+        rejected = metrics.alerts_received.labels(status="rejected")
         if not json_media_type(request.headers.get("content-type")):
+            rejected.inc()
             return _error(415, "content type must be application/json (charset UTF-8)")
-        raw = await _read_limited(request, settings.max_body_bytes)
+        try:
+            raw = await _read_limited(request, settings.max_body_bytes)
+        except HTTPException:
+            rejected.inc()
+            raise
         try:
             doc = validate.json_document(raw)
         except ValueError as exc:
-            metrics.alerts_received.labels(status="rejected").inc()
+            rejected.inc()
             return _error(400, str(exc))
         try:
             payload = WebhookIn.model_validate(doc)
         except ValidationError as exc:
-            metrics.alerts_received.labels(status="rejected").inc()
+            rejected.inc()
             return _error(422, "invalid Alertmanager v4 payload", _validation_detail(exc.errors()))
         except RecursionError:
+            rejected.inc()
             return _error(400, "payload nested too deeply")
         docs = [a.model_dump() for a in payload.alerts]
         kw: dict[str, Any] = {

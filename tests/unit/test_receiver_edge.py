@@ -214,3 +214,44 @@ def test_zero_ends_at_while_firing_and_bounded_truncation_are_accepted(client):
     assert _post(client, doc).status_code == 200
     doc = _with(endsAt="2026-01-01T00:10:00.5Z", status="resolved")
     assert _post(client, doc).status_code == 200
+
+
+def _rule_links():
+    """Prometheus' generatorURL for each of Goodput's own alert rules: the external URL,
+    `/graph?g0.expr=`, the URL-escaped expression (util/strutil.TableLinkForExpression)."""
+    from pathlib import Path
+    from urllib.parse import quote_plus
+
+    import yaml
+
+    rules = Path(__file__).resolve().parents[2] / "alertmanager" / "rules" / "goodput.yml"
+    for group in yaml.safe_load(rules.read_text())["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                expr = " ".join(rule["expr"].split())
+                yield "http://prometheus.example:9090/graph?g0.expr=" + quote_plus(expr) + "&g0.tab=1"
+
+
+def test_the_links_prometheus_sends_for_goodputs_own_rules_are_accepted(app, client):
+    """generatorURL was capped at 2,048 characters; the fatal-XID rule's link is over 5,000,
+    so Alertmanager's notification got a 422, which it does not retry: the XID was lost."""
+    links = list(_rule_links())
+    assert max(map(len, links)) > 5000  # the guard's premise: the XID rule's link is long
+    for i, link in enumerate(links):
+        r = _post(client, payload(alert(fp=f"{i:x}") | {"generatorURL": link}))
+        assert r.status_code == 200, r.text
+
+
+def _rejected(client) -> float:
+    text = client.get("/metrics").text
+    line = next((x for x in text.splitlines() if 'status="rejected"' in x and "_total" in x), "")
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_every_refused_notification_is_counted(app, client):
+    """Alertmanager does not retry a 4xx: a 413 or a 415 lost the alerts without a trace in
+    goodput_receiver_alerts_received_total{status="rejected"}."""
+    big = payload(*(alert(fp=f"{i:x}") | {"annotations": {"d": "v" * 8000}} for i in range(200)))
+    assert _post(client, big).status_code == 413
+    assert client.post("/api/v1/alerts", content=b"{}", headers={}).status_code == 415
+    assert _rejected(client) == 2

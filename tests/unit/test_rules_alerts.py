@@ -28,6 +28,7 @@ BRIEF_NAMES = {
     "GoodputGPUAnomaly",
     "GoodputGPUDegradation", "GoodputJobLogFault", "GoodputJobFailed", "GoodputDetectorDown",
     "GoodputExporterDown", "GoodputActionsRetrying", "GoodputReceiverDown",
+    "GoodputAlertsNotDelivered",
 }  # fmt: skip
 
 
