@@ -204,13 +204,21 @@ def _fold(
             continue  # Goodput's own notices to on-call (approvals, stops) open nothing
         if doc["labels"].get("scope") == "service":
             continue  # Goodput's own health (detector, exporter down): on-call's, no job to mend
-        if is_new and doc["status"] == "firing":
+        # firing again after it was resolved, the same alert (Prometheus resends it when
+        # Alertmanager resolved it for want of resends): placed as a new one is, where its
+        # incident was resolved meanwhile
+        refired = changed and doc["status"] == "firing"
+        if (is_new or refired) and doc["status"] == "firing":
             starts = validate.timestamp(doc["startsAt"])
             t = now if starts is None else starts
             if not doc["labels"].get("node"):  # a job-level detector alert: its new run's
                 t -= settings.restart_grace_s  # first minutes are relearned, not a new fault
+            if refired:
+                links.flush(conn)
+            linked = set(_linked_incidents(conn, alert_id)) if refired else set()
             for inc, again in _incidents_for(conn, settings, doc, p.on_node, now, t, links, open_):
-                links.add(inc, alert_id, now, settings.settle_s if again else None, starts)
+                if inc not in linked:  # still linked to its open incident: it stays open
+                    links.add(inc, alert_id, now, settings.settle_s if again else None, starts)
                 touched.add(inc)
         elif is_new or changed:
             links.flush(conn)

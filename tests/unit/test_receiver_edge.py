@@ -255,3 +255,21 @@ def test_every_refused_notification_is_counted(app, client):
     assert _post(client, big).status_code == 413
     assert client.post("/api/v1/alerts", content=b"{}", headers={}).status_code == 415
     assert _rejected(client) == 2
+
+
+def test_an_alert_firing_again_after_it_was_resolved_has_an_open_incident(app, client):
+    """Prometheus' resends did not reach Alertmanager for a few minutes, so Alertmanager
+    resolved the alert; Prometheus resent it with the same startsAt. The stored alert went back
+    to firing on its resolved incident: nothing open, nothing diagnosed."""
+    labels = {"node": "node1", "gpu": "3", "job_id": "42", "scope": "gpu"}
+    first = _post(client, payload(alert(fp="aa11", **labels))).json()
+    gone = alert(fp="aa11", status="resolved", **labels) | {"endsAt": "2026-01-01T00:06:00Z"}
+    _post(client, payload(gone, status="resolved"))
+    assert incidents.get_incident(app.state.engine, first["incidents"][0])["state"] == "resolved"
+    again = _post(client, payload(alert(fp="aa11", **labels))).json()
+    (inc,) = again["incidents"]
+    got = incidents.get_incident(app.state.engine, inc)
+    assert got["state"] == "open" and got["diagnosis_state"] == "pending"
+    assert [a["status"] for a in got["alerts"]] == ["firing"]
+    # its redelivery changes nothing; one firing alert on an open incident is not linked twice
+    assert _post(client, payload(alert(fp="aa11", **labels))).json()["incidents"] == []
