@@ -333,6 +333,9 @@ def decide(diagnosis: Diagnosis, history: History, policy: Policy) -> Action:
             delay = policy.retry.backoff_for(history.restarts_done)
             if delay > 0:
                 reasons.append(Reason.BACKOFF)
+        if kind == "stop" and diagnosis.confidence < policy.min_confidence.get("stop", 0.0):
+            kind = "hold_for_person"  # a stop needs its own confidence, however it was reached
+            reasons.append(Reason.LOW_CONFIDENCE)
     if kind == "stop" and job is not None and job.ended:
         reasons.append(Reason.JOB_ENDED)
 

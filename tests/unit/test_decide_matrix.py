@@ -263,3 +263,26 @@ def test_a_job_that_ended_long_before_the_decision_is_not_restarted():
     recent = JobView("FAILED", 0, 1, "gpu", 100.0, end_time=2000.0 - window + 60)
     b = decide(diag("gpu_hardware_fault"), hist(job=recent), DEFAULTS)
     assert b.kind == "drain_and_requeue" and Reason.ENDED_LONG_AGO not in b.reasons
+
+
+@pytest.mark.parametrize(
+    ("outcome", "conf", "restarts", "same_cause"),
+    [("workload_hang", 0.55, 3, 0), ("workload_crash", 0.6, 1, 1)],  # budget spent; sticky
+)
+def test_a_stop_reached_through_the_retry_rules_needs_the_stops_confidence(
+    outcome, conf, restarts, same_cause
+):
+    """min_confidence was checked on the outcome's action only: a requeue (0.5) turned into a
+    stop (0.8) by the spent budget or the sticky rule requeue-held a running job at 0.55."""
+    act = parse_policy({"mode": "act"}, env={})
+    d = Diagnosis("1", "42", outcome, "x", ("node3",), conf, onset=900.0, key=f"{outcome}:x")
+    job = JobView("RUNNING", restarts, None, "gpu", 100.0, nodes=("node3",))
+    h = History(
+        now=1000.0, job=job, restarts_done=restarts, same_cause_restarts=same_cause, nodes=NODES
+    )
+    a = decide(d, h, act)
+    assert a.kind == "hold_for_person" and Reason.LOW_CONFIDENCE in a.reasons, a.reasons
+    sure = decide(
+        Diagnosis("1", "42", outcome, "x", ("node3",), 0.9, onset=900.0, key=f"{outcome}:x"), h, act
+    )
+    assert sure.kind == "stop"
