@@ -232,7 +232,17 @@ def _finish(
     return done
 
 
-def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps: list[str]) -> None:
+def _retry_or_fail(
+    engine: Engine,
+    cfg: Config,
+    row: Any,
+    exc: Exception,
+    steps: list[str],
+    drained: tuple[str, ...] = (),
+) -> None:
+    """Try again later (the scheduler unreachable), or fail the row, recording what it did
+    before it failed: the nodes it drained and whether its job restarted (the blast radius
+    and the retry budget count them as done)."""
     if isinstance(exc, SchedulerUnavailable) and row.attempts < MAX_ATTEMPTS:
         back = outbox.runnable_state(row)
         delay = retry_delay(cfg, exc, row.attempts)
@@ -246,8 +256,11 @@ def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps:
             next_attempt_at=outbox.now(engine) + delay,
         )
         return
-    payload = {"error": str(exc), "steps": steps}
-    if not _finish(engine, row, "failed", "failed", payload, last_error=str(exc)):
+    done = {"steps": steps, "drained": list(drained), "restarted": _restarted(cfg, row)}
+    payload = {"error": str(exc), **done}
+    if not _finish(
+        engine, row, "failed", "failed", payload, last_error=str(exc), result=json.dumps(done)
+    ):
         return
     _needs_person(
         engine,
@@ -262,6 +275,18 @@ def _retry_or_fail(engine: Engine, cfg: Config, row: Any, exc: Exception, steps:
 # its lease, renewed by this process's heartbeat, would otherwise keep it executing for good.
 _in_hand: Counter[str] = Counter()
 _in_hand_lock = threading.Lock()
+
+
+def _restarted(cfg: Config, row: Any) -> bool:
+    """Whether a failed restart's job restarted all the same (a requeue Slurm carried out but
+    did not show in time): its restart count moved past the plan's."""
+    if row.kind not in RESTARTS or not row.job_id or row.restarts_before is None:
+        return False
+    try:
+        job = cfg.scheduler.job_state(row.job_id)
+    except SchedulerError:
+        return False  # unknown: the budget counts what it knows
+    return job is not None and job.restarts > row.restarts_before
 
 
 def in_hand(action_id: str) -> bool:
@@ -349,6 +374,7 @@ def _execute(
     failpoints.hit("claimed")
     body = json.loads(row.body)
     steps: list[str] = []
+    drained: list[str] = []
     job_op = None  # the job's step: its restart count after, for `controller_restart`
     outcome = body.get("diagnosis", {}).get("outcome", "")
     capture = cfg.policy.return_to_service.capture
@@ -357,7 +383,9 @@ def _execute(
             if capture is not None:
                 _capture(engine, sched, row, capture, node)
             reason = f"goodput: {outcome} incident {row.incident_id} action {row.id}"
-            steps.append(sched.drain(node, reason).detail)
+            op = sched.drain(node, reason)
+            steps.append(op.detail)
+            drained += [node] if op.changed else []
         if action.get("nodes"):
             failpoints.hit("drained")
         kind = row.kind
@@ -377,12 +405,17 @@ def _execute(
         if job_op is not None:
             steps.append(job_op.detail)
     except (SchedulerError, ValueError) as exc:  # GuardRefused, SchedulerUnavailable included
-        _retry_or_fail(engine, cfg, row, exc, steps)
+        _retry_or_fail(engine, cfg, row, exc, steps, tuple(drained))
         return get_action(engine, action_id)
     failpoints.hit("executed")
     result: dict[str, Any] = {"steps": steps, "verified": _verify(sched, row, action)}
     if job_op is not None and job_op.restarts is not None:
         result["restarts_after"] = job_op.restarts
+    if row.kind in RESTARTS and job_op is not None:  # not one when the job was requeued
+        # already (by Slurm, a person, another incident's action) or only pending: the retry
+        # budget counts this job's restarts, not Goodput's actions
+        after, before = job_op.restarts, row.restarts_before
+        result["restarted"] = job_op.changed and (None in (after, before) or after > before)
     done = _finish(engine, row, "executed", "executed", result, result=json.dumps(result))
     failpoints.hit("finished")
     if done and row.kind == "stop":

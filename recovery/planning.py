@@ -58,35 +58,45 @@ def _history(
     nodes: list[Any],
     exclude_id: str | None = None,
 ) -> History:
-    """What decide needs from the outbox: the job's executed restarts (all of them: the retry
+    """What decide needs from the outbox: the job's restarts by Goodput (all of them: the retry
     budget is per job), the drains done or reserved in the last hour, and the nodes reserved by
-    other open plans (the blast radius)."""
+    other open plans (the blast radius). A restart action counts where its job restarted (not
+    one that found it requeued already; a failed one whose requeue Slurm carried out all the
+    same), a drain where it drained (a failed row's drains done before its failure too)."""
     now = outbox.now(db)
     t = actions_table.c
     ctx = db.connect() if isinstance(db, Engine) else nullcontext(db)
     with ctx as conn:
-        restarts = conn.execute(
-            select(t.body)
-            .where(t.job_id == diag.job_id, t.state == "executed", t.kind.in_(RESTARTS))
+        restart_rows = conn.execute(
+            select(t.state, t.body, t.result)
+            .where(
+                t.job_id == diag.job_id,
+                t.state.in_(("executed", "failed")),
+                t.kind.in_(RESTARTS),
+            )
             .order_by(t.created_at, t.id)
         ).all()
-        # executed drains by when they ran, open plans whatever their age (an approval an
-        # hour late, a scheduler outage); no upper bound: another receiver's clock may run ahead
+        # drains by when they ran, open plans whatever their age (an approval an hour late, a
+        # scheduler outage); no upper bound: another receiver's clock may run ahead
         drains = conn.execute(
-            select(t.id, t.state, t.updated_at, t.body).where(
+            select(t.id, t.state, t.updated_at, t.body, t.result).where(
                 (t.state.in_(outbox.RESERVING))
-                | ((t.state == "executed") & (t.updated_at > now - DRAIN_WINDOW_S))
+                | (t.state.in_(("executed", "failed")) & (t.updated_at > now - DRAIN_WINDOW_S))
             )
         ).all()
         paused = _paused(conn)
         not_acting = watchdog.reason_in(conn)
     if not_acting == watchdog.OK or (not_acting == "scheduler_unreachable" and nodes):
         not_acting = ""  # the scheduler just answered this planner: it is reachable
-    bodies = [json.loads(r.body) for r in restarts]
+    done = [r for r in restart_rows if _result(r).get("restarted", r.state == "executed")]
+    bodies = [json.loads(r.body) for r in done]
     same = sum(1 for b in bodies if b.get("cause_key") == diag.cause_key)
     # every node an earlier restart excluded, in the order it was first excluded (oldest first)
     excluded_before = dict.fromkeys(
-        n for b in bodies for n in b.get("action", {}).get("exclude", [])
+        n
+        for r in restart_rows
+        if r.state == "executed" or r in done
+        for n in json.loads(r.body).get("action", {}).get("exclude", [])
     )
     drain_times: list[float] = []
     reserved: set[str] = set()
@@ -94,6 +104,8 @@ def _history(
         if r.id == exclude_id:
             continue
         drain = json.loads(r.body).get("action", {}).get("nodes", [])
+        if r.state == "failed":
+            drain = _result(r).get("drained") or []
         if r.state in outbox.RESERVING:  # due to drain: it counts as of now
             reserved.update(drain)
         drain_times += [r.updated_at if r.state == "executed" else now] * len(drain)
@@ -112,7 +124,7 @@ def _history(
     return History(
         now=now,
         job=jv,
-        restarts_done=len(restarts),
+        restarts_done=len(done),
         same_cause_restarts=same,
         drain_times=tuple(drain_times),
         nodes=tuple(NodeView(n.node, n.state, n.partitions) for n in nodes),
@@ -121,6 +133,15 @@ def _history(
         excluded_before=tuple(excluded_before),
         not_acting=not_acting,
     )
+
+
+def _result(row: Any) -> dict[str, Any]:
+    """An executed or failed row's result (what it did); {} when there is none."""
+    try:
+        found = json.loads(row.result or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def budget_violation(conn: Connection, row: Any, nodes: list[Any], policy: Policy) -> Reason | None:

@@ -20,8 +20,10 @@ from recovery import (
     directives,
     executor,
     outbox,
+    planning,
     reconciler,
 )
+from recovery.decide import Diagnosis
 from recovery.policy import parse_policy
 from recovery.scheduler.simulated import SimulatedScheduler
 from recovery.store import make_engine
@@ -627,8 +629,8 @@ def test_a_hang_that_follows_the_job_to_the_node_it_was_moved_to_stops_it(world)
     job = world.st["jobs"]["42"]
     assert job["state"] == "RUNNING" and job["nodes"] != ["node1"]
     time.sleep(0.01)  # the restarted job hangs again: the new onset follows its restart
-    inc, d = diag(2, outcome="workload_hang", nodes=tuple(job["nodes"]), conf=0.7,
-                  cause="stuck rank", onset=time.time())  # fmt: skip
+    inc, d = diag(2, outcome="workload_hang", nodes=tuple(job["nodes"]), conf=0.85,
+                  cause="stuck rank", onset=time.time())  # fmt: skip  (a stop needs 0.8)
     key = cause_key("workload_hang", ["gpu_stuck"], job["nodes"])
     second = actions.on_diagnosis(world.engine, s, inc, d | {"cause_key": key})
     assert second["kind"] == "stop", second["body"]["action"]
@@ -693,3 +695,52 @@ def test_an_approval_given_after_a_turn_to_monitor_executes_nothing(world):
     r = approvals.approve(world.engine, world.settings("monitor"), a["id"], "alice")
     assert r["state"] == "skipped" and world.st["jobs"]["42"]["restarts"] == 0
     assert not world.st["nodes"]["node2"]["state"].startswith("DRAIN")
+
+
+def test_a_failed_action_still_counts_the_drain_and_the_restart_it_made(tmp_path, monkeypatch):
+    """A drain_and_requeue whose drain ran and whose requeue Slurm carried out but did not show
+    in time ended `failed`, and the blast radius and the retry budget forgot both: a second
+    incident drained a second node under max_drains_per_hour 1, and Slurm's restart count ran
+    ahead of the budget's."""
+    client, st, submit = make_fake_sim(nodes=tuple(f"node{i}" for i in range(1, 9)))
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    sched = SimulatedScheduler("http://testserver", session=client)
+    policy = parse_policy({"mode": "act", "blast_radius": {"max_drains_per_hour": 1}}, env={})
+    s = SimpleNamespace(
+        policy=policy, scheduler_adapter=sched, alertmanager_url=None, prometheus_url=None,
+        action_retry_s=0.0,
+    )  # fmt: skip
+    submit("42", node="node2")
+    submit("43", node="node3")
+    real = sched.requeue
+
+    def slow(job_id, *a, **k):
+        done = real(job_id, *a, **k)
+        if job_id == "42":  # carried out, not shown in time
+            raise executor.SchedulerError("not confirmed within 10s: job 42 requeued")
+        return done
+
+    monkeypatch.setattr(sched, "requeue", slow)
+    a = actions.on_diagnosis(engine, s, *diag(1))
+    assert a["state"] == "failed" and st["nodes"]["node2"]["state"].startswith("DRAIN")
+    b = actions.on_diagnosis(engine, s, *diag(2, job="43", nodes=("node3",)))
+    assert not st["nodes"]["node3"]["state"].startswith("DRAIN"), b["body"]["action"]["reasons"]
+    h = planning._history(
+        engine, None, Diagnosis("3", "42", "workload_hang", "x"), sched.job_state("42"), []
+    )
+    assert h.restarts_done == st["jobs"]["42"]["restarts"] == 1
+
+
+def test_a_restart_that_found_the_job_requeued_already_is_not_charged(world):
+    """Two incidents of one job, both requeues approved: Slurm restarts the job once (the second
+    finds it requeued and does nothing) but the budget was charged twice."""
+    world.submit("42", node="node2")
+    s = world.settings("approve")
+    a = actions.on_diagnosis(world.engine, s, *diag(1, outcome="workload_hang"))
+    b = actions.on_diagnosis(world.engine, s, *diag(2, outcome="workload_hang"))
+    assert a["state"] == b["state"] == "pending_approval"
+    approvals.approve(world.engine, s, a["id"], "alice")
+    assert approvals.approve(world.engine, s, b["id"], "bob")["state"] == "executed"
+    job = world.sched.job_state("42")
+    h = planning._history(world.engine, None, Diagnosis("3", "42", "workload_hang", "x"), job, [])
+    assert h.restarts_done == world.st["jobs"]["42"]["restarts"] == 1
