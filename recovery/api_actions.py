@@ -69,7 +69,9 @@ def approve(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
     engine, settings = _ctx(request)
     try:
         return approvals.approve(engine, settings, action_id, body.who, body.comment)
-    except approvals.ActionError as exc:
+    except approvals.UnknownAction as exc:
+        raise HTTPException(404, str(exc)) from None
+    except approvals.ActionError as exc:  # decided already, expired, or over the budget
         raise HTTPException(409, str(exc)) from None
 
 
@@ -78,7 +80,9 @@ def reject(request: Request, action_id: str, body: Verdict) -> dict[str, Any]:
     engine, _ = _ctx(request)
     try:
         return approvals.reject(engine, action_id, body.who, body.comment)
-    except approvals.ActionError as exc:
+    except approvals.UnknownAction as exc:
+        raise HTTPException(404, str(exc)) from None
+    except approvals.ActionError as exc:  # decided already, expired, or over the budget
         raise HTTPException(409, str(exc)) from None
 
 

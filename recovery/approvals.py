@@ -27,6 +27,10 @@ class UnknownNode(ActionError):
     """The scheduler does not know the node."""
 
 
+class UnknownAction(ActionError):
+    """No action has the id."""
+
+
 def approve(
     engine: Engine, settings: Any, action_id: str, who: str, comment: str = ""
 ) -> dict[str, Any]:
@@ -67,7 +71,7 @@ def _decide_pending(
             planning.lock_budget(conn)
         row = conn.execute(select(actions_table).where(actions_table.c.id == action_id)).first()
         if row is None:
-            raise ActionError(f"no action {action_id}")
+            raise UnknownAction(f"no action {action_id}")
         if row.state != "pending_approval":
             raise ActionError(f"action {action_id} is {row.state}, not pending approval")
         if budget is not None and budget[1] is not None:

@@ -80,6 +80,8 @@ async def decide_action(request: Request, action_id: str, verdict: str) -> Respo
         message = await run_in_threadpool(
             actions_port.decide, engine_of(request), settings, action_id, verdict, who.actor, reason
         )
+    except approvals.UnknownAction:
+        return await error_page(request, 404, "no such action")
     except (LookupError, ValueError) as exc:
         return await error_page(request, 409, f"{verdict} refused: {exc}"[:500])
     except Exception as exc:  # noqa: BLE001 - shown to the person, who can retry

@@ -142,3 +142,14 @@ def test_a_verdict_after_another_receivers_expiry_changes_nothing(api, monkeypat
         e["type"] for e in client.get("/api/v1/audit", params={"job_id": "42"}).json()["events"]
     ]
     assert "rejected" not in events
+
+
+def test_deciding_an_action_that_does_not_exist_is_a_404_not_a_conflict(api):
+    """A script could not tell "no such action" (409 then) from "decided already" (409)."""
+    client, app, _ = api
+    for verdict in ("approve", "reject"):
+        r = client.post(f"/api/v1/actions/nope/{verdict}", json={"who": "alice"})
+        assert r.status_code == 404 and "no action nope" in r.text
+    a = plan(app)
+    assert client.post(f"/api/v1/actions/{a['id']}/reject", json={"who": "bob"}).status_code == 200
+    assert client.post(f"/api/v1/actions/{a['id']}/approve", json={"who": "x"}).status_code == 409
