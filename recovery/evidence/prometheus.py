@@ -1,6 +1,7 @@
 """Prometheus evidence: range queries around the incident for the job's nodes and GPUs.
 
-DCGM fields (selected by `hpc_job` for a job, else by the host label), the detector's scores
+DCGM fields (selected by `hpc_job` for a job, and by the host label on its nodes where no
+series carries `hpc_job`: dcgm-exporter maps jobs only when told to), the detector's scores
 and the log-derived job metrics. The first transport error ends the collection with an
 `error` report: a Prometheus that is down costs one timeout, not one per query.
 """
@@ -51,11 +52,14 @@ def queries(ctx: Context) -> list[str]:
     """The PromQL expressions for `ctx` (ids validated, then quoted by `catalogue.promql`)."""
     sel = promql.selector
     out: list[str] = []
+    nodes = [validate.node(n) for n in ctx.nodes]
     if ctx.job_id:
         j = validate.job_id(ctx.job_id)
-        out += [sel(m, hpc_job=j) for m in DCGM_FIELDS]
+        for m in DCGM_FIELDS:  # the job's GPUs by hpc_job, or, where dcgm-exporter maps no
+            # jobs (its default), its nodes' GPUs without the label
+            unmapped = [sel(m, **{h: nodes}, hpc_job="") for h in HOSTS] if nodes else []
+            out.append(" or ".join([sel(m, hpc_job=j), *unmapped]))
         out += [sel(m, job_id=j) for m in JOB_METRICS + DETECTOR_METRICS]
-    nodes = [validate.node(n) for n in ctx.nodes]
     if nodes and not ctx.job_id:
         for m in DCGM_FIELDS:
             out += [sel(m, Hostname=nodes), sel(m, hostname=nodes)]

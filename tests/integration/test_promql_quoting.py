@@ -104,3 +104,16 @@ def test_evidence_queries_match_the_dotted_node_only(scraped):
     assert ("goodput_node_xid_errors_total", NODE) in got
     assert ("node_presence", NODE) in got
     assert not any(node == MISS for _, node in got)
+
+
+def test_a_jobs_dcgm_evidence_is_read_by_node_where_dcgm_maps_no_jobs(scraped):
+    """dcgm-exporter labels series with hpc_job only when told to (--hpc-job-mapping-dir); a
+    job's incident asked for its DCGM fields by hpc_job alone and, there, got none of them
+    (XID, ECC, row remaps, NVLink). Its nodes' unlabelled series are read; a near miss not."""
+    now = time.time()
+    ctx = Context(job_id="4242", nodes=[NODE], start=now - 120, end=now)
+    bundle = evidence_prom.collect(ctx, Settings(prometheus_url=scraped))
+    got = {(s.name, s.node) for s in bundle.series}
+    assert ("DCGM_FI_DEV_GPU_UTIL", NODE) in got, got
+    assert not any(node == MISS for _, node in got)
+    assert bundle.reports[0].status == "ok", bundle.reports

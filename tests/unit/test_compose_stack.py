@@ -111,6 +111,7 @@ def test_prometheus_scrapes_the_services_that_exist():
         "goodput-detector": "detector",
         "goodput-receiver": "receiver",
         "goodput-simulator": "simulator",
+        "alertmanager": "alertmanager",
     }
     # the simulator writes the dcgm file_sd targets into the volume Prometheus reads
     dcgm = next(j for j in PROM["scrape_configs"] if j["job_name"] == "dcgm")
