@@ -2,12 +2,16 @@
 
 For nodes with NVIDIA GPUs but no DCGM. Default port 19412 (dcgm-exporter uses 9400). Exposes
 what NVML can provide under the DCGM names (all as gauges, names exactly as dcgm-exporter's):
-utilisation, memory, power, energy, temperatures, clocks, throttle reasons, ECC counts,
-retired pages, remapped rows, PCIe replays, XID events (an `nvmlEventSet` thread: the last XID
-per GPU in `DCGM_FI_DEV_XID_ERRORS`, a count per code in `DCGM_EXP_XID_ERRORS_COUNT{xid}`), and
-on Hopper and newer the GPM ratios `DCGM_FI_PROF_SM_ACTIVE`, `DCGM_FI_PROF_SM_OCCUPANCY`,
-`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, `DCGM_FI_PROF_DRAM_ACTIVE`, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
-(0..1, measured between two consecutive scrapes). A field the GPU does not support is left out.
+utilisation, memory, power, energy, temperatures, clocks, throttle reasons, the time held back
+for heat (`DCGM_FI_DEV_THERMAL_VIOLATION`, in us as DCGM's header gives it and Goodput's rules
+read it; NVML counts ns), ECC counts, retired pages, remapped rows, PCIe replays, NVLink errors
+summed over the GPU's links (`DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL`, `..._REPLAY_...`,
+`..._RECOVERY_...`), XID events (an `nvmlEventSet` thread: the last XID per GPU in
+`DCGM_FI_DEV_XID_ERRORS`, a count per code in `DCGM_EXP_XID_ERRORS_COUNT{xid}`; a GPU set up at
+a later scrape joins it), and on Hopper and newer the GPM ratios `DCGM_FI_PROF_SM_ACTIVE`,
+`DCGM_FI_PROF_SM_OCCUPANCY`, `DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, `DCGM_FI_PROF_DRAM_ACTIVE`,
+`DCGM_FI_PROF_GR_ENGINE_ACTIVE` (0..1, measured between two consecutive scrapes). A field the GPU
+does not support is left out.
 One counter of its own: `goodput_gpu_process_cpu_seconds_total`, the CPU time of the GPU's
 compute processes and their descendants (exporters/proctree.py), which tells a GPU idle while
 its process works on the host (a compile, a checkpoint load) from one whose process waits.
@@ -52,6 +56,12 @@ GPM_FIELDS = {
     "NVML_GPM_METRIC_DRAM_BW_UTIL": "DCGM_FI_PROF_DRAM_ACTIVE",
     "NVML_GPM_METRIC_GRAPHICS_UTIL": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
 }
+# DCGM's NVLink error totals -> the pynvml counter each sums over the GPU's links
+NVLINK_ERRORS = {
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "NVML_NVLINK_ERROR_DL_REPLAY",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "NVML_NVLINK_ERROR_DL_RECOVERY",
+}
 HELP = {
     "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
     "DCGM_FI_DEV_MEM_COPY_UTIL": "Memory utilization (in %).",
@@ -66,6 +76,7 @@ HELP = {
     "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
     "DCGM_FI_DEV_MEM_CLOCK": "Memory clock frequency (in MHz).",
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "Current clock throttle reasons (bitmask).",
+    "DCGM_FI_DEV_THERMAL_VIOLATION": "Throttling duration due to thermal constraints (in us).",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "Single-bit volatile ECC errors.",
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "Double-bit volatile ECC errors.",
@@ -78,6 +89,9 @@ HELP = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Rows remapped for uncorrectable errors.",
     "DCGM_FI_DEV_ROW_REMAP_PENDING": "1 if a row remap is pending (needs a GPU reset).",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "1 if a row remap failed.",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "Total NVLink flow-control CRC errors.",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "Total number of NVLink retries.",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "Total number of NVLink recovery errors.",
     "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
     "DCGM_FI_PROF_SM_ACTIVE": "Ratio of cycles an SM has at least 1 warp assigned (GPM).",
     "DCGM_FI_PROF_SM_OCCUPANCY": "Ratio of resident warps to the maximum (GPM).",
@@ -252,6 +266,11 @@ class NvmlCollector(Collector):
             v = self._try(fn, *args)
             if v is not None:
                 out[name] = v * scale
+        policy = getattr(n, "NVML_PERF_POLICY_THERMAL", 1)
+        thermal = self._try("nvmlDeviceGetViolationStatus", h, policy)
+        if thermal is not None:  # NVML counts ns, DCGM's field (and the rules reading it) us
+            out["DCGM_FI_DEV_THERMAL_VIOLATION"] = thermal.violationTime // 1000
+        out.update(self._nvlink_errors(h))
         mt = self._field(h, getattr(n, "NVML_FI_DEV_MEMORY_TEMP", None))
         if mt is not None:
             out["DCGM_FI_DEV_MEMORY_TEMP"] = mt
@@ -285,6 +304,31 @@ class NvmlCollector(Collector):
         out["DCGM_FI_DEV_XID_ERRORS"] = gpu.last_xid
         if gpu.gpm:
             out.update(self._gpm(gpu))
+        return out
+
+    def _nvlink_errors(self, h: Any) -> dict[str, float]:
+        """Each NVLink error counter summed over the GPU's links. A link NVML has no counter
+        for (NotSupported; InvalidArgument: no such link) is skipped; none at all: no series.
+        Any other error leaves the counter out this scrape: a partial sum would read as a
+        counter reset."""
+        n, out = self.nvml, {}
+        no_counter = ("NVMLError_NotSupported", "NVMLError_InvalidArgument")
+        absent = tuple(getattr(n, e) for e in no_counter if hasattr(n, e))
+        for name, kind in NVLINK_ERRORS.items():
+            counter, total, seen = getattr(n, kind, None), 0.0, False
+            if counter is None:
+                continue
+            try:
+                for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)):
+                    try:
+                        total += n.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
+                        seen = True
+                    except absent:
+                        continue
+            except (n.NVMLError, AttributeError):  # lost mid-read, or an older nvidia-ml-py
+                continue
+            if seen:
+                out[name] = total
         return out
 
     def _field(self, h: Any, field_id: int | None) -> float | None:
@@ -410,7 +454,10 @@ class NvmlCollector(Collector):
 
     # ------------------------------------------------------------------ XID events
     def watch_xids(self, stop: threading.Event) -> None:
-        """Block on nvmlEventSetWait until `stop`; record each critical XID per GPU."""
+        """Block on nvmlEventSetWait until `stop`; record each critical XID per GPU. A GPU set
+        up at a later scrape (the driver not ready at start, a GPU back after a reset) joins
+        the event set at the watch's next turn (within a second); while no GPU has joined, the
+        watch waits for one."""
         n = self.nvml
         try:
             es = n.nvmlEventSetCreate()
@@ -418,14 +465,21 @@ class NvmlCollector(Collector):
             log.warning("XID events unavailable: %s", exc)
             return
         by_uuid: dict[str, Gpu] = {}
-        for gpu in self.gpus:
-            try:
-                n.nvmlDeviceRegisterEvents(gpu.handle, n.nvmlEventTypeXidCriticalError, es)
-                by_uuid[gpu.labels[1]] = gpu
-            except n.NVMLError as exc:
-                log.warning("GPU %d: XID events unavailable: %s", gpu.index, exc)
+        asked: set[int] = set()  # GPUs registered, or refused (not asked again)
         try:
-            while not stop.is_set() and by_uuid:
+            while not stop.is_set():
+                for gpu in self.gpus:  # here, between waits: not from a scrape while one blocks
+                    if gpu.index in asked:
+                        continue
+                    asked.add(gpu.index)
+                    try:
+                        n.nvmlDeviceRegisterEvents(gpu.handle, n.nvmlEventTypeXidCriticalError, es)
+                        by_uuid[gpu.labels[1]] = gpu
+                    except n.NVMLError as exc:
+                        log.warning("GPU %d: XID events unavailable: %s", gpu.index, exc)
+                if not by_uuid:
+                    stop.wait(0.5)
+                    continue
                 try:
                     data = n.nvmlEventSetWait_v2(es, 500)
                 except n.NVMLError_Timeout:

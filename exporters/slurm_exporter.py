@@ -53,10 +53,16 @@ class SlurmError(RuntimeError):
 
 
 def run_command(argv: Sequence[str], timeout: float) -> str:
-    """Run one Slurm client command (argv list, no shell); its stdout or `SlurmError`."""
+    """Run one Slurm client command (argv list, no shell); its stdout or `SlurmError`. A byte
+    that is not UTF-8 (a job name Slurm took as the user typed it) reads as U+FFFD."""
     try:
         out = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+            list(argv),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]}: timed out after {timeout}s") from None
@@ -285,6 +291,9 @@ class SlurmCollector(Collector):
                 results[name] = self.runner(argv, self.timeout)
             except SlurmError as exc:
                 log.warning("%s", exc)
+                results[name] = None
+            except Exception:  # whatever it is, it costs this command's values, not the others'
+                log.exception("%s failed", name)
                 results[name] = None
         try:
             text = results["squeue"]

@@ -248,3 +248,18 @@ def test_an_ended_jobs_end_is_known_and_an_active_jobs_time_limit_is_not(monkeyp
         and (j.name, j.user, j.exit_code) == ("train", "ana", 1)
         and j.end_time == time.mktime(time.strptime("2026-11-29T20:41:12", "%Y-%m-%dT%H:%M:%S"))
     )
+
+
+def test_a_byte_that_is_not_utf8_is_read_not_raised(tmp_path):
+    """Old code: `text=True` decoded strictly, so a drain reason or a controller name with a
+    Latin-1 byte raised UnicodeDecodeError (not a SchedulerError) out of every node read and
+    out of `reachable`."""
+    for cmd, text in (
+        ("sinfo", "node1|drained|gpu*|caf\\351 fan\\n"),
+        ("scontrol", "Slurmctld(primary) at ctl-\\351 is UP\\n"),
+    ):
+        (tmp_path / cmd).write_text(f"#!/bin/sh\nprintf '{text}'\n")
+        (tmp_path / cmd).chmod(0o755)
+    s = SlurmScheduler(retries=0, env={"PATH": str(tmp_path)})
+    assert [(n.node, n.reason) for n in s.node_states()] == [("node1", "caf\ufffd fan")]
+    assert s.reachable()

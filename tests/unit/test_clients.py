@@ -227,7 +227,30 @@ def test_timeouts_a_silent_server_and_one_that_drips(serve):
         with pytest.raises(PromError, match=want) as got:
             PromClient(srv.url + way, timeout=0.5).raw("up")
         assert time.monotonic() - t0 < 2.5  # the server answers at 3 s: gave up before it
-        assert got.value.status is None and "unreachable" in str(got.value)
+        assert got.value.status is None and got.value.slow and "too slow" in str(got.value)
+
+
+def test_a_body_sent_a_byte_at_a_time_is_given_up_at_the_deadline(serve):
+    """Old code checked the deadline only between 1 MiB reads, each waiting for its whole
+    MiB or the end: a body of known length sent a byte every 0.1 s held a client with
+    timeout=0.5 until its last byte (5 s here), then called the server unreachable."""
+
+    def drip(h, path, form):
+        body = vector().encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        for i in range(len(body)):
+            h.wfile.write(body[i : i + 1])
+            h.wfile.flush()
+            time.sleep(0.1)
+
+    srv = serve(drip)
+    t0 = time.monotonic()
+    with pytest.raises(PromError, match="too slow: no full answer within 0.5 s") as got:
+        PromClient(srv.url, timeout=0.5).raw("up")
+    assert time.monotonic() - t0 < 1.0
+    assert got.value.status is None and "unreachable" not in str(got.value)
 
 
 def test_unreachable_and_bad_urls(serve):
@@ -383,7 +406,7 @@ def test_loki_size_bound_timeout_and_unreachable(serve):
     with pytest.raises(LokiError, match="over 1000"):
         LokiClient(srv.url, max_bytes=1000).query_range('{job_id="1"}')
     slow = serve(lambda h, p, f: time.sleep(2))
-    with pytest.raises(LokiError, match="unreachable: ReadTimeout") as got:
+    with pytest.raises(LokiError, match="too slow: no full answer within 0.3 s") as got:
         LokiClient(slow.url, timeout=0.3).push([])
     assert got.value.status is None
     with pytest.raises(LokiError, match="unreachable"):

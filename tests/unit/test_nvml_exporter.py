@@ -301,3 +301,156 @@ def test_a_gpm_sample_that_cannot_be_read_is_freed():
     for _ in range(5):
         assert c._gpm(c.gpus[0]) == {}
     assert live == set()
+
+
+def xid_source(nvml: types.SimpleNamespace) -> tuple[list[int], list[tuple[int, int]]]:
+    """NVML's event set as it behaves: events come only from the GPUs registered with it.
+    Returns (registered handles, queue of (handle, xid) to deliver)."""
+    registered: list[int] = []
+    queue: list[tuple[int, int]] = []
+
+    def wait(es, timeout):
+        for i, (h, xid) in enumerate(queue):
+            if h in registered:
+                del queue[i]
+                return types.SimpleNamespace(device=h, eventData=xid)
+        threading.Event().wait(0.01)
+        raise NVMLError_Timeout()
+
+    nvml.nvmlDeviceRegisterEvents = lambda h, t, es: registered.append(h)
+    nvml.nvmlEventSetWait_v2 = wait
+    return registered, queue
+
+
+def until(cond, seconds: float = 3.0) -> bool:
+    for _ in range(int(seconds / 0.02)):
+        if cond():
+            return True
+        threading.Event().wait(0.02)
+    return cond()
+
+
+def test_a_gpu_set_up_at_a_later_scrape_gets_its_xids():
+    """Old code registered only the GPUs of the start with the event set: GPU 1, lost at start
+    and set up at a later scrape (as the docstring promises), never had an XID counted."""
+    nvml = fake_nvml(n_gpus=2)
+    registered, queue = xid_source(nvml)
+    uuid, lost = nvml.nvmlDeviceGetUUID, {1}
+
+    def flaky(h):
+        if h in lost:
+            raise NVMLError("GPU is lost")
+        return uuid(h)
+
+    nvml.nvmlDeviceGetUUID = flaky
+    c = NvmlCollector(nvml, hostname="node7")
+    stop = threading.Event()
+    t = threading.Thread(target=c.watch_xids, args=(stop,))
+    t.start()
+    try:
+        assert until(lambda: registered == [0])
+        lost.clear()
+        reg = CollectorRegistry()
+        reg.register(c)
+        list(reg.collect())  # the scrape sets GPU 1 up
+        assert until(lambda: registered == [0, 1])
+        queue.extend([(1, 79), (1, 79)])
+        assert until(lambda: c.gpus[1].xids.get(79) == 2)
+        assert t.is_alive() and c.gpus[0].xids == {}
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
+def test_the_xid_watch_waits_while_no_gpu_answered_at_start():
+    """Old code: no GPU set up at start (the driver not ready yet) and the watch returned at
+    once, never to run again: no XID for any GPU set up later."""
+    nvml = fake_nvml(n_gpus=2)
+    registered, queue = xid_source(nvml)
+    ready, handle = [False], nvml.nvmlDeviceGetHandleByIndex
+
+    def by_index(i):
+        if not ready[0]:
+            raise NVMLError("Unknown Error")
+        return handle(i)
+
+    nvml.nvmlDeviceGetHandleByIndex = by_index
+    c = NvmlCollector(nvml, hostname="node7")
+    assert c.gpus == []
+    stop = threading.Event()
+    t = threading.Thread(target=c.watch_xids, args=(stop,))
+    t.start()
+    try:
+        threading.Event().wait(0.3)
+        assert t.is_alive() and registered == []
+        ready[0] = True
+        c.set_up()  # as a scrape does
+        assert until(lambda: registered == [0, 1])
+        queue.append((0, 48))
+        assert until(lambda: c.gpus[0].last_xid == 48)
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's names
+    pass
+
+
+class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+    pass
+
+
+def test_thermal_violation_and_nvlink_errors_the_rules_read():
+    """Old code never wrote DCGM_FI_DEV_THERMAL_VIOLATION nor the NVLink error totals, though
+    the thermal_throttle symptom, the evidence queries and the detector read them. GPU 0 has
+    NVLinks (links 0-3; link 2 without a replay counter; links 4+ absent), GPU 1 none and no
+    violation counter: its series are left out, not zero."""
+    nvml = fake_nvml(n_gpus=2)
+    nvml.NVMLError_NotSupported = NVMLError_NotSupported
+    nvml.NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    nvml.NVML_PERF_POLICY_THERMAL, nvml.NVML_NVLINK_MAX_LINKS = 1, 18
+    nvml.NVML_NVLINK_ERROR_DL_REPLAY, nvml.NVML_NVLINK_ERROR_DL_RECOVERY = 0, 1
+    nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+
+    def violation(h, policy):
+        assert policy == 1
+        if h == 1:
+            raise NVMLError_NotSupported("Not Supported")
+        return types.SimpleNamespace(violationTime=12_345_678_999, referenceTime=1)
+
+    def nvlink(h, link, counter):
+        if h == 1:
+            raise NVMLError_NotSupported("Not Supported")
+        if link >= 4:
+            raise NVMLError_InvalidArgument("Invalid Argument")
+        if link == 2 and counter == 0:
+            raise NVMLError_NotSupported("Not Supported")
+        return {0: 10, 1: 1, 2: 100}[counter] * (link + 1)
+
+    nvml.nvmlDeviceGetViolationStatus, nvml.nvmlDeviceGetNvLinkErrorCounter = violation, nvlink
+    reg = CollectorRegistry()
+    reg.register(NvmlCollector(nvml, hostname="node7"))
+
+    def on(gpu: str) -> dict[str, float]:
+        return {
+            s.name: s.value for f in reg.collect() for s in f.samples if s.labels.get("gpu") == gpu
+        }
+
+    gpu0, gpu1 = on("0"), on("1")
+    assert gpu0["DCGM_FI_DEV_THERMAL_VIOLATION"] == 12_345_678  # ns -> us
+    assert gpu0["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == 100 * (1 + 2 + 3 + 4)
+    assert gpu0["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"] == 10 * (1 + 2 + 4)
+    assert gpu0["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"] == 1 + 2 + 3 + 4
+    assert not {n for n in gpu1 if "VIOLATION" in n or "NVLINK" in n}
+    assert gpu1["DCGM_FI_DEV_GPU_UTIL"] == 99  # the rest of GPU 1 is reported
+
+    def lost_mid_read(h, link, counter):
+        if link == 3:
+            raise NVMLError("GPU is lost")
+        return 5
+
+    nvml.nvmlDeviceGetNvLinkErrorCounter = lost_mid_read
+    assert not {n for n in on("0") if "NVLINK" in n}  # no partial sum (it would read as a reset)

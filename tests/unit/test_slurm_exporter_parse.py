@@ -237,6 +237,45 @@ def test_run_command_timeout_and_failure():
         run_command(["no-such-slurm-binary"], 5)
 
 
+def test_a_byte_that_is_not_utf8_costs_nothing():
+    """Old code: `run_command` decoded strictly, and one ended job's name with a Latin-1 byte
+    (sbatch -J does not check encodings) raised UnicodeDecodeError out of refresh(): up 0 and
+    no series for the cluster's other jobs and nodes."""
+    assert run_command(["printf", "caf\\351"], 5) == "caf\ufffd"
+    fake = FakeSlurm()
+
+    def latin1_sacct(argv, timeout):
+        if argv[0] == "sacct":
+            return run_command(["printf", "99|gpu|FAILED|1:0|node2||caf\\351 run|99\\n"], 5)
+        return fake(argv, timeout)
+
+    c, reg = registry_for(latin1_sacct)
+    assert c.refresh()
+    v = reg.get_sample_value
+    assert v("goodput_slurm_up") == 1
+    assert v("goodput_slurm_job_gpus", {"job_id": "101"}) == 16
+    labels = {"job_id": "99", "job_name": "caf\ufffd run", "partition": "gpu", "state": "failed"}
+    assert v("goodput_slurm_job_state", labels) == 1
+
+
+def test_one_command_failing_in_any_way_costs_only_its_own_values():
+    """Old code: only `SlurmError` was caught per command; anything else a runner raised for
+    sacct (best effort) took squeue's and sinfo's answers with it."""
+    fake = FakeSlurm()
+
+    def odd_sacct(argv, timeout):
+        if argv[0] == "sacct":
+            raise UnicodeDecodeError("utf-8", b"\xe9", 0, 1, "invalid continuation byte")
+        return fake(argv, timeout)
+
+    c, reg = registry_for(odd_sacct)
+    assert c.refresh()
+    v = reg.get_sample_value
+    assert v("goodput_slurm_up") == 1
+    assert v("goodput_slurm_scrape_errors_total", {"command": "sacct"}) == 1
+    assert v("goodput_slurm_job_gpus", {"job_id": "101"}) == 16
+
+
 def test_hostlists_and_sacct_lines():
     assert expand_hostlist("node[1-3,5],gpu-a[08-10],solo") == [
         "node1", "node2", "node3", "node5", "gpu-a08", "gpu-a09", "gpu-a10", "solo",
