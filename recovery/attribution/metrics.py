@@ -69,12 +69,14 @@ def _metric_symptoms(
     pause: Pause | None = None,
     saving: bool = False,
     job_nodes: list[str] | None = None,
+    since: float | None = None,
 ) -> list[Sym]:
     """Symptoms of the metric rules, in their order (a rule may read an earlier one's);
     `pause`: the pause the log opened last, while still open, `saving`: it opened
     after this run's progress (a checkpoint save); `job_nodes`: the job's nodes as Slurm lists
     them (a rule for jobs on at most `max_nodes` nodes counts them too: a node whose DCGM
-    series are missing is still the job's)."""
+    series are missing is still the job's); `since`: when the job's current run started (a
+    change is dated no earlier, `_changed_at`)."""
     pause_open = pause is not None
     listed = frozenset(job_nodes or ())
     out: list[Sym] = []
@@ -87,24 +89,25 @@ def _metric_symptoms(
             held = _xid_held(series)
             for s in _by_name(series, metric):
                 prev = int(s.points[0][1]) if held(s) and math.isfinite(s.points[0][1]) else 0
-                for t, v in s.points:
+                for i, (t, v) in enumerate(s.points):
                     if not math.isfinite(v):
                         continue
                     code = int(v)
                     xk = _xid_symptom(code) if code and code != prev else None
                     if xk is not None:
                         sid, role, outcome, action = xk
+                        at, seen = _changed_at(s.points, i, rule, since)
                         out.append(
                             Sym(
                                 sid,
                                 role,
-                                t,
+                                at,
                                 "prometheus",
                                 s.node,
                                 s.gpu,
                                 f"XID {code}",
                                 outcome,
-                                _ev(s, t, f"{s.name} = {code}"),
+                                _ev(s, t, f"{s.name} = {code}{seen}"),
                                 action,
                             )
                         )
@@ -113,13 +116,16 @@ def _metric_symptoms(
             per = rule.get("seconds_per_unit")
             for s in _by_name(series, metric):
                 (t0, base) = s.points[0]
-                for t, v in s.points:
+                for i, (t, v) in enumerate(s.points):
                     hit = v - base >= rule["min"] if kind == "increase" else v >= rule["min"]
                     if hit:
                         word = f"rose by {v - base:g}" if kind == "increase" else f"= {v:g}"
                         if per and kind == "increase":  # a counter of time: say how long
                             word = f"counted {(v - base) * per:.1f} s in {t - t0:.0f} s"
-                        out.append(_sym(rule, s, t, f"{metric} {word}"))
+                        at, seen = _changed_at(s.points, i, rule, since)
+                        sym = _sym(rule, s, at, f"{metric} {word}")
+                        sym.evidence = _ev(s, t, f"{metric}: {metric} {word}{seen}")
+                        out.append(sym)
                         break
         elif kind == "vanished" and (present := _by_name(series, metric)):
             last_seen = max(s.points[-1][0] for s in present)
@@ -179,6 +185,29 @@ def _metric_symptoms(
             stalls = [s for s in out if s.id in rule["stalls"]]
             out += _overrun(pause, stalls, moved, series, rule)
     return out
+
+
+def _changed_at(
+    points: list[tuple[float, float]], i: int, rule: dict[str, Any], since: float | None
+) -> tuple[float, str]:
+    """When a change first seen in sample `i` may have happened, at the earliest, and a note
+    on that for the evidence. A sampled series shows a change at the first sample after it:
+    the change happened in (previous sample, this sample], so it is dated just after the
+    previous sample, less the rule's `gap_s`, the collection interval of the exporter behind
+    the series, which the samples do not show (dcgm-exporter collects every 30 s by default
+    while Prometheus scrapes it every few seconds: the sample before may repeat a value
+    collected up to that long before it). Dated at the sample itself when it is the first
+    (nothing tells when it began), and never before the run began at `since` (a change
+    sampled in the run counts for it, as it did when dated at the sample). The late sample
+    must not lose the fault its own lines (the job's errors, its peers' IB errors) follow."""
+    t = points[i][0]
+    if i == 0:
+        return t, ""
+    before = points[i - 1][0]
+    at = min(t, before - float(rule.get("gap_s") or 0.0))
+    if since is not None:
+        at = max(at, min(since, t))
+    return at, f" (first sampled at {t:.0f}; after the sample at {before:.0f})"
 
 
 def _xid_held(series: list[Series]) -> Callable[[Series], bool]:

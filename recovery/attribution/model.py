@@ -19,6 +19,7 @@ RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 SOURCES = ("prometheus", "log", "slurm")
 PROGRESS = frozenset({"progress", "checkpoint"})  # catalogue info symptoms of a working job
 MILESTONE = "job_start"  # catalogue info symptom: start-up done (the work before it ended)
+OWN_ADDRESS = "own_address"  # catalogue info symptom: a rank announced its own address
 
 
 class Pause(NamedTuple):
@@ -47,6 +48,11 @@ class Sym:
     outcome: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     action: str = ""  # the catalogue's action hint of the signature (an XID's job_action)
+    # how the node of a symptom that other nodes reported was found (lines naming a remote
+    # peer, logged by several nodes: `logs._witnessed`): "" seen there; "address": the peer
+    # those lines name, by the address it announced; "silent": the one node of the job that
+    # logged none of them; "unplaced": none (the node is None)
+    placed: str = ""
 
 
 @dataclass(frozen=True)

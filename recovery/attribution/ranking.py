@@ -92,6 +92,13 @@ def _confidence(
     conf *= 0.85 ** len(missing)
     if competing:
         conf *= 0.85
+    # only other nodes' reports about their peer say where, and they do not name it (no
+    # address to map, `logs._witnessed`): a suspect by its silence, or no node at all
+    guessed = any(s.placed in ("silent", "unplaced") for s in trig) and not any(
+        s.node is not None and s.placed in ("", "address") for s in trig
+    )
+    if guessed:
+        conf *= 0.85
     conf = max(0.05, min(0.99, conf))
     basis = (
         f"rule {rule['outcome']} base {base:.2f}; +0.05 per extra corroborating source "
@@ -99,4 +106,6 @@ def _confidence(
         f"({', '.join(missing) or 'none'}); x0.85 if another outcome was within tolerance "
         f"({competing})"
     )
+    if guessed:
+        basis += "; x0.85: only peers' reports place it, and they name no node"
     return round(conf, 3), basis

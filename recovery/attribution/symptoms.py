@@ -42,7 +42,7 @@ def extract(bundle: Bundle, ctx: Context, rules: Rules, gpn: int = 8) -> Extract
     job_nodes = [n for n in bundle.slurm.job.get("nodes") or [] if names.valid_node(n)]
     since, until = run_start(bundle), run_end(bundle)
     syms, lines, pause, saving = _log_symptoms(bundle.lines, rules, gpn, job_nodes, since)
-    syms += _metric_symptoms(bundle.series, rules, pause, saving, job_nodes)
+    syms += _metric_symptoms(bundle.series, rules, pause, saving, job_nodes, since)
     syms += _slurm_symptoms(bundle, ctx, rules)
     # a line or sample from before the current run (an earlier run's XID, a requeue ago), or
     # from after an ended job's end (a later fault on a node it once used), is neither the

@@ -7,6 +7,7 @@ failed on the code before; the other cases pin the decisions made with them."""
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -19,7 +20,7 @@ from recovery.decide import Diagnosis, History, JobView, NodeView, decide
 from recovery.evidence import Bundle, Context, LogLine, Report, Series, SlurmFacts
 from recovery.evidence import slurm as slurm_evidence
 from recovery.evidence.logs import collect_dir, line_time
-from recovery.policy import load_policy
+from recovery.policy import load_policy, parse_policy
 
 OK = [Report("logs", "ok"), Report("prometheus", "ok"), Report("slurm", "ok")]
 T = calendar.timegm(time.strptime("2026-11-29 20:40:00", "%Y-%m-%d %H:%M:%S"))
@@ -415,12 +416,16 @@ def test_an_xid_the_gauge_held_before_the_window_is_no_new_xid():
     held = _gauge("node1", "3", [79] * 64)
     doc = _xid_doc(held, _gauge("node2", "0", [0] * 64))
     assert doc["outcome"] != "gpu_hardware_fault" and doc["affected_nodes"] == [], doc
-    # the same gauge changing inside the window is an XID, dated where it changed
+    # the same gauge changing inside the window is an XID, dated where it changed: at the
+    # earliest, after the sample before the change, less dcgm-exporter's collection interval
+    # (the rule's gap_s, 30 s), which the samples do not show
     for before in (0, 13):  # from no XID, or from an older one
         rose = _gauge("node1", "3", [before] * 40 + [79] * 24)
         doc = _xid_doc(rose, _gauge("node2", "0", [0] * 64))
         assert _verdict(doc) == ("gpu_hardware_fault", ["node1"]), doc
-        assert doc["onset"] == T - 900 + 15 * 40
+        assert doc["onset"] == T - 900 + 15 * 39 - 30
+        seen = [e for e in doc["evidence"] if e["source"] == "prometheus"]
+        assert seen[0]["time"] == T - 900 + 15 * 40  # the evidence: the sample that showed it
 
 
 def test_a_job_series_starts_with_the_gpus_held_xid_but_a_new_gpu_with_its_own():
@@ -436,3 +441,141 @@ def test_a_job_series_starts_with_the_gpus_held_xid_but_a_new_gpu_with_its_own()
     assert doc["outcome"] != "gpu_hardware_fault" and doc["affected_nodes"] == [], doc
     doc = _xid_doc(others, job_series, start_time=started)  # node1's GPU 3 appeared then
     assert _verdict(doc) == ("gpu_hardware_fault", ["node1"]), doc
+
+
+# ------------------------------------- a fault sampled late, and the peers' reports about it
+# The reviewer's cases: XID 79 (GPU off the bus) on node2 at F; the DCGM gauge shows it only
+# 30 s later (dcgm-exporter collects every ~30 s, Prometheus scrapes on top of that); node2's
+# job writes its error a few seconds after F, and its peers node1, node3, node4 log NCCL's
+# `Got completion from peer <node2's address> with error 12` 8 s after F.
+
+F = float(T)  # the fault
+NODES4 = ["node1", "node2", "node3", "node4"]
+IB_ERROR = (
+    "{node}:984:1357 [4] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<45678> with "
+    "error 12, opcode 0, len 0, vendor err 129 (Recv)"
+)
+OOB = "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0."  # + the node's number
+
+
+def _late_xid(step: float, code: int = 79, shown: float = F + 30) -> Series:
+    """node2's XID gauge sampled every `step` s from F-300, 0 until `shown`, then `code`."""
+    n = int((shown - (F - 300)) // step)
+    pts = [(F - 300 + step * i, 0.0) for i in range(n)] + [(shown, float(code))]
+    return Series("DCGM_FI_DEV_XID_ERRORS", pts, node="node2", gpu="3", job_id="12")
+
+
+def _peers_ib(*nodes: str, at: float = F + 8) -> list[LogLine]:
+    return [LogLine(f"job/{n}.log", 1, IB_ERROR.format(node=n), at, n, "12") for n in nodes]
+
+
+def _incident(lines=(), series=(), job_nodes: list[str] | None = None) -> dict:
+    job = {"job_id": "12", "state": "FAILED", "nodes": job_nodes} if job_nodes else {}
+    b = Bundle(list(lines), list(series), SlurmFacts(job, {}), list(OK))
+    return attribution.attribute(b, Context(job_id="12", nodes=NODES4, start=F - 300, end=F + 300))
+
+
+def _act(doc: dict):
+    """What the default policy, in act mode, does with `doc` for the ended 4-node job."""
+    policy = parse_policy({"mode": "act"}, env={})
+    spare = tuple(NodeView(f"node{i}", "IDLE", ("gpu",)) for i in range(5, 17))
+    job = JobView("FAILED", 0, 1, "gpu", F - 3600, 4, F + 40, tuple(NODES4))
+    nodes = tuple(NodeView(n, "ALLOCATED", ("gpu",)) for n in NODES4) + spare
+    return decide(Diagnosis.from_dict(doc), History(now=F + 60, job=job, nodes=nodes), policy)
+
+
+@pytest.mark.parametrize("step", [80.0, 15.0, 5.0])  # the sample before: F-50, F+15, F+25
+def test_an_xid_sampled_late_still_explains_its_peers_ib_errors(step):
+    """Failed before: the XID was dated at the sample that showed it (F+30), more than
+    tolerance_s after the peers' IB errors (F+8), which then stood alone as the root: a
+    network fault on node1, node3 and node4 (the survivors) at 0.8, and all three drained. A
+    change a sample shows happened after the sample before it, less dcgm-exporter's
+    collection interval (the xid rule's gap_s), which Prometheus' finer samples do not show."""
+    doc = _incident(_peers_ib("node1", "node3", "node4"), [_late_xid(step)], NODES4)
+    assert _verdict(doc) == ("gpu_hardware_fault", ["node2"]), doc["root_cause"]
+    assert doc["onset"] <= F
+    action = _act(doc)
+    assert action.kind == "drain_and_requeue" and action.nodes == ("node2",), action
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Fatal Python error: Aborted",
+        "Signal 11 (SIGSEGV) received by PID 4242",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ],
+)
+@pytest.mark.parametrize("step", [80.0, 5.0])
+def test_the_jobs_own_error_before_a_late_xid_sample_is_the_gpus_fault(text, step):
+    """Failed before: node2's job writes its abort, segfault or illegal memory access 2 s after
+    the GPU fell off the bus; the XID, sampled 28 s after that line, no longer explained it,
+    and the verdict was workload_crash: the user blamed, no node."""
+    line = LogLine("job/node2.log", 1, text, F + 2, "node2", "12")
+    doc = _incident([line], [_late_xid(step)])
+    assert _verdict(doc) == ("gpu_hardware_fault", ["node2"]), doc["root_cause"]
+    assert doc["category"] == "infrastructure"
+
+
+def test_a_late_xid_sample_is_not_dated_before_the_run():
+    """The earliest a change can have happened is never before the job's current run: a change
+    sampled in the run stays this run's (as when it was dated at its sample), dated at the
+    run's start at the earliest; one sampled before the run is not this run's."""
+    series = _late_xid(15.0)
+    job = {"job_id": "12", "state": "RUNNING", "nodes": NODES4, "start_time": F + 20}
+    b = Bundle(series=[series], slurm=SlurmFacts(job, {}), reports=list(OK))
+    doc = attribution.attribute(b, Context(job_id="12", nodes=NODES4, start=F - 300, end=F + 300))
+    assert _verdict(doc) == ("gpu_hardware_fault", ["node2"]) and doc["onset"] == F + 20
+    b.slurm.job["start_time"] = F + 31  # the run began after the sample that showed it
+    doc = attribution.attribute(b, Context(job_id="12", nodes=NODES4, start=F - 300, end=F + 300))
+    assert doc["outcome"] != "gpu_hardware_fault", doc["root_cause"]
+
+
+def test_ib_errors_several_nodes_log_about_their_peer_drain_none_of_them():
+    """Failed before: `Got completion from peer <address> with error 12` is written by the
+    ranks talking to the end that stopped answering, about it; with node1, node3 and node4
+    logging it (no XID), the verdict was network_fault on those three at 0.8, and all three
+    were drained. Several nodes reporting a peer are witnesses, not culprits."""
+    lines = _peers_ib("node1", "node3", "node4")
+    # nothing maps the address, nor lists the job's nodes: no node named, the job restarted
+    doc = _incident(lines)
+    assert _verdict(doc) == ("network_fault", []), doc["root_cause"]
+    assert doc["confidence"] < 0.7 and "name no node" in doc["confidence_basis"]
+    action = _act(doc)
+    assert action.kind == "requeue" and action.nodes == (), action
+    # Slurm lists the job's nodes: node2, the one that logged none of them, is the suspect; by
+    # its silence alone, under the policy's drain threshold: a person decides
+    doc = _incident(lines, job_nodes=NODES4)
+    assert _verdict(doc) == ("network_fault", ["node2"]), doc["root_cause"]
+    assert doc["confidence"] < 0.7
+    action = _act(doc)
+    assert action.kind == "hold_for_person" and not set(action.nodes) & {"node1", "node3", "node4"}
+
+
+def test_a_peer_address_its_own_nccl_announced_names_it():
+    """node2's NCCL announced its out-of-band address at start-up (NCCL_DEBUG=INFO: `OOB
+    ib0:10.0.0.2`): the address the peers' lines name is node2's, and node2 is drained."""
+    oob = [
+        LogLine(f"job/{n}.log", 1, f"{n}:984:984 [0] {OOB}{n[-1]}<0>", F - 200, n, "12")
+        for n in NODES4
+    ]
+    doc = _incident(oob + _peers_ib("node1", "node3", "node4"))
+    assert _verdict(doc) == ("network_fault", ["node2"]), doc["root_cause"]
+    assert doc["confidence"] == 0.8 and "by the address it announced" in doc["root_cause"]
+    action = _act(doc)
+    assert action.kind == "drain_and_requeue" and action.nodes == ("node2",), action
+    # an address two nodes announce (a container bridge's) names neither
+    shared = [dataclasses.replace(ln, text=ln.text.replace("10.0.0.4<", "10.0.0.2<")) for ln in oob]
+    doc = _incident(shared + _peers_ib("node1", "node3", "node4"))
+    assert _verdict(doc) == ("network_fault", []), doc["root_cause"]
+
+
+def test_a_peer_error_one_node_alone_logged_stays_its_own():
+    """One node alone reporting its peer (its own setup, e.g. a wrong NCCL_SOCKET_IFNAME, as
+    often as the peer), and lines that name no peer (a port error), stay the logger's."""
+    doc = _incident(_peers_ib("node1"), job_nodes=NODES4)
+    assert _verdict(doc) == ("network_fault", ["node1"]) and doc["confidence"] == 0.8
+    port_error = "node2:7:7 [0] NCCL WARN NET/IB : Got async event : port error"
+    port = LogLine("job/node2.log", 1, port_error, F + 1, "node2", "12")
+    doc = _incident([port, *_peers_ib("node1", "node3", "node4")], job_nodes=NODES4)
+    assert _verdict(doc) == ("network_fault", ["node2"]) and doc["confidence"] == 0.8
