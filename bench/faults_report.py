@@ -180,7 +180,7 @@ def _table(s: dict[str, Any], first: str) -> list[str]:
     for kind, g in list(s["per_kind"].items()) + [("**overall**", s["overall"])]:
         cp = (
             f"{_f(g['culprit_precision'])} / {_f(g['culprit_recall'])}"
-            if g["culprit_faults"]
+            if g["culprit_faults"] or g["culprit_precision"] is not None
             else "n/a"
         )
         lines.append(
@@ -253,11 +253,14 @@ def markdown(doc: dict[str, Any]) -> str:
         "Definitions: latency = fault onset → first firing alert of the incident that handled "
         "it (samples every 5 s, so 5 s is the floor); outcome/action accuracy count undetected "
         "faults as wrong; action = the effect (a drain of a node already DOWN counts as drain, "
-        "Slurm's own requeue completes a requeue); culprit P/R over faults with a culprit node; "
-        "recover = onset → the job runs again and logs progress (drain: node isolated); GPU-h "
-        "lost = job GPUs × (time since onset − work done since onset at the pre-fault rate), or "
-        "GPU time until stopped for stop/hold kinds; repeat = further incidents on an "
-        "already-faulty job; the false-incident bound is one-sided Poisson (3/N when none).",
+        "Slurm's own requeue completes a requeue); culprit precision over every fault (a node "
+        "named where the truth names none is a false positive), recall over faults with a "
+        "culprit node; recover = onset → the job runs again and logs progress (drain: onset → "
+        "the simulator drained the culprit node); GPU-h lost = job GPUs × (time since onset − "
+        "work done since onset at the pre-fault rate), or, for stop/hold kinds, the GPU time "
+        "the job held after onset, every run of it, until it ended or was stopped; repeat = "
+        "further incidents on an already-faulty job; the false-incident bound is one-sided "
+        "Poisson (3/N when none).",
     ]
     lines += _misses(s)
     if fi["false_incidents"]:

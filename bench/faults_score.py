@@ -31,6 +31,16 @@ def _fault_nodes(h: Any, f: dict[str, Any]) -> set[str]:
     return set(job.ever_nodes) if job else set(f.get("nodes") or [])
 
 
+def _drained_at(h: Any, f: dict[str, Any]) -> float | None:
+    """When the simulator's scheduler first drained a culprit node of `f` after its onset
+    (the drain verb as it ran, whoever asked for it); None if it never did."""
+    times = [
+        t for t, verb, node in h.sim.cluster.verbs
+        if verb == "drain" and node in f["nodes"] and t >= f["onset"]
+    ]  # fmt: skip
+    return min(times, default=None)
+
+
 def _gpus_at(h: Any, job_id: str, t: float) -> int:
     return next((g for s, g in reversed(h.running.get(job_id, [])) if s <= t), 0)
 
@@ -50,12 +60,14 @@ def _lost_gpu_hours(h: Any, f: dict[str, Any], inc: Any, end: float) -> float | 
     gpus = _gpus_at(h, job_id, f["onset"])
     onset = f["onset"]
     if f["action"] in ("stop", "hold_for_person"):
-        stop = end
-        if inc is not None and inc.result == "executed":
-            stop = inc.opened_at
-        if job.end_t and job.end_t > onset and job.state != "RUNNING":
-            stop = min(stop, job.end_t)
-        return gpus * max(0.0, stop - onset) / 3600.0
+        # what the simulator saw the job hold after onset: until it ended, or until the
+        # action that stopped it ran (not when its incident opened), and every later run a
+        # wrong restart gave it (a cause that persists fails it again)
+        held = sum(
+            g * max(0.0, min(e if e is not None else end, end) - max(s, onset))
+            for s, e, g in h.runs.get(job_id, [])
+        )
+        return held / 3600.0
     pts = h.iters.get(job_id, [])
     pre = [(t, i) for t, i in pts if onset - 300.0 <= t <= onset]
     if len(pre) < 2 or pre[-1][0] <= pre[0][0]:
@@ -127,8 +139,9 @@ def score(h: Any, spec: RunSpec, sc: Any) -> dict[str, Any]:
                 action_ok=eff == f["action"],
             )
         rec_t = h.recovered.get(f["fault_id"])
-        if f["action"] == "drain" and inc is not None and inc.result == "executed":
-            rec["time_to_recover_s"] = round(inc.opened_at - f["onset"], 1)  # node isolated
+        if f["action"] == "drain":  # node isolated: when the simulator drained it
+            drained = _drained_at(h, f)
+            rec["time_to_recover_s"] = None if drained is None else round(drained - f["onset"], 1)
         elif rec_t is not None:
             rec["time_to_recover_s"] = round(rec_t - f["onset"], 1)
         else:

@@ -32,13 +32,18 @@ def _poisson_upper(k: int, n_hours: float) -> float | None:
     return round(1000.0 * upper / n_hours, 3)
 
 
+def culprit_ok(f: dict[str, Any]) -> bool:
+    """The nodes the diagnosis named are exactly the truth's: none where it names none."""
+    return set(f.get("nodes") or []) == set(f["truth"]["nodes"])
+
+
 def _group(faults: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(faults)
     det = [f for f in faults if f["detected"]]
     lat = [f["latency_s"] for f in det]
     culprit = [f for f in faults if f["truth"]["nodes"]]
     tp = fp = fn = 0
-    for f in culprit:
+    for f in faults:  # a node named where the truth names none is a false positive too
         truth, got = set(f["truth"]["nodes"]), set(f.get("nodes") or [])
         tp += len(truth & got)
         fp += len(got - truth)
@@ -128,8 +133,7 @@ def summarize(runs: list[dict[str, Any]], by: str = "kind") -> dict[str, Any]:
             "reasons": f.get("reasons"),
         }
         for f in faults
-        if not (f.get("outcome_ok") and f.get("action_ok"))
-        or (f["truth"]["nodes"] and set(f.get("nodes") or []) != set(f["truth"]["nodes"]))
+        if not (f.get("outcome_ok") and f.get("action_ok")) or not culprit_ok(f)
     ]
     return {
         "per_kind": per_kind,

@@ -124,6 +124,8 @@ class Harness:
         self._kern_off: dict[str, int] = {}
         self.iters: dict[str, list[tuple[float, float]]] = {}  # job -> (t, iteration)
         self.running: dict[str, list[tuple[float, int]]] = {}  # job -> (t, gpus) while running
+        # job -> its runs as the simulator timed them: [start, end (None: running), gpus]
+        self.runs: dict[str, list[list[Any]]] = {}
         self.recovered: dict[str, float] = {}  # fault_id -> first time running again, progressing
         self._cpu_last: pd.DataFrame | None = None  # the last sample's host CPU counters
 
@@ -318,12 +320,25 @@ class Harness:
         return {"slurm_job": pd.DataFrame(jobs), "slurm_node": pd.DataFrame(nodes)}
 
     # ---------------------------------------------------------------- ground-truth tracking
+    def _track_runs(self, j: Any) -> None:
+        """A job's runs with the simulator's start and end times (a run ends when the job
+        fails, ends, or a scheduler verb requeues, holds or cancels it)."""
+        runs = self.runs.setdefault(j.job_id, [])
+        last = runs[-1] if runs else None
+        if last is not None and last[1] is None:
+            if j.state != "RUNNING" or j.start_t != last[0]:  # ended (and maybe ran again)
+                end = j.end_t if last[0] <= j.end_t else self.now
+                last[1] = min(end, j.start_t) if j.state == "RUNNING" else end
+        if j.state == "RUNNING" and (not runs or runs[-1][0] != j.start_t):
+            runs.append([j.start_t, None, len(j.alloc)])
+
     def _track(self, now: float) -> None:
         c = self.sim.cluster
         for j in c.jobs.values():
             if j.state == "RUNNING":
                 self.iters.setdefault(j.job_id, []).append((now, j.iteration))
                 self.running.setdefault(j.job_id, []).append((now, len(j.alloc)))
+            self._track_runs(j)
         for fid, f in c.faults.items():
             if fid in self.recovered or not f.get("job_id"):
                 continue

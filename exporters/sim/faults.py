@@ -154,16 +154,18 @@ FAULT_KINDS: dict[str, FaultKind] = {
         exit_code=139,
         defaults={"crash_after_s": 1},
     ),
-    # any catalogue log pattern (params.pattern); outcome, action and culprit come from the
-    # catalogue at injection (exporters/sim/signature.py), not from here
+    # any catalogue log pattern (params.pattern): the catalogue gives the line only; outcome,
+    # action and culprit are the scenario's `truth` (exporters/sim/signature.py), not from
+    # here and never the catalogue's. persists=1: the cause outlives a restart (a missing
+    # file): every later run fails the same way once its start-up is over
     "log_signature": FaultKind(
-        "catalogue",
-        "catalogue",
-        "catalogue",
+        "stated",
+        "stated",
+        "stated",
         "the catalogue log signature params.pattern names",
         needs="job",
         exit_code=1,
-        defaults={"crash_after_s": 1},
+        defaults={"crash_after_s": 1, "persists": 0},
     ),
 }
 

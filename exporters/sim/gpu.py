@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from exporters.sim.dcgm import FIELD_NAMES, INDEX, label_string
+
+if TYPE_CHECKING:
+    from exporters.sim.background import Trickle
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class GPU:
         self.counters = dict.fromkeys(FIELD_NAMES, 0.0)
         self.xid = 0
         self.degrade: dict[str, float] | None = None  # rates while degrading
+        self.trickle: Trickle | None = None  # benign background errors (sim/background.py)
         self.values = [0.0] * len(FIELD_NAMES)
         self._labels: dict[tuple[str, str], str] = {}
 
@@ -117,6 +122,8 @@ class GPU:
         c["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] += (load.tensor * 4.5e5 * dt) if busy else 0
         if self.degrade:
             self._degrade(dt, rng)
+        if self.trickle is not None:  # its own generator: `rng`'s stream stays
+            self.trickle.tick(c, now)
         v = self.values
         v[INDEX["DCGM_FI_DEV_SM_CLOCK"]] = round(load.clock + (j(0, 8) if busy else 0))
         v[INDEX["DCGM_FI_DEV_MEM_CLOCK"]] = 3201 if load.power > 100 else 1593

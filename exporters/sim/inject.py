@@ -63,7 +63,11 @@ def inject(cluster: Cluster, spec: FaultSpec, fault_id: str) -> dict[str, Any]:
     for key, value in params.items():
         if key in kind.defaults and not isinstance(value, (int, float)):
             raise SchedulerError(f"params.{key}: a number is required", 422)
-    truth = signature.truth(params) if spec.kind == signature.KIND else {}
+    if params.get("persists", 0) not in (0, 1):
+        raise SchedulerError("params.persists: 0 or 1", 422)
+    if params.get("persists") and kind.needs != "job":
+        raise SchedulerError(f"params.persists: kind {spec.kind} is no cause a job carries", 422)
+    truth = signature.truth(params, spec.truth) if spec.kind == signature.KIND else {}
     _APPLY[spec.kind](cluster, tgt, params, fault_id)
     culprit = truth.get("culprit", kind.culprit) == "node"
     rec = {
@@ -81,12 +85,37 @@ def inject(cluster: Cluster, spec: FaultSpec, fault_id: str) -> dict[str, Any]:
         "params": params,
         "active": True,
         "target": {"node": tgt.node, "gpu": tgt.gpu, "rank": tgt.rank},
-        **truth,  # a log_signature's kind, outcome, action, culprit: the catalogue's
+        **truth,  # a log_signature's kind, outcome, action, culprit: the scenario's
     }
+    if params.get("persists"):
+        rec["relapses"] = []  # when a later run of the job met the cause again
     if spec.kind == "fs_stall":
         rec["job_ids"] = [j.job_id for j in cluster.jobs.values() if j.state == "RUNNING"]
     cluster.faults[fault_id] = rec
     return rec
+
+
+def relapse(cluster: Cluster, job: Job) -> None:
+    """`job` (re)started: a fault of it whose cause persists (`params.persists`: a missing
+    file, a bad config) is still there, so this run meets it again once its start-up is over
+    and fails the same way, on the same rank (wherever that rank now runs)."""
+    for rec in cluster.faults.values():
+        if rec.get("job_id") != job.job_id or not rec.get("active") or "relapses" not in rec:
+            continue
+        if rec["onset"] >= cluster.now or not job.alloc:
+            continue
+        name = rec["kind"].split(":")[0]  # a log_signature's kind names its pattern too
+        kind = FAULT_KINDS[name]
+        params = dict(rec["params"])
+        if "crash_after_s" in params:  # from the first step's time, not the process start
+            params["crash_after_s"] = job.startup_s + float(params["crash_after_s"])
+        t = Target.__new__(Target)
+        t.job = job
+        t.rank = min(int(rec["target"]["rank"] or 0), len(job.alloc) - 1)
+        t.node, t.gpu = job.alloc[t.rank]
+        if kind.needs == "job":
+            _APPLY[name](cluster, t, params, rec["fault_id"])
+            rec["relapses"].append(cluster.now)
 
 
 def clear(cluster: Cluster, fault_id: str) -> dict[str, Any]:

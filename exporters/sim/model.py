@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.sim import background as bg
 from exporters.sim import gpu as G
 from exporters.sim import logs
 from exporters.sim.jobs import END_STATES, Job
@@ -53,6 +54,7 @@ class Cluster:
         sink: LogSink | None = None,
         scheduler: str = "sim",
         job_id_base: int = 1000,
+        background: Any = None,
     ):
         names = [f"node{i + 1}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         fb = FB_MIB.get(model_name, 81559)
@@ -71,10 +73,14 @@ class Cluster:
         # kernel-log events planted by faults: (t, node, lines, fault_id)
         self.kevents: list[tuple[float, str | None, list[str], str]] = []
         self.fs_stall: tuple[str, float] | None = None  # (fault_id, until)
+        # the scheduler verbs as they ran: (time, verb, node or job id), e.g. (t, "drain", n)
+        self.verbs: list[tuple[float, str, str]] = []
         self._lustre_t = 0.0
         # side-effect hooks for real-Slurm mode (set by the server): node lost / repaired
         self.on_node_lost: Callable[[str, list[Job]], None] | None = None
         self.on_node_repaired: Callable[[str], None] | None = None
+        # benign background errors and stale XIDs (a scenario's `background`; None: clean)
+        bg.apply(self, background, seed)
         self._update_gpus(0.0)
 
     # ---------------------------------------------------------------- clock
@@ -208,7 +214,7 @@ class Cluster:
         job.alloc = [(n, g) for n in nodes for g in gpus]
         self.jobs[job_id] = job
         self._place(job)
-        job.start(self.now, self.sink)
+        self._start(job)
         return job
 
     def _schedule(self) -> None:
@@ -230,7 +236,15 @@ class Cluster:
             chosen = free[: job.nodes_wanted]
             job.alloc = [(n.name, g) for n in chosen for g in range(job.gpus_per_node)]
             self._place(job)
-            job.start(self.now, self.sink)
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
+        """Start a run of `job` where it is placed; a fault of it whose cause persists comes
+        back with it (exporters/sim/inject.py `relapse`)."""
+        from exporters.sim.inject import relapse  # inject imports this module
+
+        job.start(self.now, self.sink)
+        relapse(self, job)
 
     def _place(self, job: Job) -> None:
         for node, gi in job.alloc:
@@ -285,6 +299,7 @@ class Cluster:
     def drain(self, name: str, reason: str) -> None:
         node = self.node(name)
         node.drain, node.reason = True, reason or "drained"
+        self.verbs.append((self.now, "drain", name))
 
     def resume(self, name: str) -> None:
         node = self.node(name)
@@ -293,6 +308,7 @@ class Cluster:
         if node.down and not node.alive:
             raise SchedulerError(f"node {name} is not responding; repair it first")
         node.drain, node.down, node.reason = False, False, ""
+        self.verbs.append((self.now, "resume", name))
 
     def requeue(
         self, job_id: str, exclude: list[str] | None = None, hold: bool = False, delay_s: float = 0
@@ -314,6 +330,7 @@ class Cluster:
             job.excluded = sorted(set(exclude))
         self._requeue(job, hold, "JobHeldUser" if hold else "BeginTime")
         job.not_before = self.now + delay_s
+        self.verbs.append((self.now, "requeue_hold" if hold else "requeue", job_id))
         return job
 
     def _requeue(self, job: Job, hold: bool, reason: str) -> None:
@@ -326,6 +343,7 @@ class Cluster:
         if job.state != "PENDING":
             raise SchedulerError(f"job {job_id} is {job.state}: only pending jobs can be held")
         job.held, job.reason = True, "JobHeldUser"
+        self.verbs.append((self.now, "hold", job_id))
         return job
 
     def release(self, job_id: str) -> Job:
@@ -333,6 +351,7 @@ class Cluster:
         if not job.held:
             raise SchedulerError(f"job {job_id} is not held")
         job.held, job.reason = False, "None"
+        self.verbs.append((self.now, "release", job_id))
         return job
 
     def cancel(self, job_id: str) -> Job:
@@ -344,6 +363,7 @@ class Cluster:
             self._release(job)
         job.end(self.now, "CANCELLED", 0)
         job.held = False
+        self.verbs.append((self.now, "cancel", job_id))
         return job
 
     # ---------------------------------------------------------------- views

@@ -62,6 +62,7 @@ class Simulation:
             sink,
             scheduler,
             job_id_base,
+            scenario.background,
         )
         self.elapsed = 0.0
         self._jobs = sorted(enumerate(scenario.jobs), key=lambda p: p[1].start_s)

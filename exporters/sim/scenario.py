@@ -67,6 +67,38 @@ class JobSpec(_Strict):
         return _check_job_id(v)
 
 
+class FaultTruth(_Strict):
+    """The right answer to a fault, stated by whoever wrote the scenario: what a diagnosis
+    should conclude (`outcome`), what should be done (`action`) and whether the node is to
+    blame (`culprit`). Names are checked against the catalogue's vocabulary (outcomes.yaml),
+    but the answer is never read from the catalogue: a `log_signature` fault is scored against
+    this, so a catalogue entry that says the wrong thing shows as a miss."""
+
+    outcome: str
+    action: str
+    culprit: Literal["node", "none"]
+    root_cause: str = ""
+    why: str = ""  # where the answer comes from (a public source, failures.md)
+
+    @field_validator("outcome")
+    @classmethod
+    def _outcome(cls, v: str) -> str:
+        import catalogue
+
+        if v not in catalogue.outcomes():
+            raise ValueError(f"unknown outcome {v!r}; one of {sorted(catalogue.outcomes())}")
+        return v
+
+    @field_validator("action")
+    @classmethod
+    def _action(cls, v: str) -> str:
+        import catalogue
+
+        if v not in catalogue.actions():
+            raise ValueError(f"unknown action {v!r}; one of {sorted(catalogue.actions())}")
+        return v
+
+
 class FaultSpec(_Strict):
     kind: str
     at_s: float = Field(ge=0)
@@ -75,6 +107,9 @@ class FaultSpec(_Strict):
     job: str | None = None  # job name in the scenario
     job_id: str | None = None  # run-time requests name the job by id
     params: dict[str, Any] = Field(default_factory=dict)
+    # the stated ground truth of a `log_signature` fault (required in a scenario file; other
+    # kinds' truth is their FAULT_KINDS entry)
+    truth: FaultTruth | None = None
 
     @field_validator("kind")
     @classmethod
@@ -82,6 +117,15 @@ class FaultSpec(_Strict):
         if v not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {v!r}; one of {sorted(FAULT_KINDS)}")
         return v
+
+    @model_validator(mode="after")
+    def _truth_only_for_signatures(self) -> FaultSpec:
+        if self.truth is not None and self.kind != "log_signature":
+            raise ValueError(
+                f"truth: only a log_signature fault states its truth ({self.kind}'s is "
+                "its FAULT_KINDS entry)"
+            )
+        return self
 
     @field_validator("node")
     @classmethod
@@ -94,6 +138,24 @@ class FaultSpec(_Strict):
     @classmethod
     def _fault_job_id(cls, v: str | None) -> str | None:
         return _check_job_id(v)
+
+
+class StaleXid(_Strict):
+    """An application XID an earlier job left on a GPU's XID gauge (it holds the last XID
+    until the GPU is reset): on it from t=0, under whatever job runs there."""
+
+    node: str
+    gpu: int = Field(ge=0, le=7)
+    xid: Literal[13, 31, 43]
+
+
+class BackgroundSpec(_Strict):
+    """Benign hardware background (exporters/sim/background.py: rates and their sources):
+    correctable ECC errors, PCIe replays and NVLink CRC flits trickling in on healthy GPUs,
+    and stale application XIDs. Not a fault: nothing is to blame."""
+
+    scale: float = Field(default=1.0, ge=0, le=10)  # x every rate; 0: perfectly clean GPUs
+    stale_xids: list[StaleXid] = Field(default_factory=list)
 
 
 GapSource = Literal["dcgm", "jobm", "logs", "slurm"]
@@ -128,6 +190,7 @@ class Scenario(_Strict):
     jobs: list[JobSpec] = Field(default_factory=list)
     faults: list[FaultSpec] = Field(default_factory=list)
     gaps: list[GapSpec] = Field(default_factory=list)
+    background: BackgroundSpec = Field(default_factory=BackgroundSpec)
     expect: str | None = Field(default=None, description="'healthy' for a no-fault scenario")
 
     @model_validator(mode="after")
@@ -146,6 +209,16 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.{i}.node: no node {f.node!r} (node1..node{self.nodes})")
             if f.at_s > self.duration_s:
                 raise ValueError(f"faults.{i}.at_s: after the end of the scenario")
+            if f.kind == "log_signature" and f.truth is None:
+                raise ValueError(
+                    f"faults.{i}.truth: a log_signature fault states its own truth (outcome, "
+                    "action, culprit), written apart from the catalogue entry it injects"
+                )
+        for i, x in enumerate(self.background.stale_xids):
+            if x.node not in node_names:
+                raise ValueError(f"background.stale_xids.{i}.node: no node {x.node!r}")
+            if x.gpu >= self.gpus_per_node:
+                raise ValueError(f"background.stale_xids.{i}.gpu: {x.gpu} out of range")
         for i, g in enumerate(self.gaps):
             if g.at_s > self.duration_s:
                 raise ValueError(f"gaps.{i}.at_s: after the end of the scenario")

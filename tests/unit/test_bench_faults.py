@@ -198,3 +198,123 @@ def test_a_monitoring_gap_is_no_incident(tmp_path: Path) -> None:
         h.close()
     with pytest.raises(ScenarioError, match="gaps.0.sources"):
         parse_scenario(sc.model_dump() | {"gaps": [{"at_s": 1, "duration_s": 5, "sources": ["x"]}]})
+
+
+def _fault(kind: str, truth_nodes: list[str], named: list[str], ok: bool = True) -> dict:
+    return {
+        "kind": kind,
+        "truth": {"outcome": "x", "action": "requeue", "nodes": truth_nodes},
+        "detected": True,
+        "latency_s": 10.0,
+        "outcome": "x",
+        "effective_action": "requeue",
+        "nodes": named,
+        "outcome_ok": ok,
+        "action_ok": ok,
+    }
+
+
+def test_naming_nodes_on_a_fault_without_culprit_costs_precision() -> None:
+    """A node named where the truth names none is a false positive, and the fault a miss.
+    Before, precision was counted over culprit faults only: naming three innocent nodes on
+    every app_fault, cuda_oom or dataloader_stall kept it at 1.0, and none was listed."""
+    from bench.faults_summary import summarize
+
+    faults = [
+        _fault("xid79_off_bus", ["node2"], ["node2"]),
+        _fault("cuda_oom", [], ["node1", "node3"]),  # innocent nodes named
+        _fault("segfault", [], []),
+    ]
+    run = {
+        "run": {"scenario": "s", "seed": 1, "job_nodes": 2},
+        "faults": faults,
+        "incidents": [],
+        "healthy_gpu_hours": 1.0,
+    }
+    s = summarize([run])
+    assert s["overall"]["culprit_precision"] == round(1 / 3, 3)
+    assert s["overall"]["culprit_recall"] == 1.0
+    assert s["per_kind"]["cuda_oom"]["culprit_precision"] == 0.0
+    assert s["per_kind"]["segfault"]["culprit_precision"] is None  # nothing named, nothing due
+    assert [m["kind"] for m in s["misses"]] == ["cuda_oom"]
+    assert not s["targets"]["culprit_precision"]["met"]
+
+
+def _harness(onset: float, verbs: list, runs: dict, fault: dict, incident: object) -> object:
+    from types import SimpleNamespace as NS
+
+    job = NS(ever_nodes=["node1", "node2"], state="PENDING", end_t=onset + 60.0, ckpt_iter=0)
+    cluster = NS(
+        now=onset + 600.0,
+        start=0.0,
+        faults={fault["fault_id"]: fault},
+        jobs={"1001": job},
+        nodes={"node1": None, "node2": None, "node3": None},
+        verbs=verbs,
+    )
+    return NS(
+        sim=NS(cluster=cluster, errors=[]),
+        incidents=[incident],
+        recovered={},
+        running={"1001": [(t, 16) for t in range(5, int(onset) + 60, 5)]},
+        runs=runs,
+        iters={},
+        interval_s=5.0,
+    )
+
+
+def test_recovery_and_stop_cost_count_from_when_the_action_ran() -> None:
+    """A drain recovers when the simulator drained the node, and a stopped job costs the GPU
+    time it held until it stopped running: both timed by the simulator, not by when the
+    incident opened. Before, both used the incident's open time (30 s after onset here),
+    so an action that ran later, or never ran at all, looked as quick."""
+    from bench.faults_score import score
+    from bench.receiver import ActionView, Incident
+
+    onset = 1000.0
+    spec = P.RunSpec("s", 0, 1, False, 2, 2)
+    sc = type("Sc", (), {"name": "s", "nodes": 4})()
+
+    def incident(kind: str) -> Incident:
+        inc = Incident(7, "1001", None, onset + 30.0, alert_names=["A"])
+        inc.diagnosis = {"outcome": "x", "affected_nodes": ["node2"]}
+        inc.action, inc.result = ActionView(kind, kind, None, ()), "executed"
+        return inc
+
+    drain = {"fault_id": "f1", "kind": "degradation", "onset": onset, "job_id": "1001",
+             "outcome": "gpu_degradation", "action": "drain", "nodes": ["node2"]}  # fmt: skip
+    verbs = [(onset - 100.0, "drain", "node2"), (onset + 45.0, "drain", "node3"),
+             (onset + 50.0, "drain", "node2")]  # fmt: skip
+    h = _harness(onset, verbs, {"1001": [[0.0, None, 16]]}, drain, incident("drain"))
+    (f,) = score(h, spec, sc)["faults"]
+    assert f["time_to_recover_s"] == 50.0  # the culprit's drain, after onset
+    h = _harness(onset, [], {"1001": [[0.0, None, 16]]}, drain, incident("drain"))
+    assert score(h, spec, sc)["faults"][0]["time_to_recover_s"] is None  # never drained
+
+    stop = {"fault_id": "f1", "kind": "nan_divergence", "onset": onset, "job_id": "1001",
+            "outcome": "workload_divergence", "action": "stop", "nodes": []}  # fmt: skip
+    # the job ran on 60 s past onset, until the stop (a requeue-hold) ran; then a restart
+    # (a wrong one) ran it again for 20 s
+    runs = {"1001": [[0.0, onset + 60.0, 16], [onset + 200.0, onset + 220.0, 16]]}
+    h = _harness(onset, [], runs, stop, incident("stop"))
+    (f,) = score(h, spec, sc)["faults"]
+    assert f["gpu_hours_lost"] == round(16 * (60 + 20) / 3600.0, 3)
+
+
+def test_the_harness_times_each_run_of_a_job_by_the_simulator() -> None:
+    """Runs end when the simulator ended them (a crash, a requeue, a hold), not at the next
+    sample: a stop's cost is read from them."""
+    from types import SimpleNamespace as NS
+
+    from bench.inproc import Harness
+
+    h = NS(runs={}, now=100.0)
+    job = NS(job_id="1", state="RUNNING", start_t=10.0, end_t=0.0, alloc=[("n", 0)] * 8)
+    Harness._track_runs(h, job)  # type: ignore[arg-type]
+    job.state, job.end_t, h.now = "PENDING", 97.5, 105.0  # requeued at 97.5
+    Harness._track_runs(h, job)  # type: ignore[arg-type]
+    job.state, job.start_t, h.now = "RUNNING", 110.0, 110.0
+    Harness._track_runs(h, job)  # type: ignore[arg-type]
+    job.state, job.end_t, h.now = "FAILED", 131.0, 135.0
+    Harness._track_runs(h, job)  # type: ignore[arg-type]
+    assert h.runs == {"1": [[10.0, 97.5, 8], [110.0, 131.0, 8]]}

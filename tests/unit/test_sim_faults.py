@@ -234,3 +234,100 @@ def test_recording_keeps_timestamps_to_the_millisecond():
     assert _num(1735689612.3456) == "1735689612.346"
     assert _num(57.123456789) == "57.1235"
     assert _num(float("nan")) == "nan"
+
+
+def test_a_persistent_cause_fails_every_restart_the_same_way(tmp_path):
+    """A missing file (log-signature.yaml: `persists: 1`) is still missing after a requeue:
+    the next run fails the same way once its start-up is over, on the same rank. Before, the
+    requeued job ran on as if the file had come back, so a wrong requeue looked like a cure."""
+    from exporters.sim import Simulation, load_scenario
+    from exporters.sim.logs import LogSink
+
+    for d in ("jobs", "kernel"):
+        (tmp_path / d).mkdir()
+    sink = LogSink(tmp_path)
+    sim = Simulation(load_scenario(SCENARIOS / "log-signature.yaml"), sink=sink)
+    c = sim.cluster
+    while sim.elapsed < ONSET + 10:
+        sim.step(5.0)
+    job = c.jobs["1001"]
+    assert job.state == "FAILED"
+    c.requeue("1001")  # Goodput's requeue for a workload_crash: the file is still missing
+    while sim.elapsed < ONSET + 120:
+        sim.step(5.0)
+    sink.close()
+    assert job.restarts == 1 and job.state == "FAILED" and job.exit_code == 1
+    assert job.end_t - job.start_t == pytest.approx(job.startup_s + 1.0)
+    assert job.last_progress_t < job.start_t  # it never stepped
+    (fault,) = c.faults.values()
+    assert fault["relapses"] == [job.start_t]
+    log = (tmp_path / "jobs" / "slurm-1001.out").read_text()
+    assert log.count("FileNotFoundError: [Errno 2] No such file or directory") == 2
+    assert log.count("ChildFailedError") == 2
+    # a cause that does not persist (the default) is gone after a restart
+    sc = load_scenario(SCENARIOS / "log-signature.yaml").model_dump()
+    sc["faults"][0]["params"] = {"pattern": "missing_file"}
+    from exporters.sim import parse_scenario
+
+    sim = Simulation(parse_scenario(sc))
+    while sim.elapsed < ONSET + 10:
+        sim.step(5.0)
+    sim.cluster.requeue("1001")
+    while sim.elapsed < ONSET + 120:
+        sim.step(5.0)
+    assert sim.cluster.jobs["1001"].state == "RUNNING"
+
+
+def test_healthy_gpus_show_a_benign_background(tmp_path):
+    """Real fleets show a trickle of correctable ECC errors, PCIe replays and NVLink CRC
+    flits on healthy GPUs, and an application XID an earlier job left on a GPU's gauge.
+    Before, every error counter of a healthy GPU stayed at 0 and every XID gauge at 0: a
+    detector that acted on any movement at all could not be caught. The rates stay far below
+    what the alerts and the detector call degradation (exporters/sim/background.py)."""
+    import numpy as np
+
+    from detector import fields as DF
+    from exporters.sim import FIELD_NAMES, Simulation, load_scenario
+
+    sc = load_scenario(SCENARIOS / "healthy-short.yaml")
+    counters = (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    )
+    idx = [FIELD_NAMES.index(f) for f in counters]
+    xid = FIELD_NAMES.index("DCGM_FI_DEV_XID_ERRORS")
+    sim = Simulation(sc)
+    gpus = [g for n in sim.cluster.nodes.values() for g in n.gpus]
+    stale = sim.cluster.nodes["node3"].gpus[5]
+    rows = []
+    hours = 8.0  # as long as healthy-long: the trickle accumulates over a GPU's first sight
+    while sim.elapsed < hours * 3600:
+        sim.step(60.0)  # the trickle does not depend on the step
+        rows.append([[g.values[i] for i in idx] for g in gpus])
+        if sim.elapsed == 600:
+            assert stale.job_id  # a healthy job runs on the GPU with the stale XID
+            assert stale.values[xid] == 13
+    a = np.array(rows)  # time, GPU, counter
+    rise = a[-1] - a[0]
+    for k, name in enumerate(counters):
+        assert (rise[:, k] > 0).any(), f"{name}: no healthy GPU ever moved"
+        assert (rise[:, k] > 0).mean() < 0.5, f"{name}: most GPUs should stay clean"
+        # far below the detector's allowance over the whole run ...
+        assert rise[:, k].max() <= DF.COUNTERS[name] / 2
+    # ... and never near GoodputGPUDegradation's > 10 in 5 minutes
+    assert (a[5:, :, :2] - a[:-5, :, :2]).max() <= 5
+    assert (a[0] > 0).any()  # counters start where a fleet's do (since boot, lifetime)
+    assert {g.xid for g in gpus} == {0, 13}
+    # the background has its own random stream: the rest of the simulation is unchanged
+    off = sc.model_copy(update={"background": sc.background.model_copy(update={"scale": 0.0})})
+    a1, a0 = Simulation(sc), Simulation(off)
+    for _ in range(40):
+        a1.step(5.0)
+        a0.step(5.0)
+    power = FIELD_NAMES.index("DCGM_FI_DEV_POWER_USAGE")
+    g1 = [g.values[power] for n in a1.cluster.nodes.values() for g in n.gpus]
+    g0 = [g.values[power] for n in a0.cluster.nodes.values() for g in n.gpus]
+    assert g1 == g0
+    c0 = [g.values[idx[0]] for n in a0.cluster.nodes.values() for g in n.gpus]
+    assert set(c0) == {0.0}

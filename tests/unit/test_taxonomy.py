@@ -175,21 +175,67 @@ def test_a_hint_outside_the_vocabulary_is_rejected():
 # ------------------------------------------------------- a signature as a simulator fault
 
 
-def test_log_signature_faults_take_their_truth_from_the_catalogue():
-    from exporters.sim import signature
+def test_log_signature_faults_take_their_truth_from_the_scenario_not_the_catalogue(
+    tmp_path, monkeypatch
+):
+    """The catalogue supplies the line; the truth is the scenario's. Before, the truth was
+    read from the same catalogue entry the receiver classifies with, so a mislabelled entry
+    moved the truth with it and outcome accuracy could not fail."""
+    from exporters.sim import Simulation, load_scenario, signature
     from exporters.sim.model import SchedulerError
+    from exporters.sim.scenario import FaultTruth, ScenarioError, parse_scenario
 
-    assert signature.truth({"pattern": "missing_file"}) == {
+    stated = FaultTruth(outcome="workload_crash", action="stop", culprit="none")
+    assert signature.truth({"pattern": "missing_file"}, stated) == {
         "kind": "log_signature:missing_file",
         "outcome": "workload_crash",
-        "action": catalogue.outcomes()["workload_crash"].action,
+        "action": "stop",
         "culprit": "none",
         "root_cause": "missing file",
+        "truth_source": "scenario",
     }
-    assert signature.truth({"pattern": "lustre_error"})["culprit"] == "node"  # infrastructure
+    # a run-time request that states none has no truth to score against (never the catalogue's)
+    unstated = signature.truth({"pattern": "missing_file"})
+    assert unstated["outcome"] is None and unstated["action"] is None
     for bad in ({"pattern": "no_such_pattern"}, {"pattern": "megatron_progress"}, {}):
         with pytest.raises(SchedulerError, match="params.pattern"):
-            signature.truth(bad)
+            signature.truth(bad, stated)
+
+    # a mislabelled catalogue (missing_file as a GPU fault) leaves the scenario's truth alone
+    bad_dir = tmp_path / "catalogue"
+    shutil.copytree(HERE, bad_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (bad_dir / "patterns.yaml").read_text()
+    head, sep, tail = text.partition("  - id: missing_file\n")
+    (bad_dir / "patterns.yaml").write_text(
+        head + sep + tail.replace("outcome: workload_crash", "outcome: gpu_hardware_fault", 1)
+    )
+    wrong = load(bad_dir)
+    assert next(p for p in wrong.patterns if p.id == "missing_file").outcome == (
+        "gpu_hardware_fault"
+    )
+    monkeypatch.setattr(catalogue, "load_patterns", lambda: wrong.patterns)
+    monkeypatch.setattr(catalogue, "outcomes", lambda: wrong.outcomes)
+    sc = load_scenario(HERE.parent / "scenarios" / "log-signature.yaml")
+    sim = Simulation(sc)
+    while sim.elapsed < sc.faults[0].at_s:
+        sim.step(5.0)
+    (fault,) = sim.cluster.faults.values()
+    assert (fault["outcome"], fault["action"], fault["culprit"], fault["nodes"]) == (
+        "workload_crash",
+        "stop",  # failures.md: a missing dataset is a STOP case (a retry cannot help)
+        "none",
+        [],
+    )
+
+    # a scenario must state a log_signature's truth, and only a log_signature's
+    data = sc.model_dump()
+    data["faults"][0]["truth"] = None
+    with pytest.raises(ScenarioError, match="faults.0.truth"):
+        parse_scenario(data)
+    data = load_scenario(HERE.parent / "scenarios" / "spin-hang.yaml").model_dump()
+    data["faults"][0]["truth"] = {"outcome": "healthy", "action": "none", "culprit": "none"}
+    with pytest.raises(ScenarioError, match="truth"):
+        parse_scenario(data)
 
 
 def test_a_new_signature_is_one_catalogue_entry_and_one_scenario():
