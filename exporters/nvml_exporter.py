@@ -3,8 +3,8 @@
 For nodes with NVIDIA GPUs but no DCGM. Default port 19412 (dcgm-exporter uses 9400). Exposes
 what NVML can provide under the DCGM names (all as gauges, names exactly as dcgm-exporter's):
 utilisation, memory, power, energy, temperatures, clocks, throttle reasons, the time held back
-for heat (`DCGM_FI_DEV_THERMAL_VIOLATION`, in us as DCGM's header gives it and Goodput's rules
-read it; NVML counts ns), ECC counts, retired pages, remapped rows, PCIe replays, NVLink errors
+for heat (`DCGM_FI_DEV_THERMAL_VIOLATION`, in ns: NVML's and DCGM's unit, as dcgm-exporter
+documents it since NVIDIA/dcgm-exporter#589), ECC counts, retired pages, remapped rows, PCIe replays, NVLink errors
 summed over the GPU's links (`DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL`, `..._REPLAY_...`,
 `..._RECOVERY_...`), XID events (an `nvmlEventSet` thread: the last XID per GPU in
 `DCGM_FI_DEV_XID_ERRORS`, a count per code in `DCGM_EXP_XID_ERRORS_COUNT{xid}`; a GPU set up at
@@ -76,7 +76,7 @@ HELP = {
     "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
     "DCGM_FI_DEV_MEM_CLOCK": "Memory clock frequency (in MHz).",
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "Current clock throttle reasons (bitmask).",
-    "DCGM_FI_DEV_THERMAL_VIOLATION": "Throttling duration due to thermal constraints (in us).",
+    "DCGM_FI_DEV_THERMAL_VIOLATION": "Throttling duration due to thermal constraints (in ns).",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "Single-bit volatile ECC errors.",
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "Double-bit volatile ECC errors.",
@@ -268,8 +268,8 @@ class NvmlCollector(Collector):
                 out[name] = v * scale
         policy = getattr(n, "NVML_PERF_POLICY_THERMAL", 1)
         thermal = self._try("nvmlDeviceGetViolationStatus", h, policy)
-        if thermal is not None:  # NVML counts ns, DCGM's field (and the rules reading it) us
-            out["DCGM_FI_DEV_THERMAL_VIOLATION"] = thermal.violationTime // 1000
+        if thermal is not None:  # ns, as NVML counts it and DCGM's field holds it
+            out["DCGM_FI_DEV_THERMAL_VIOLATION"] = thermal.violationTime
         out.update(self._nvlink_errors(h))
         mt = self._field(h, getattr(n, "NVML_FI_DEV_MEMORY_TEMP", None))
         if mt is not None:

@@ -106,7 +106,7 @@ class GPU:
             load = THROTTLED
             throttle = THROTTLE_HW_THERMAL | THROTTLE_SW_THERMAL
             target_temp = 88.0
-            self.bump("DCGM_FI_DEV_THERMAL_VIOLATION", dt * 1e6 * 0.8)
+            self.bump("DCGM_FI_DEV_THERMAL_VIOLATION", dt * 1e9 * 0.8)  # ns, as DCGM counts
         else:
             target_temp = 33.0 + (load.power - 80.0) * 0.04
         if load.power > 650:

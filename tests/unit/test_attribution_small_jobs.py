@@ -416,7 +416,7 @@ def test_a_slowdown_that_ended_is_no_host_bound() -> None:
 def test_hardware_evidence_keeps_the_confident_straggler_rule() -> None:
     """Starved first, thermal violation 30 s later on the same GPU: the hardware rule (0.7,
     a drain by default) decides, not the host_bound one (0.5) that started earlier."""
-    viol = [0.0 if i < ONSET + 6 else 1e7 for i in range(N)]
+    viol = [0.0 if i < ONSET + 6 else 1e10 for i in range(N)]  # ns (DCGM's unit)
     series = _gpu(
         "node1", 0, _phase(99, 62), _phase(0.96, 0.59), DCGM_FI_DEV_THERMAL_VIOLATION=viol
     )
@@ -424,7 +424,7 @@ def test_hardware_evidence_keeps_the_confident_straggler_rule() -> None:
     assert doc["outcome"] == "straggler" and doc["affected_nodes"] == ["node1"]
     assert doc["confidence"] >= 0.7
     thermal = next(s for s in doc["symptoms"] if s["id"] == "thermal_throttle")
-    assert "DCGM_FI_DEV_THERMAL_VIOLATION counted 10.0 s in " in thermal["detail"]  # µs
+    assert "DCGM_FI_DEV_THERMAL_VIOLATION counted 10.0 s in " in thermal["detail"]
 
 
 def test_an_evaluation_in_the_window_is_not_read_as_busy() -> None:

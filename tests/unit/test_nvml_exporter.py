@@ -440,7 +440,7 @@ def test_thermal_violation_and_nvlink_errors_the_rules_read():
         }
 
     gpu0, gpu1 = on("0"), on("1")
-    assert gpu0["DCGM_FI_DEV_THERMAL_VIOLATION"] == 12_345_678  # ns -> us
+    assert gpu0["DCGM_FI_DEV_THERMAL_VIOLATION"] == 12_345_678_999  # ns, as NVML counts
     assert gpu0["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == 100 * (1 + 2 + 3 + 4)
     assert gpu0["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"] == 10 * (1 + 2 + 4)
     assert gpu0["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"] == 1 + 2 + 3 + 4
