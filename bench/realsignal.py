@@ -6,10 +6,19 @@ that trace: its first process as recorded, then its steady training part repeate
 nothing invented) until the job is `minutes` long. A fault replaces the GPU samples from its
 onset with the signature measured on the same H200 (`SIGNATURES`, from failures.md) and the log
 as that fault shapes it (a hang: no more lines; a straggler: every step 124/85 slower). Every
-run goes through the production detector engine (5 s samples, as Prometheus would scrape) and
-the alert conditions of alertmanager/alerts.yaml, in simulated time; it measures detection
-(first firing alert after onset) and false alerts; a detected straggler also gets the
+run goes through the production detector engine (5 s cycles, each reading the GPU's latest
+sample) and the alert conditions of alertmanager/alerts.yaml, in simulated time; it measures
+detection (first firing alert after onset) and false alerts; a detected straggler also gets the
 production attribution's verdict on the same evidence (`verdict`); no actions (no scheduler).
+
+The healthy job is also run as production samples it (`Scrapes`): on 2 nodes x 4 GPUs (copies
+of the trace's GPU, each a little apart as silicon is), each node scraped every 15 s, or 30 s,
+at its own moment, every cycle reading each GPU's latest scrape: a checkpoint save that one
+node's scrape caught stays its reading for a scrape while the other node works again.
+
+Run alone (about 5 minutes on one core; `goodput bench faults` includes these rows):
+`.venv/bin/python -m bench.realsignal --out bench/results` writes realsignal.json and
+realsignal.md there.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ DETECTION = (
     "GoodputJobStraggler",
 )
 UTIL, POWER, SM = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_SM_ACTIVE"
+TEMP = "DCGM_FI_DEV_GPU_TEMP"
 TENSOR, DRAM, CLOCK = (
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "DCGM_FI_PROF_DRAM_ACTIVE",
@@ -243,6 +253,44 @@ def _instants(trace: Trace, job_id: str, end: float) -> Iterator[tuple[float, pd
             yield float(now), trace.samples.iloc[i], logs.jobs.get(job_id)
 
 
+@dataclass(frozen=True)
+class Scrapes:
+    """A job on `nodes` x `gpus` GPUs built from the trace's one GPU, as production samples it:
+    each GPU a copy of the trace, a little apart as silicon is (its power a constant offset of
+    sd 8 W and 2 W of noise per scrape, its temperature a whole degree or two), each node
+    scraped every `every_s` from its own moment (node k at k x 7.3 s, modulo `every_s`: the
+    scrapes of two nodes never line up with each other or the detector's cycle), a GPU's
+    reading up to 0.25 s old at its scrape (the exporter's cache); every 5 s cycle reads each
+    GPU's latest scrape, as Prometheus answers."""
+
+    nodes: int = 2
+    gpus: int = 4
+    every_s: float = 15.0
+    seed: int = 0
+    stagger_s: float = 7.3
+
+    def node(self, n: int) -> str:
+        return f"{NODE}-{n + 1}"
+
+    def readings(self, trace: Trace) -> list[tuple[str, int, np.ndarray, pd.DataFrame]]:
+        """Per GPU: (node, gpu, its scrape times, the reading each scrape took)."""
+        rng = np.random.default_rng(self.seed)
+        s = trace.samples
+        ts = s.t.to_numpy()
+        out = []
+        for n in range(self.nodes):
+            off = (n * self.stagger_s) % self.every_s
+            at = np.arange(trace.runs[0][0] + off, ts.max(), self.every_s)
+            for g in range(self.gpus):
+                lag = 0.25 * rng.integers(0, 2)
+                i = np.clip(np.searchsorted(ts, at - lag, side="right") - 1, 0, None)
+                r = s.iloc[i].reset_index(drop=True)
+                r[POWER] = r[POWER] + rng.normal(0, 8) + rng.normal(0, 2, len(r))
+                r[TEMP] = r[TEMP] + round(float(rng.normal(0, 2)))
+                out.append((self.node(n), g, at, r))
+        return out
+
+
 @dataclass
 class Replayed:
     """What the detector engine and the alert conditions made of a replay."""
@@ -253,31 +301,40 @@ class Replayed:
     # series the detector exported (exposition.job_series: pause allowance, what it learned)
 
 
-def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
-    """Run the traces one after another as the same job name."""
+def replay(
+    traces: list[Trace], store: BaselineStore | None = None, scrapes: Scrapes | None = None
+) -> Replayed:
+    """Run the traces one after another as the same job name: on its one GPU, each cycle
+    reading the latest sample, or as `scrapes` samples it."""
     eng = Engine(Config(interval_s=INTERVAL_S), store)
     alerts = OnlineAlerts(interval_s=INTERVAL_S)
     out = Replayed([], {}, [])
     fired, peak = out.fired, out.peak
     for k, tr in enumerate(traces):
         job_id = f"{JOB}{k}" if store is not None else JOB
+        gpus = scrapes.readings(tr) if scrapes is not None else []
         for now, sample, js in _instants(tr, job_id, tr.runs[-1][1]):
-            row = sample.to_dict()
-            row.update(
-                time=now,
-                node=NODE,
-                gpu=GPU,
-                job_id=job_id,
-                modelName=MODEL,
-                **{
-                    F.LAST_PROGRESS: max(js.last_progress.values())
-                    if js and js.last_progress
-                    else np.nan,
-                    F.ITER_SECONDS: js.iteration_seconds if js and js.iteration_seconds else np.nan,
-                    F.LAST_PAUSE: js.last_pause if js and js.last_pause else np.nan,
-                },
-            )
-            frame = Frame.from_dataframe(pd.DataFrame([row]))
+            job = {
+                "time": now,
+                "job_id": job_id,
+                "modelName": MODEL,
+                F.LAST_PROGRESS: max(js.last_progress.values())
+                if js and js.last_progress
+                else np.nan,
+                F.ITER_SECONDS: js.iteration_seconds if js and js.iteration_seconds else np.nan,
+                F.LAST_PAUSE: js.last_pause if js and js.last_pause else np.nan,
+            }
+            if scrapes is None:
+                rows = [{**sample.to_dict(), **job, "node": NODE, "gpu": GPU}]
+            else:
+                rows = []
+                for node, gpu, at, read in gpus:
+                    i = int(np.searchsorted(at, now, side="right")) - 1
+                    if i >= 0:
+                        rows.append({**read.iloc[i].to_dict(), **job, "node": node, "gpu": gpu})
+            if not rows:
+                continue
+            frame = Frame.from_dataframe(pd.DataFrame(rows))
             res = eng.step(frame, now, {job_id: NAME})
             for d, name in enumerate(res.detectors):
                 peak[name] = max(peak.get(name, 0.0), float(res.gpu[:, d].max()))
@@ -286,7 +343,7 @@ def replay(traces: list[Trace], store: BaselineStore | None = None) -> Replayed:
                 for name, cols in exposition.job_series(res).items()
                 for v in cols["value"]
             ]
-            dcgm = pd.DataFrame([{k2: v for k2, v in row.items() if k2 != "time"}])
+            dcgm = pd.DataFrame([{k2: v for k2, v in r.items() if k2 != "time"} for r in rows])
             dcgm.insert(0, "timestamp", now)
             alerts.add(now, {"dcgm": dcgm, **score_frames(res, now)})
             for a in alerts.firing(now):
@@ -340,6 +397,7 @@ def verdict(
 
 TARGETS_S = {"spin_hang": 30.0, "idle_hang": 45.0, "straggler": 60.0}
 COMPILE_S, REQUEUED_S = 200.0, 180.0  # a silent first-step compile; the requeue after its alert
+SCRAPES_S = (15.0, 30.0)  # the healthy job on 2 nodes x 4 GPUs, scraped as production does
 LOAD_S, FIRST_BATCH_S = 150.0, (20.0, 30.0)  # a checkpoint load, then a first batch at rest
 SAVE_S = 720.0  # a save as long as a large model's (epfLLM/Megatron-LLM#69: 70B in ~10 minutes)
 
@@ -360,9 +418,28 @@ def _price(
     return hit["alertname"], round(hit["time"] - ref, 1)
 
 
-def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
-    """The real-signal rows: healthy runs (false alerts) and each fault warm, at job start, and
-    (straggler, a start-up that never ends) in a restart that has the job's stored baseline."""
+def scraped_rows(minutes: float = 10.0) -> list[dict[str, Any]]:
+    """The healthy job on 2 nodes x 4 GPUs, each node scraped every 15 s and every 30 s at
+    its own moment (`Scrapes`): false alerts, as the other healthy rows."""
+    long = job(load(), minutes)
+    out = []
+    for every in SCRAPES_S:
+        how = Scrapes(every_s=every)
+        seen = replay([long], scrapes=how)
+        name = (
+            f"{minutes:g}-min job on {how.nodes} nodes x {how.gpus} GPUs, each node scraped "
+            f"every {every:g} s at its own moment"
+        )
+        out.append(_healthy_row(name, [long], seen.fired, seen.peak, how.nodes * how.gpus))
+    return out
+
+
+def rows(
+    minutes: float = 10.0, onset_s: float = 420.0, scraped: bool = True
+) -> list[dict[str, Any]]:
+    """The real-signal rows: healthy runs (false alerts), on one GPU and (`scraped`) on 2
+    nodes scraped as production does, and each fault warm, at job start, and (straggler, a
+    start-up that never ends) in a restart that has the job's stored baseline."""
     trace = load()
     long = job(trace, minutes)
     start = long.runs[0][0]
@@ -378,6 +455,8 @@ def rows(minutes: float = 10.0, onset_s: float = 420.0) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="goodput-real-") as tmp:
             seen = replay(traces, BaselineStore(tmp) if len(traces) > 1 else None)
         out.append(_healthy_row(name, traces, seen.fired, seen.peak))
+    if scraped:
+        out += scraped_rows(minutes)
     # a first step compiling longer than the start-up allowance: the run is taken for one that
     # never starts and requeued; its restart (same id) compiles as long, and must run
     slow = compiling(job(trace, 5.0), COMPILE_S)
@@ -487,9 +566,9 @@ def _add_verdict(row: dict[str, Any], trace: Trace, onset: float, seen: Replayed
 
 
 def _healthy_row(
-    name: str, traces: list[Trace], fired: list[dict[str, Any]], peak: dict
+    name: str, traces: list[Trace], fired: list[dict[str, Any]], peak: dict, gpus: int = 1
 ) -> dict[str, Any]:
-    secs = sum(t.runs[-1][1] - t.runs[0][0] for t in traces)
+    secs = gpus * sum(t.runs[-1][1] - t.runs[0][0] for t in traces)
     return {
         "row": f"healthy: {name}",
         "kind": "healthy",
@@ -558,3 +637,46 @@ def markdown(rows_: list[dict[str, Any]]) -> list[str]:
             f"<= {r['target_s']:g} s | {'yes' if r['met'] else '**no**'} | {peak} |"
         )
     return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write the real-signal rows alone: realsignal.json and realsignal.md under --out."""
+    import argparse
+    import platform
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m bench.realsignal", description=main.__doc__)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    got = rows()
+    command, date = "python -m bench.realsignal --out bench/results", time.strftime("%Y-%m-%d")
+    wall = round(time.perf_counter() - t0, 1)
+    meta = {
+        "command": command,
+        "trace": str(TRACE.relative_to(ROOT)),
+        "interval_s": INTERVAL_S,
+        "scrapes_s": list(SCRAPES_S),
+        "wall_s": wall,
+        "python": platform.python_version(),
+        "date": date,
+    }
+    doc = {"meta": meta, "rows": got}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "realsignal.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    head = [
+        "# Real-signal rows (a real H200: tests/data/real/h200-healthy-ckpt)",
+        "",
+        f"`{command}` ({date}, {wall:g} s). "
+        "The trace's GPU scored every 5 s by the production engine and alert conditions; "
+        "the rows on 2 nodes x 4 GPUs sample it as production does (`Scrapes`: each node "
+        "scraped every 15 s or 30 s at its own moment, each cycle reading the latest scrape). "
+        "Detection only: latency = onset -> first detection alert.",
+        "",
+    ]
+    (args.out / "realsignal.md").write_text("\n".join([*head, *markdown(got)]) + "\n")
+    print("\n".join(markdown(got)))
+
+
+if __name__ == "__main__":
+    main()

@@ -209,9 +209,10 @@ def write_recording(
     if jobs is not None and len(jobs):
         j = pd.DataFrame(jobs).reindex(columns=["timestamp", "job_id", *JOB_METRICS])
         j["timestamp"] = j["timestamp"].map(lambda t: f"{float(t):.3f}")
-        for c in (
+        for c in (  # unix times to the millisecond (%.10g would cut them to whole seconds)
             "goodput_job_last_progress_timestamp_seconds",
             "goodput_job_last_checkpoint_timestamp_seconds",
+            "goodput_job_last_pause_timestamp_seconds",
         ):
             j[c] = j[c].map(lambda t: "" if pd.isna(t) else f"{float(t):.3f}")
         j.to_csv(out / "job_metrics.csv.gz", index=False, float_format="%.10g", na_rep="")

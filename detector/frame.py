@@ -62,6 +62,27 @@ def by_size(codes: np.ndarray, ngroups: int) -> Groups:
     return out
 
 
+# DCGM's blank values (dcgm_structs.h: DCGM_INT32_BLANK 0x7ffffff0, DCGM_INT64_BLANK
+# 0x7ffffffffffffff0 and DCGM_FP64_BLANK 2**47, each the base of a small range of blanks:
+# not found, not supported, not permissioned; dcgm-exporter writes them as numbers, e.g.
+# DCGM_FI_DEV_MEMORY_TEMP 9223372036854775794 on a GPU without that sensor)
+INT32_BLANK = float(0x7FFFFFF0)
+INT32_MAX = float(0x7FFFFFFF)
+FP64_BLANK = 140737488355328.0  # 2**47; every int64 blank is above it too
+
+
+def blank(values: np.ndarray) -> np.ndarray:
+    """Where `values` hold no reading: not finite, at or above DCGM's FP64 blank (which every
+    INT64 blank is too), or in the INT32 blank range (0x7ffffff0..0x7fffffff); no field the
+    detector reads comes near either as a real reading."""
+    with np.errstate(invalid="ignore"):
+        return (
+            ~np.isfinite(values)
+            | (values >= FP64_BLANK)
+            | ((values >= INT32_BLANK) & (values <= INT32_MAX))
+        )
+
+
 class FrameError(ValueError):
     """Input that cannot become a frame (missing columns, bad labels)."""
 
@@ -257,6 +278,8 @@ class Frame:
         for i, name in enumerate(F.ALL_FIELDS):
             if name in df.columns:
                 values[:, i] = pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
+        dcgm = values[:, : len(F.DCGM_FIELDS)]  # (the first fields: a view)
+        dcgm[blank(dcgm)] = np.nan  # no reading, as the service reads it (`blank`)
         if F.LAST_PROGRESS in df.columns:  # derived: seconds since the job's last progress
             last = pd.to_numeric(df[F.LAST_PROGRESS], errors="coerce").to_numpy(dtype=float)
             values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(time - last, 0.0)

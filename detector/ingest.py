@@ -4,12 +4,19 @@ of the number of jobs and GPUs) and the frame built from their answers.
 Queries per cycle: one per DCGM field the engine reads, aggregated by Prometheus down to one
 label (`max by` of node, gpu and job joined: the answer holds only what the engine reads),
 `goodput_slurm_job_node_info` (job -> node where dcgm has no `hpc_job`), and the jobs' last
-progress, iteration seconds and last pause (checkpoint save, start-up). With `--shard K/N`
+progress, iteration seconds and last pause (checkpoint save, start-up), and when each GPU was
+last scraped (`SAMPLED`: which of two series of one GPU is the newest). With `--shard K/N`
 every query selects `goodput_shard="K"`, the label Prometheus computes at scrape time (hashmod
 of `hpc_job` / `job_id`), so a job's GPUs are always scored together and each replica's work is
 O(its GPUs). The per-GPU and per-job answers are decoded straight into columns
 (`clients.prometheus.decode_column`); what depends only on the answers' labels (split,
 validation, the frame's order) is computed once per label set.
+
+What is read as no reading (NaN): a value that is not finite (+Inf, -Inf, NaN) and DCGM's
+blanks (`blank`: a field the GPU does not support, not found, not watched), so that no
+detector scores them as readings. One GPU of one job answered by two series (the host label
+spelled `Hostname` by older dcgm-exporter releases and `hostname` by newer ones, two exporters)
+is one row: the newest series' (`_Split.twins`).
 """
 
 from __future__ import annotations
@@ -29,12 +36,13 @@ import pandas as pd
 from catalogue import names, promql
 from clients.prometheus import Column, PromClient, samples
 from detector import fields as F
-from detector.frame import JOB_RE, NODE_RE, Frame
+from detector.frame import JOB_RE, NODE_RE, Frame, blank
 
 NODE_INFO = "goodput_slurm_job_node_info"
 KEY = "gpukey"  # the one label of the per-GPU answers: Hostname,hostname,gpu,hpc_job,modelName
 PER_JOB = (F.LAST_PROGRESS, F.ITER_SECONDS, F.LAST_PAUSE)  # log-derived, one value per job
 GPU_COLUMNS = (*F.DCGM_FIELDS, F.HOST_CPU)  # per-GPU answers
+SAMPLED = "sampled"  # per GPU: when its power reading was scraped (Prometheus' sample time)
 
 
 def host_cores(selector: str) -> str:
@@ -84,6 +92,11 @@ def queries(shard: Shard | None = None) -> dict[str, str]:
     out[F.HOST_CPU] = (  # its labels are Goodput's: the same key as the fields' for the GPU
         f'max by ({KEY}) (label_join({host_cores(cpu)}, "{KEY}", ",", {own}))'
     )
+    # one field's sample times: a GPU's fields are scraped together
+    power = promql.selector("DCGM_FI_DEV_POWER_USAGE", **gpu_sel)
+    out[SAMPLED] = (
+        f'max by ({KEY}) (label_join(timestamp({power}), "{KEY}", ",", {labels}, "modelName"))'
+    )
     out[NODE_INFO] = promql.selector(NODE_INFO, **job_sel)
     for name in PER_JOB:
         out[name] = f"max by (job_id) ({promql.selector(name, **job_sel)})"
@@ -109,6 +122,7 @@ def fetch(
     calls: list[Callable[[], Any]] = [partial(client.raw, qs[NODE_INFO])]
     calls += [partial(client.column, qs[n], "job_id") for n in PER_JOB]
     calls += [partial(client.column, qs[n], KEY) for n in GPU_COLUMNS]
+    calls.append(partial(client.column, qs[SAMPLED], KEY))
     answers = client.many(calls)
     info, *per_job_raw = [next(answers) for _ in range(1 + len(PER_JOB))]
     for name in GPU_COLUMNS:  # each as it decodes
@@ -117,6 +131,7 @@ def fetch(
             rows.join(*col)
         else:
             rows.add(*col)
+    rows.sampled(*next(answers))
     node_jobs: dict[str, set[str]] = {}
     names: dict[str, str] = {}
     for labels, _ in samples(info):
@@ -137,6 +152,7 @@ def fetch(
     values[:, F.ALL_FIELDS.index(F.STALL_SECONDS)] = np.maximum(now - last, 0.0)
     with np.errstate(invalid="ignore"):  # seconds since the job's last pause (save, start-up)
         values[:, F.ALL_FIELDS.index(F.SINCE_PAUSE)] = np.where(pause <= now, now - pause, np.nan)
+    lab.keep_newest(values, rows.stamps)
     rows_of, template = lab.frame
     # column-major: the detectors read whole fields (contiguous) and reduce across a row's
     # fields (fast on this layout, see base.row_max); the same values either way
@@ -161,6 +177,7 @@ class _Rows:
         self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.last = last  # the last cycle's keys: a first answer in that order keeps them
         self._last: tuple[list[Any], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
+        self.stamps = np.zeros(0)  # per key: when the GPU was last scraped (`sampled`), or NaN
 
     def add(self, col: int, keys: list[Any], vals: np.ndarray) -> None:
         if not self.keys and self.last and keys == self.last:
@@ -194,10 +211,19 @@ class _Rows:
         ok = codes >= 0
         self.parts.append((col, codes[ok], vals[ok]))
 
+    def sampled(self, keys: list[Any], vals: np.ndarray) -> None:
+        """The sample times (`SAMPLED`) of the keys the fields found; others are dropped."""
+        self.stamps = np.full(len(self.keys), np.nan)
+        codes = self.index.get_indexer(keys) if len(self.index) else np.full(len(keys), -1)
+        ok = codes >= 0
+        self.stamps[codes[ok]] = vals[ok]
+
     def values(self) -> np.ndarray:
+        """(keys, fields): each answer's values, NaN where none or where no reading (`blank`)."""
         out = np.full((len(self.keys), len(F.ALL_FIELDS)), np.nan)
         for col, codes, vals in self.parts:
             out[codes, col] = vals
+        out[blank(out)] = np.nan
         return out
 
 
@@ -209,8 +235,21 @@ class _Split:
         self.node, self.gpu, self.job, self.model = _labels(
             np.array(keys, dtype=object), host_map, node_jobs
         )
+        self.twins = _twins(self.node, self.gpu, self.job, np.array(keys, dtype=object))
+        for rows in self.twins:  # one row per GPU of a job: the first of each set stands in
+            self.node[rows[1:]] = ""
         for a in (self.node, self.gpu, self.job, self.model):
             a.setflags(write=False)
+
+    def keep_newest(self, values: np.ndarray, stamps: np.ndarray) -> None:
+        """Each set of `twins`' row (the one the frame takes) gets the values of the series
+        scraped last (its own where no series has a sample time, or where they tie)."""
+        for rows in self.twins:
+            t = stamps[rows] if len(stamps) else np.full(len(rows), np.nan)
+            if np.isfinite(t).any():
+                newest = int(rows[np.nanargmax(t)])  # the first of the newest
+                if newest != rows[0]:
+                    values[rows[0]] = values[newest]
 
     @cached_property
     def jobs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -229,6 +268,29 @@ class _Split:
         template = probe.with_values(probe.time, np.zeros((n, len(F.ALL_FIELDS))))
         template.job_codes, template.node_codes, template.job_groups, template.model_codes  # noqa: B018
         return rows, template
+
+
+def _twins(
+    node: np.ndarray, gpu: np.ndarray, job: np.ndarray, keys: np.ndarray
+) -> list[np.ndarray]:
+    """Sets of rows (2 or more) that name the same GPU of the same job (node, gpu, job): its
+    series under two host label spellings or from two exporters. Each set in order of
+    preference where nothing says which series is newer: the `hostname` spelling (newer
+    dcgm-exporter releases: after an upgrade the old series go stale) before `Hostname`, then
+    the answer's order. Rows of two jobs on one GPU stay apart (each job's series)."""
+    ok = np.flatnonzero(node != "")
+    if len(ok) < 2:
+        return []
+    key = pd.MultiIndex.from_arrays([node[ok], gpu[ok], job[ok]])
+    dup = key.duplicated(keep=False)
+    if not dup.any():
+        return []
+    rows = ok[dup]
+    codes, _ = pd.factorize(key[dup])
+    old = np.array([not str(k).startswith(",") for k in keys[rows]])  # `Hostname` set
+    order = np.lexsort((rows, old, codes))
+    rows, codes = rows[order], codes[order]
+    return np.split(rows, np.flatnonzero(np.diff(codes)) + 1)
 
 
 _LAST_SPLIT: list[Any] = [None]  # (keys, host map, node jobs, split): the last `_split`

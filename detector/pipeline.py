@@ -69,6 +69,11 @@ class Config:
     fits_per_cycle: int = 32  # at most this many jobs fitted in one cycle (the rest wait)
     refit_batch: int = 16  # periodic refits wait for this many due (first fits never) ...
     refit_wait_s: float = 30.0  # ... or for the longest waiting to have waited this long
+    # the longest one DCGM reading may stay a GPU's latest: Prometheus keeps the last scrape
+    # between scrapes (1 m by default), dcgm-exporter refreshes its readings every 30 s by
+    # default (--collect-interval); a pause covers the scores until its readings are replaced,
+    # at most this long after it (`Engine._pause`)
+    scrape_s: float = 60.0
     missing_after_s: float = 20.0  # a GPU silent this long while labelled with a job
     hold_s: float = 120.0  # hardware evidence on a GPU its job just left still counts for it
     phase_share: float = 0.5  # this share of a job's GPUs moving together, progress calm:
@@ -137,6 +142,10 @@ def default_detectors(cfg: Config) -> dict[str, Detector]:
     return {d.name: d for d in dets}
 
 
+# weights of a GPU's gauges in the fingerprint of its reading (`Engine._held`): distinct and
+# irrational-ish, so that a new reading gives a new fingerprint
+_FINGERPRINT = 1.0 + np.sqrt(np.arange(2, 2 + len(F.GAUGE_NAMES), dtype=float)) / 7.0
+
 _EMPTY = Frame(
     np.zeros(0),
     np.zeros(0, dtype=object),
@@ -203,6 +212,14 @@ class Engine:
         self.slot_job = np.zeros(0, dtype=np.int32)  # job code of its last row (0 = none)
         self.slot_job_seen = np.zeros(0)  # last time it reported with that job
         self.slot_key = np.zeros(0, dtype=np.int64)  # node id * 1024 + gpu
+        # the job's last pause on the slot (`_pause`): when it began (the log's stamp) and when
+        # it was over by (+inf while open, NaN: none seen); the GPU's reading (a fingerprint of
+        # its gauges) and the cycle it was first seen at (a reading Prometheus holds between
+        # scrapes comes back bit for bit)
+        self.slot_pause_at = np.zeros(0)
+        self.slot_pause_end = np.zeros(0)
+        self.slot_reading = np.zeros(0)
+        self.slot_read_at = np.zeros(0)
         self._memo: dict[str, Memo[Any]] = {
             k: Memo()
             for k in (
@@ -239,7 +256,8 @@ class Engine:
                 else np.zeros((0, len(self.names)))
             )
             allowance = self._pause_allowance(frame)
-            self._pause(frame, raw, allowance)  # before persistence: the window after it holds
+            # before persistence: the window after it holds the cap
+            self._pause(frame, raw, allowance, idx, now)
             gpu = self._persist(idx, job, raw, now)
             phased = self._phase(frame, job, gpu)
             jobs, nodes, missing, combined, calm, steady = self._aggregate(idx, job, gpu, now, nid)
@@ -308,6 +326,10 @@ class Engine:
             self.slot_job = np.concatenate([self.slot_job, np.zeros(n, np.int32)])
             self.slot_seen = np.concatenate([self.slot_seen, np.full(n, np.nan)])
             self.slot_job_seen = np.concatenate([self.slot_job_seen, np.full(n, np.nan)])
+            self.slot_pause_at = np.concatenate([self.slot_pause_at, np.full(n, np.nan)])
+            self.slot_pause_end = np.concatenate([self.slot_pause_end, np.full(n, np.nan)])
+            self.slot_reading = np.concatenate([self.slot_reading, np.full(n, np.nan)])
+            self.slot_read_at = np.concatenate([self.slot_read_at, np.full(n, np.nan)])
             self.ring = np.concatenate(
                 [self.ring, np.zeros((self.k, n, len(self.names)), np.float32)], axis=1
             )
@@ -349,7 +371,9 @@ class Engine:
                 out[:, i] = np.where(out[:, i] > 0, raw[:, i], 0.0)
         return out
 
-    def _pause(self, frame: Frame, raw: np.ndarray, allowance: np.ndarray) -> None:
+    def _pause(
+        self, frame: Frame, raw: np.ndarray, allowance: np.ndarray, idx: np.ndarray, now: float
+    ) -> None:
         """Inside a pause the job's log announced (a checkpoint save or load, start-up work)
         and younger than its `allowance` (`Physics.pause_allowance`: the model's
         `pause_allowance_s`, or a multiple of the job's own longest pause), a job's GPUs idle
@@ -359,12 +383,23 @@ class Engine:
         or a GPU of it works) they wait for a rank that works, rank 0 evaluating say. There
         the baseline and peer detectors' (`PAUSE_CAPPED`) raw scores are capped below 1.0, so
         that the persistence window holds the cap for its length after the pause (the first
-        samples after it straddle the two). A pause that outlives its allowance, a wait that
-        stops showing life, hardware evidence, a GPU gone missing, progress and the physics
-        rules (which give a pause and a wait their own allowance) are judged as ever."""
+        samples after it straddle the two).
+
+        A pause also covers its job's scores after it was over while a GPU of the job still
+        shows a reading that may have been taken during it (`_held`): a reading stays a GPU's
+        latest until its next scrape, so one node still shows the save (idle, at rest) while
+        the others work again, a straggler to the peer and shift detectors. A save of a few
+        seconds often falls between two cycles, never seen open. Once every GPU of the job has
+        a reading taken after the pause, its scores are judged as ever: a GPU that stays off
+        is flagged a scrape after the pause, not hidden behind it.
+
+        A pause that outlives its allowance, a wait that stops showing life, hardware
+        evidence, a GPU gone missing, progress and the physics rules (which give a pause and
+        a wait their own allowance) are judged as ever."""
         cols = [i for i, n in enumerate(self.names) if n in PAUSE_CAPPED]
         if not cols or not len(frame):
             return
+        held = self._held(frame, idx, now)
         phys = self.det.get("physics")
         inside = phys.live_wait(frame) if isinstance(phys, Physics) else np.zeros(len(frame), bool)
         since = frame.col(F.SINCE_PAUSE)
@@ -372,9 +407,57 @@ class Engine:
             with np.errstate(invalid="ignore"):
                 opened = pause_open(frame.col(F.STALL_SECONDS), since)
                 inside = inside | opened & (since < allowance)
+                over = self._pause_over(idx, since, opened, now)
+            # a reading first seen less than a cycle after the pause was over may be from it
+            # (taken since the cycle before); at most `scrape_s` after it
+            with np.errstate(invalid="ignore"):
+                from_pause = (
+                    ~opened
+                    & (held < over + 0.5 * self.cfg.interval_s)
+                    & (now - over <= self.cfg.scrape_s)
+                )
+            codes, uniq = frame.job_codes
+            if from_pause.any() and len(uniq):
+                job_held = np.zeros(len(uniq), dtype=bool)
+                job_held[codes[from_pause]] = True
+                inside = inside | job_held[codes] & frame.job_named[codes]
         if inside.any():
             at = np.ix_(np.flatnonzero(inside), np.array(cols))
             raw[at] = np.minimum(raw[at], 0.99)
+
+    def _held(self, frame: Frame, idx: np.ndarray, now: float) -> np.ndarray:
+        """Per row, the cycle at which the GPU's current reading was first seen: Prometheus
+        answers with a GPU's last scrape until the next, bit for bit (a fingerprint of its
+        gauges tells a new reading from the same one); a GPU first seen now, now."""
+        g = len(F.GAUGE_NAMES)
+        gauges = (  # the frame's first fields, as a rule: a view, not a gather
+            frame.values[:, :g] if frame.fields[:g] == F.GAUGE_NAMES else frame.cols(F.GAUGE_NAMES)
+        )
+        reading = np.nan_to_num(gauges, nan=-1.0, posinf=-2.0, neginf=-3.0) @ _FINGERPRINT
+        new = ~(reading == self.slot_reading[idx])
+        self.slot_reading[idx] = reading
+        self.slot_read_at[idx[new]] = now
+        return self.slot_read_at[idx]
+
+    def _pause_over(
+        self, idx: np.ndarray, since: np.ndarray, opened: np.ndarray, now: float
+    ) -> np.ndarray:
+        """Per row, when its job's last pause was over by: +inf while open, NaN where none is
+        logged; the first cycle that saw it closed (one never seen open: the first that saw
+        it), or, on a GPU first seen now, its stamp (a restarted detector does not know more).
+        Updates the slots' pause stamps and ends."""
+        stamp = now - since  # NaN: no pause logged
+        known = np.isfinite(stamp)
+        at, end = self.slot_pause_at[idx], self.slot_pause_end[idx]
+        fresh = known & ~(np.abs(stamp - at) < 1e-3)  # a pause this slot has not seen before
+        tracked = np.isfinite(self.slot_seen[idx])  # the slot was scored at an earlier cycle
+        over = np.where(opened, np.inf, end)  # open: not over yet
+        closing = known & ~opened & (fresh | np.isinf(end))
+        over = np.where(closing, np.where(tracked | ~fresh, now, stamp), over)
+        over = np.where(known, over, np.nan)  # no stamp (none logged, a gap): none to cover
+        self.slot_pause_at[idx] = np.where(known, stamp, at)
+        self.slot_pause_end[idx] = over
+        return over
 
     def _phase(self, frame: Frame, job: np.ndarray, gpu: np.ndarray) -> np.ndarray:
         """A job-wide move is judged by the job's progress: when `phase_share` of a job's GPUs
@@ -534,7 +617,16 @@ class Engine:
     def _drop(self, idx: np.ndarray) -> None:
         keep = np.ones(len(self.slot_key), bool)
         keep[idx] = False
-        for a in ("slot_key", "slot_job", "slot_seen", "slot_job_seen"):
+        for a in (
+            "slot_key",
+            "slot_job",
+            "slot_seen",
+            "slot_job_seen",
+            "slot_pause_at",
+            "slot_pause_end",
+            "slot_reading",
+            "slot_read_at",
+        ):
             setattr(self, a, getattr(self, a)[keep])
         self.ring = self.ring[:, keep]
 
@@ -576,5 +668,9 @@ class Engine:
             + self.slot_key.nbytes
             + self.slot_job.nbytes
             + self.slot_job_seen.nbytes
+            + self.slot_pause_at.nbytes
+            + self.slot_pause_end.nbytes
+            + self.slot_reading.nbytes
+            + self.slot_read_at.nbytes
         )
         return total / n

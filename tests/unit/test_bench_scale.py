@@ -17,12 +17,14 @@ def test_scale_bench_runs_the_whole_cycle_and_reports_it(tmp_path):
     row = doc["rows"][0]["worst_shard"]
     assert row["gpus"] == 1000 and row["jobs"] == 63
     assert row["jobs_fitted"] == 63  # measured in the steady state the service reached itself
-    assert row["queries"] == len(F.DCGM_FIELDS) + 5  # + host CPU, node info, 3 per-job values
+    # + host CPU, node info, 3 per-job values, the GPUs' sample times (`ingest.SAMPLED`)
+    assert row["queries"] == len(F.DCGM_FIELDS) + 6
     # + the host CPU of every GPU (each runs a job), the job -> node join (125 pairs) and three
     # per-job answers (progress, step, pause; 63 jobs) - the profiling fields of node100's 8
-    # GPUs (one node in 100 without them: scale.NO_DCP)
+    # GPUs (one node in 100 without them: scale.NO_DCP); scale_data answers the sample times
+    # as it answers every query it does not know, one series per job (no GPU key: unused)
     prof = sum(n.startswith("DCGM_FI_PROF") for n in F.DCGM_FIELDS)
-    assert row["answer_series"] == 1000 * (len(F.DCGM_FIELDS) + 1) + 125 + 3 * 63 - 8 * prof
+    assert row["answer_series"] == 1000 * (len(F.DCGM_FIELDS) + 1) + 125 + 4 * 63 - 8 * prof
     assert 0 < row["bare_orjson_parse_s_min"] and 0 < row["cycle_s_min"]
     # bounded (issue 18): at most 2 series per GPU plus per-job and per-node series, one per
     # detector (8 with the combined score) for each of the 63 jobs and 125 nodes

@@ -96,6 +96,63 @@ def test_thermal_straggler_localised():
     assert job > 1.0 and nodes.idxmax() == "node3" and nodes["node3"] > 1.0
 
 
+SAVE_AT = 401.0  # a 3 s save between the cycles at 400 s and 405 s: no cycle sees it open
+IDLE = {  # an H200 during a save: idle, its memory held (failures.md)
+    "DCGM_FI_DEV_GPU_UTIL": 0.0,
+    "DCGM_FI_DEV_POWER_USAGE": 130.0,
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.0,
+    "DCGM_FI_PROF_SM_ACTIVE": 0.0,
+    "DCGM_FI_PROF_DRAM_ACTIVE": 0.0,
+}
+
+
+def _short_save(steps: int = 120) -> Frame:
+    """One job on 2 nodes x 4 GPUs, 5 s cycles; its log says a save began at `SAVE_AT` and
+    progress went on 3 s later (every cycle from 405 s sees the pause closed)."""
+    f = healthy_frame(jobs=1, nodes=2, gpus=4, steps=steps, seed=2)
+    after = f.time > SAVE_AT
+    f.values[after, COL[F.SINCE_PAUSE]] = f.time[after] - SAVE_AT
+    f.values[after, COL[F.STALL_SECONDS]] = 0.1
+    return f
+
+
+def test_a_save_no_cycle_saw_held_on_one_node_for_a_scrape_raises_nothing():
+    """node2 was scraped during the save (idle) and scraped again 30 s later: its reading from
+    the save is its latest for six cycles, bit for bit, while node1 works. Before, the save
+    was never seen open and nothing was capped: peer and shift flagged the job's GPUs (the
+    reviewer's 2-node replay of the real H200 trace: 74 firing episodes in 20 minutes)."""
+    f = _short_save()
+    held = (f.node == "node2") & (f.time >= 405.0) & (f.time < 435.0)
+    for name, v in IDLE.items():
+        f.values[held, COL[name]] = v
+    first = np.flatnonzero(held)[:4]  # each GPU's reading as scraped, held until 435 s
+    f.values[held] = np.tile(f.values[first], (int(held.sum()) // 4, 1))
+    _, results = run(f)
+    job, nodes = peak(results, 300.0)
+    gpu = max(float(r.gpu.max()) for r in results if r.frame.time[0] >= 300.0)
+    assert job < 1.0 and nodes.max() < 1.0 and gpu < 1.0, (job, nodes.to_dict(), gpu)
+
+
+def test_a_gpu_that_stays_off_after_a_save_is_still_flagged():
+    """The cover lasts while a reading may be from the save: a GPU of node2 that works at half
+    its power and activity from the save on (fresh readings each cycle) is flagged as ever."""
+    f = _short_save()
+    slow = (f.node == "node2") & (f.gpu == 1) & (f.time >= 405.0)
+    f.values[slow, COL["DCGM_FI_DEV_GPU_UTIL"]] = 55.0
+    f.values[slow, COL["DCGM_FI_DEV_POWER_USAGE"]] -= 300.0
+    f.values[slow, COL["DCGM_FI_PROF_SM_ACTIVE"]] = 0.5
+    _, results = run(f)
+    flagged = [
+        float(r.frame.time[0])
+        for r in results
+        if r.frame.time[0] >= 405.0 and (r.nodes.score >= 1.0).any()
+    ]
+    assert flagged and flagged[0] <= 405.0 + 25.0, flagged[:3]
+    _, nodes = peak(results, 405.0)
+    assert nodes.idxmax() == "node2"
+
+
 def test_node_lost_marks_missing_node():
     f = scenario(checkpoints=False)
     f = f.take(np.flatnonzero(~((f.time >= 900) & (f.node == "node1"))))
@@ -228,6 +285,25 @@ def test_replay_recording_dir_and_prometheus_json(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps(prom))
     pf, _, _ = load(tmp_path / "q.json")
     assert len(pf) == 2 and pf.col("DCGM_FI_DEV_POWER_USAGE").tolist() == [690.0, 680.0]
+
+
+def test_a_recordings_infinite_and_dcgm_blank_values_are_no_reading():
+    """A recording exported from Prometheus carries what the exporter wrote: +Inf, -Inf and
+    DCGM's blanks (9223372036854775794: a GPU without a memory temperature sensor) read as no
+    reading in replay too, as the service reads them; before, replay scored them."""
+    df = _csv(healthy_frame(jobs=1, nodes=1, gpus=4, steps=1, seed=3))
+    df.loc[0, "DCGM_FI_DEV_MEMORY_TEMP"] = 9223372036854775794
+    df.loc[1, "DCGM_FI_DEV_POWER_USAGE"] = np.inf
+    df.loc[2, "DCGM_FI_DEV_GPU_UTIL"] = -np.inf
+    df.loc[3, "DCGM_FI_DEV_SM_CLOCK"] = 140737488355328.0  # DCGM_FP64_BLANK
+    f = Frame.from_dataframe(df)
+    for row, name in enumerate(
+        ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL")
+        + ("DCGM_FI_DEV_SM_CLOCK",)
+    ):
+        assert np.isnan(f.col(name)[row]) and np.isfinite(np.delete(f.col(name), row)).all()
+    res = Engine(Config(**CFG)).step(f, float(f.time[0]), None)
+    assert np.isfinite(res.gpu).all() and res.gpu.max() < 1.0
 
 
 def test_bad_inputs_give_clear_errors(tmp_path):

@@ -61,7 +61,8 @@ def test_query_count_does_not_grow_with_jobs_or_gpus(tmp_path):
         svc = make(tmp_path, answers(cluster(jobs), None, 1000.0))
         assert svc.cycle(now=1000.0)
         counts.append(svc.client.calls)
-    assert counts[0] == counts[1] == len(ingest.GPU_COLUMNS) + 4  # + node info, 3 per-job values
+    # + node info, 3 per-job values and the GPUs' sample times
+    assert counts[0] == counts[1] == len(ingest.GPU_COLUMNS) + 5
 
 
 def test_scores_exposed_bounded_and_joined_by_node(tmp_path):
@@ -272,3 +273,152 @@ def test_fetch_follows_a_new_join_or_new_gpus_from_one_cycle_to_the_next():
     for a, b in ((moved.node, fresh.node), (moved.job, fresh.job), (moved.gpu, fresh.gpu)):
         assert a.tolist() == b.tolist()
     assert np.array_equal(moved.values, fresh.values, equal_nan=True)
+
+
+def _set(rec: dict[str, bytes], name: str, change) -> None:
+    """Apply `change` to the result list of the recorded answer to field `name`'s query."""
+    answer = orjson.loads(rec[queries()[name]])
+    change(answer["data"]["result"])
+    rec[queries()[name]] = orjson.dumps(answer)
+
+
+def _value(frame, node: str, gpu: int, name: str) -> float:
+    (i,) = np.flatnonzero((frame.node == node) & (frame.gpu == gpu))
+    return float(frame.col(name)[i])
+
+
+def test_infinite_values_read_as_no_reading(tmp_path):
+    """+Inf and -Inf (a broken exporter, a division by zero in a recording rule) are no
+    reading: before, they became +Inf peer scores, the job's combined score and the GPU's
+    anomaly score exposed as +Inf (every alert on them firing)."""
+    rec = answers(cluster(1), None, 1000.0)
+    _set(rec, "DCGM_FI_DEV_POWER_USAGE", lambda rows: rows[3]["value"].__setitem__(1, "+Inf"))
+    _set(rec, "DCGM_FI_DEV_GPU_UTIL", lambda rows: rows[5]["value"].__setitem__(1, "-Inf"))
+    frame, _ = fetch(Recorded(rec), now=1000.0)
+    assert np.isfinite(frame.values[~np.isnan(frame.values)]).all()
+    svc = make(tmp_path, rec)
+    for t in (1000.0, 1005.0, 1010.0, 1015.0):
+        assert svc.cycle(now=t)
+    text = svc.exposition().decode()
+    scores = series(text, "goodput_gpu_anomaly_score") + series(text, "goodput_job_anomaly_score")
+    assert scores and all(np.isfinite(v) and v < level("gpu") for _, v in scores)
+
+
+@pytest.mark.parametrize(
+    "blank",
+    [
+        "9223372036854775794",  # DCGM_INT64_BLANK + 2 (not supported): a GPU without the sensor
+        "9223372036854775792",  # DCGM_INT64_BLANK
+        "140737488355328",  # DCGM_FP64_BLANK (2**47)
+        "140737488355330",  # DCGM_FP64_BLANK + 2
+        "2147483632",  # DCGM_INT32_BLANK
+    ],
+)
+def test_dcgm_blank_values_read_as_no_reading(tmp_path, blank):
+    """DCGM's blanks (dcgm_structs.h) as dcgm-exporter writes them are no reading: before, one
+    GPU's blank memory temperature scored 6.7e17 and fired its job's alerts, and a node
+    whose GPUs all reported the blank made its peers on the other node the outliers."""
+    rec = answers(cluster(1), None, 1000.0)
+    name = "DCGM_FI_DEV_MEMORY_TEMP"
+
+    def node2_blank(rows):
+        for row in rows:
+            if row["metric"][KEY].startswith("node2,"):
+                row["value"][1] = blank
+
+    _set(rec, name, lambda rows: rows[3]["value"].__setitem__(1, blank))
+    _set(rec, "DCGM_FI_DEV_GPU_TEMP", node2_blank)
+    frame, _ = fetch(Recorded(rec), now=1000.0)
+    assert np.isnan(_value(frame, "node1", 3, name))
+    assert np.isnan(frame.col("DCGM_FI_DEV_GPU_TEMP")[frame.node == "node2"]).all()
+    assert np.isfinite(frame.col(name)).sum() == len(frame) - 1
+    svc = make(tmp_path, rec)
+    for t in (1000.0, 1005.0, 1010.0, 1015.0):
+        assert svc.cycle(now=t)
+    scores = series(svc.exposition().decode(), "goodput_gpu_anomaly_score")
+    assert len(scores) == 16 and max(v for _, v in scores) < level("gpu")
+
+
+def _spelled_twice(rec: dict[str, bytes], now: float, newer: str | None) -> None:
+    """node1's GPU 3 also answered under the `hostname` spelling, its values halved; with
+    sample times (`ingest.SAMPLED`) where `newer` names the series scraped last."""
+
+    def twin(rows):
+        (row,) = [r for r in rows if r["metric"][KEY].startswith("node1,,3,")]
+        other = orjson.loads(orjson.dumps(row))
+        host, _, rest = row["metric"][KEY].split(",", 2)
+        other["metric"][KEY] = f",{host},{rest}"  # Hostname empty, hostname node1
+        other["value"][1] = str(float(row["value"][1]) * 0.5)
+        rows.append(other)
+
+    for name in F.DCGM_FIELDS:
+        if queries()[name] in rec:
+            _set(rec, name, twin)
+    if newer is None:
+        return
+    keys = [r["metric"][KEY] for r in orjson.loads(rec[queries()[F.UTIL]])["data"]["result"]]
+    stamps = {k: now - 3.0 for k in keys}
+    (spelled,) = [k for k in keys if k.startswith(",node1,3,")]
+    stamps[spelled if newer == "hostname" else keys[3]] = now - 1.0
+    rec[queries()[ingest.SAMPLED]] = orjson.dumps(
+        {
+            "status": "success",
+            "data": {
+                "resultType": "vector",
+                "result": [{"metric": {KEY: k}, "value": [now, str(t)]} for k, t in stamps.items()],
+            },
+        }
+    )
+
+
+def test_one_gpu_under_two_host_spellings_is_one_row_the_newest(tmp_path):
+    """dcgm-exporter spells the host label `Hostname`, newer releases `hostname`: one GPU
+    answered under both (an upgrade on one node, two exporters) is one row, the values of the
+    series scraped last. Before, it was two rows of one GPU: two lines of each of its series
+    on /metrics (a scrape Prometheus rejects) and, its twin's values apart, a peer alert."""
+    c = cluster(1)
+    assert c.node[3] == "node1" and c.gpu[3] == 3  # the GPU `_spelled_twice` doubles
+    util = _value(fetch(Recorded(answers(c, None, 1000.0)), now=1000.0)[0], "node1", 3, F.UTIL)
+    for newer, want in (("Hostname", util), ("hostname", util * 0.5)):
+        rec = answers(c, None, 1000.0)
+        _spelled_twice(rec, 1000.0, newer)
+        frame, _ = fetch(Recorded(rec), now=1000.0)
+        assert len(frame) == 16 and _value(frame, "node1", 3, F.UTIL) == pytest.approx(want)
+    svc = make(tmp_path / "svc", {})
+    for t in (1000.0, 1005.0, 1010.0, 1015.0):
+        rec = answers(c, None, t)
+        _spelled_twice(rec, t, "Hostname")
+        svc.client = Recorded(rec)
+        assert svc.cycle(now=t)
+    lines = [
+        ln.rsplit(" ", 1)[0]
+        for ln in svc.exposition().decode().splitlines()
+        if ln.startswith("goodput_") and not ln.startswith("goodput_detector")
+    ]
+    assert len(lines) == len(set(lines))
+    scores = series(svc.exposition().decode(), "goodput_gpu_anomaly_score")
+    assert len(scores) == 16 and max(v for _, v in scores) < level("gpu")
+
+
+def test_two_series_of_one_gpu_without_sample_times_keep_the_newer_spelling(tmp_path):
+    """Without sample times the `hostname` spelling (newer dcgm-exporter releases: the one
+    an upgrade leaves) stands for the GPU; still one row, one line per series on /metrics."""
+    rec = answers(cluster(1), None, 1000.0)
+    _spelled_twice(rec, 1000.0, None)
+    frame, _ = fetch(Recorded(rec), now=1000.0)
+    assert len(frame) == 16
+    util = _value(frame, "node1", 3, F.UTIL)
+    assert util == pytest.approx(
+        0.5
+        * _value(
+            fetch(Recorded(answers(cluster(1), None, 1000.0)), now=1000.0)[0], "node1", 3, F.UTIL
+        )
+    )
+    svc = make(tmp_path, rec)
+    assert svc.cycle(now=1000.0)
+    lines = [
+        ln.rsplit(" ", 1)[0]
+        for ln in svc.exposition().decode().splitlines()
+        if ln.startswith("goodput_") and not ln.startswith("goodput_detector")
+    ]
+    assert len(lines) == len(set(lines))

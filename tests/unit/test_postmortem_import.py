@@ -4,6 +4,7 @@ names the file, the column and what would be accepted, with exit 2 and no traceb
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -270,6 +271,20 @@ def test_written_recording_keeps_millisecond_timestamps(tmp_path):
         fh.readline()
         assert fh.readline().startswith("1795978878.334,h200a,0,5,")
     assert "no job metrics (no --job-log)" in r.output
+
+
+def test_import_exports_the_pause_stamp_to_the_millisecond(tmp_path):
+    """The job's last pause (a checkpoint save, start-up) is written as precisely as its last
+    progress: in whole seconds a save that began at .9 s read as begun up to 1 s earlier, and
+    a pause seen against progress in the same second read as closed."""
+    out = tmp_path / "rec"
+    r = import_h200(out)
+    assert r.exit_code == 0, r.output
+    with gzip.open(out / "job_metrics.csv.gz", "rt") as fh:
+        rows = list(csv.DictReader(fh))
+    stamps = {r["goodput_job_last_pause_timestamp_seconds"] for r in rows} - {""}
+    assert stamps and all(re.fullmatch(r"\d{10}\.\d{3}", s) for s in stamps), sorted(stamps)[:3]
+    assert any(not s.endswith(".000") for s in stamps)
 
 
 def test_parquet_long_table_imports(tmp_path):
