@@ -467,9 +467,12 @@ def rows(
         f"first step compiling silently {COMPILE_S:g} s, requeued {REQUEUED_S:g} s in as "
         "not started, then its restart compiling as long (same id)"
     )
-    out.append(_healthy_row(name, [restart], [a for a in seen.fired if a["run"] == 1], seen.peak))
+    # every alert counts against the row (the requeue is a false action on a healthy job);
+    # the price paid and what came after it are reported apart
+    out.append(_healthy_row(name, [requeued, restart], seen.fired, seen.peak))
     price = _price(seen.fired, requeued.runs[0][0], np.inf, first_iter)
     out[-1]["requeued_run_alert"], out[-1]["requeued_run_alert_s"] = price
+    out[-1]["alerts_after_price"] = sorted({a["alertname"] for a in seen.fired if a["run"] == 1})
     # saves longer than the pause allowance: the first is flagged once (nothing yet says how
     # long the job's saves take), the next as long raises nothing (3x the first is allowed)
     saves = long_saves(job(trace, 5.0), SAVE_S, 2)
@@ -477,10 +480,11 @@ def rows(
     marks = [t for t, x in saves.lines if x.startswith("saving checkpoint")]
     name = f"its first two checkpoint saves taking {SAVE_S:g} s each (the GPU idle, memory held)"
     later = [a for a in seen.fired if a["time"] >= marks[1]]
-    out.append(_healthy_row(name, [saves], later, seen.peak))
+    out.append(_healthy_row(name, [saves], seen.fired, seen.peak))
     out[-1]["first_save_alert"], out[-1]["first_save_alert_s"] = _price(
         seen.fired, marks[0], marks[1], marks[0]
     )
+    out[-1]["alerts_after_price"] = sorted({a["alertname"] for a in later})
     cases = [(k, "warm (7 min of history)", start + onset_s) for k in TARGETS_S]
     cases += [
         ("spin_hang", "at job start (before its first iteration)", first_iter),
