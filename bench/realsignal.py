@@ -612,15 +612,16 @@ def markdown(rows_: list[dict[str, Any]]) -> list[str]:
         peak = ", ".join(f"{k} {v:g}" for k, v in r["peak"].items() if v >= 0.05) or "all < 0.05"
         if r["kind"] == "healthy":
             got = ", ".join(r["false_alerts"]) or "none"
+            after = ", ".join(r.get("alerts_after_price") or []) or "none"
             if "requeued_run_alert" in r:  # the price: the first run is taken for a hang
                 got += (
                     f" (the requeued run: {r['requeued_run_alert'] or 'none'} "
-                    f"{r['requeued_run_alert_s']} s into its compile)"
+                    f"{r['requeued_run_alert_s']} s into its compile; its restart: {after})"
                 )
             if "first_save_alert" in r:  # the price: the first long save is taken for a hang
                 got += (
-                    f" after its first save (that one: {r['first_save_alert'] or 'none'} "
-                    f"{r['first_save_alert_s']} s into it)"
+                    f" (the first save: {r['first_save_alert'] or 'none'} "
+                    f"{r['first_save_alert_s']} s into it; after it: {after})"
                 )
             lines.append(
                 f"| {r['row']} ({r['gpu_hours']:g} GPU-h) | false alerts: {got} | – | – | "

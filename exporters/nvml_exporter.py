@@ -4,9 +4,10 @@ For nodes with NVIDIA GPUs but no DCGM. Default port 19412 (dcgm-exporter uses 9
 what NVML can provide under the DCGM names (all as gauges, names exactly as dcgm-exporter's):
 utilisation, memory, power, energy, temperatures, clocks, throttle reasons, the time held back
 for heat (`DCGM_FI_DEV_THERMAL_VIOLATION`, in ns: NVML's and DCGM's unit, as dcgm-exporter
-documents it since NVIDIA/dcgm-exporter#589), ECC counts, retired pages, remapped rows, PCIe replays, NVLink errors
-summed over the GPU's links (`DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL`, `..._REPLAY_...`,
-`..._RECOVERY_...`), XID events (an `nvmlEventSet` thread: the last XID per GPU in
+documents it since NVIDIA/dcgm-exporter#589), ECC counts, retired pages, remapped rows, PCIe
+replays, NVLink errors summed over the GPU's links
+(`DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL`, `..._REPLAY_...`, `..._RECOVERY_...`), XID
+events (an `nvmlEventSet` thread: the last XID per GPU in
 `DCGM_FI_DEV_XID_ERRORS`, a count per code in `DCGM_EXP_XID_ERRORS_COUNT{xid}`; a GPU set up at
 a later scrape joins it), and on Hopper and newer the GPM ratios `DCGM_FI_PROF_SM_ACTIVE`,
 `DCGM_FI_PROF_SM_OCCUPANCY`, `DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, `DCGM_FI_PROF_DRAM_ACTIVE`,

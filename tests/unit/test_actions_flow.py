@@ -629,8 +629,14 @@ def test_a_hang_that_follows_the_job_to_the_node_it_was_moved_to_stops_it(world)
     job = world.st["jobs"]["42"]
     assert job["state"] == "RUNNING" and job["nodes"] != ["node1"]
     time.sleep(0.01)  # the restarted job hangs again: the new onset follows its restart
-    inc, d = diag(2, outcome="workload_hang", nodes=tuple(job["nodes"]), conf=0.85,
-                  cause="stuck rank", onset=time.time())  # fmt: skip  (a stop needs 0.8)
+    inc, d = diag(
+        2,
+        outcome="workload_hang",
+        nodes=tuple(job["nodes"]),
+        conf=0.85,
+        cause="stuck rank",
+        onset=time.time(),
+    )  # fmt: skip  (a stop needs 0.8)
     key = cause_key("workload_hang", ["gpu_stuck"], job["nodes"])
     second = actions.on_diagnosis(world.engine, s, inc, d | {"cause_key": key})
     assert second["kind"] == "stop", second["body"]["action"]

@@ -229,7 +229,9 @@ def _rule_links():
         for rule in group["rules"]:
             if "alert" in rule:
                 expr = " ".join(rule["expr"].split())
-                yield "http://prometheus.example:9090/graph?g0.expr=" + quote_plus(expr) + "&g0.tab=1"
+                yield (
+                    "http://prometheus.example:9090/graph?g0.expr=" + quote_plus(expr) + "&g0.tab=1"
+                )
 
 
 def test_the_links_prometheus_sends_for_goodputs_own_rules_are_accepted(app, client):
