@@ -82,6 +82,10 @@ def test_every_recovery_query_quotes_node_names():
     assert qs and all("\\-" not in q for q in qs)
     assert 'goodput_node_xid_errors_total{node=~"gpu-node-01\\\\.rack\\\\.a"}' in qs
     job = evidence_prom.queries(Context(job_id="12", nodes=[NODE], start=0.0, end=60.0))
-    assert 'DCGM_FI_DEV_GPU_UTIL{hpc_job="12"}' in job
+    node = '"gpu-node-01\\\\.rack\\\\.a"'
+    assert (
+        f'DCGM_FI_DEV_GPU_UTIL{{hpc_job="12"}} or DCGM_FI_DEV_GPU_UTIL{{Hostname=~{node}, '
+        f'hpc_job=""}} or DCGM_FI_DEV_GPU_UTIL{{hostname=~{node}, hpc_job=""}}'
+    ) in job
     loki = evidence_logs.loki_streams(ctx)
     assert loki == [(f'{{source="kernel", node="{NODE}"}}', "kernel", [NODE])]
