@@ -73,7 +73,13 @@ def vm(tmp_path_factory):
         def log_message(self, *a):
             pass
 
-    exporter, sink = _serve(Exporter), _serve(Exporter)
+    class Sink(Exporter):
+        def do_GET(self):  # noqa: N802 - scraped as Alertmanager is (its job): no DCGM series
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+
+    exporter, sink = _serve(Exporter), _serve(Sink)
     state = tmp_path_factory.mktemp("vm-stack")
     ports = {k: str(_port()) for k in ("VM", "VMAGENT", "VMALERT")}
     env = {
